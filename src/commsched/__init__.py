@@ -1,0 +1,34 @@
+"""commsched: hide communication behind computation in distributed deep-learning programs.
+
+Pipeline: frontends -> ir -> cost -> passes -> sim -> report -> runtime (see docs/ARCHITECTURE.md).
+"""
+
+from commsched.ir import CollType, Graph, GraphBuilder, GraphError, OpKind, ProcessGroup
+
+__version__ = "0.1.0"
+
+
+from commsched.frontends.json_io import load_graph, save_graph
+
+
+def __getattr__(name: str):
+    # the FX frontend imports torch; keep `import commsched` light for JSON-only users
+    if name in ("from_fx", "fake_process_group"):
+        from commsched import frontends
+
+        return getattr(frontends, name)
+    raise AttributeError(f"module 'commsched' has no attribute {name!r}")
+
+
+__all__ = [
+    "CollType",
+    "Graph",
+    "GraphBuilder",
+    "GraphError",
+    "OpKind",
+    "ProcessGroup",
+    "fake_process_group",
+    "from_fx",
+    "load_graph",
+    "save_graph",
+]

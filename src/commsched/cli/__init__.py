@@ -1,0 +1,25 @@
+"""The ``commsched`` command line. Each command lives in its own module and registers itself here."""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(
+    name="commsched",
+    help="Hide communication behind computation: trace, estimate, schedule and simulate distributed steps.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# modules that define `register(app)`; one per command family
+COMMAND_MODULES = ("commsched.cli.info", "commsched.cli.demo")
+
+for _mod in COMMAND_MODULES:
+    importlib.import_module(_mod).register(app)
+
+
+def main() -> None:
+    app()

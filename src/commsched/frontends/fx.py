@@ -1,0 +1,438 @@
+"""FX frontend: a torch.fx GraphModule with ``_c10d_functional`` collectives and FakeTensor meta -> Graph.
+
+Works on graphs traced with ``make_fx`` and on ATen / post-grad graphs captured through ``torch.compile``.
+Every node needs ``meta['val']`` (a FakeTensor, a list of them, a SymInt or None); run FakeTensorProp first
+otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import operator
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry
+
+from commsched.ir import CollType, Graph, GraphBuilder, GraphError, OpKind
+
+
+@dataclass(frozen=True)
+class _CollSpec:
+    type: CollType
+    sync: bool = False  # no wait_tensor follows (the op blocks)
+    writes_arg: str | None = None  # argument the op writes into (in-place / _out variants)
+
+
+# Schema names of the recognised collectives. `_out` and in-place variants write into an argument.
+COLLECTIVE_OPS: dict[str, _CollSpec] = {
+    "_c10d_functional::all_reduce": _CollSpec(CollType.ALL_REDUCE),
+    "_c10d_functional::all_reduce_": _CollSpec(CollType.ALL_REDUCE, writes_arg="input"),
+    "_c10d_functional::all_reduce_coalesced": _CollSpec(CollType.ALL_REDUCE),
+    "_c10d_functional::all_reduce_coalesced_": _CollSpec(CollType.ALL_REDUCE, writes_arg="inputs"),
+    "_c10d_functional::all_gather_into_tensor": _CollSpec(CollType.ALL_GATHER),
+    "_c10d_functional::all_gather_into_tensor_out": _CollSpec(CollType.ALL_GATHER, writes_arg="out"),
+    "_c10d_functional::all_gather_into_tensor_coalesced": _CollSpec(CollType.ALL_GATHER),
+    "_c10d_functional::reduce_scatter_tensor": _CollSpec(CollType.REDUCE_SCATTER),
+    "_c10d_functional::reduce_scatter_tensor_out": _CollSpec(CollType.REDUCE_SCATTER, writes_arg="out"),
+    "_c10d_functional::reduce_scatter_tensor_coalesced": _CollSpec(CollType.REDUCE_SCATTER),
+    "_c10d_functional::all_to_all_single": _CollSpec(CollType.ALL_TO_ALL),
+    "_c10d_functional::broadcast": _CollSpec(CollType.BROADCAST),
+    "_c10d_functional::broadcast_": _CollSpec(CollType.BROADCAST, writes_arg="input"),
+    "_dtensor::shard_dim_alltoall": _CollSpec(CollType.ALL_TO_ALL, sync=True),
+}
+WAIT_OPS = frozenset({"_c10d_functional::wait_tensor"})
+_DTYPE_NAMES = {d: str(d).removeprefix("torch.") for d in vars(torch).values() if isinstance(d, torch.dtype)}
+
+
+def _shape_key(a: Any) -> Any:
+    if isinstance(a, torch.fx.Node):
+        v = a.meta.get("val")
+        return (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else ("?", id(a))
+    if isinstance(a, (list, tuple)):
+        return tuple(_shape_key(x) for x in a)
+    return a
+
+
+def _tensors(val: Any) -> list:
+    """The tensors (or TensorMetadata) in a node's meta value, flattened."""
+    if isinstance(val, torch.Tensor):
+        return [val]
+    if isinstance(val, (list, tuple)) and all(isinstance(v, torch.Tensor) for v in val):
+        return list(val)
+    return [t for t in tree_flatten(val)[0] if hasattr(t, "shape") and hasattr(t, "dtype")]
+
+
+@dataclass(frozen=True)
+class _TargetInfo:
+    """What the importer needs to know about an op, computed once per target."""
+
+    name: str  # the target string stored in the IR
+    schema_name: str | None
+    is_view: bool  # every return aliases an input without writing it
+    write_args: tuple[str, ...]  # schema arguments annotated as written (Tensor(a!))
+    formula: Any  # flop formula from torch.utils.flop_counter, or None
+    impure: bool  # has side effects (mutation, RNG, wait, ...)
+
+
+def _concrete(x: Any) -> int:
+    if isinstance(x, torch.SymInt):
+        hint = x.node.hint
+        if hint is None:
+            raise GraphError(f"symbolic size {x} has no hint; trace with concrete or hinted shapes")
+        return int(hint)
+    return int(x)
+
+
+def target_name(node: torch.fx.Node) -> str:
+    t = node.target
+    if isinstance(t, torch._ops.OpOverload):
+        return str(t)
+    if node.op in ("placeholder", "get_attr", "output"):
+        return node.op
+    if node.op == "call_method":
+        return f"method.{t}"
+    if node.op == "call_module":
+        return f"module.{t}"
+    return getattr(t, "__name__", str(t))
+
+
+def _schema_name(target: Any) -> str | None:
+    schema = getattr(target, "_schema", None)
+    return schema.name if schema is not None else None
+
+
+def _bind(node: torch.fx.Node) -> dict[str, Any]:
+    """Arguments by schema name."""
+    names = [a.name for a in node.target._schema.arguments]
+    bound = dict(zip(names, node.args, strict=False))
+    bound.update(node.kwargs)
+    return bound
+
+
+def _write_arg_names(target: Any) -> tuple[str, ...]:
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return ()
+    return tuple(a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write)
+
+
+def _written_args(node: torch.fx.Node, names: tuple[str, ...]) -> list[torch.fx.Node]:
+    """Nodes whose storage this op writes, from the schema's alias annotations (``Tensor(a!)``)."""
+    if not names:
+        return []
+    bound = _bind(node)
+    out: list[torch.fx.Node] = []
+    for name in names:
+        if name in bound:
+            flat, _ = tree_flatten(bound[name])
+            out.extend(a for a in flat if isinstance(a, torch.fx.Node))
+    return out
+
+
+def _returns_view(target: Any) -> bool:
+    schema = getattr(target, "_schema", None)
+    if schema is None or not schema.returns:
+        return False
+    return all(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+
+
+class _FxImporter:
+    def __init__(self, gm: torch.fx.GraphModule | torch.fx.Graph, group_sizes: Mapping[str, int] | None) -> None:
+        self.graph = gm.graph if isinstance(gm, torch.fx.GraphModule) else gm
+        self.group_sizes = dict(group_sizes or {})
+        self.b = GraphBuilder()
+        self.ids: dict[torch.fx.Node, int] = {}
+        self.storage_of_key: dict[StorageWeakRef, int] = {}
+        # storage -> (last writer node id, readers since that write), for ordering deps of in-place writes
+        self.last_writer: dict[int, int] = {}
+        self.readers: dict[int, list[int]] = {}
+        self.pending_coll_writes: dict[int, list[int]] = {}
+        self.flop_errors: list[str] = []
+        self.target_info: dict[Any, _TargetInfo] = {}
+        self.flop_cache: dict[Any, float] = {}
+
+    def _info(self, node: torch.fx.Node) -> _TargetInfo:
+        key = (node.op, node.target)
+        info = self.target_info.get(key)
+        if info is None:
+            target = node.target
+            packet = getattr(target, "overloadpacket", None)
+            info = self.target_info[key] = _TargetInfo(
+                name=target_name(node),
+                schema_name=_schema_name(target),
+                is_view=_returns_view(target),
+                write_args=_write_arg_names(target),
+                formula=flop_registry.get(packet) if packet is not None else None,
+                impure=node.op == "call_function" and node.is_impure(),
+            )
+        return info
+
+    # -------------------------------------------------------------- helpers
+    def _val(self, node: torch.fx.Node) -> Any:
+        if "val" in node.meta:
+            return node.meta["val"]
+        if "tensor_meta" in node.meta and node.meta["tensor_meta"] is not None:
+            return node.meta["tensor_meta"]
+        if node.op == "output":
+            return None
+        raise GraphError(
+            f"FX node {node.name!r} ({target_name(node)}) has no meta['val']: expected FakeTensor metadata "
+            "(trace with make_fx / torch.compile, or run torch.fx.passes.fake_tensor_prop.FakeTensorProp first)"
+        )
+
+    def _group(self, node: torch.fx.Node, group: Any, size_hint: Any) -> int:
+        if isinstance(group, str):
+            name = group
+        elif hasattr(group, "group_name"):
+            name = group.group_name
+        else:
+            name = str(group)
+        size, stride = self.group_sizes.get(name), 1
+        ranks = None
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            try:
+                from torch.distributed.distributed_c10d import _resolve_process_group
+
+                pg = _resolve_process_group(name)
+                ranks = torch.distributed.get_process_group_ranks(pg)
+            except (ValueError, RuntimeError, KeyError):
+                ranks = None
+        if ranks is not None:
+            size = size or len(ranks)
+            steps = {b - a for a, b in itertools.pairwise(ranks)}
+            if len(steps) == 1:
+                stride = max(1, steps.pop())
+        if size is None and size_hint is not None:
+            size = _concrete(size_hint)
+        if size is None:
+            raise GraphError(
+                f"FX node {node.name!r} ({target_name(node)}): cannot tell the size of process group {name!r}; "
+                "initialise the (fake) process group before importing, or pass group_sizes={name: size}"
+            )
+        return self.b.group(name, int(size), stride)
+
+    def _tensor_buffer(self, t: Any, alias_storage: int | None, nid: int) -> tuple:
+        shape = tuple(t.shape)
+        if not all(type(s) is int for s in shape):
+            shape = tuple(_concrete(s) for s in shape)
+        dtype = _DTYPE_NAMES.get(t.dtype) or str(t.dtype).removeprefix("torch.")
+        nbytes = math.prod(shape) * t.dtype.itemsize
+        if alias_storage is not None:
+            return (shape, dtype, nbytes, alias_storage)
+        key = None
+        if isinstance(t, torch.Tensor):
+            try:
+                key = StorageWeakRef(t.untyped_storage())
+            except (NotImplementedError, RuntimeError):
+                key = None
+        if key is not None and key in self.storage_of_key:
+            return (shape, dtype, nbytes, self.storage_of_key[key])
+        storage_bytes = nbytes
+        if isinstance(t, torch.Tensor):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                storage_bytes = max(nbytes, _concrete(t.untyped_storage().nbytes()))
+        sid = self.b.new_storage(storage_bytes, nid)
+        if key is not None:
+            self.storage_of_key[key] = sid
+        return (shape, dtype, nbytes, sid)
+
+    def _read_storages(self, inputs: list[int]) -> set[int]:
+        return {s for i in inputs for s in self.b.node_storages(i)}
+
+    def _order_writes(self, nid: int, reads: set[int], writes: set[int], kind: OpKind) -> None:
+        # RAW: readers after an in-place write follow the writer; WAR: the writer follows earlier readers
+        if kind not in (OpKind.VIEW, OpKind.WAIT):
+            for s in reads:
+                w = self.last_writer.get(s)
+                if w is not None:
+                    self.b.add_dep(nid, w)
+                self.readers.setdefault(s, []).append(nid)
+        for s in writes:
+            for r in self.readers.get(s, ()):
+                self.b.add_dep(nid, r)
+            self.readers[s] = []
+            self.last_writer[s] = nid
+
+    # -------------------------------------------------------------- main loop
+    def run(self) -> Graph:
+        b = self.b
+        for node in self.graph.nodes:
+            name = node.name
+            target = node.target
+            inputs = [self.ids[a] for a in node.all_input_nodes]
+            if node.op in ("placeholder", "get_attr"):
+                val = self._val(node)
+                nid = len(b)
+                bufs = [self._tensor_buffer(t, None, nid) for t in _tensors(val)]
+                self.ids[node] = b.add_node(name, node.op, OpKind.INPUT, buffers=bufs)
+                continue
+            if node.op == "output":
+                nid = b.add_node(name, "output", OpKind.OUTPUT, inputs, side_effect=True)
+                self._order_writes(nid, self._read_storages(inputs), set(), OpKind.OUTPUT)
+                self.ids[node] = nid
+                continue
+            self.ids[node] = self._add_call(node, target, inputs)
+        g = b.build(validate=True)
+        if self.flop_errors:
+            g.meta["flop_errors"] = self.flop_errors[:20]
+        return g
+
+    def _add_call(self, node: torch.fx.Node, target: Any, inputs: list[int]) -> int:
+        b = self.b
+        nid = len(b)
+        val = self._val(node)
+        info = self._info(node)
+        sname, tname = info.schema_name, info.name
+        flat_val = _tensors(val)
+
+        if target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
+            src = self.ids[node.args[0]]
+            k = node.args[1]
+            if isinstance(k, int) and b.buf_node_ptr[src] + k < b.buf_node_ptr[src + 1]:
+                shape, dtype, nbytes, storage = b.node_buffer(src, k)
+                return b.add_node(node.name, tname, OpKind.VIEW, inputs, buffers=[(shape, dtype, nbytes, storage)])
+
+        if sname in WAIT_OPS:
+            src_node = node.args[0]
+            src = self.ids[src_node]
+            coll = src
+            # through views (getitem) and earlier waits (waiting twice is a no-op) to the collective
+            while b.kinds[coll] in (OpKind.VIEW, OpKind.WAIT) and b.inputs[coll]:
+                coll = b.wait_of[coll] if b.kinds[coll] == OpKind.WAIT else b.inputs[coll][0]
+            if b.kinds[coll] != OpKind.COLLECTIVE:
+                kind = OpKind(b.kinds[coll]).name.lower()
+                raise GraphError(
+                    f"FX node {node.name!r} (wait_tensor): input {src_node.name!r} is {kind}, "
+                    "expected the result of a collective"
+                )
+            storages = b.node_storages(src)
+            bufs = [self._tensor_buffer(t, storages[0] if storages else None, nid) for t in flat_val[:1]]
+            nid = b.add_node(node.name, tname, OpKind.WAIT, inputs, buffers=bufs, side_effect=True)
+            b.set_wait(nid, coll)
+            for s in self.pending_coll_writes.get(coll, ()):
+                # readers after the collective's in-place write must wait for its completion
+                self.last_writer[s] = nid
+            return nid
+
+        written = _written_args(node, info.write_args)
+        write_storages = self._read_storages([self.ids[w] for w in written])
+        spec = COLLECTIVE_OPS.get(sname) if sname else None
+        if spec is not None:
+            return self._add_collective(node, spec, inputs, flat_val, written, write_storages)
+
+        # alias analysis: outputs on an input's storage are views (or in-place results)
+        is_view = info.is_view
+        base_storages = self._read_storages(inputs)
+        if is_view and inputs:
+            first = self.ids[node.args[0]] if node.args and isinstance(node.args[0], torch.fx.Node) else inputs[0]
+            alias = b.node_storages(first)[0] if b.node_storages(first) else None
+            bufs = [self._tensor_buffer(t, alias, nid) for t in flat_val]
+        elif written:
+            alias = b.node_storages(self.ids[written[0]])[0]
+            bufs = [self._tensor_buffer(t, alias, nid) for t in flat_val]
+        else:
+            bufs = [self._tensor_buffer(t, None, nid) for t in flat_val]
+        all_alias = bool(bufs) and all(buf[3] in base_storages for buf in bufs)
+        flops, has_formula = self._flops(node, info.formula, val)
+        if is_view or (all_alias and not written and not has_formula):
+            kind = OpKind.VIEW
+        elif has_formula:
+            kind = OpKind.COMPUTE
+        else:
+            kind = OpKind.OTHER
+        side = bool(written) or info.impure
+        nid = b.add_node(node.name, tname, kind, inputs, buffers=bufs, flops=flops, side_effect=side)
+        self._order_writes(nid, base_storages, write_storages, kind)
+        return nid
+
+    def _add_collective(self, node, spec: _CollSpec, inputs, flat_val, written, write_storages) -> int:
+        b = self.b
+        nid = len(b)
+        bound = _bind(node)
+        group = self._group(node, bound.get("group_name"), bound.get("group_size"))
+        data = bound.get("input", bound.get("inputs"))
+        in_vals = [a.meta.get("val") for a in tree_flatten(data)[0] if isinstance(a, torch.fx.Node)]
+        in_bytes = 0
+        for v in in_vals:
+            if v is None or not hasattr(v, "shape"):
+                raise GraphError(f"FX node {node.name!r}: collective input has no tensor meta['val']")
+            numel = 1
+            for s in v.shape:
+                numel *= _concrete(s)
+            in_bytes += numel * v.dtype.itemsize
+        if spec.writes_arg == "input" or spec.writes_arg == "inputs" or spec.writes_arg == "out":
+            alias = [s for w in written for s in b.node_storages(self.ids[w])]
+        else:
+            alias = []
+        bufs = [self._tensor_buffer(t, alias[k] if k < len(alias) else None, nid) for k, t in enumerate(flat_val)]
+        reduce_op = bound.get("reduce_op")
+        nid = b.add_node(node.name, self._info(node).name, OpKind.COLLECTIVE, inputs, buffers=bufs, side_effect=True)
+        b.set_collective(
+            nid,
+            spec.type,
+            group,
+            str(reduce_op) if reduce_op is not None else None,
+            in_bytes,
+            sum(buf[2] for buf in bufs),
+            sync=spec.sync,
+        )
+        self._order_writes(nid, self._read_storages(inputs), write_storages, OpKind.COLLECTIVE)
+        if write_storages and not spec.sync:
+            self.pending_coll_writes[nid] = sorted(write_storages)
+        return nid
+
+    def _flops(self, node: torch.fx.Node, formula: Any, val: Any) -> tuple[float, bool]:
+        if formula is None:
+            return 0.0, False
+        # the same op on the same shapes recurs once per layer: cache by target and argument shapes
+        try:
+            key = (node.target, _shape_key(node.args), _shape_key(tuple(node.kwargs.items())))
+            hash(key)
+        except TypeError:
+            key = None
+        if key is not None and key in self.flop_cache:
+            return self.flop_cache[key], True
+
+        def to_val(a: Any) -> Any:
+            if isinstance(a, torch.fx.Node):
+                return a.meta.get("val")
+            if isinstance(a, (list, tuple)):
+                return type(a)(to_val(x) for x in a)
+            return a
+
+        try:
+            args, kwargs = to_val(node.args), {k: to_val(v) for k, v in node.kwargs.items()}
+            flops = float(formula(*args, **kwargs, out_val=val))
+        except Exception as exc:  # a formula that cannot evaluate these shapes: count nothing, say so
+            self.flop_errors.append(f"{node.name}: {type(exc).__name__}: {exc}")
+            return 0.0, True
+        if key is not None:
+            self.flop_cache[key] = flops
+        return flops, True
+
+
+def from_fx(
+    gm: torch.fx.GraphModule | torch.fx.Graph,
+    *,
+    group_sizes: Mapping[str, int] | None = None,
+    meta: Mapping[str, Any] | None = None,
+) -> Graph:
+    """Import an FX graph. Node names are kept; node ids follow the FX node order.
+
+    ``group_sizes`` gives the size of process groups that are not registered in this process (e.g. a graph
+    loaded from disk); registered groups (a real or fake process group) are resolved automatically.
+    Raises GraphError naming the FX node when metadata is missing or a collective cannot be understood.
+    """
+    importer = _FxImporter(gm, group_sizes)
+    g = importer.run()
+    g.meta.update(meta or {})
+    g.meta.setdefault("source", "fx")
+    return g

@@ -1,0 +1,379 @@
+"""The commsched graph: one training/inference step as a columnar, integer-indexed DAG.
+
+Contract
+--------
+* Nodes have ids ``0..n-1`` and the ids are a valid topological order: every predecessor of a node has a
+  smaller id. Passes never renumber nodes; they return a new *order* (a permutation of the ids).
+* Per node: ``name`` (the FX node name when it came from FX; unique), ``target`` (a string such as
+  ``"aten.mm.default"``), ``kind`` (:class:`OpKind`), data ``inputs`` (the nodes whose outputs it reads),
+  control ``deps`` (ordering-only predecessors, e.g. the earlier readers of a buffer an in-place op
+  overwrites), output buffers and ``flops``.
+* A buffer is one output tensor: shape, dtype, bytes and a *storage* id. Views and aliases (``view``,
+  ``t``, ``getitem``, ``wait_tensor``, in-place results) share their base's storage; memory is accounted
+  per storage. A storage's ``storage_nbytes`` is its allocation size and ``storage_owner`` is the node
+  that allocates it (an ``INPUT`` node for graph inputs, which persist for the whole step).
+* Collectives: ``coll_type`` (:class:`CollType`), the process group (index into ``groups``), reduce op,
+  input/output bytes and the wait node(s) that complete it. A collective with no wait is synchronous
+  (e.g. ``_dtensor.shard_dim_alltoall``); every ``_c10d_functional`` collective is asynchronous and must
+  have at least one wait. ``wait_of[w]`` is the collective a wait completes, -1 for other nodes.
+* Adjacency is built once, on first use, as CSR int32 arrays: the predecessors of ``i`` are
+  ``pred_idx[pred_ptr[i]:pred_ptr[i + 1]]`` (data inputs and control deps, unique, sorted).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from enum import IntEnum
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+
+class GraphError(ValueError):
+    """An invalid graph; the message names the node or field and what was expected."""
+
+
+class OpKind(IntEnum):
+    """What a node does. Values are stable; the JSON format stores the lower-case names."""
+
+    INPUT = 0  # a graph input (placeholder / get_attr): its storage exists before the step and persists
+    COMPUTE = 1  # a kernel with a flop formula (matmul, attention, conv); runs on a compute stream
+    COLLECTIVE = 2  # issues a collective on its process group's FIFO comm stream; its WAIT node(s) end it
+    WAIT = 3  # blocks its stream until its collective has finished; costs nothing itself
+    VIEW = 4  # aliases an input's storage (view, t, getitem, ...); costs nothing
+    OTHER = 5  # any other op (pointwise, reduction, copy, ...): charged for the bytes it moves
+    OUTPUT = 6  # the graph's output: keeps the storages it returns alive to the end of the step
+
+
+class CollType(IntEnum):
+    """Collective algorithms, named as nccl-tests names them."""
+
+    ALL_REDUCE = 0
+    ALL_GATHER = 1
+    REDUCE_SCATTER = 2
+    ALL_TO_ALL = 3
+    BROADCAST = 4
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ProcessGroup:
+    """A process group as the graph sees it.
+
+    ``stride`` is the distance between consecutive global ranks of the group (1 for contiguous ranks, the
+    inner mesh size for the outer dimension of a 2-D mesh); the cost model derives placement from it.
+    """
+
+    name: str
+    size: int
+    stride: int = 1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Buffer:
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    storage: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Collective:
+    type: CollType
+    group: int  # index into Graph.groups
+    reduce_op: str | None
+    in_bytes: int
+    out_bytes: int
+    waits: tuple[int, ...]  # the wait nodes completing it; empty for a synchronous collective
+    sync: bool = False  # completes before the next op on its issuing stream (no wait node)
+
+    @property
+    def comm_bytes(self) -> int:
+        """Size in the nccl-tests convention: the whole gathered output for all_gather, the whole input for
+        reduce_scatter, the buffer for all_reduce / all_to_all / broadcast."""
+        if self.type == CollType.ALL_GATHER:
+            return self.out_bytes
+        return self.in_bytes
+
+
+def _csr(n: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """CSR of edges grouped by ``dst`` (ids 0..n-1): (ptr, idx) with the ``src`` of each ``dst``, unique, sorted."""
+    if len(src):
+        m = int(src.max()) + 1
+        key = np.unique(dst.astype(np.int64) * m + src.astype(np.int64))
+        dst, src = key // m, key % m
+    counts = np.bincount(dst, minlength=n) if len(dst) else np.zeros(n, np.int64)
+    ptr = np.zeros(n + 1, np.int32)
+    np.cumsum(counts, out=ptr[1:])
+    return ptr, src.astype(np.int32)
+
+
+class Graph:
+    """An immutable, columnar DAG of one step; see the module docstring for the contract.
+
+    Build one with :class:`commsched.ir.GraphBuilder` or a frontend (``from_fx``, ``load_graph``).
+    ``g.validate()`` checks the invariants and raises :class:`GraphError` naming the offending node.
+    """
+
+    def __init__(
+        self,
+        *,
+        names: list[str],
+        targets: list[str],
+        kinds: np.ndarray,
+        in_ptr: np.ndarray,
+        in_idx: np.ndarray,
+        dep_ptr: np.ndarray,
+        dep_idx: np.ndarray,
+        flops: np.ndarray,
+        buf_ptr: np.ndarray,
+        buf_shape: list[tuple[int, ...]],
+        buf_dtype: list[str],
+        buf_nbytes: np.ndarray,
+        buf_storage: np.ndarray,
+        storage_nbytes: np.ndarray,
+        storage_owner: np.ndarray,
+        side_effect: np.ndarray,
+        coll_type: np.ndarray,
+        coll_group: np.ndarray,
+        coll_reduce_op: dict[int, str],
+        coll_in_bytes: np.ndarray,
+        coll_out_bytes: np.ndarray,
+        coll_sync: np.ndarray,
+        wait_of: np.ndarray,
+        groups: Sequence[ProcessGroup],
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        self.names = names
+        self.targets = targets
+        self.kinds = kinds
+        self.in_ptr, self.in_idx = in_ptr, in_idx
+        self.dep_ptr, self.dep_idx = dep_ptr, dep_idx
+        self.flops = flops
+        self.buf_ptr = buf_ptr
+        self.buf_shape, self.buf_dtype = buf_shape, buf_dtype
+        self.buf_nbytes, self.buf_storage = buf_nbytes, buf_storage
+        self.storage_nbytes, self.storage_owner = storage_nbytes, storage_owner
+        self.side_effect = side_effect
+        self.coll_type, self.coll_group = coll_type, coll_group
+        self.coll_reduce_op = coll_reduce_op
+        self.coll_in_bytes, self.coll_out_bytes = coll_in_bytes, coll_out_bytes
+        self.coll_sync = coll_sync
+        self.wait_of = wait_of
+        self.groups = tuple(groups)
+        self.meta = dict(meta or {})
+
+    # ------------------------------------------------------------------ sizes and lookups
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.names)
+
+    @property
+    def num_storages(self) -> int:
+        return len(self.storage_nbytes)
+
+    @cached_property
+    def index(self) -> dict[str, int]:
+        """Node name -> id."""
+        return {name: i for i, name in enumerate(self.names)}
+
+    def id_of(self, name_or_id: str | int) -> int:
+        if isinstance(name_or_id, (int, np.integer)):
+            if not 0 <= int(name_or_id) < len(self):
+                raise GraphError(f"node id {int(name_or_id)} is out of range: expected 0..{len(self) - 1}")
+            return int(name_or_id)
+        try:
+            return self.index[name_or_id]
+        except KeyError:
+            raise GraphError(f"no node named {name_or_id!r} in the graph") from None
+
+    def inputs(self, i: int) -> np.ndarray:
+        return self.in_idx[self.in_ptr[i] : self.in_ptr[i + 1]]
+
+    def deps(self, i: int) -> np.ndarray:
+        return self.dep_idx[self.dep_ptr[i] : self.dep_ptr[i + 1]]
+
+    def buffers(self, i: int) -> list[Buffer]:
+        lo, hi = int(self.buf_ptr[i]), int(self.buf_ptr[i + 1])
+        return [
+            Buffer(self.buf_shape[b], self.buf_dtype[b], int(self.buf_nbytes[b]), int(self.buf_storage[b]))
+            for b in range(lo, hi)
+        ]
+
+    def collective(self, i: int) -> Collective:
+        if self.coll_type[i] < 0:
+            raise GraphError(f"node {self.names[i]!r} ({self.targets[i]}) is not a collective")
+        return Collective(
+            type=CollType(int(self.coll_type[i])),
+            group=int(self.coll_group[i]),
+            reduce_op=self.coll_reduce_op.get(i),
+            in_bytes=int(self.coll_in_bytes[i]),
+            out_bytes=int(self.coll_out_bytes[i]),
+            waits=tuple(int(w) for w in self.waits_of(i)),
+            sync=bool(self.coll_sync[i]),
+        )
+
+    def waits_of(self, coll: int) -> np.ndarray:
+        ptr, idx = self._waits_csr
+        return idx[ptr[coll] : ptr[coll + 1]]
+
+    @cached_property
+    def _waits_csr(self) -> tuple[np.ndarray, np.ndarray]:
+        waits = np.flatnonzero(self.wait_of >= 0)
+        return _csr(len(self), waits, self.wait_of[waits])
+
+    # ------------------------------------------------------------------ derived arrays
+    @cached_property
+    def out_bytes(self) -> np.ndarray:
+        """Bytes of all output buffers per node (int64)."""
+        per_buf_node = np.repeat(np.arange(len(self)), np.diff(self.buf_ptr))
+        return np.bincount(per_buf_node, weights=self.buf_nbytes, minlength=len(self)).astype(np.int64)
+
+    @cached_property
+    def in_bytes(self) -> np.ndarray:
+        """Bytes read per node: the output bytes of each data input (int64)."""
+        per_edge_dst = np.repeat(np.arange(len(self)), np.diff(self.in_ptr))
+        return np.bincount(per_edge_dst, weights=self.out_bytes[self.in_idx], minlength=len(self)).astype(np.int64)
+
+    @cached_property
+    def comm_bytes(self) -> np.ndarray:
+        """Per node: collective size in the nccl-tests convention, 0 for non-collectives (int64)."""
+        out = np.where(self.coll_type == CollType.ALL_GATHER, self.coll_out_bytes, self.coll_in_bytes)
+        return np.where(self.coll_type >= 0, out, 0).astype(np.int64)
+
+    @cached_property
+    def collectives(self) -> np.ndarray:
+        """Ids of the collective nodes, in id order."""
+        return np.flatnonzero(self.coll_type >= 0).astype(np.int32)
+
+    @cached_property
+    def _pred_csr(self) -> tuple[np.ndarray, np.ndarray]:
+        n = len(self)
+        dst = np.concatenate(
+            [np.repeat(np.arange(n), np.diff(self.in_ptr)), np.repeat(np.arange(n), np.diff(self.dep_ptr))]
+        )
+        src = np.concatenate([self.in_idx, self.dep_idx])
+        return _csr(n, src, dst)
+
+    @cached_property
+    def _succ_csr(self) -> tuple[np.ndarray, np.ndarray]:
+        ptr, idx = self._pred_csr
+        dst = np.repeat(np.arange(len(self)), np.diff(ptr))
+        return _csr(len(self), dst, idx)
+
+    def predecessors_csr(self) -> tuple[np.ndarray, np.ndarray]:
+        """(ptr, idx) int32: predecessors (data inputs and control deps) of i are idx[ptr[i]:ptr[i+1]]."""
+        return self._pred_csr
+
+    def successors_csr(self) -> tuple[np.ndarray, np.ndarray]:
+        """(ptr, idx) int32: successors of i are idx[ptr[i]:ptr[i+1]]."""
+        return self._succ_csr
+
+    def predecessors(self, i: int) -> np.ndarray:
+        ptr, idx = self._pred_csr
+        return idx[ptr[i] : ptr[i + 1]]
+
+    def successors(self, i: int) -> np.ndarray:
+        ptr, idx = self._succ_csr
+        return idx[ptr[i] : ptr[i + 1]]
+
+    @cached_property
+    def storage_users(self) -> tuple[np.ndarray, np.ndarray]:
+        """CSR (ptr, idx): the nodes that read or alias each storage (producers of aliases included)."""
+        n = len(self)
+        buf_node = np.repeat(np.arange(n), np.diff(self.buf_ptr))
+        # a node uses storage s if it produces a buffer on s or reads an input whose buffers are on s
+        in_dst = np.repeat(np.arange(n), np.diff(self.in_ptr))
+        src_buf_lo, src_buf_hi = self.buf_ptr[self.in_idx], self.buf_ptr[self.in_idx + 1]
+        reps = (src_buf_hi - src_buf_lo).astype(np.int64)
+        reader = np.repeat(in_dst, reps)
+        starts = np.repeat(src_buf_lo.astype(np.int64) - np.cumsum(reps) + reps, reps)
+        read_buf = starts + np.arange(int(reps.sum()))
+        users = np.concatenate([buf_node, reader])
+        storages = np.concatenate([self.buf_storage, self.buf_storage[read_buf]]) if len(read_buf) else self.buf_storage
+        return _csr(self.num_storages, users, storages)
+
+    def ancestor_bitsets(self, nodes: Iterable[int] | None = None) -> list[int]:
+        """Ancestors of each node as a Python-int bitset (bit j set: j is an ancestor).
+
+        O(N * N/64) words in the worst case: meant for windows and graphs of a few tens of thousands of nodes.
+        With ``nodes``, only nodes up to the largest requested one are expanded and only those are returned.
+        """
+        ptr, idx = self._pred_csr
+        wanted = None if nodes is None else sorted({int(i) for i in nodes})
+        last = len(self) - 1 if wanted is None else (wanted[-1] if wanted else -1)
+        anc: list[int] = []
+        for i in range(last + 1):
+            bits = 0
+            for p in idx[ptr[i] : ptr[i + 1]].tolist():
+                bits |= anc[p] | (1 << p)
+            anc.append(bits)
+        return anc if wanted is None else [anc[i] for i in wanted]
+
+    # ------------------------------------------------------------------ per-node view
+    def node(self, name_or_id: str | int) -> NodeView:
+        return NodeView(self, self.id_of(name_or_id))
+
+    def __iter__(self):
+        return (NodeView(self, i) for i in range(len(self)))
+
+    def __repr__(self) -> str:
+        counts = np.bincount(self.kinds, minlength=len(OpKind))
+        parts = ", ".join(f"{k.name.lower()}={int(counts[k])}" for k in OpKind if counts[k])
+        return f"Graph({len(self)} nodes: {parts}; {len(self.groups)} process groups)"
+
+    # ------------------------------------------------------------------ checks and transforms
+    def validate(self) -> Graph:
+        """Check the contract; raise GraphError naming the first offending node. Returns self. O(N + E)."""
+        from commsched.ir.validate import validate_graph
+
+        validate_graph(self)
+        return self
+
+    def select(self, keep: np.ndarray) -> Graph:
+        """The subgraph of the nodes where ``keep`` is true, renumbered in the same relative order.
+
+        Every kept node's inputs must be kept too. Storages are kept when some kept node uses them.
+        """
+        from commsched.ir.transform import select_nodes
+
+        return select_nodes(self, keep)
+
+    def eliminate_dead_nodes(self) -> Graph:
+        """Drop nodes whose outputs nobody uses and that have no side effects (transitively). O(N + E)."""
+        from commsched.ir.transform import eliminate_dead_nodes
+
+        return eliminate_dead_nodes(self)
+
+
+class NodeView:
+    """A read-only view of one node, for edges, tests and messages (not for hot loops)."""
+
+    __slots__ = ("graph", "id")
+
+    def __init__(self, graph: Graph, node_id: int) -> None:
+        self.graph, self.id = graph, node_id
+
+    name = property(lambda self: self.graph.names[self.id])
+    target = property(lambda self: self.graph.targets[self.id])
+    kind = property(lambda self: OpKind(int(self.graph.kinds[self.id])))
+    flops = property(lambda self: float(self.graph.flops[self.id]))
+    buffers = property(lambda self: self.graph.buffers(self.id))
+    inputs = property(lambda self: [int(x) for x in self.graph.inputs(self.id)])
+    deps = property(lambda self: [int(x) for x in self.graph.deps(self.id)])
+
+    @property
+    def collective(self) -> Collective | None:
+        return self.graph.collective(self.id) if self.graph.coll_type[self.id] >= 0 else None
+
+    @property
+    def wait_of(self) -> int | None:
+        w = int(self.graph.wait_of[self.id])
+        return None if w < 0 else w
+
+    def __repr__(self) -> str:
+        return f"<node {self.id} {self.name!r} {self.kind.name.lower()} {self.target}>"

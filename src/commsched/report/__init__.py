@@ -1,0 +1,1 @@
+"""Reports: summaries, terminal tables, traces, pictures."""
