@@ -1,0 +1,59 @@
+"""The interface between the cost model and its consumers (simulator, passes).
+
+The simulator never knows how a time was made: it reads a :class:`CostEstimate`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+import numpy as np
+
+
+class LinkClass(IntEnum):
+    """The fabric a collective's bandwidth-bound part runs over. Collectives on the same class share it."""
+
+    INTRA_NODE = 0  # NVLink / NVSwitch / xGMI inside one node
+    INTER_NODE = 1  # the NICs and the network between nodes
+
+
+@dataclass(frozen=True, eq=False)
+class CostEstimate:
+    """Per-node costs of one graph on one hardware configuration (all arrays have one entry per node).
+
+    ``node_s``: standalone duration in seconds: a kernel's time on a compute stream, a collective's time on its
+    comm stream when it runs alone; 0 for inputs, views, waits and the output.
+    ``coll_latency_s``: the part of a collective's time that does not scale with bandwidth (0 for others); the rest,
+    ``node_s - coll_latency_s``, is bandwidth-bound and is shared with concurrent collectives on the same link.
+    ``coll_link``: :class:`LinkClass` of each collective's bandwidth-bound part, -1 for non-collectives.
+    ``compute_slowdown``: factor (>= 1) by which compute runs slower while any collective is in flight (NCCL kernels
+    occupy SMs and memory bandwidth).
+    ``stream_sync_s``: overhead of one cross-stream dependency (event record + wait).
+    """
+
+    node_s: np.ndarray
+    coll_latency_s: np.ndarray
+    coll_link: np.ndarray
+    compute_slowdown: float = 1.0
+    stream_sync_s: float = 0.0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.node_s)
+        for name in ("coll_latency_s", "coll_link"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"CostEstimate.{name} has {len(getattr(self, name))} entries; expected {n}")
+        if np.any(self.node_s < 0) or not np.all(np.isfinite(self.node_s)):
+            raise ValueError("CostEstimate.node_s must be finite and >= 0")
+        if self.compute_slowdown < 1.0:
+            raise ValueError(f"compute_slowdown={self.compute_slowdown} must be >= 1")
+
+    @classmethod
+    def from_times(cls, node_s: np.ndarray, coll_link: np.ndarray | None = None, **kw: Any) -> CostEstimate:
+        """Costs from plain per-node seconds (all collective time bandwidth-bound, on the intra-node link unless
+        ``coll_link`` says otherwise)."""
+        node_s = np.asarray(node_s, np.float64)
+        link = np.zeros(len(node_s), np.int8) if coll_link is None else np.asarray(coll_link, np.int8)
+        return cls(node_s=node_s, coll_latency_s=np.zeros(len(node_s)), coll_link=link, **kw)

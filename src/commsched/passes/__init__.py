@@ -1,0 +1,1 @@
+"""commsched.passes (see docs/ARCHITECTURE.md)."""

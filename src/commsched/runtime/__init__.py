@@ -1,0 +1,1 @@
+"""commsched.runtime (see docs/ARCHITECTURE.md)."""

@@ -1,0 +1,1 @@
+"""commsched.sim (see docs/ARCHITECTURE.md)."""
