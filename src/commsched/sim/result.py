@@ -135,6 +135,19 @@ class SimResult:
         lb = self.lower_bound_s
         return self.makespan_s / lb if lb > 0 else 1.0
 
+    def memory_over_time(self) -> tuple[np.ndarray, np.ndarray]:
+        """The memory curve as a step function of time: (times_ns, bytes), sorted by time. A node's value while it
+        runs holds from its start (a collective's from its issue, a wait's from when it began blocking), the value
+        after its frees from its end."""
+        g, mem, order = self.graph, self.memory, self.order
+        is_coll = g.coll_type[order] >= 0
+        t_on = np.where(is_coll, self.issue_ns[order], self.start_ns[order] - self.blocked_ns[order])
+        t_off = np.where(is_coll, self.issue_ns[order], self.end_ns[order])
+        times = np.stack([t_on, t_off], axis=1).ravel()
+        values = np.stack([mem.curve_bytes, mem.after_bytes], axis=1).ravel()
+        o = np.argsort(times, kind="stable")
+        return times[o], values[o]
+
     # ------------------------------------------------------------------ tables
     def top_exposed(self, k: int = 10) -> list[dict[str, Any]]:
         """The ``k`` collectives that kept streams waiting longest."""
