@@ -1,0 +1,193 @@
+"""Storage liveness and the memory-over-time curve of one order (the memory semantics live here, in one place).
+
+Semantics (memory is counted per *storage*, so views and other aliases are counted once):
+
+* **Persistent** storages are owned by an ``INPUT`` node (parameters, optimizer state, the batch): they exist
+  before the step starts and are never freed. They form ``persistent_bytes``, the floor of the curve.
+* Every other storage is **allocated** at the position of its owner, the node that first produces it. A
+  collective's output storage is therefore allocated when the collective is *issued* (its position in the order),
+  not when it completes.
+* A storage's **users** are the nodes that produce a buffer on it (its owner and every alias: views, ``getitem``,
+  ``wait_tensor``, in-place results) and the nodes that read a buffer on it.
+* With ``hold_collective_inputs=True`` (the default) the storages an asynchronous collective reads also count the
+  collective's wait node(s) as users: NCCL reads its input while it runs, so the caching allocator cannot reuse that
+  memory before the wait. ``False`` drops the rule (torch's ``MemoryTracker`` has no such rule).
+* A storage is **freed** right after its last user in the order. A storage read by the ``OUTPUT`` node is never
+  freed (it is returned from the step).
+* ``curve_bytes[p]`` is the memory in use *while the node at position p runs*: after its allocations and before its
+  frees. The peak is the maximum of that curve, which is the definition torch's
+  ``torch._inductor.fx_passes.memory_estimator.MemoryTracker.peak_memory`` uses too (it updates the peak after a
+  node's allocations, then frees).
+
+A storage nobody reads is freed right after its owner (torch's tracker keeps it to the end of the graph).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from commsched.ir.graph import Graph, GraphError, OpKind
+
+
+@dataclass(frozen=True, eq=False)
+class Liveness:
+    """Order-independent liveness facts of a graph (built once per graph and flag; see the module docstring).
+
+    ``users_ptr/users_idx``: CSR storage -> the nodes whose position extends its life (owner included).
+    ``node_storage_ptr/node_storage_idx``: the transpose, node -> the *freeable* storages it uses.
+    ``alloc_bytes``: per node, the bytes of the non-persistent storages it owns.
+    """
+
+    storage_bytes: np.ndarray  # int64 [S]
+    owner: np.ndarray  # int32 [S]
+    persistent: np.ndarray  # bool [S]: owned by an INPUT node
+    freeable: np.ndarray  # bool [S]: neither persistent nor read by the OUTPUT node
+    users_ptr: np.ndarray
+    users_idx: np.ndarray
+    node_storage_ptr: np.ndarray
+    node_storage_idx: np.ndarray
+    alloc_bytes: np.ndarray  # int64 [N]
+    persistent_bytes: int
+
+
+def _group_csr(num_rows: int, rows: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """CSR of unique (row, col) pairs grouped by row, cols sorted within a row."""
+    key = np.unique(rows.astype(np.int64) * (int(cols.max(initial=0)) + 1) + cols.astype(np.int64))
+    width = int(cols.max(initial=0)) + 1
+    r, c = key // width, key % width
+    ptr = np.zeros(num_rows + 1, np.int64)
+    np.cumsum(np.bincount(r, minlength=num_rows), out=ptr[1:])
+    return ptr, c.astype(np.int32)
+
+
+_CACHE_ATTR = "_commsched_liveness"
+
+
+def liveness(g: Graph, hold_collective_inputs: bool = True) -> Liveness:
+    """The :class:`Liveness` of ``g`` (cached on the graph per flag value). O(N + E + buffers)."""
+    cache = g.__dict__.setdefault(_CACHE_ATTR, {})
+    if hold_collective_inputs in cache:
+        return cache[hold_collective_inputs]
+    n, num_storages = len(g), g.num_storages
+    sptr, sidx = g.storage_users
+    rows = [np.repeat(np.arange(num_storages), np.diff(sptr)), np.arange(num_storages)]
+    cols = [sidx, g.storage_owner]
+    if hold_collective_inputs:
+        extra_s, extra_w = [], []
+        buf_ptr, buf_storage = g.buf_ptr, g.buf_storage
+        for c in g.collectives.tolist():
+            waits = g.waits_of(c)
+            if not len(waits) or g.coll_sync[c]:
+                continue
+            read = np.unique(
+                np.concatenate([buf_storage[buf_ptr[i] : buf_ptr[i + 1]] for i in g.inputs(c)] or [np.zeros(0, int)])
+            )
+            extra_s.append(np.repeat(read, len(waits)))
+            extra_w.append(np.tile(waits, len(read)))
+        if extra_s:
+            rows.append(np.concatenate(extra_s))
+            cols.append(np.concatenate(extra_w))
+    users_ptr, users_idx = _group_csr(num_storages, np.concatenate(rows), np.concatenate(cols))
+
+    owner = g.storage_owner.astype(np.int32)
+    storage_bytes = g.storage_nbytes.astype(np.int64)
+    persistent = g.kinds[owner] == OpKind.INPUT if num_storages else np.zeros(0, bool)
+    pinned = np.zeros(num_storages, bool)
+    user_rows = np.repeat(np.arange(num_storages), np.diff(users_ptr))
+    pinned[user_rows[g.kinds[users_idx] == OpKind.OUTPUT]] = True
+    freeable = ~persistent & ~pinned
+
+    keep = freeable[user_rows]
+    node_storage_ptr, node_storage_idx = _group_csr(n, users_idx[keep], user_rows[keep])
+    alloc_bytes = np.bincount(owner[~persistent], weights=storage_bytes[~persistent], minlength=n)
+    lv = Liveness(
+        storage_bytes=storage_bytes,
+        owner=owner,
+        persistent=persistent,
+        freeable=freeable,
+        users_ptr=users_ptr,
+        users_idx=users_idx,
+        node_storage_ptr=node_storage_ptr,
+        node_storage_idx=node_storage_idx,
+        alloc_bytes=np.rint(alloc_bytes).astype(np.int64),
+        persistent_bytes=int(storage_bytes[persistent].sum()),
+    )
+    cache[hold_collective_inputs] = lv
+    return lv
+
+
+def check_permutation(g: Graph, order: np.ndarray) -> np.ndarray:
+    """``order`` as an int64 array, checked to be a permutation of the node ids; returns it. O(N)."""
+    order = np.asarray(order)
+    n = len(g)
+    if order.ndim != 1 or len(order) != n:
+        raise GraphError(f"order has {order.size} entries; expected one per node ({n})")
+    if not np.issubdtype(order.dtype, np.integer):
+        raise GraphError(f"order must hold integer node ids, got dtype {order.dtype}")
+    order = order.astype(np.int64)
+    if n and (order.min() < 0 or order.max() >= n):
+        raise GraphError(
+            f"order holds node id {int(order.min() if order.min() < 0 else order.max())}: expected 0..{n - 1}"
+        )
+    seen = np.bincount(order, minlength=n)
+    if n and seen.max() > 1:
+        dup = int(np.flatnonzero(seen > 1)[0])
+        raise GraphError(f"order lists node {g.names[dup]!r} {int(seen[dup])} times; expected a permutation")
+    return order
+
+
+@dataclass(frozen=True, eq=False)
+class MemoryProfile:
+    """Memory over one order (all byte arrays int64, one entry per position).
+
+    ``curve_bytes[p]``: bytes in use while the node at position p runs (after its allocations, before its frees).
+    ``after_bytes[p]``: bytes in use once that node has freed the storages it used last.
+    ``alloc_position`` / ``free_position``: per storage, the position that allocates it (-1: persistent) and the
+    position after which it is freed (-1: never).
+    """
+
+    order: np.ndarray
+    curve_bytes: np.ndarray
+    after_bytes: np.ndarray
+    peak_bytes: int
+    peak_position: int
+    persistent_bytes: int
+    alloc_position: np.ndarray
+    free_position: np.ndarray
+
+
+def memory_profile(g: Graph, order: np.ndarray | None = None, *, hold_collective_inputs: bool = True) -> MemoryProfile:
+    """Memory over ``order`` (node ids; default the graph's own order) under the module's semantics. O(N + E)."""
+    n = len(g)
+    order = np.arange(n, dtype=np.int64) if order is None else check_permutation(g, order)
+    lv = liveness(g, hold_collective_inputs)
+    pos = np.empty(n, np.int64)
+    pos[order] = np.arange(n)
+    last = pos[lv.owner]
+    nonempty = np.diff(lv.users_ptr) > 0
+    if nonempty.any():
+        reduced = np.maximum.reduceat(pos[lv.users_idx], lv.users_ptr[:-1][nonempty])
+        last[nonempty] = np.maximum(last[nonempty], reduced)
+    alloc_pos = np.where(lv.persistent, -1, pos[lv.owner])
+    free_pos = np.where(lv.freeable, last, -1)
+
+    transient, freeable = ~lv.persistent, lv.freeable
+    alloc_at = np.bincount(alloc_pos[transient], weights=lv.storage_bytes[transient], minlength=n)
+    freed_at = np.bincount(free_pos[freeable], weights=lv.storage_bytes[freeable], minlength=n)
+    # float64 sums of int64 sizes are exact below 2**53 bytes
+    alloc_at, freed_at = np.rint(alloc_at).astype(np.int64), np.rint(freed_at).astype(np.int64)
+    after = lv.persistent_bytes + np.cumsum(alloc_at - freed_at)
+    curve = after + freed_at
+    peak_position = int(np.argmax(curve)) if n else -1
+    return MemoryProfile(
+        order=order,
+        curve_bytes=curve,
+        after_bytes=after,
+        peak_bytes=int(curve[peak_position]) if n else lv.persistent_bytes,
+        peak_position=peak_position,
+        persistent_bytes=lv.persistent_bytes,
+        alloc_position=alloc_pos,
+        free_position=free_pos,
+    )
