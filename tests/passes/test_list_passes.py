@@ -34,7 +34,8 @@ def test_raise_comms_issues_each_collective_as_early_as_dependencies_allow(fsdp)
     pos = positions(s.order)
     anc = _ancestor_sets(g)
     colls = [int(c) for c in s.order if g.coll_type[c] >= 0]
-    needed: set[int] = set()
+    inputs = set(np.flatnonzero(g.kinds == OpKind.INPUT).tolist())  # the pipeline keeps inputs first
+    needed: set[int] = set(inputs)
     for k, c in enumerate(colls):
         needed |= anc[c] | set(colls[:k])
         before = {int(x) for x in s.order[: pos[c]]}

@@ -2,9 +2,12 @@
 
 from commsched.passes import (  # noqa: F401  (importing registers the passes)
     global_comm_order,
+    overlap,
     raise_comms,
     reorder_compute_for_overlap,
+    reorder_iterative,
     sink_waits,
+    sink_waits_iterative,
 )
 from commsched.passes.check import ScheduleError, check_schedule
 from commsched.passes.pipeline import PRESETS, Schedule, load_schedule, schedule

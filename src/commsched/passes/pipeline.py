@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from commsched.cost.model import CostEstimate
-from commsched.ir import Graph, GraphError
+from commsched.ir import Graph, GraphError, OpKind
 from commsched.passes.check import as_order, check_schedule
 from commsched.passes.registry import PASSES, NoConfig, PassContext, PassResult, PassStats, build_config
 
@@ -22,6 +22,7 @@ SCHEDULE_VERSION = 1
 
 # named pipelines; "torch" is the pass list torch recommends for reorder_for_compute_comm_overlap_passes
 PRESETS: dict[str, list[str]] = {
+    "default": ["overlap"],
     "none": [],
     "torch": [
         "reorder_communication_preserving_peak_memory",
@@ -95,6 +96,15 @@ def load_schedule(graph: Graph, path: str | os.PathLike[str]) -> Schedule:
     return Schedule(graph, order, streams, passes=list(passes) if isinstance(passes, list) else [])
 
 
+def inputs_first(graph: Graph, order: np.ndarray) -> np.ndarray:
+    """``order`` with the graph inputs moved to the front (stable): they have no predecessors, and FX code reads
+    best with placeholders first."""
+    is_input = graph.kinds[order] == OpKind.INPUT
+    if is_input[: int(is_input.sum())].all():
+        return order
+    return np.concatenate([order[is_input], order[~is_input]]).astype(np.int32)
+
+
 def resolve_costs(graph: Graph, hardware: Any) -> CostEstimate:
     """A CostEstimate as given, or estimated from a hardware profile (name or Hardware)."""
     if isinstance(hardware, CostEstimate):
@@ -160,7 +170,7 @@ def schedule(
             )
         if result.reorders_collectives:
             reference = result.order.copy()
-        cur = result.order.astype(np.int32, copy=False)
+        cur = inputs_first(graph, result.order.astype(np.int32, copy=False))
         if result.streams is not None:
             streams = result.streams
         if result.extra_src is not None and len(result.extra_src):
