@@ -1,6 +1,7 @@
 """Scheduling passes: one pass per module, a registry of names, and the pipeline that runs and checks them."""
 
 from commsched.passes import (  # noqa: F401  (importing registers the passes)
+    exact,
     global_comm_order,
     overlap,
     raise_comms,

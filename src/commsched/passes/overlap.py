@@ -55,6 +55,7 @@ class _Prep:
     succ_idx: list[int]
     indeg: list[int]
     bottom: list[int]
+    feeds: list[int]
     pos: list[int]
     alloc: list[int]  # bytes allocated when the node runs (the non-persistent storages it owns)
     node_storages: list[list[int]]  # freeable storages each node uses (their last user frees them)
@@ -95,12 +96,20 @@ def _prepare(g: Graph, order: np.ndarray, ctx: PassContext) -> _Prep:
     sp, si = succ_ptr.tolist(), succ_idx.tolist()
     d = dur_ns.tolist()
     bottom = [0] * n
+    # feeds[i]: the earliest collective (by issue index) that node i is an ancestor of; n + 1 when none
+    feeds = [n + 1] * n
+    for k, c in enumerate(colls.tolist()):
+        feeds[c] = k
     for node in order[::-1].tolist():
         best = 0
+        first = feeds[node]
         for s in si[sp[node] : sp[node + 1]]:
             if bottom[s] > best:
                 best = bottom[s]
+            if feeds[s] < first:
+                first = feeds[s]
         bottom[node] = d[node] + best
+        feeds[node] = first
     lv = liveness(g)
     nsp, nsi = lv.node_storage_ptr.tolist(), lv.node_storage_idx.tolist()
     return _Prep(
@@ -115,6 +124,7 @@ def _prepare(g: Graph, order: np.ndarray, ctx: PassContext) -> _Prep:
         succ_idx=si,
         indeg=indeg.tolist(),
         bottom=bottom,
+        feeds=feeds,
         pos=pos.tolist(),
         alloc=lv.alloc_bytes.tolist(),
         node_storages=[nsi[nsp[i] : nsp[i + 1]] for i in range(n)],
@@ -134,12 +144,12 @@ def _schedule_once(p: _Prep, budget: int, prefetch_limit: int) -> list[int]:
     left = list(p.storage_users)
     live = p.persistent_bytes
     alloc = p.alloc
-    dur, bottom, pos = p.dur_ns, p.bottom, p.pos
+    dur, bottom, pos, feeds = p.dur_ns, p.bottom, p.pos, p.feeds
     is_coll, is_wait, is_sync = p.is_coll, p.is_wait, p.is_sync
     sp, si = p.succ_ptr, p.succ_idx
     slow = p.slowdown
 
-    ready: list[tuple[int, int, int]] = []  # compute-like nodes: (-bottom, pos, node)
+    ready: list[tuple[int, int, int, int]] = []  # compute-like nodes: (feeds, -bottom, pos, node)
     issuable: list[tuple[int, int]] = []  # collectives whose inputs are scheduled: (pos, node)
     coll_end: dict[int, int] = {}
     comm_free: dict[int, int] = {}
@@ -167,7 +177,7 @@ def _schedule_once(p: _Prep, budget: int, prefetch_limit: int) -> list[int]:
         elif is_wait[node]:
             heapq.heappush(pending_waits, (coll_end[p.wait_of[node]], pos[node], node))
         else:
-            heapq.heappush(ready, (-bottom[node], pos[node], node))
+            heapq.heappush(ready, (feeds[node], -bottom[node], pos[node], node))
 
     def run_compute(node: int) -> None:
         nonlocal t
@@ -220,14 +230,14 @@ def _schedule_once(p: _Prep, budget: int, prefetch_limit: int) -> list[int]:
             skipped = []
             while ready and len(skipped) < 8:
                 item = heapq.heappop(ready)
-                if live + alloc[item[2]] <= budget or not pending_waits:
+                if live + alloc[item[3]] <= budget or not pending_waits:
                     picked = item
                     break
                 skipped.append(item)
             for item in skipped:
                 heapq.heappush(ready, item)
             if picked is not None:
-                run_compute(picked[2])
+                run_compute(picked[3])
                 continue
         # 4. wait for the collective that finishes first
         if pending_waits:
