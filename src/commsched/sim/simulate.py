@@ -1,0 +1,157 @@
+"""Entry points: ``simulate`` (graph + hardware) and ``simulate_costs`` (graph + a CostEstimate)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from commsched.cost.model import CostEstimate
+from commsched.ir.graph import Graph, GraphError, OpKind
+from commsched.memory.liveness import check_permutation, memory_profile
+from commsched.sim.bounds import lower_bound
+from commsched.sim.comm import CommEngine
+from commsched.sim.engine import run_multi_stream, run_single_stream
+from commsched.sim.result import SimResult
+
+
+def resolve_order(g: Graph, order: Sequence[str | int] | np.ndarray | None) -> np.ndarray:
+    """``order`` (node names or ids; None: the graph's order) as int64 ids, checked to be a topological
+    permutation. O(N + E)."""
+    if order is None:
+        return np.arange(len(g), dtype=np.int64)
+    if not isinstance(order, np.ndarray):
+        order = [g.id_of(v) for v in order]
+    order = check_permutation(g, np.asarray(order, dtype=np.int64) if len(order) else np.zeros(0, np.int64))
+    pos = np.empty(len(g), np.int64)
+    pos[order] = np.arange(len(g))
+    ptr, idx = g.predecessors_csr()
+    dst = np.repeat(np.arange(len(g)), np.diff(ptr))
+    bad = np.flatnonzero(pos[idx] > pos[dst])
+    if len(bad):
+        p, d = int(idx[bad[0]]), int(dst[bad[0]])
+        raise GraphError(
+            f"order puts node {g.names[d]!r} (position {pos[d]}) before its predecessor {g.names[p]!r} "
+            f"(position {pos[p]}); expected a topological order"
+        )
+    return order
+
+
+def _resolve_streams(g: Graph, streams: Sequence[int] | np.ndarray | None) -> np.ndarray:
+    if streams is None:
+        return np.zeros(len(g), np.int64)
+    arr = np.asarray(streams)
+    if arr.shape != (len(g),) or not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"streams must be {len(g)} integers (one compute stream per node), got shape {arr.shape}")
+    if len(arr) and arr.min() < 0:
+        bad = int(np.flatnonzero(arr < 0)[0])
+        raise ValueError(f"streams[{bad}] (node {g.names[bad]!r}) is {int(arr[bad])}; expected a stream index >= 0")
+    return arr.astype(np.int64)
+
+
+def simulate_costs(
+    g: Graph,
+    costs: CostEstimate,
+    order: Sequence[str | int] | np.ndarray | None = None,
+    streams: Sequence[int] | np.ndarray | None = None,
+    *,
+    hold_collective_inputs: bool = True,
+    engine: str = "auto",
+) -> SimResult:
+    """Simulate one step of ``g`` with per-node ``costs`` (semantics: :mod:`commsched.sim.engine`).
+
+    ``order``: node names or ids, a topological order (default: the graph's). ``streams``: the compute stream of
+    every node (default: all on stream 0); a collective is issued from its entry's stream and runs on its process
+    group's comm stream. Costs of inputs, views, waits and the output are ignored (they take no time).
+    ``hold_collective_inputs``: the memory rule of :mod:`commsched.memory.liveness`. ``engine``: "auto" (the
+    single-stream loop when every node is on stream 0, else the event loop) or "events" (always the event loop;
+    both give identical results, which the tests check).
+    """
+    if engine not in ("auto", "events"):
+        raise ValueError(f"engine={engine!r}: expected 'auto' or 'events'")
+    n = len(g)
+    if len(costs.node_s) != n:
+        raise ValueError(f"CostEstimate has {len(costs.node_s)} entries but the graph has {n} nodes")
+    order_arr = resolve_order(g, order)
+    stream = _resolve_streams(g, streams)
+    timed = np.isin(g.kinds, (OpKind.COMPUTE, OpKind.OTHER, OpKind.COLLECTIVE))
+    dur = np.where(timed, np.rint(np.asarray(costs.node_s, np.float64) * 1e9), 0).astype(np.int64)
+    is_coll = g.coll_type >= 0
+    lat = np.where(is_coll, np.minimum(np.rint(np.asarray(costs.coll_latency_s) * 1e9).astype(np.int64), dur), 0)
+    link = np.where(is_coll, np.asarray(costs.coll_link, np.int64), 0)
+    if is_coll.any() and link[is_coll].min() < 0:
+        bad = int(np.flatnonzero(is_coll & (link < 0))[0])
+        raise ValueError(
+            f"CostEstimate.coll_link of collective {g.names[bad]!r} is {int(link[bad])}; expected a LinkClass"
+        )
+    sync_ns = round(costs.stream_sync_s * 1e9)
+    slowdown = float(costs.compute_slowdown)
+
+    start = [0] * n
+    end = [0] * n
+    for c in np.flatnonzero(is_coll).tolist():
+        end[c] = -1
+    issue = [-1] * n
+    blocked = [0] * n
+    comm = CommEngine(
+        num_groups=len(g.groups),
+        group=g.coll_group.tolist(),
+        lat_ns=lat.tolist(),
+        bw_ns=(dur - lat).tolist(),
+        link=link.tolist(),
+        sync_ns=sync_ns,
+        start_ns=start,
+        end_ns=end,
+    )
+    num_streams = int(stream.max(initial=0)) + 1
+    kinds, wait_of, sync = g.kinds.tolist(), g.wait_of.tolist(), g.coll_sync.tolist()
+    if num_streams == 1 and engine == "auto":
+        run_single_stream(
+            order_arr.tolist(), kinds, dur.tolist(), wait_of, sync, comm, slowdown, sync_ns, start, end, issue, blocked
+        )
+    else:
+        ptr, idx = g.predecessors_csr()
+        run_multi_stream(
+            order_arr.tolist(), stream.tolist(), num_streams, ptr.tolist(), idx.tolist(), kinds, dur.tolist(), wait_of,
+            sync, comm, slowdown, sync_ns, start, end, issue, blocked, g.names,
+        )  # fmt: skip
+    names = tuple(f"compute:{s}" for s in range(num_streams)) + tuple(f"comm:{grp.name}" for grp in g.groups)
+    node_stream = np.where(is_coll, num_streams + g.coll_group.astype(np.int64), stream)
+    return SimResult(
+        graph=g,
+        order=order_arr,
+        stream=node_stream,
+        issue_stream=stream,
+        stream_names=names,
+        num_compute_streams=num_streams,
+        start_ns=np.asarray(start, np.int64),
+        end_ns=np.asarray(end, np.int64),
+        issue_ns=np.asarray(issue, np.int64),
+        blocked_ns=np.asarray(blocked, np.int64),
+        standalone_ns=dur,
+        bound=lower_bound(g, dur, stream),
+        memory=memory_profile(g, order_arr, hold_collective_inputs=hold_collective_inputs),
+    )
+
+
+def simulate(
+    g: Graph,
+    hardware: Any,
+    order: Sequence[str | int] | np.ndarray | None = None,
+    streams: Sequence[int] | np.ndarray | None = None,
+    **hardware_kw: Any,
+) -> SimResult:
+    """Estimate ``g`` on ``hardware`` (a profile or its name, passed to ``commsched.cost.estimate_costs``) and
+    simulate it; see :func:`simulate_costs`. Extra keywords go to ``commsched.hardware.get`` when ``hardware`` is a
+    name (e.g. ``num_nodes=8``)."""
+    from commsched import cost
+
+    estimate = getattr(cost, "estimate_costs", None)
+    if estimate is None:
+        raise RuntimeError("commsched.cost.estimate_costs is not available yet; use simulate_costs with a CostEstimate")
+    if isinstance(hardware, str):
+        from commsched import hardware as hw
+
+        hardware = hw.get(hardware, **hardware_kw)
+    return simulate_costs(g, estimate(g, hardware), order, streams)
