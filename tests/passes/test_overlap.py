@@ -12,16 +12,14 @@ from commsched.memory import memory_profile
 from commsched.passes import check_schedule, schedule
 from commsched.passes.check import group_collective_orders
 from commsched.passes.exact import solve_exact
-from commsched.passes.overlap import _prepare, _replay_ns
-from commsched.passes.registry import NoConfig, PassContext
+from commsched.sim import simulate_costs
 from costs_helper import simple_costs
 from programs import trace_pressure, trace_program
 from strategies import graphs
 
 
 def _makespan_s(g, costs, order):
-    p = _prepare(g, np.arange(len(g), dtype=np.int32), PassContext(costs=costs, config=NoConfig()))
-    return _replay_ns(p, list(map(int, order))) / 1e9
+    return simulate_costs(g, costs, np.asarray(order, np.int32)).makespan_s
 
 
 @pytest.mark.parametrize(("layers", "comm_bytes_per_s", "compute_scale"), [(3, 50e9, 20), (3, 5e9, 1), (2, 20e9, 5)])

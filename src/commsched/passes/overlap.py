@@ -24,8 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from commsched.ir import Graph, OpKind
-from commsched.memory import liveness, memory_profile
+from commsched.memory import liveness
 from commsched.passes.registry import PassConfig, PassContext, PassResult, PassStats, register_pass
+from commsched.sim import simulate_costs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -253,35 +254,6 @@ def _schedule_once(p: _Prep, budget: int, prefetch_limit: int) -> list[int]:
     return out
 
 
-def _replay_ns(p: _Prep, order: list[int]) -> int:
-    """Makespan of ``order`` under the scheduler's stream model (used only to rank candidate orders)."""
-    t = 0
-    busy_until = 0
-    comm_free: dict[int, int] = {}
-    coll_end: dict[int, int] = {}
-    slow = p.slowdown
-    for node in order:
-        d = p.dur_ns[node]
-        if p.is_coll[node]:
-            g_ = p.group[node]
-            start = max(t, comm_free.get(g_, 0))
-            end = start + d
-            comm_free[g_] = end
-            coll_end[node] = end
-            busy_until = max(busy_until, end)
-            if p.is_sync[node]:
-                t = end
-        elif p.is_wait[node]:
-            t = max(t, coll_end[p.wait_of[node]])
-        elif d:
-            if busy_until > t and slow > 1.0:
-                overlap_work = (busy_until - t) / slow
-                t += int(d * slow) if d <= overlap_work else (busy_until - t) + int(d - overlap_work)
-            else:
-                t += d
-    return max([t, *comm_free.values()])
-
-
 @register_pass("overlap", OverlapConfig)
 def overlap(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
     """Memory-budgeted latency hiding: collectives as early as the budget allows, waits just before first use,
@@ -289,17 +261,23 @@ def overlap(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
     cfg: OverlapConfig = ctx.config  # type: ignore[assignment]
     stats = PassStats("overlap")
     p = _prepare(g, order, ctx)
-    base = order.tolist()
-    base_peak = memory_profile(g, order).peak_bytes
+    base_sim = simulate_costs(g, ctx.costs, order)
+    base_peak = base_sim.peak_memory_bytes
     budget = _budget(cfg, base_peak)
-    base_ns = _replay_ns(p, base)
-    best, best_ns, best_peak, best_label = base, base_ns, base_peak, "input order"
+    base_ns = int(base_sim.end_ns.max(initial=0))
+    best, best_ns, best_peak, best_label = order.tolist(), base_ns, base_peak, "input order"
     headroom = max(0, budget - base_peak)
+    tried: set[tuple[int, ...]] = set()
     for reserve in cfg.prefetch_reserves:
         limit = budget - int(reserve * headroom)
         cand = _schedule_once(p, budget, limit)
-        peak = memory_profile(g, np.asarray(cand)).peak_bytes
-        ns = _replay_ns(p, cand)
+        key = tuple(cand)
+        if key in tried:
+            continue
+        tried.add(key)
+        # judge every candidate with the full simulator (link sharing, interference) and the full memory model
+        res = simulate_costs(g, ctx.costs, np.asarray(cand, np.int32))
+        peak, ns = res.peak_memory_bytes, int(res.end_ns.max(initial=0))
         stats.rows.append(
             {"attempt": f"reserve {reserve:.2f}", "makespan_s": ns / 1e9, "peak_bytes": peak, "fits": peak <= budget}
         )
