@@ -79,3 +79,20 @@ def trace_program(kind: str, world: int, **kw):
             else:
                 raise ValueError(kind)
         return gm, from_fx(gm)
+
+
+def prefetch_under_pressure(x, w_big, w_shard, pg, world):
+    """A big temporary sets the peak; an all_gather that moves above it would raise that peak."""
+    name = pg.group_name
+    tmp = torch.relu(x @ w_big)  # the peak: a large activation
+    small = tmp.sum(dim=1, keepdim=True)
+    w = c10d.wait_tensor(c10d.all_gather_into_tensor(w_shard, world, name))
+    return (small * w.sum()).sum()
+
+
+def trace_pressure(world: int = 8):
+    with fake_process_group(world) as pg:
+        with FakeTensorMode():
+            x, w_big, w_shard = torch.randn(512, 256), torch.randn(256, 4096), torch.randn(256, 256)
+            gm = make_fx(lambda x, a, b: prefetch_under_pressure(x, a, b, pg, world))(x, w_big, w_shard)
+        return gm, from_fx(gm)

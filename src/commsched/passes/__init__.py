@@ -1,1 +1,29 @@
-"""commsched.passes (see docs/ARCHITECTURE.md)."""
+"""Scheduling passes: one pass per module, a registry of names, and the pipeline that runs and checks them."""
+
+from commsched.passes import (  # noqa: F401  (importing registers the passes)
+    exact,
+    global_comm_order,
+    overlap,
+    raise_comms,
+    reorder_compute_for_overlap,
+    reorder_iterative,
+    sink_waits,
+    sink_waits_iterative,
+)
+from commsched.passes.check import ScheduleError, check_schedule
+from commsched.passes.pipeline import PRESETS, Schedule, load_schedule, schedule
+from commsched.passes.registry import PASSES, PassContext, PassResult, PassStats, register_pass
+
+__all__ = [
+    "PASSES",
+    "PRESETS",
+    "PassContext",
+    "PassResult",
+    "PassStats",
+    "Schedule",
+    "ScheduleError",
+    "check_schedule",
+    "load_schedule",
+    "register_pass",
+    "schedule",
+]

@@ -1,0 +1,131 @@
+"""Schedule validation: every pass result, and ``commsched check``, go through :func:`check_schedule`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from commsched.ir import Graph, GraphError
+
+
+class ScheduleError(GraphError):
+    """An invalid order: the message names the nodes involved and the rule broken."""
+
+
+def as_order(g: Graph, order: Sequence[int | str] | np.ndarray | None) -> np.ndarray:
+    """Normalise an order given as node ids or names into an int32 permutation array (checked)."""
+    if order is None:
+        return np.arange(len(g), dtype=np.int32)
+    if isinstance(order, np.ndarray) and order.dtype.kind in "iu":
+        arr = order.astype(np.int32, copy=False)
+    else:
+        arr = np.fromiter((g.id_of(x) for x in order), np.int32, count=len(order))
+    if len(arr) != len(g):
+        raise ScheduleError(f"the order has {len(arr)} entries; expected one per node ({len(g)})")
+    seen = np.zeros(len(g), bool)
+    if np.any((arr < 0) | (arr >= len(g))):
+        bad = int(arr[(arr < 0) | (arr >= len(g))][0])
+        raise ScheduleError(f"the order names node id {bad}, which does not exist")
+    seen[arr] = True
+    if not seen.all():
+        missing = int(np.flatnonzero(~seen)[0])
+        raise ScheduleError(f"node {g.names[missing]!r} is missing from the order (another node appears twice)")
+    return arr
+
+
+def positions(order: np.ndarray) -> np.ndarray:
+    pos = np.empty(len(order), np.int64)
+    pos[order] = np.arange(len(order))
+    return pos
+
+
+def group_collective_orders(g: Graph, order: np.ndarray) -> dict[int, np.ndarray]:
+    """Per process group index: its collectives in the order they are issued."""
+    colls = order[g.coll_type[order] >= 0]
+    groups = g.coll_group[colls]
+    return {int(k): colls[groups == k] for k in np.unique(groups)}
+
+
+def check_schedule(
+    g: Graph,
+    order: np.ndarray | Sequence[int | str],
+    reference: np.ndarray | Sequence[int | str] | None = None,
+    *,
+    allow_collective_reorder: bool = False,
+    streams: np.ndarray | None = None,
+    extra_src: np.ndarray | None = None,
+    extra_dst: np.ndarray | None = None,
+) -> np.ndarray:
+    """Check that ``order`` is a valid schedule of ``g``; return it as an int32 array.
+
+    Rules: a permutation of all nodes; every predecessor (data input, control dep, extra constraint) before its
+    user; unless ``allow_collective_reorder``, every process group issues its collectives in the same order as in
+    ``reference`` (default: the graph's own order) — the SPMD rule; and with multi-stream ``streams``, the issue
+    order of all collectives is forced by the program (same stream or a dependency path), so FIFO comm streams of
+    groups that share ranks cannot be fed in different orders on different ranks (the classic hang).
+    Raises ScheduleError naming the nodes. O(N + E) (plus O((N + E) * C / 64) with streams).
+    """
+    order = as_order(g, order)
+    pos = positions(order)
+    ptr, idx = g.predecessors_csr()
+    dst = np.repeat(np.arange(len(g)), np.diff(ptr))
+    src = idx
+    if extra_src is not None and len(extra_src):
+        src = np.concatenate([src, extra_src])
+        dst = np.concatenate([dst, extra_dst])
+    bad = np.flatnonzero(pos[src] >= pos[dst])
+    if len(bad):
+        e = int(bad[np.argmin(pos[dst[bad]])])
+        s, d = int(src[e]), int(dst[e])
+        raise ScheduleError(
+            f"node {g.names[d]!r} is scheduled at position {pos[d]} before its predecessor {g.names[s]!r} "
+            f"(position {pos[s]}); expected a topological order"
+        )
+    if not allow_collective_reorder:
+        ref = as_order(g, reference)
+        want = group_collective_orders(g, ref)
+        got = group_collective_orders(g, order)
+        for grp, colls in want.items():
+            mismatch = np.flatnonzero(got[grp] != colls)
+            if len(mismatch):
+                k = int(mismatch[0])
+                raise ScheduleError(
+                    f"process group {g.groups[grp].name!r}: collective #{k} is {g.names[got[grp][k]]!r} but the "
+                    f"reference order issues {g.names[colls[k]]!r} there; every rank must issue a group's "
+                    "collectives in the same order (SPMD)"
+                )
+    if streams is not None:
+        _check_issue_order_forced(g, order, streams)
+    return order
+
+
+def _check_issue_order_forced(g: Graph, order: np.ndarray, streams: np.ndarray) -> None:
+    """With several compute streams, consecutive collective issues must be ordered by the program itself."""
+    colls = order[g.coll_type[order] >= 0]
+    if len(colls) < 2:
+        return
+    coll_bit = {int(c): k for k, c in enumerate(colls.tolist())}
+    ptr, idx = g.predecessors_csr()
+    reach: dict[int, int] = {}  # node -> bitset of collectives that happen before it (inclusive)
+    last_on_stream: dict[int, int] = {}
+    for node in order.tolist():
+        bits = 0
+        for p in idx[ptr[node] : ptr[node + 1]].tolist():
+            bits |= reach.get(p, 0)
+        s = int(streams[node])
+        prev = last_on_stream.get(s)
+        if prev is not None:
+            bits |= reach[prev]
+        k = coll_bit.get(node)
+        if k is not None:
+            if k > 0 and not (bits >> (k - 1)) & 1:
+                prev_coll = int(colls[k - 1])
+                raise ScheduleError(
+                    f"collective {g.names[node]!r} (stream {s}) may be issued before {g.names[prev_coll]!r} "
+                    f"(stream {int(streams[prev_coll])}): nothing in the program orders them, so ranks can feed "
+                    "their comm streams in different orders and hang; issue them from one stream or add a dependency"
+                )
+            bits |= 1 << k
+        reach[node] = bits
+        last_on_stream[s] = node

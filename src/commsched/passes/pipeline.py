@@ -1,0 +1,184 @@
+"""The pass pipeline: ``commsched.schedule(graph, hardware, passes=[...] | preset, **knobs) -> Schedule``."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from commsched.cost.model import CostEstimate
+from commsched.ir import Graph, GraphError, OpKind
+from commsched.passes.check import as_order, check_schedule
+from commsched.passes.registry import PASSES, NoConfig, PassContext, PassResult, PassStats, build_config
+
+SCHEDULE_FORMAT = "commsched.schedule"
+SCHEDULE_VERSION = 1
+
+# named pipelines; "torch" is the pass list torch recommends for reorder_for_compute_comm_overlap_passes
+PRESETS: dict[str, list[str]] = {
+    "default": ["overlap"],
+    "none": [],
+    "torch": [
+        "reorder_communication_preserving_peak_memory",
+        "sink_waits_iterative",
+        "reorder_communication_preserving_peak_memory",
+    ],
+    "classic": ["sink_waits", "raise_comms", "reorder_compute_for_overlap"],
+}
+
+
+@dataclass
+class Schedule:
+    """An order of the graph's nodes (ids), optional compute streams, and what each pass did."""
+
+    graph: Graph
+    order: np.ndarray
+    streams: np.ndarray | None = None
+    stats: list[PassStats] = field(default_factory=list)
+    passes: list[str] = field(default_factory=list)
+
+    @property
+    def names(self) -> list[str]:
+        return [self.graph.names[i] for i in self.order.tolist()]
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "format": SCHEDULE_FORMAT,
+            "version": SCHEDULE_VERSION,
+            "num_nodes": len(self.graph),
+            "passes": self.passes,
+            "order": self.names,
+        }
+        if self.streams is not None:
+            d["streams"] = [int(s) for s in self.streams[self.order].tolist()]
+        return d
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        from commsched.frontends.json_io import atomic_write_text
+
+        atomic_write_text(path, json.dumps(self.to_dict()))
+
+
+def load_schedule(graph: Graph, path: str | os.PathLike[str]) -> Schedule:
+    """Read a schedule written by :meth:`Schedule.save` for ``graph`` (node names must match)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise GraphError(f"{path}: no such file") from None
+    except json.JSONDecodeError as exc:
+        raise GraphError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or data.get("format") != SCHEDULE_FORMAT:
+        raise GraphError(f"{path}: field 'format': expected {SCHEDULE_FORMAT!r}")
+    if data.get("version") != SCHEDULE_VERSION:
+        raise GraphError(f"{path}: field 'version': unknown schedule version {data.get('version')!r}")
+    names = data.get("order")
+    if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
+        raise GraphError(f"{path}: field 'order': expected a list of node names")
+    try:
+        order = as_order(graph, names)
+    except GraphError as exc:
+        raise GraphError(f"{path}: field 'order': {exc}") from None
+    streams = None
+    if "streams" in data:
+        s = data["streams"]
+        if not isinstance(s, list) or len(s) != len(order) or not all(isinstance(x, int) and x >= 0 for x in s):
+            raise GraphError(f"{path}: field 'streams': expected one stream id (int >= 0) per entry of 'order'")
+        streams = np.zeros(len(graph), np.int32)
+        streams[order] = s
+    passes = data.get("passes", [])
+    return Schedule(graph, order, streams, passes=list(passes) if isinstance(passes, list) else [])
+
+
+def inputs_first(graph: Graph, order: np.ndarray) -> np.ndarray:
+    """``order`` with the graph inputs moved to the front (stable): they have no predecessors, and FX code reads
+    best with placeholders first."""
+    is_input = graph.kinds[order] == OpKind.INPUT
+    if is_input[: int(is_input.sum())].all():
+        return order
+    return np.concatenate([order[is_input], order[~is_input]]).astype(np.int32)
+
+
+def resolve_costs(graph: Graph, hardware: Any) -> CostEstimate:
+    """A CostEstimate as given, or estimated from a hardware profile (name or Hardware)."""
+    if isinstance(hardware, CostEstimate):
+        if len(hardware.node_s) != len(graph):
+            raise ValueError(f"the cost estimate has {len(hardware.node_s)} entries; the graph has {len(graph)} nodes")
+        return hardware
+    from commsched.cost import estimate_costs  # the cost model
+    from commsched.hardware import get as get_hardware
+
+    hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
+    return estimate_costs(graph, hw)
+
+
+def schedule(
+    graph: Graph,
+    hardware: Any,
+    passes: str | Sequence[str | Callable[..., PassResult]] = "torch",
+    *,
+    order: np.ndarray | Sequence[int | str] | None = None,
+    check: bool = True,
+    **knobs: Any,
+) -> Schedule:
+    """Run ``passes`` (names, callables, or a preset name) on ``graph`` and return the resulting :class:`Schedule`.
+
+    ``hardware`` is a profile name, a Hardware, or a precomputed CostEstimate. ``knobs`` set pass config fields by
+    name (e.g. ``peak_memory_budget=0.1``); an unknown knob is an error. Every pass result is checked (topological
+    order, per-group collective order) unless ``check=False``.
+    """
+    costs = resolve_costs(graph, hardware)
+    names = PRESETS[passes] if isinstance(passes, str) and passes in PRESETS else passes
+    if isinstance(names, str):
+        names = [p.strip() for p in names.split(",") if p.strip()]
+    cur = as_order(graph, order)
+    reference = cur.copy()
+    extra_src = np.zeros(0, np.int32)
+    extra_dst = np.zeros(0, np.int32)
+    streams: np.ndarray | None = None
+    used: set[str] = set()
+    all_stats: list[PassStats] = []
+    pass_names: list[str] = []
+    for p in names:
+        if callable(p):
+            fn, cfg, pname = p, NoConfig(), getattr(p, "__name__", "custom")
+        else:
+            spec = PASSES.get(p)
+            if spec is None:
+                raise ValueError(f"unknown pass {p!r}; known passes: {sorted(PASSES)}; presets: {sorted(PRESETS)}")
+            fn, cfg, pname = spec.fn, build_config(spec.config_cls, knobs, used), p
+        ctx = PassContext(costs=costs, config=cfg, extra_src=extra_src, extra_dst=extra_dst, streams=streams)
+        t0 = time.perf_counter()
+        result = fn(graph, cur, ctx)
+        wall = time.perf_counter() - t0
+        result.stats.wall_s = wall
+        if check:
+            check_schedule(
+                graph,
+                result.order,
+                reference,
+                allow_collective_reorder=result.reorders_collectives,
+                streams=result.streams,
+                extra_src=extra_src,
+                extra_dst=extra_dst,
+            )
+        if result.reorders_collectives:
+            reference = result.order.copy()
+        cur = inputs_first(graph, result.order.astype(np.int32, copy=False))
+        if result.streams is not None:
+            streams = result.streams
+        if result.extra_src is not None and len(result.extra_src):
+            extra_src = np.concatenate([extra_src, result.extra_src]).astype(np.int32)
+            extra_dst = np.concatenate([extra_dst, result.extra_dst]).astype(np.int32)
+        all_stats.append(result.stats)
+        pass_names.append(pname)
+    unknown = set(knobs) - used
+    if unknown:
+        raise ValueError(f"unknown knob(s) {sorted(unknown)} for passes {pass_names}")
+    return Schedule(graph, cur, streams, all_stats, pass_names)

@@ -1,0 +1,64 @@
+"""The flagship ``overlap`` pass and the exact CP-SAT scheduler: optimality gap, budget, invariants."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_list_passes import _topo_fix
+
+from commsched.memory import memory_profile
+from commsched.passes import check_schedule, schedule
+from commsched.passes.check import group_collective_orders
+from commsched.passes.exact import solve_exact
+from commsched.sim import simulate_costs
+from costs_helper import simple_costs
+from programs import trace_pressure, trace_program
+from strategies import graphs
+
+
+def _makespan_s(g, costs, order):
+    return simulate_costs(g, costs, np.asarray(order, np.int32)).makespan_s
+
+
+@pytest.mark.parametrize(("layers", "comm_bytes_per_s", "compute_scale"), [(3, 50e9, 20), (3, 5e9, 1), (2, 20e9, 5)])
+def test_overlap_within_3_percent_of_cp_sat_optimum(layers, comm_bytes_per_s, compute_scale):
+    _, g = trace_program("fsdp_mlp", 8, layers=layers, dim=512)
+    costs = simple_costs(g, comm_bytes_per_s=comm_bytes_per_s, compute_scale=compute_scale)
+    budget = int(memory_profile(g).peak_bytes * 1.05)
+    ours = schedule(g, costs, "default")
+    exact = solve_exact(g, costs, memory_budget_bytes=budget, time_limit_s=30, hint=ours.order)
+    assert exact.optimal
+    # the extracted order reproduces the solver's makespan, and respects the budget
+    assert _makespan_s(g, costs, exact.order) == pytest.approx(exact.makespan_s, rel=1e-4)
+    assert memory_profile(g, exact.order).peak_bytes <= budget * 1.001
+    ours_s = _makespan_s(g, costs, ours.order)
+    assert ours_s <= exact.makespan_s * 1.03
+    assert ours_s >= exact.lower_bound_s * (1 - 1e-4)  # nothing beats a proven bound
+
+
+def test_overlap_hard_budget_and_clear_error():
+    _, g = trace_pressure()
+    costs = simple_costs(g, comm_bytes_per_s=1e9)
+    base = memory_profile(g).peak_bytes
+    tight = schedule(g, costs, "default", memory_budget_ratio=1.0)
+    assert memory_profile(g, tight.order).peak_bytes <= base
+    loose = schedule(g, costs, "default", memory_budget_ratio=3.0)
+    assert _makespan_s(g, costs, loose.order) <= _makespan_s(g, costs, tight.order)
+    with pytest.raises(ValueError, match="no order found within the memory budget"):
+        schedule(g, costs, "default", memory_budget_bytes=base // 2, memory_budget_ratio=None)
+
+
+@settings(max_examples=300)
+@given(graphs(max_nodes=60), st.sampled_from([1.0, 1.05, 1.5]), st.randoms(use_true_random=False))
+def test_overlap_on_random_graphs(g, ratio, rnd):
+    costs = simple_costs(g, comm_bytes_per_s=rnd.choice([1e9, 10e9, 100e9]))
+    start = _topo_fix(g, np.asarray(rnd.sample(range(len(g)), len(g)), np.int32))
+    s = schedule(g, costs, "default", order=start, memory_budget_ratio=ratio)
+    check_schedule(g, s.order, start)
+    a, b = group_collective_orders(g, start), group_collective_orders(g, s.order)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    base = memory_profile(g, start).peak_bytes
+    assert memory_profile(g, s.order).peak_bytes <= int(base * ratio)
+    assert _makespan_s(g, costs, s.order) <= _makespan_s(g, costs, start) + 1e-12
