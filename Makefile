@@ -14,12 +14,16 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	# Holistic Trace Analysis (tests load our traces in it); --no-deps skips its jupyterlab requirement
+	$(BIN)/python -m pip install --quiet --no-deps holistictraceanalysis==0.5.0
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/commsched demo --out-dir demo_out
 
 test: $(STAMP)
+	# the HTML report is rendered in headless Chromium by the tests
+	command -v chromium >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest -q
 

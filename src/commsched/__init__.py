@@ -9,6 +9,8 @@ __version__ = "0.1.0"
 
 
 from commsched.frontends.json_io import load_graph, save_graph
+from commsched.memory import IncrementalMemory, memory_profile
+from commsched.sim import SimResult, simulate, simulate_costs
 
 
 def __getattr__(name: str):
@@ -25,10 +27,15 @@ __all__ = [
     "Graph",
     "GraphBuilder",
     "GraphError",
+    "IncrementalMemory",
     "OpKind",
     "ProcessGroup",
+    "SimResult",
     "fake_process_group",
     "from_fx",
     "load_graph",
+    "memory_profile",
     "save_graph",
+    "simulate",
+    "simulate_costs",
 ]

@@ -11,8 +11,8 @@ from commsched.cost import CostEstimate, LinkClass
 from commsched.ir import GraphError, OpKind
 from commsched.memory import memory_profile
 from commsched.sim import simulate_costs
-from helpers import assert_valid_simulation, eager_wait_order, simple_costs, trace_two_group_layer
 from programs import trace_program
+from sim_helpers import assert_valid_simulation, eager_wait_order, layer_costs, simple_costs, trace_two_group_layer
 from strategies import graphs
 
 US = 1e-6
@@ -54,17 +54,6 @@ def test_waits_right_after_collectives_serialise_everything(traced, kind, sync_u
     assert_valid_simulation(res)
 
 
-def _layer_costs(g, link_ag, link_ar, slowdown=1.0, sync_s=0.0, lat_ag=0.0):
-    times = {"mm": 4, "relu": 1, "mm_1": 3, "add": 1, "all_gather_into_tensor": 10, "all_reduce": 6}
-    node_s = np.array([times.get(name, 0) * US for name in g.names])
-    lat = np.zeros(len(g))
-    lat[g.id_of("all_gather_into_tensor")] = lat_ag * US
-    link = np.full(len(g), -1, np.int8)
-    link[g.id_of("all_gather_into_tensor")] = link_ag
-    link[g.id_of("all_reduce")] = link_ar
-    return CostEstimate(node_s, lat, link, compute_slowdown=slowdown, stream_sync_s=sync_s)
-
-
 INTER, INTRA = LinkClass.INTER_NODE, LinkClass.INTRA_NODE
 
 
@@ -85,7 +74,7 @@ INTER, INTRA = LinkClass.INTER_NODE, LinkClass.INTRA_NODE
 )
 def test_hand_derived_exposure_on_traced_layer(layer, case, kw, makespan_us, exposed_ag_us, ag_end_us):
     g = layer
-    res = simulate_costs(g, _layer_costs(g, **kw))
+    res = simulate_costs(g, layer_costs(g, **kw))
     ag = g.id_of("all_gather_into_tensor")
     assert res.makespan_s == pytest.approx(makespan_us * US, abs=1e-12), case
     assert res.exposed_comm_by_collective_s["all_gather_into_tensor"] == pytest.approx(exposed_ag_us * US, abs=1e-12)
@@ -95,7 +84,7 @@ def test_hand_derived_exposure_on_traced_layer(layer, case, kw, makespan_us, exp
 
 
 def test_overlap_ratio_and_utilisation_by_hand(layer):
-    res = simulate_costs(layer, _layer_costs(layer, INTER, INTRA))
+    res = simulate_costs(layer, layer_costs(layer, INTER, INTRA))
     # comm runs over [0, 10] (union of both collectives); compute over [0, 5] and [10, 14]
     assert res.overlap_ratio == pytest.approx(0.5)
     util = res.stream_utilization
@@ -111,7 +100,7 @@ def test_overlap_ratio_and_utilisation_by_hand(layer):
 def test_synchronous_collective_blocks_its_stream(layer):
     # turn the all_gather into a synchronous one by dropping its wait semantics in a copy of the arrays
     g = layer
-    costs = _layer_costs(g, INTER, INTRA)
+    costs = layer_costs(g, INTER, INTRA)
     g.coll_sync[g.id_of("all_gather_into_tensor")] = True
     try:
         res = simulate_costs(g, costs)
@@ -124,7 +113,7 @@ def test_synchronous_collective_blocks_its_stream(layer):
 
 def test_multi_stream_cross_stream_dependency_pays_sync(layer):
     g = layer
-    costs = _layer_costs(g, INTER, INTRA, sync_s=1 * US)
+    costs = layer_costs(g, INTER, INTRA, sync_s=1 * US)
     streams = np.zeros(len(g), np.int64)
     streams[[g.id_of("t"), g.id_of("mm")]] = 1  # mm (and the view it reads) on stream 1, relu (its user) on 0
     res = simulate_costs(g, costs, streams=streams)
@@ -136,13 +125,13 @@ def test_multi_stream_cross_stream_dependency_pays_sync(layer):
 
 def test_bad_inputs_are_named(layer):
     g = layer
-    costs = _layer_costs(g, INTER, INTRA)
+    costs = layer_costs(g, INTER, INTRA)
     order = list(g.names)
     order[3], order[g.id_of("wait_tensor")] = order[g.id_of("wait_tensor")], order[3]
     with pytest.raises(GraphError, match="before its predecessor"):
         simulate_costs(g, costs, order)
     with pytest.raises(GraphError, match="no node named"):
-        simulate_costs(g, costs, ["nope"] + order[1:])
+        simulate_costs(g, costs, ["nope", *order[1:]])
     with pytest.raises(ValueError, match="streams"):
         simulate_costs(g, costs, streams=[0, 1])
     with pytest.raises(ValueError, match="entries"):

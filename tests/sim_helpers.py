@@ -26,7 +26,9 @@ def simple_costs(g, compute_slowdown: float = 1.0, stream_sync_s: float = 0.0, c
         + np.where(g.kinds == OpKind.OTHER, (g.out_bytes + g.in_bytes) / 1e12 + 5e-7, 0)
         + np.where(g.coll_type >= 0, comm_scale * (g.comm_bytes / 1e10 + 2e-6), 0)
     )
-    return CostEstimate.from_times(node_s, coll_link=link, compute_slowdown=compute_slowdown, stream_sync_s=stream_sync_s)
+    return CostEstimate.from_times(
+        node_s, coll_link=link, compute_slowdown=compute_slowdown, stream_sync_s=stream_sync_s
+    )
 
 
 def eager_wait_order(g) -> np.ndarray:
@@ -34,7 +36,8 @@ def eager_wait_order(g) -> np.ndarray:
     ptr, idx = g.successors_csr()
     indeg = np.diff(g.predecessors_csr()[0]).tolist()
     feeds_wait = np.zeros(len(g), bool)
-    feeds_wait[g.in_idx[np.isin(np.repeat(np.arange(len(g)), np.diff(g.in_ptr)), np.flatnonzero(g.wait_of >= 0))]] = True
+    reader = np.repeat(np.arange(len(g)), np.diff(g.in_ptr))
+    feeds_wait[g.in_idx[np.isin(reader, np.flatnonzero(g.wait_of >= 0))]] = True
     prio = [0 if g.wait_of[i] >= 0 or (g.kinds[i] == OpKind.VIEW and feeds_wait[i]) else 1 for i in range(len(g))]
     heap = [(prio[i], i) for i in range(len(g)) if indeg[i] == 0]
     heapq.heapify(heap)
@@ -106,3 +109,18 @@ def assert_valid_simulation(res) -> None:
     assert span >= res.bound.compute_s
     assert span >= res.bound.critical_path_s
     assert all(span >= v for v in res.bound.comm_s.values())
+
+
+US = 1e-6
+
+
+def layer_costs(g, link_ag, link_ar, slowdown=1.0, sync_s=0.0, lat_ag=0.0):
+    """Hand-picked costs (us) for trace_two_group_layer: mm 4, relu 1, mm_1 3, add 1, all_gather 10, all_reduce 6."""
+    times = {"mm": 4, "relu": 1, "mm_1": 3, "add": 1, "all_gather_into_tensor": 10, "all_reduce": 6}
+    node_s = np.array([times.get(name, 0) * US for name in g.names])
+    lat = np.zeros(len(g))
+    lat[g.id_of("all_gather_into_tensor")] = lat_ag * US
+    link = np.full(len(g), -1, np.int8)
+    link[g.id_of("all_gather_into_tensor")] = link_ag
+    link[g.id_of("all_reduce")] = link_ar
+    return CostEstimate(node_s, lat, link, compute_slowdown=slowdown, stream_sync_s=sync_s)
