@@ -13,6 +13,7 @@ Semantics (times are int nanoseconds):
 * Kernels run at rate 1, or ``1/slowdown`` while any collective is in flight (in either phase), integrated over
   time: a kernel only partly overlapped by communication is slowed only for that part.
 * Inputs, views, waits and the output take no time.
+* Collectives issued at the same instant from different streams enter their FIFO in stream order.
 
 Both loops fill the same arrays: ``start``/``end`` (a collective's are its comm-stream interval; a wait's are the
 instant it unblocks), ``issue`` (collectives) and ``blocked`` (how long a wait or a synchronous collective held its

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,6 +37,20 @@ def resolve_order(g: Graph, order: Sequence[str | int] | np.ndarray | None) -> n
             f"(position {pos[p]}); expected a topological order"
         )
     return order
+
+
+# passes simulate many orders of one graph with one CostEstimate: the bounds do not depend on the order
+_BOUNDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _cached_bound(g: Graph, costs: CostEstimate, dur: np.ndarray, stream: np.ndarray, default_streams: bool):
+    if not default_streams:
+        return lower_bound(g, dur, stream)
+    per_costs = _BOUNDS.setdefault(costs, {})
+    key = (id(g), len(g))
+    if key not in per_costs:
+        per_costs[key] = lower_bound(g, dur, stream)
+    return per_costs[key]
 
 
 def _resolve_streams(g: Graph, streams: Sequence[int] | np.ndarray | None) -> np.ndarray:
@@ -130,7 +145,7 @@ def simulate_costs(
         issue_ns=np.asarray(issue, np.int64),
         blocked_ns=np.asarray(blocked, np.int64),
         standalone_ns=dur,
-        bound=lower_bound(g, dur, stream),
+        bound=_cached_bound(g, costs, dur, stream, streams is None),
         memory=memory_profile(g, order_arr, hold_collective_inputs=hold_collective_inputs),
     )
 
