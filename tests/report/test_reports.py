@@ -161,14 +161,17 @@ def test_simulate_cli_writes_every_report(tmp_path, monkeypatch):
 
         monkeypatch.setattr(sim_cli, "estimate_on", lambda g, *a: simple_costs(g, 1.1))
     out = {k: tmp_path / f"out.{k}" for k in ("json", "html", "png")}
+    order_path = tmp_path / "order.json"
+    order_path.write_text(json.dumps([g.names[i] for i in sink_waits_order(g)]))
     result = CliRunner().invoke(
         app,
         ["simulate", str(path), "--hardware", "h100-sxm", "--num-nodes", "2", "--trace", str(out["json"]),
-         "--html", str(out["html"]), "--gantt", str(out["png"]), "--json"],
+         "--html", str(out["html"]), "--gantt", str(out["png"]), "--order", str(order_path), "--json"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output[result.output.index("{") :])
     assert summary["makespan_s"] > 0 and summary["peak_memory_bytes"] > 0
+    assert summary["overlap_ratio"] > 0  # the sunk-waits order was used (graph order overlaps nothing)
     assert all(p.exists() and p.stat().st_size > 0 for p in out.values())
     assert json.loads(out["json"].read_text())["traceEvents"]
 
