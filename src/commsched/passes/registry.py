@@ -92,8 +92,8 @@ def register_pass(name: str, config_cls: type[PassConfig] = NoConfig) -> Callabl
     def deco(fn: PassFn) -> PassFn:
         if name in PASSES:
             raise ValueError(f"pass {name!r} is already registered (by {PASSES[name].fn.__module__})")
-        doc = (fn.__doc__ or "").strip().splitlines()
-        PASSES[name] = PassSpec(name, fn, config_cls, doc[0] if doc else "")
+        first_paragraph = (fn.__doc__ or "").strip().split("\n\n")[0]
+        PASSES[name] = PassSpec(name, fn, config_cls, " ".join(first_paragraph.split()))
         return fn
 
     return deco
