@@ -86,12 +86,27 @@ def test_fsdp_order_is_a_valid_schedule_that_reorders_and_does_not_lose_to_the_i
     assert r.wall_s > 0 and r.stats["time_s"]["run"] > 0
 
 
+def test_a_graph_without_collectives_is_a_clear_error():
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with FakeTensorMode():
+        gm = make_fx(lambda x, w: torch.relu(x @ w))(torch.randn(8, 8), torch.randn(8, 8))
+    g = from_fx(gm)
+    with pytest.raises(ValueError, match="no wait_tensor"):
+        run_torch_overlap_scheduler(gm, g, simple_costs(g))
+
+
 def test_torch_overlap_strictly_beats_the_traced_order_when_compute_can_hide_comm():
     gm, g = traced("fsdp_mlp", **FSDP_SIZES[1])
     costs = simple_costs(g)
     r = run_torch_overlap_scheduler(gm, g, costs)
     identity = np.arange(len(g), dtype=np.int32)
     assert makespan_s(g, costs, r.order) < 0.95 * makespan_s(g, costs, identity)
+    # its own bookkeeping agrees that it hid something: less exposed than the total collective time
+    assert 0 < r.torch_exposed_comm_s < r.stats["collective_s"]
+    assert r.torch_exposed_comm_s == pytest.approx(sum(r.stats["collective_exposed_s"].values()))
 
 
 def test_every_collective_program_gives_a_valid_schedule():

@@ -43,9 +43,10 @@ What we patch (all through ``unittest.mock.patch``, undone when the call returns
 * ``overlap_scheduling.OverlapScheduler``: a subclass that records the instance (stats), times ``__init__`` and
   ``run`` separately, and applies ``memory_budget``.
 * ``fsdp.pre_bucket_fsdp_collectives`` (``bucket=True`` only): wrapped to time it and to count nodes it leaves
-  before one of their inputs. It does (the bucketed collective is inserted where the first bucket member was,
-  before inputs of later members); ``OverlapScheduler`` itself runs ``stable_topological_sort`` first, so the
-  schedule is unaffected; we sort right away too and report the count in ``stats['prebucket_out_of_order']``.
+  before one of their inputs. It does: users of the original all_gather waits (e.g. ``view``) stay in place while
+  the bucket's per-parameter outputs they now read are inserted after the bucket's wait, further down.
+  ``OverlapScheduler`` runs ``stable_topological_sort`` before anything else, so its schedule is unaffected; we sort
+  right away too and report the count in ``stats['prebucket_out_of_order']``.
 * ``node_runtime_estimation._log_compute_estimations`` / ``_log_collective_benchmarks``: tlparse diagnostics that
   torch computes eagerly even with tracing off (they rerun torch's own estimators for every node); not scheduling.
 * torch's global ``counters['inductor']`` (the deltas go to ``stats['counters']``) and the
@@ -301,6 +302,7 @@ def _scheduler_stats(sched: Any) -> dict[str, Any]:
         "collective_s": sum(c.estimated_time_ms for c in infos) / 1e3,
         "wasted_compute_s": float(sched.wasted_compute) / 1e3,
         "collective_estimates_s": {c.start_node.name: c.estimated_time_ms / 1e3 for c in infos},
+        "collective_exposed_s": {c.start_node.name: c.exposed_time_ms / 1e3 for c in infos},
     }
 
 
