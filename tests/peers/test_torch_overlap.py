@@ -20,7 +20,34 @@ FSDP_SIZES = [dict(layers=2, dim=128), dict(layers=4, dim=256), dict(layers=6, d
 
 @functools.cache
 def traced(kind: str, **kw):
+    if kind == "two_groups":
+        return _trace_two_groups()
     return trace_program(kind, 8, **kw)
+
+
+def _trace_two_groups():
+    """Data-parallel all_gathers on ranks {0,2,4,6} and tensor-parallel all_reduces on {0,1}: two process groups."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as fc
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from commsched.frontends.fake_pg import fake_process_group
+
+    with fake_process_group(8):
+        dp, tp = dist.new_group([0, 2, 4, 6]), dist.new_group([0, 1])
+
+        def step(x, *shards):
+            h = x
+            for s in shards:
+                w = fc.all_gather_tensor(s, 0, dp).view(256, 256)
+                h = fc.all_reduce(torch.relu(h @ w.t()), "sum", tp)
+            return h.sum()
+
+        with FakeTensorMode():
+            gm = make_fx(step)(torch.randn(128, 256), *[torch.randn(64, 256) for _ in range(4)])
+        return gm, from_fx(gm)
 
 
 def makespan_s(g, costs: CostEstimate, order: np.ndarray) -> float:
@@ -121,6 +148,25 @@ def test_every_collective_program_gives_a_valid_schedule():
     assert r.stats["questions"].get("untracked_collective_zero", 0) >= 1
     tracked = {g.names[c] for c in g.collectives.tolist()} - {bcast}
     assert set(r.stats["collective_estimates_s"]) == tracked
+
+
+def test_two_process_groups_schedule_and_bucket_without_a_live_process_group():
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    gm, g = traced("two_groups")
+    assert len(g.groups) == 2 and not dist.is_initialized()
+    costs = simple_costs(g)
+    r = run_torch_overlap_scheduler(gm, g, costs)
+    assert r.valid is True and r.stats["reordered_group_collectives"] is False
+    assert makespan_s(g, costs, r.order) < makespan_s(g, costs, np.arange(len(g), dtype=np.int32))
+    # bucketing resolves the subgroups by name: the harness recreates them in its fake world, then removes them
+    b = run_torch_overlap_scheduler(gm, g, costs, bucket=True)
+    assert b.new_nodes and b.stats["questions"]["bucket_model"] >= 1
+    assert not dist.is_initialized()
+    for grp in g.groups:
+        with pytest.raises(RuntimeError):
+            _resolve_process_group(grp.name)
 
 
 @pytest.mark.parametrize("compute_scale", [1.0, 7.0])

@@ -51,8 +51,11 @@ What we patch (all through ``unittest.mock.patch``, undone when the call returns
   torch computes eagerly even with tracing off (they rerun torch's own estimators for every node); not scheduling.
 * torch's global ``counters['inductor']`` (the deltas go to ``stats['counters']``) and the
   ``get_group_name`` cache (it would keep every copied graph alive) are restored / cleared after the call.
-* A fake process group of the largest group's size is initialised for the call when none exists: the scheduler
-  calls ``dist.get_world_size()`` and resolves group names.
+* Process groups: the scheduler calls ``dist.get_world_size()`` and bucketing resolves groups by name. When no
+  process group is initialised, the call runs in a fake world (size: the largest ``size * stride`` of the graph's
+  groups) where each of the graph's groups is recreated as rank 0's group and registered under its traced name;
+  all of it is destroyed on return. When one is initialised (e.g. the caller is still inside the
+  ``fake_process_group`` it traced in), it is used as is and must resolve the graph's group names.
 
 Behaviour of torch's scheduler that matters for a fair comparison
 -----------------------------------------------------------------
@@ -173,17 +176,39 @@ def resolve_knobs(costs: CostEstimate, bucket: bool, torch_knobs: dict[str, Any]
 
 
 @contextlib.contextmanager
-def _process_group(graph: Graph) -> Iterator[None]:
+def _process_group(graph: Graph) -> Iterator[list[str]]:
+    """A process group for the call: the caller's if one is initialised, else a fake one (world = the largest
+    ``size * stride`` of the graph's groups) in which every group of the graph is created again as the group of
+    rank 0 (ranks 0, stride, 2 * stride, ...) and registered under the graph's name, so that torch's bucketing can
+    resolve it. Yields notes."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        yield
+        yield ["process group: the caller's"]
         return
+    from torch._C._distributed_c10d import _register_process_group, _unregister_process_group
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
     from commsched.frontends.fake_pg import fake_process_group
 
-    world = max((grp.size for grp in graph.groups), default=1)
+    world = max((grp.size * grp.stride for grp in graph.groups), default=1)
     with fake_process_group(max(world, 1)):
-        yield
+        made = []
+        for grp in graph.groups:
+            try:
+                _resolve_process_group(grp.name)
+                continue
+            except RuntimeError:
+                pass
+            made.append((grp.name, dist.new_group(list(range(0, grp.size * grp.stride, grp.stride)))))
+        # new_group registers auto names ("1", "2", ...) that may be names the graph needs for other groups
+        for _, pg in made:
+            with contextlib.suppress(RuntimeError):
+                _unregister_process_group(pg.group_name)
+        for name, pg in made:
+            _register_process_group(name, pg)
+        # destroying the fake world (on exit) unregisters every group
+        yield [f"process group: fake, world {world}, {len(made)} groups recreated from the graph"]
 
 
 @contextlib.contextmanager
@@ -366,7 +391,7 @@ def run_torch_overlap_scheduler(
         )
     record = _Record()
     with (
-        _process_group(graph),
+        _process_group(graph) as pg_notes,
         _restored_counters() as counter_delta,
         inductor_config.patch({"test_configs.assume_bucketing_reduces_latency": assume_bucketing}),
         torch_patches(injector, record, memory_budget) as notes,
@@ -428,5 +453,5 @@ def run_torch_overlap_scheduler(
         torch_estimates_s=estimates_s,
         knobs=knobs,
         stats=stats,
-        notes=tuple(notes),
+        notes=tuple(pg_notes + notes),
     )
