@@ -1,0 +1,18 @@
+"""Other schedulers run on our graphs with our costs, for comparison (``commsched compare``, benchmarks).
+
+``run_torch_overlap_scheduler``: torch's ``OverlapScheduler`` / ``schedule_overlap_bucketing`` (torch imported on use).
+"""
+
+from __future__ import annotations
+
+
+def __getattr__(name: str):
+    # importing torch's inductor costs seconds; keep `import commsched.peers` light
+    if name in ("run_torch_overlap_scheduler", "TorchPeerResult"):
+        from commsched.peers import torch_overlap
+
+        return getattr(torch_overlap, name)
+    raise AttributeError(f"module 'commsched.peers' has no attribute {name!r}")
+
+
+__all__ = ["TorchPeerResult", "run_torch_overlap_scheduler"]
