@@ -2,8 +2,9 @@
 
 Hidden states are ``[tokens, dim]`` (batch and sequence flattened; with sequence parallelism each TP rank holds a
 contiguous ``1/tp`` of the tokens). Weights are ``[out, in]`` like ``nn.Linear``. Parameters arrive per unit from a
-:class:`~commsched.workloads.sources.ParamSource`; collectives come from a :class:`~commsched.workloads.collectives.Comm`,
-so the same functions run unsharded, under any plan, on fake or real tensors.
+:class:`~commsched.workloads.sources.ParamSource`; collectives come from a
+:class:`~commsched.workloads.collectives.Comm`, so the same functions run unsharded, under any plan, on fake or real
+tensors.
 """
 
 from __future__ import annotations
