@@ -8,7 +8,7 @@ rank's process groups and gives the step function plus factories for its inputs 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -146,7 +146,10 @@ def _check_tp(cfg: ModelConfig, plan: ParallelPlan) -> None:
     for field, value in (("n_heads", cfg.n_heads), ("n_kv_heads", cfg.n_kv_heads), ("ffn_dim", cfg.ffn_dim)):
         if value % tp:
             more = " (more TP ranks than heads)" if field != "ffn_dim" and tp > value else ""
-            raise ValueError(f"tp={tp} does not divide {cfg.name} {field}={value}{more}; choose a tp that divides it")
+            raise ValueError(
+                f"tp={tp} does not divide {cfg.name} {field}={value}{more}; choose a tp_size that divides it "
+                "(ranks beyond it become data-parallel replicas)"
+            )
 
 
 class StepProgram:
@@ -180,6 +183,7 @@ class StepProgram:
             capacity=model.moe_capacity(n_tokens, cfg, spec.capacity_factor) if cfg.is_moe else 0,
         )
         self.n_params = len(spec.layout)
+        self.on_layer: Callable[[int], None] | None = None  # called as the forward reaches each block
 
     # -------------------------------------------------------------- inputs
     @property
@@ -313,6 +317,8 @@ class StepProgram:
         src = self._source(params)
         h = src.run("embed", lambda p: model.embed(p, tokens, s, comm))
         for i in range(cfg.n_layers):
+            if self.on_layer is not None:
+                self.on_layer(i)
             cache = caches[i] if caches is not None else None
             h = src.run(f"layers.{i}", lambda p, h, c=cache: model.block(p, h, cfg, s, comm, rope, c), h)
         if not spec.train:

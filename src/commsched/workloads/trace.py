@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -62,20 +63,27 @@ def build(
     return trace_spec(spec)
 
 
-def trace_spec(spec: WorkloadSpec) -> Workload:
+def trace_spec(spec: WorkloadSpec, progress: Callable[[str], None] | None = None) -> Workload:
+    """Trace a resolved spec (see :func:`build`); ``progress`` receives a message as each phase starts."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from commsched.frontends.fake_pg import fake_process_group
     from commsched.frontends.fx import from_fx
 
+    say = progress or (lambda msg: None)
+    layers = spec.model.n_layers
     with fake_process_group(spec.plan.world_size, rank=TRACED_RANK):
         groups = create_groups(spec.plan, TRACED_RANK)
         program = StepProgram(spec, groups, TRACED_RANK)
+        program.on_layer = lambda i: say(
+            f"tracing: forward of layer {i + 1}/{layers}" + (", then backward" if spec.train else "")
+        )
         with FakeTensorMode():
             inputs = program.empty_inputs()
             gm = make_fx(program.step)(*inputs)
         _tidy(gm, program.input_names)
+        say(f"importing {len(gm.graph.nodes)} FX nodes into the commsched graph")
         meta = workload_meta(program, groups)
         graph = from_fx(gm, meta=meta)
     return Workload(graph_module=gm, graph=graph, meta=meta, spec=spec)
