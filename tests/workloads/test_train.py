@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from zoo_helpers import BF16, FP32, check_ir, colls, loss_node, numel, traced
 
 from commsched.ir import CollType
 from commsched.workloads.collectives import ddp_buckets
 from commsched.workloads.program import DDP_BUCKET_CAP_BYTES, DDP_FIRST_BUCKET_BYTES
-from zoo_helpers import BF16, FP32, check_ir, colls, loss_node, numel, traced
 
 AG, RS, AR, A2A = CollType.ALL_GATHER, CollType.REDUCE_SCATTER, CollType.ALL_REDUCE, CollType.ALL_TO_ALL
 LAYERS = 2
@@ -21,6 +21,11 @@ def _in_bytes(w, ids):
 
 def _out_bytes(w, ids):
     return [int(w.graph.coll_out_bytes[c]) for c in ids]
+
+
+def _size_stride(w, c):
+    pg = w.graph.groups[w.graph.coll_group[c]]
+    return pg.size, pg.stride
 
 
 def _check_fsdp(w, fsdp: int, role: str = "fsdp") -> None:
@@ -123,8 +128,7 @@ def test_tp(world):
     loss_ars = [c for c in ar if w.graph.coll_in_bytes[c] == w.spec.new_tokens * FP32]
     assert len(act) == 4 * LAYERS + 2 and len(loss_ars) == 3 and len(ar) == len(act) + 3
     assert [w.graph.coll_reduce_op[c] for c in loss_ars] == ["max", "sum", "sum"]
-    tp_group = {(w.graph.groups[w.graph.coll_group[c]].size, w.graph.groups[w.graph.coll_group[c]].stride) for c in ar}
-    assert tp_group == {(tp, 1)}
+    assert {_size_stride(w, c) for c in ar} == {(tp, 1)}
     if world == 1024:  # 128 replicas of the TP group: DDP buckets over the outer dimension (stride 8)
         _check_ddp(w, "dp", lambda p: True)
         assert w.meta["groups"]["dp"] == {"name": w.meta["groups"]["dp"]["name"], "size": 128, "stride": 8}
@@ -177,9 +181,7 @@ def test_ep(world, edp):
     cap = -(-w.spec.new_tokens * cfg.top_k // cfg.n_experts)
     assert w.meta["moe"]["capacity_per_expert"] == cap
     assert set(_in_bytes(w, a2a)) == {cfg.n_experts * cap * cfg.dim * BF16}
-    assert {(w.graph.groups[w.graph.coll_group[c]].size, w.graph.groups[w.graph.coll_group[c]].stride) for c in a2a} == {
-        (ep, 1)
-    }
+    assert {_size_stride(w, c) for c in a2a} == {(ep, 1)}
     _check_ddp(w, "world", lambda p: not p.expert)
     if edp > 1:
         _check_ddp(w, "edp", lambda p: p.expert)
