@@ -8,6 +8,7 @@ all_to_all, DDP gradient buckets). The same code runs on a real process group (g
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import torch
@@ -243,7 +244,7 @@ class DDPBuckets:
         pids = self.buckets[k]
         flat = torch.cat([self.pending.pop(pid).reshape(-1) for pid in pids]) / self.group.size
         flat = all_reduce(flat, self.group)
-        for pid, piece in zip(pids, flat.split([_numel(self.shapes[pid]) for pid in pids]), strict=True):
+        for pid, piece in zip(pids, flat.split([math.prod(self.shapes[pid]) for pid in pids]), strict=True):
             self.reduced[pid] = piece.view(self.shapes[pid])
 
     def finish(self) -> None:
@@ -254,10 +255,3 @@ class DDPBuckets:
                     self.pending[pid] = torch.zeros(self.shapes[pid], dtype=self.dtype)
             self._launch(self.next_bucket)
             self.next_bucket += 1
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n

@@ -8,6 +8,7 @@ rank's process groups and gives the step function plus factories for its inputs 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -293,7 +294,7 @@ class StepProgram:
         out = []
         for group, member in members:
             order = [pid for pid in reversed(range(self.n_params)) if member(spec.layout[pid])]
-            sizes = [_numel(spec.layout[pid].shard_shape) * spec.reduce_dtype.itemsize for pid in order]
+            sizes = [math.prod(spec.layout[pid].shard_shape) * spec.reduce_dtype.itemsize for pid in order]
             buckets = ddp_buckets(sizes, cap_bytes=DDP_BUCKET_CAP_BYTES, first_cap_bytes=DDP_FIRST_BUCKET_BYTES)
             out.append((group, order, buckets))
         return out
@@ -326,10 +327,3 @@ class StepProgram:
         loss = src.run("final", lambda p: model.head_loss(p, h, labels, cfg, s, comm))
         grads = torch.autograd.grad(loss, params)
         return [loss, *src.finalize(list(grads))]
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for x in shape:
-        n *= x
-    return n

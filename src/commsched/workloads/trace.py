@@ -13,6 +13,7 @@ import torch.fx
 from commsched.ir import Graph
 from commsched.workloads.mesh import create_groups
 from commsched.workloads.params import ParamInfo
+from commsched.workloads.presets import PRESETS
 from commsched.workloads.program import StepProgram, WorkloadSpec, dtype_name, resolve
 
 TRACED_RANK = 0
@@ -94,8 +95,10 @@ def _tidy(gm: torch.fx.GraphModule, input_names: list[str]) -> None:
     attention's RNG state, its None / int outputs), which carry no tensor."""
     graph = gm.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    rename = all(hasattr(n, "_rename") for n in placeholders)  # torch.fx.Node._rename is private: optional
     for node, name in zip(placeholders, input_names, strict=True):
-        node._rename(name.replace(".", "_"))
+        if rename:
+            node._rename(name.replace(".", "_"))
     for node in reversed(list(graph.nodes)):
         if node.op == "call_function" and node.target.__name__ == "getitem" and not node.users:
             graph.erase_node(node)
@@ -152,7 +155,11 @@ def workload_meta(program: StepProgram, groups: dict[str, Any]) -> dict[str, Any
         "traced_device": "cpu",
         "traced_rank": TRACED_RANK,
         "attention": spec.attention,
-        "params_total": cfg.total_params(),
+        # torch's flop counter charges causal attention for the full seq x seq score matrix
+        "attention_causal": spec.mode != "decode",
+        "params_total": cfg.total_params(),  # of the traced model (``layers`` blocks)
+        "params_total_preset": PRESETS[cfg.name].total_params() if cfg.name in PRESETS else cfg.total_params(),
+        "preset_layers": PRESETS[cfg.name].n_layers if cfg.name in PRESETS else cfg.n_layers,
         "params_per_layer": layer,
         "active_params_per_layer": cfg.block_active_params(),
         "params_embedding": cfg.vocab_size * cfg.dim,
