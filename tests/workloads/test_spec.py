@@ -45,6 +45,8 @@ def test_preset_parameter_counts(preset, billions, active):
         (dict(preset="llama3-8b", parallel="fsdp", world_size=8, mode="decode"), "training parallelisms"),
         (dict(preset="llama3-8b", parallel="tp+sp", world_size=8, mode="decode", batch=3), "divide evenly"),
         (dict(preset="llama3-8b", parallel="fsdp+tp", world_size=2), "FSDP dimension >= 2"),
+        (dict(preset="llama3-8b", parallel="fsdp+tp", world_size=7), "no tensor-parallel degree in 2..8"),
+        (dict(preset="llama3-8b", parallel="fsdp+tp", world_size=8, tp_size=8), "FSDP dimension >= 2"),
         (dict(preset="llama3-8b", parallel="fsdp", world_size=1), "world_size >= 2"),
         (dict(preset="llama3-9b", parallel="fsdp", world_size=8), "unknown preset 'llama3-9b'"),
         (dict(preset="llama3-8b", parallel="zero3", world_size=8), "unknown parallelism 'zero3'"),
@@ -86,6 +88,11 @@ def test_tp_layouts_split_heads_and_vocabulary(world, tp):
     assert by_key["w2"].local_shape == (4096, 14336 // tp)
     assert by_key["output"].local_shape[0] * tp == 128256 + by_key["output"].vocab_pad_rows
     assert by_key["attention_norm"].local_shape == (4096,)
+
+
+@pytest.mark.parametrize(("world", "mesh"), [(6, {"fsdp": 3, "tp": 2}), (1000, {"fsdp": 125, "tp": 8})])
+def test_default_tp_degree_fits_world_and_model(world, mesh):
+    assert resolve("llama3-8b", parallel="fsdp+tp", world_size=world).plan.dims == mesh
 
 
 def test_vocabulary_padding_over_tp():

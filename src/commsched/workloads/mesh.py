@@ -90,10 +90,6 @@ class ParallelPlan:
         }
 
 
-def _largest_divisor_at_most(n: int, cap: int) -> int:
-    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
-
-
 def make_plan(
     parallel: str,
     world_size: int,
@@ -101,11 +97,13 @@ def make_plan(
     tp_size: int | None = None,
     ep_size: int | None = None,
     n_experts: int = 0,
+    tp_divides: int = 0,
 ) -> ParallelPlan:
     """The plan for ``parallel`` at ``world_size``; raises ValueError for an impossible mesh.
 
     Defaults: ``tp``/``tp+sp`` use every rank for TP (pass ``tp_size`` to add DDP replicas outside it);
-    ``fsdp+tp`` puts TP over the largest divisor of ``world_size`` up to 8 that leaves FSDP >= 2; ``ep`` uses
+    ``fsdp+tp`` puts TP over the largest divisor of ``world_size`` up to 8 that leaves FSDP >= 2 and divides
+    ``tp_divides`` (the model's gcd of heads, KV heads and MLP width; 0: no constraint); ``ep`` uses
     ``gcd(world_size, n_experts)`` expert-parallel ranks.
     """
     if parallel not in PARALLELISMS:
@@ -138,7 +136,21 @@ def make_plan(
         )
     # tensor-parallel families
     if parallel.startswith("fsdp"):
-        tp = tp_size if tp_size is not None else _largest_divisor_at_most(world_size, min(8, world_size // 2))
+        if tp_size is not None:
+            tp = tp_size
+        else:
+            fits = [
+                d
+                for d in range(2, min(8, world_size // 2) + 1)
+                if world_size % d == 0 and (tp_divides == 0 or tp_divides % d == 0)
+            ]
+            if not fits:
+                model = f" and the model (gcd of heads, KV heads, MLP = {tp_divides})" if tp_divides else ""
+                raise ValueError(
+                    f"parallel={parallel!r} at world_size={world_size}: no tensor-parallel degree in 2..8 divides "
+                    f"the world size{model} while leaving an FSDP dimension >= 2; pass tp_size"
+                )
+            tp = max(fits)
         if tp < 2 or world_size % tp or world_size // tp < 2:
             raise ValueError(
                 f"parallel={parallel!r}: tp_size={tp} must be >= 2 and divide world_size={world_size} "

@@ -107,7 +107,14 @@ def resolve(
         raise ValueError(f"fsdp_bucket={fsdp_bucket!r}: expected 'param' or 'block'")
     if not capacity_factor > 0:
         raise ValueError(f"capacity_factor={capacity_factor}: expected > 0")
-    plan = make_plan(parallel, world_size, tp_size=tp_size, ep_size=ep_size, n_experts=cfg.n_experts)
+    plan = make_plan(
+        parallel,
+        world_size,
+        tp_size=tp_size,
+        ep_size=ep_size,
+        n_experts=cfg.n_experts,
+        tp_divides=math.gcd(cfg.n_heads, cfg.n_kv_heads, cfg.ffn_dim),
+    )
     seq_len = cfg.seq_len if seq_len is None else seq_len
     batch = (8 if mode == "decode" else 1) if batch is None else batch
     if seq_len < 1 or batch < 1:
