@@ -106,7 +106,8 @@ class _GradTap(Function):
 
 
 class FSDPSource(ParamSource):
-    """FSDP2 over ``group``: see the module docstring. ``reshard`` lists the units re-gathered in backward."""
+    """FSDP2 over ``group``: see the module docstring. ``reshard(unit)`` says whether a unit is re-gathered in
+    backward (FSDP2 keeps the final norm + output unsharded after forward, as torchtitan configures it)."""
 
     def __init__(
         self,
