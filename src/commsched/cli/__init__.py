@@ -15,7 +15,13 @@ app = typer.Typer(
 )
 
 # modules that define `register(app)`; one per command family
-COMMAND_MODULES = ("commsched.cli.info", "commsched.cli.demo", "commsched.cli.simulate", "commsched.cli.schedule")
+COMMAND_MODULES = (
+    "commsched.cli.info",
+    "commsched.cli.trace",
+    "commsched.cli.demo",
+    "commsched.cli.simulate",
+    "commsched.cli.schedule",
+)
 
 for _mod in COMMAND_MODULES:
     importlib.import_module(_mod).register(app)

@@ -1,0 +1,210 @@
+"""Parallel plans: how a world of ranks is split into a device mesh, and the process groups of one rank.
+
+A plan is a named mesh, outer dimension first; the innermost dimension has stride 1 (consecutive ranks, e.g. one
+node for tensor parallelism), an outer dimension's stride is the product of the sizes inside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+PARALLELISMS: dict[str, str] = {
+    "fsdp": "FSDP2-style fully sharded data parallel: params all-gathered per block, grads reduce-scattered",
+    "ddp": "DDP: replicated params, gradients all-reduced in ~25 MB buckets during backward",
+    "tp": "Megatron tensor parallelism: column/row-parallel matmuls, all_reduce per block half",
+    "tp+sp": "tensor + sequence parallelism: all_gather / reduce_scatter of the sequence around each block half",
+    "fsdp+tp": "2-D mesh: FSDP over the outer dimension, tensor parallelism inside (stride 1)",
+    "fsdp+tp+sp": "2-D mesh: FSDP outside, tensor + sequence parallelism inside",
+    "ep": "expert parallelism (MoE): all_to_all dispatch/combine; dense grads all-reduced over all ranks",
+    "none": "one rank, no communication (a reference for real runs)",
+}
+MODES: dict[str, str] = {
+    "train": "one joint forward + backward graph (loss and gradients)",
+    "prefill": "forward over the prompt, filling a KV cache; logits of the last position",
+    "decode": "forward of one new token per sequence against a KV cache of seq_len positions",
+}
+INFERENCE_PARALLELISMS = ("tp", "tp+sp", "ep", "none")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ParallelPlan:
+    """The mesh of one parallelism at one world size. Degrees of absent dimensions are 1."""
+
+    parallel: str
+    world_size: int
+    mesh: tuple[tuple[str, int], ...]  # (dimension name, size), outer first; product == world_size
+    tp: int = 1  # tensor-parallel degree
+    sp: bool = False  # sequence parallelism inside the TP group
+    fsdp: int = 1  # FSDP shard degree
+    dp: int = 1  # DDP replicas whose gradients are all-reduced (also the dense-gradient group of "ep")
+    ep: int = 1  # expert-parallel degree
+
+    @property
+    def dims(self) -> dict[str, int]:
+        return dict(self.mesh)
+
+    def stride(self, dim: str) -> int:
+        names = [n for n, _ in self.mesh]
+        if dim not in names:
+            raise ValueError(f"mesh {self.mesh} has no dimension {dim!r}")
+        return math.prod(s for _, s in self.mesh[names.index(dim) + 1 :])
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """Mesh coordinates of a global rank."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank={rank} is outside the world of {self.world_size} ranks")
+        return {name: (rank // self.stride(name)) % size for name, size in self.mesh}
+
+    def group_ranks(self, dim: str, rank: int) -> list[int]:
+        """The global ranks of ``rank``'s group along mesh dimension ``dim`` (``"world"``: every rank)."""
+        if dim == "world":
+            return list(range(self.world_size))
+        stride, size = self.stride(dim), self.dims[dim]
+        base = rank - self.coords(rank)[dim] * stride
+        return [base + k * stride for k in range(size)]
+
+    def all_groups(self, dim: str) -> list[list[int]]:
+        """Every group along ``dim``, in a fixed order (real process groups must be created by all ranks)."""
+        seen: dict[int, list[int]] = {}
+        for r in range(self.world_size):
+            ranks = self.group_ranks(dim, r)
+            seen.setdefault(ranks[0], ranks)
+        return [seen[k] for k in sorted(seen)]
+
+    @property
+    def data_parallel_degree(self) -> int:
+        """Replicas that each see their own batch (tokens per step multiply by this)."""
+        return self.world_size // self.tp
+
+    def to_meta(self) -> dict[str, Any]:
+        return {
+            "mesh": {name: size for name, size in self.mesh},
+            "mesh_strides": {name: self.stride(name) for name, _ in self.mesh},
+            "tp": self.tp,
+            "sp": self.sp,
+            "fsdp": self.fsdp,
+            "dp": self.dp,
+            "ep": self.ep,
+        }
+
+
+def make_plan(
+    parallel: str,
+    world_size: int,
+    *,
+    tp_size: int | None = None,
+    ep_size: int | None = None,
+    n_experts: int = 0,
+    tp_divides: int = 0,
+) -> ParallelPlan:
+    """The plan for ``parallel`` at ``world_size``; raises ValueError for an impossible mesh.
+
+    Defaults: ``tp``/``tp+sp`` use every rank for TP (pass ``tp_size`` to add DDP replicas outside it);
+    ``fsdp+tp`` puts TP over the largest divisor of ``world_size`` up to 8 that leaves FSDP >= 2 and divides
+    ``tp_divides`` (the model's gcd of heads, KV heads and MLP width; 0: no constraint); ``ep`` uses
+    ``gcd(world_size, n_experts)`` expert-parallel ranks.
+    """
+    if parallel not in PARALLELISMS:
+        raise ValueError(f"unknown parallelism {parallel!r}: expected one of {', '.join(PARALLELISMS)}")
+    if not 1 <= world_size <= 1 << 20:
+        raise ValueError(f"world_size={world_size}: expected 1..{1 << 20}")
+    if parallel == "none":
+        if world_size != 1:
+            raise ValueError(f"parallel='none' runs on one rank; got world_size={world_size}")
+        return ParallelPlan(parallel=parallel, world_size=1, mesh=(("dp", 1),))
+    if world_size < 2:
+        raise ValueError(f"parallel={parallel!r} needs world_size >= 2, got {world_size}")
+    if parallel in ("fsdp", "ddp"):
+        if tp_size not in (None, 1):
+            raise ValueError(f"parallel={parallel!r} has no tensor parallelism; tp_size={tp_size} is not allowed")
+        if parallel == "fsdp":
+            return ParallelPlan(parallel=parallel, world_size=world_size, mesh=(("fsdp", world_size),), fsdp=world_size)
+        return ParallelPlan(parallel=parallel, world_size=world_size, mesh=(("dp", world_size),), dp=world_size)
+    if parallel == "ep":
+        if n_experts < 1:
+            raise ValueError("parallel='ep' needs a mixture-of-experts model (n_experts > 0), e.g. mixtral-8x7b")
+        ep = ep_size if ep_size is not None else math.gcd(world_size, n_experts)
+        if ep < 2 or world_size % ep or n_experts % ep:
+            raise ValueError(
+                f"parallel='ep': ep_size={ep} must be >= 2 and divide both world_size={world_size} "
+                f"and n_experts={n_experts}"
+            )
+        return ParallelPlan(
+            parallel=parallel, world_size=world_size, mesh=(("edp", world_size // ep), ("ep", ep)), ep=ep, dp=world_size
+        )
+    # tensor-parallel families
+    if parallel.startswith("fsdp"):
+        if tp_size is not None:
+            tp = tp_size
+        else:
+            fits = [
+                d
+                for d in range(2, min(8, world_size // 2) + 1)
+                if world_size % d == 0 and (tp_divides == 0 or tp_divides % d == 0)
+            ]
+            if not fits:
+                model = f" and the model (gcd of heads, KV heads, MLP = {tp_divides})" if tp_divides else ""
+                raise ValueError(
+                    f"parallel={parallel!r} at world_size={world_size}: no tensor-parallel degree in 2..8 divides "
+                    f"the world size{model} while leaving an FSDP dimension >= 2; pass tp_size"
+                )
+            tp = max(fits)
+        if tp < 2 or world_size % tp or world_size // tp < 2:
+            raise ValueError(
+                f"parallel={parallel!r}: tp_size={tp} must be >= 2 and divide world_size={world_size} "
+                "leaving an FSDP dimension >= 2"
+            )
+        fsdp = world_size // tp
+        return ParallelPlan(
+            parallel=parallel,
+            world_size=world_size,
+            mesh=(("fsdp", fsdp), ("tp", tp)),
+            tp=tp,
+            sp=parallel.endswith("+sp"),
+            fsdp=fsdp,
+        )
+    tp = tp_size if tp_size is not None else world_size
+    if tp < 2 or world_size % tp:
+        raise ValueError(f"parallel={parallel!r}: tp_size={tp} must be >= 2 and divide world_size={world_size}")
+    return ParallelPlan(
+        parallel=parallel,
+        world_size=world_size,
+        mesh=(("dp", world_size // tp), ("tp", tp)),
+        tp=tp,
+        sp=parallel == "tp+sp",
+        dp=world_size // tp,
+    )
+
+
+def create_groups(plan: ParallelPlan, rank: int) -> dict[str, Any]:
+    """torch.distributed process groups of ``rank`` for each mesh dimension of size > 1, plus ``"world"``.
+
+    Needs an initialised default process group of ``plan.world_size`` ranks. With the fake backend only this
+    rank's groups are created (no other process exists); with a real backend every group is created in the same
+    order on every rank, as ``torch.distributed.new_group`` requires.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise RuntimeError("create_groups needs torch.distributed to be initialised (real or fake process group)")
+    if dist.get_world_size() != plan.world_size:
+        raise ValueError(
+            f"the default process group has {dist.get_world_size()} ranks; the plan needs {plan.world_size}"
+        )
+    fake = dist.get_backend() == "fake"
+    groups: dict[str, Any] = {"world": dist.group.WORLD}
+    for name, size in plan.mesh:
+        if size == 1:
+            continue
+        if size == plan.world_size:
+            groups[name] = dist.group.WORLD
+            continue
+        mine = plan.group_ranks(name, rank)
+        candidates = [mine] if fake else plan.all_groups(name)
+        for ranks in candidates:
+            pg = dist.new_group(ranks)
+            if ranks == mine:
+                groups[name] = pg
+    return groups

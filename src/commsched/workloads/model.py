@@ -1,0 +1,179 @@
+"""The zoo's models in plain torch: a Llama-style decoder and its Mixtral-style mixture-of-experts variant.
+
+Hidden states are ``[tokens, dim]`` (batch and sequence flattened; with sequence parallelism each TP rank holds a
+contiguous ``1/tp`` of the tokens). Weights are ``[out, in]`` like ``nn.Linear``. Parameters arrive per unit from a
+:class:`~commsched.workloads.sources.ParamSource`; collectives come from a
+:class:`~commsched.workloads.collectives.Comm`, so the same functions run unsharded, under any plan, on fake or real
+tensors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.nn.functional as F
+
+from commsched.workloads.collectives import Comm, all_gather, vocab_parallel_cross_entropy
+from commsched.workloads.presets import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Shapes:
+    """Per-rank shapes of one step."""
+
+    batch: int  # sequences this rank (its TP group) processes
+    seq: int  # new tokens per sequence (1 for decode)
+    past: int = 0  # cached positions before the new tokens (decode)
+    heads: int  # query heads on this rank
+    kv_heads: int  # key/value heads on this rank
+    vocab_start: int = 0  # first vocabulary row of this rank's embedding / output shard
+    attention: str = "flash"  # "flash": aten._scaled_dot_product_flash_attention (CUDA op, meta kernel); "sdpa"
+    capacity: int = 0  # MoE: token slots per expert
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * w
+
+
+def rope_tables(cfg: ModelConfig, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos / sin tables ``[len(positions), 1, head_dim]`` (a model buffer, like torchtitan's freqs_cis)."""
+    half = cfg.head_dim // 2
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(half, dtype=torch.float32) / half))
+    ang = positions.float()[:, None] * inv[None, :]
+    ang = torch.cat([ang, ang], dim=-1)[:, None, :]
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x [batch, seq, heads, head_dim]`` by position (the rotate-half formulation)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, impl: str) -> torch.Tensor:
+    """``[batch, heads, seq, head_dim]`` attention with grouped KV heads, as flash attention computes it."""
+    if impl == "flash":
+        return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal)[0]
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def attention(
+    p: dict[str, torch.Tensor],
+    x: torch.Tensor,
+    cfg: ModelConfig,
+    s: Shapes,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    cache: tuple[torch.Tensor, torch.Tensor] | None,
+) -> torch.Tensor:
+    """Self-attention of the (TP-local) heads. ``cache``: this layer's ``[batch, kv_heads, kv_len, head_dim]``
+    key/value buffers, written in place at positions ``past .. past + seq``."""
+    hd = cfg.head_dim
+    q = F.linear(x, p["wq"]).view(s.batch, s.seq, s.heads, hd)
+    k = F.linear(x, p["wk"]).view(s.batch, s.seq, s.kv_heads, hd)
+    v = F.linear(x, p["wv"]).view(s.batch, s.seq, s.kv_heads, hd)
+    q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if cache is not None:
+        end = s.past + s.seq
+        cache[0][:, :, s.past : end].copy_(k)
+        cache[1][:, :, s.past : end].copy_(v)
+        k, v = cache[0][:, :, :end], cache[1][:, :, :end]
+    # a single new token attends to every cached position; a prompt attends causally
+    o = attend(q, k, v, causal=s.seq > 1, impl=s.attention)
+    return F.linear(o.transpose(1, 2).reshape(s.tokens, s.heads * hd), p["wo"])
+
+
+def swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    return F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
+
+
+def moe(p: dict[str, torch.Tensor], x: torch.Tensor, cfg: ModelConfig, s: Shapes, comm: Comm) -> torch.Tensor:
+    """Top-k mixture of SwiGLU experts with a fixed capacity per expert (tokens past it are dropped), so every
+    shape is static. Under expert parallelism the slot buffer goes to the experts' ranks by all_to_all and back."""
+    tokens, dim = x.shape
+    n_exp, k, cap = cfg.n_experts, cfg.top_k, s.capacity
+    probs = F.linear(x, p["gate"]).float().softmax(dim=-1)
+    top_p, top_e = probs.topk(k, dim=-1)
+    top_p = (top_p / top_p.sum(dim=-1, keepdim=True)).to(x.dtype)
+    expert = top_e.reshape(-1)  # [tokens * k], token-major
+    onehot = (expert[:, None] == torch.arange(n_exp, device=x.device)[None, :]).to(torch.int32)
+    position = (onehot.cumsum(dim=0) * onehot).sum(dim=-1) - 1  # arrival order within the expert
+    slot = torch.where(position < cap, expert * cap + position, n_exp * cap)  # dropped tokens go to a spare row
+    routed = x.unsqueeze(1).expand(tokens, k, dim).reshape(tokens * k, dim)
+    buf = x.new_zeros(n_exp * cap + 1, dim).index_copy(0, slot, routed)[: n_exp * cap]
+    ep = comm.ep.size if comm.ep is not None else 1
+    local = n_exp // ep
+    if ep > 1:
+        # rows are grouped by expert, experts by owning rank: chunk r of the buffer goes to rank r
+        buf = comm.all_to_all(buf).view(ep, local, cap, dim).transpose(0, 1).reshape(local, ep * cap, dim)
+    else:
+        buf = buf.view(local, cap, dim)
+    h = F.silu(torch.bmm(buf, p["w1"].transpose(1, 2))) * torch.bmm(buf, p["w3"].transpose(1, 2))
+    out = torch.bmm(h, p["w2"].transpose(1, 2))
+    if ep > 1:
+        out = comm.all_to_all(out.view(local, ep, cap, dim).transpose(0, 1).reshape(n_exp * cap, dim))
+    else:
+        out = out.reshape(n_exp * cap, dim)
+    out = torch.cat([out, out.new_zeros(1, dim)])[slot]
+    return (out.view(tokens, k, dim) * top_p.unsqueeze(-1)).sum(dim=1)
+
+
+def block(
+    p: dict[str, torch.Tensor],
+    h: torch.Tensor,
+    cfg: ModelConfig,
+    s: Shapes,
+    comm: Comm,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    cache: tuple[torch.Tensor, torch.Tensor] | None,
+) -> torch.Tensor:
+    x = comm.tp_in(rms_norm(h, p["attention_norm"], cfg.norm_eps))
+    h = h + comm.tp_out(attention(p, x, cfg, s, rope, cache))
+    x = comm.tp_in(rms_norm(h, p["ffn_norm"], cfg.norm_eps))
+    ffn = moe(p, x, cfg, s, comm) if cfg.is_moe else swiglu(x, p["w1"], p["w3"], p["w2"])
+    return h + comm.tp_out(ffn)
+
+
+def embed(p: dict[str, torch.Tensor], tokens: torch.Tensor, s: Shapes, comm: Comm) -> torch.Tensor:
+    """Vocabulary-parallel embedding (Megatron): look up the local rows, zero the others, sum over TP ranks."""
+    ids = tokens.reshape(-1)
+    w = p["tok_embeddings"]
+    if comm.tp is None:
+        return F.embedding(ids, w)
+    local = ids - s.vocab_start
+    outside = (local < 0) | (local >= w.shape[0])
+    h = F.embedding(local.masked_fill(outside, 0), w).masked_fill(outside.unsqueeze(-1), 0.0)
+    return comm.tp_out(h)
+
+
+def head_loss(
+    p: dict[str, torch.Tensor], h: torch.Tensor, labels: torch.Tensor, cfg: ModelConfig, s: Shapes, comm: Comm
+) -> torch.Tensor:
+    """Final norm, output projection and mean cross-entropy (vocabulary-parallel under TP), in fp32."""
+    x = comm.tp_in(rms_norm(h, p["norm"], cfg.norm_eps))
+    logits = F.linear(x, p["output"]).float()
+    if comm.tp is None:
+        return F.cross_entropy(logits, labels.reshape(-1))
+    return vocab_parallel_cross_entropy(logits, labels.reshape(-1), comm.tp, s.vocab_start, cfg.vocab_size)
+
+
+def head_logits(p: dict[str, torch.Tensor], h: torch.Tensor, cfg: ModelConfig, s: Shapes, comm: Comm) -> torch.Tensor:
+    """Logits of each sequence's last position (what sampling needs); under TP gathered from the vocabulary shards
+    as ``[tp * batch, vocab / tp]`` (rank-major)."""
+    x = comm.gather_seq(rms_norm(h, p["norm"], cfg.norm_eps))
+    last = x.view(s.batch, s.seq, -1)[:, -1]
+    logits = F.linear(last, p["output"])
+    return logits if comm.tp is None else all_gather(logits, comm.tp)
+
+
+def moe_capacity(tokens: int, cfg: ModelConfig, capacity_factor: float) -> int:
+    """Token slots per expert: ``ceil(capacity_factor * tokens * top_k / n_experts)``."""
+    return max(1, math.ceil(capacity_factor * tokens * cfg.top_k / cfg.n_experts))

@@ -1,0 +1,155 @@
+"""Model presets: public dimensions of the Llama 3 and Mixtral families, plus tiny models for tests and real runs.
+
+Sources for the public presets: the models' ``config.json`` on the Hugging Face hub (meta-llama/Meta-Llama-3-8B,
+Meta-Llama-3-70B, Llama-3.1-405B; mistralai/Mixtral-8x7B-v0.1) and the Llama 3 paper (arXiv:2407.21783, table 3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ModelConfig:
+    """A Llama-style decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU); ``n_experts > 0`` makes every
+    feed-forward a Mixtral-style top-k mixture of SwiGLU experts."""
+
+    name: str
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    ffn_dim: int  # hidden size of one SwiGLU MLP (of one expert for MoE)
+    vocab_size: int
+    norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    n_experts: int = 0  # 0: dense feed-forward
+    top_k: int = 2  # experts per token (MoE only)
+    seq_len: int = 8192  # default sequence length of a training step
+    description: str = ""
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 0
+
+    def validate(self) -> ModelConfig:
+        for field in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size"):
+            if getattr(self, field) < 1:
+                raise ValueError(f"model {self.name!r}: {field}={getattr(self, field)} must be >= 1")
+        if self.dim % self.n_heads:
+            raise ValueError(f"model {self.name!r}: dim={self.dim} is not divisible by n_heads={self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"model {self.name!r}: n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"model {self.name!r}: head_dim={self.head_dim} must be even for RoPE")
+        if self.is_moe and not 1 <= self.top_k <= self.n_experts:
+            raise ValueError(f"model {self.name!r}: top_k={self.top_k} must be in 1..n_experts={self.n_experts}")
+        return self
+
+    # ------------------------------------------------------------------ parameter counts (unsharded, unpadded)
+    def block_params(self) -> int:
+        """Parameters of one transformer block (all experts for MoE)."""
+        hd = self.head_dim
+        attn = self.dim * self.n_heads * hd * 2 + self.dim * self.n_kv_heads * hd * 2
+        mlp = 3 * self.dim * self.ffn_dim
+        if self.is_moe:
+            mlp = self.n_experts * mlp + self.n_experts * self.dim  # experts + router
+        return attn + mlp + 2 * self.dim  # + two RMSNorm weights
+
+    def block_active_params(self) -> int:
+        """Parameters one token touches in one block (top_k experts for MoE)."""
+        if not self.is_moe:
+            return self.block_params()
+        return self.block_params() - (self.n_experts - self.top_k) * 3 * self.dim * self.ffn_dim
+
+    def total_params(self, n_layers: int | None = None) -> int:
+        layers = self.n_layers if n_layers is None else n_layers
+        return layers * self.block_params() + 2 * self.vocab_size * self.dim + self.dim
+
+
+PRESETS: dict[str, ModelConfig] = {
+    c.name: c
+    for c in (
+        ModelConfig(
+            name="llama3-8b",
+            dim=4096,
+            n_layers=32,
+            n_heads=32,
+            n_kv_heads=8,
+            ffn_dim=14336,
+            vocab_size=128256,
+            description="Llama 3 8B (Meta, 2024)",
+        ),
+        ModelConfig(
+            name="llama3-70b",
+            dim=8192,
+            n_layers=80,
+            n_heads=64,
+            n_kv_heads=8,
+            ffn_dim=28672,
+            vocab_size=128256,
+            description="Llama 3 70B (Meta, 2024)",
+        ),
+        ModelConfig(
+            name="llama3-405b",
+            dim=16384,
+            n_layers=126,
+            n_heads=128,
+            n_kv_heads=8,
+            ffn_dim=53248,
+            vocab_size=128256,
+            description="Llama 3.1 405B (Meta, 2024)",
+        ),
+        ModelConfig(
+            name="mixtral-8x7b",
+            dim=4096,
+            n_layers=32,
+            n_heads=32,
+            n_kv_heads=8,
+            ffn_dim=14336,
+            vocab_size=32000,
+            rope_theta=1e6,
+            n_experts=8,
+            top_k=2,
+            seq_len=4096,
+            description="Mixtral 8x7B (Mistral AI, 2023): 8 experts, top-2",
+        ),
+        ModelConfig(
+            name="llama-tiny",
+            dim=256,
+            n_layers=2,
+            n_heads=16,
+            n_kv_heads=8,
+            ffn_dim=512,
+            vocab_size=1024,
+            seq_len=64,
+            description="a 2-layer Llama for tests and real runs on CPU",
+        ),
+        ModelConfig(
+            name="mixtral-tiny",
+            dim=256,
+            n_layers=2,
+            n_heads=16,
+            n_kv_heads=8,
+            ffn_dim=256,
+            vocab_size=1024,
+            n_experts=8,
+            top_k=2,
+            seq_len=64,
+            description="a 2-layer Mixtral-style MoE (8 experts, top-2) for tests and real runs on CPU",
+        ),
+    )
+}
+
+
+def get_preset(name: str) -> ModelConfig:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}: expected one of {', '.join(PRESETS)}") from None

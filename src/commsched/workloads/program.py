@@ -1,0 +1,336 @@
+"""One step of a zoo workload as a function of flat tensors, for tracing on fake tensors or running for real.
+
+:func:`resolve` checks a request (preset, parallelism, world size, shapes) and returns a :class:`WorkloadSpec`;
+every impossible dimension is a ``ValueError`` here, before any tracing. :class:`StepProgram` binds a spec to one
+rank's process groups and gives the step function plus factories for its inputs (fake or real).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from commsched.workloads import model
+from commsched.workloads.collectives import Comm, DDPBuckets, Group, ddp_buckets
+from commsched.workloads.mesh import INFERENCE_PARALLELISMS, MODES, ParallelPlan, make_plan
+from commsched.workloads.params import ParamInfo, init_full_params, param_layout, shard_for_rank
+from commsched.workloads.presets import ModelConfig, get_preset
+from commsched.workloads.sources import FSDPSource, ParamSource
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DDP_BUCKET_CAP_BYTES = 25 * 1024 * 1024  # torch DDP bucket_cap_mb=25
+DDP_FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+
+
+def dtype_of(d: str | torch.dtype) -> torch.dtype:
+    if isinstance(d, torch.dtype):
+        if d not in _DTYPES.values():
+            raise ValueError(f"dtype {d} is not supported: expected one of {', '.join(_DTYPES)}")
+        return d
+    try:
+        return _DTYPES[str(d).removeprefix("torch.")]
+    except KeyError:
+        raise ValueError(f"dtype {d!r} is not supported: expected one of {', '.join(_DTYPES)}") from None
+
+
+def dtype_name(d: torch.dtype) -> str:
+    return str(d).removeprefix("torch.")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class WorkloadSpec:
+    """A resolved request: everything the step needs except the process groups."""
+
+    model: ModelConfig  # n_layers already overridden
+    plan: ParallelPlan
+    mode: str
+    seq_len: int  # train: sequence length; prefill: prompt length; decode: positions attended (cache incl. new)
+    batch: int  # sequences per data-parallel replica (per TP group)
+    kv_len: int  # KV-cache capacity (inference)
+    dtype: torch.dtype  # compute / parameter dtype
+    master_dtype: torch.dtype  # stored parameters in training (fp32 master weights)
+    reduce_dtype: torch.dtype  # gradient reductions
+    fsdp_bucket: str  # "param": one all_gather / reduce_scatter per parameter; "block": one per FSDP unit
+    attention: str  # "flash" or "sdpa"
+    capacity_factor: float  # MoE
+    layout: tuple[ParamInfo, ...]
+
+    @property
+    def train(self) -> bool:
+        return self.mode == "train"
+
+    @property
+    def new_tokens(self) -> int:
+        """Tokens each TP group processes in the step."""
+        return self.batch * (1 if self.mode == "decode" else self.seq_len)
+
+
+def resolve(
+    preset: str | ModelConfig,
+    *,
+    parallel: str,
+    world_size: int,
+    layers: int | None = None,
+    seq_len: int | None = None,
+    batch: int | None = None,
+    dtype: str | torch.dtype = "bfloat16",
+    mode: str = "train",
+    kv_len: int | None = None,
+    tp_size: int | None = None,
+    ep_size: int | None = None,
+    fsdp_bucket: str = "param",
+    reduce_dtype: str | torch.dtype = "float32",
+    attention: str = "flash",
+    capacity_factor: float = 1.0,
+) -> WorkloadSpec:
+    """Validate a request; every impossible dimension raises ValueError naming it."""
+    cfg = get_preset(preset) if isinstance(preset, str) else preset
+    if layers is not None:
+        if layers < 1:
+            raise ValueError(f"layers={layers}: expected >= 1")
+        cfg = dataclasses.replace(cfg, n_layers=layers)
+    cfg.validate()
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}: expected one of {', '.join(MODES)}")
+    if mode != "train" and parallel not in INFERENCE_PARALLELISMS:
+        raise ValueError(
+            f"mode={mode!r} is supported for parallel in {INFERENCE_PARALLELISMS}, not {parallel!r} "
+            "(FSDP and DDP are training parallelisms)"
+        )
+    if attention not in ("flash", "sdpa"):
+        raise ValueError(f"attention={attention!r}: expected 'flash' or 'sdpa'")
+    if fsdp_bucket not in ("param", "block"):
+        raise ValueError(f"fsdp_bucket={fsdp_bucket!r}: expected 'param' or 'block'")
+    if not capacity_factor > 0:
+        raise ValueError(f"capacity_factor={capacity_factor}: expected > 0")
+    plan = make_plan(
+        parallel,
+        world_size,
+        tp_size=tp_size,
+        ep_size=ep_size,
+        n_experts=cfg.n_experts,
+        tp_divides=math.gcd(cfg.n_heads, cfg.n_kv_heads, cfg.ffn_dim),
+    )
+    seq_len = cfg.seq_len if seq_len is None else seq_len
+    batch = (8 if mode == "decode" else 1) if batch is None else batch
+    if seq_len < 1 or batch < 1:
+        raise ValueError(f"seq_len={seq_len}, batch={batch}: expected both >= 1")
+    kv_len = seq_len if kv_len is None else kv_len
+    if mode != "train" and kv_len < seq_len:
+        raise ValueError(f"kv_len={kv_len} is smaller than seq_len={seq_len}: the KV cache cannot hold the sequence")
+    _check_tp(cfg, plan)
+    spec_tokens = batch * (1 if mode == "decode" else seq_len)
+    if plan.sp and spec_tokens % plan.tp:
+        raise ValueError(
+            f"sequence parallelism splits the {spec_tokens} tokens of a step (batch={batch} x "
+            f"{'1' if mode == 'decode' else f'seq_len={seq_len}'}) over tp={plan.tp} ranks: they must divide evenly"
+        )
+    cdt = dtype_of(dtype)
+    return WorkloadSpec(
+        model=cfg,
+        plan=plan,
+        mode=mode,
+        seq_len=seq_len,
+        batch=batch,
+        kv_len=kv_len,
+        dtype=cdt,
+        master_dtype=torch.float32 if mode == "train" else cdt,
+        reduce_dtype=dtype_of(reduce_dtype),
+        fsdp_bucket=fsdp_bucket,
+        attention=attention,
+        capacity_factor=capacity_factor,
+        layout=tuple(param_layout(cfg, plan)),
+    )
+
+
+def _check_tp(cfg: ModelConfig, plan: ParallelPlan) -> None:
+    tp = plan.tp
+    if tp == 1:
+        return
+    for field, value in (("n_heads", cfg.n_heads), ("n_kv_heads", cfg.n_kv_heads), ("ffn_dim", cfg.ffn_dim)):
+        if value % tp:
+            more = " (more TP ranks than heads)" if field != "ffn_dim" and tp > value else ""
+            raise ValueError(
+                f"tp={tp} does not divide {cfg.name} {field}={value}{more}; choose a tp_size that divides it "
+                "(ranks beyond it become data-parallel replicas)"
+            )
+
+
+class StepProgram:
+    """The step of ``spec`` on ``rank``: ``step(*inputs)`` and the names and factories of its inputs.
+
+    Inputs, in order: the stored parameters (``spec.layout`` order), then ``tokens``, (``labels``), ``rope_cos``,
+    ``rope_sin``, and for inference the KV caches ``cache_k.<i>``, ``cache_v.<i>``. Train returns
+    ``[loss, *gradients]`` (one per parameter, the optimizer's view); inference returns ``[logits]``.
+    """
+
+    def __init__(self, spec: WorkloadSpec, groups: Mapping[str, Any], rank: int = 0) -> None:
+        self.spec, self.rank = spec, rank
+        plan, cfg = spec.plan, spec.model
+        self.coords = plan.coords(rank)
+        self.groups = {name: Group.of(pg, rank) for name, pg in groups.items()}
+        self.comm = Comm(
+            tp=self.groups.get("tp") if plan.tp > 1 else None,
+            sp=plan.sp,
+            ep=self.groups.get("ep") if plan.ep > 1 else None,
+        )
+        n_tokens = spec.new_tokens
+        vocab_rows = next(p for p in spec.layout if p.key == "tok_embeddings").local_shape[0]
+        self.shapes = model.Shapes(
+            batch=spec.batch,
+            seq=1 if spec.mode == "decode" else spec.seq_len,
+            past=spec.seq_len - 1 if spec.mode == "decode" else 0,
+            heads=cfg.n_heads // plan.tp,
+            kv_heads=cfg.n_kv_heads // plan.tp,
+            vocab_start=self.coords.get("tp", 0) * vocab_rows,
+            attention=spec.attention,
+            capacity=model.moe_capacity(n_tokens, cfg, spec.capacity_factor) if cfg.is_moe else 0,
+        )
+        self.n_params = len(spec.layout)
+        self.on_layer: Callable[[int], None] | None = None  # called as the forward reaches each block
+
+    # -------------------------------------------------------------- inputs
+    @property
+    def input_names(self) -> list[str]:
+        names = [p.name for p in self.spec.layout] + ["tokens"]
+        if self.spec.train:
+            names.append("labels")
+        names += ["rope_cos", "rope_sin"]
+        if not self.spec.train:
+            for i in range(self.spec.model.n_layers):
+                names += [f"cache_k.{i}", f"cache_v.{i}"]
+        return names
+
+    def _data_shapes(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        spec, s, cfg = self.spec, self.shapes, self.spec.model
+        out = [("tokens", (s.batch, s.seq), torch.int64)]
+        if spec.train:
+            out.append(("labels", (s.batch, s.seq), torch.int64))
+        out += [("rope_cos", (s.seq, 1, cfg.head_dim), spec.dtype), ("rope_sin", (s.seq, 1, cfg.head_dim), spec.dtype)]
+        if not spec.train:
+            cache = (s.batch, s.kv_heads, spec.kv_len, cfg.head_dim)
+            for i in range(cfg.n_layers):
+                out += [(f"cache_k.{i}", cache, spec.dtype), (f"cache_v.{i}", cache, spec.dtype)]
+        return out
+
+    def empty_inputs(self) -> list[torch.Tensor]:
+        """Uninitialised inputs of the right shapes; call under FakeTensorMode to allocate nothing."""
+        spec = self.spec
+        params = [torch.empty(p.shard_shape, dtype=spec.master_dtype, requires_grad=spec.train) for p in spec.layout]
+        return params + [torch.empty(shape, dtype=dt) for _, shape, dt in self._data_shapes()]
+
+    def real_inputs(
+        self,
+        *,
+        seed: int = 0,
+        full_params: Mapping[str, torch.Tensor] | None = None,
+        replica: int | None = None,
+    ) -> list[torch.Tensor]:
+        """Real inputs of this rank: its shards of deterministic parameters (``init_full_params``), then random
+        tokens and KV caches drawn per data-parallel ``replica`` (default: this rank's; TP ranks share theirs),
+        the caches' heads split over TP, and the RoPE tables."""
+        spec, s, cfg = self.spec, self.shapes, self.spec.model
+        full = init_full_params(cfg, seed=seed) if full_params is None else full_params
+        params = []
+        for p in spec.layout:
+            t = shard_for_rank(p, full[p.name], spec.plan, self.rank).to(spec.master_dtype)
+            params.append(t.requires_grad_(spec.train))
+        if replica is None:
+            replica = self.rank // spec.plan.tp  # TP ranks share their batch; every other rank has its own
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + replica)
+        tokens = torch.randint(0, cfg.vocab_size, (s.batch, s.seq), generator=gen)
+        out = [*params, tokens]
+        if spec.train:
+            out.append(torch.randint(0, cfg.vocab_size, (s.batch, s.seq), generator=gen))
+        positions = torch.arange(s.past, s.past + s.seq)
+        out += list(model.rope_tables(cfg, positions, spec.dtype))
+        if not spec.train:
+            full_cache = (s.batch, cfg.n_kv_heads, spec.kv_len, cfg.head_dim)
+            tp_rank = self.coords.get("tp", 0)
+            for _ in range(2 * cfg.n_layers):
+                cache = torch.randn(full_cache, generator=gen) * 0.5
+                out.append(cache.chunk(spec.plan.tp, dim=1)[tp_rank].contiguous().to(spec.dtype))
+        return out
+
+    # -------------------------------------------------------------- the step
+    def _source(self, params: list[torch.Tensor]) -> ParamSource:
+        spec, plan = self.spec, self.spec.plan
+        sp_group = self.comm.tp if (plan.sp and spec.train) else None
+        common = dict(compute_dtype=spec.dtype, reduce_dtype=spec.reduce_dtype)
+        if plan.fsdp > 1:
+            return FSDPSource(
+                spec.layout, params, group=self.groups["fsdp"], bucket=spec.fsdp_bucket, sp_group=sp_group, **common
+            )
+        buckets = [
+            DDPBuckets(
+                self.groups[group],
+                order,
+                {pid: spec.layout[pid].shard_shape for pid in order},
+                assignment,
+                spec.reduce_dtype,
+            )
+            for group, order, assignment in self._bucket_plan()
+        ]
+        return ParamSource(
+            spec.layout,
+            params,
+            train=spec.train,
+            buckets=buckets,
+            sp_group=sp_group,
+            expert_grad_scale=1.0 / plan.ep,
+            **common,
+        )
+
+    def _bucket_plan(self) -> list[tuple[str, list[int], list[list[int]]]]:
+        """(group, parameter ids in gradient-ready order, bucket assignment) of each DDP gradient group."""
+        spec, plan = self.spec, self.spec.plan
+        if not spec.train or plan.fsdp > 1:
+            return []
+        if plan.ep > 1:
+            members = [("world", lambda p: not p.expert)]
+            if plan.dims["edp"] > 1:
+                members.append(("edp", lambda p: p.expert))
+        elif plan.dp > 1:
+            members = [("dp", lambda p: True)]
+        else:
+            return []
+        out = []
+        for group, member in members:
+            order = [pid for pid in reversed(range(self.n_params)) if member(spec.layout[pid])]
+            sizes = [math.prod(spec.layout[pid].shard_shape) * spec.reduce_dtype.itemsize for pid in order]
+            buckets = ddp_buckets(sizes, cap_bytes=DDP_BUCKET_CAP_BYTES, first_cap_bytes=DDP_FIRST_BUCKET_BYTES)
+            out.append((group, order, buckets))
+        return out
+
+    def ddp_bucket_names(self) -> dict[str, list[list[str]]]:
+        """Parameter names of each DDP bucket in launch order, per mesh group (empty without DDP)."""
+        layout = self.spec.layout
+        return {
+            group: [[layout[order[j]].name for j in bucket] for bucket in buckets]
+            for group, order, buckets in self._bucket_plan()
+        }
+
+    def step(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
+        spec, cfg, s, comm = self.spec, self.spec.model, self.shapes, self.comm
+        params = list(inputs[: self.n_params])
+        data = iter(inputs[self.n_params :])
+        tokens = next(data)
+        labels = next(data) if spec.train else None
+        rope = (next(data), next(data))
+        caches = [(next(data), next(data)) for _ in range(cfg.n_layers)] if not spec.train else None
+        src = self._source(params)
+        h = src.run("embed", lambda p: model.embed(p, tokens, s, comm))
+        for i in range(cfg.n_layers):
+            if self.on_layer is not None:
+                self.on_layer(i)
+            cache = caches[i] if caches is not None else None
+            h = src.run(f"layers.{i}", lambda p, h, c=cache: model.block(p, h, cfg, s, comm, rope, c), h)
+        if not spec.train:
+            return [src.run("final", lambda p: model.head_logits(p, h, cfg, s, comm))]
+        loss = src.run("final", lambda p: model.head_loss(p, h, labels, cfg, s, comm))
+        grads = torch.autograd.grad(loss, params)
+        return [loss, *src.finalize(list(grads))]

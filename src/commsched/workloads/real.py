@@ -1,0 +1,118 @@
+"""Run zoo steps on real tensors: on one rank unsharded (the reference) or on a real gloo process group.
+
+The reference of a sharded step is the same model with ``parallel="none"`` fed each data-parallel replica's batch;
+:func:`expected_rank_outputs` maps it onto what one rank's ``StepProgram.step`` must return (its loss, its gradient
+shards of the replica-averaged gradients, its slice of the logits), so a real run can be checked number for number.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from commsched.workloads.params import init_full_params, shard_for_rank
+from commsched.workloads.program import StepProgram, WorkloadSpec, resolve
+
+
+def single_rank_spec(spec: WorkloadSpec) -> WorkloadSpec:
+    """The same model, step and shapes with no parallelism (world size 1)."""
+    return resolve(
+        spec.model,
+        parallel="none",
+        world_size=1,
+        seq_len=spec.seq_len,
+        batch=spec.batch,
+        dtype=spec.dtype,
+        mode=spec.mode,
+        kv_len=spec.kv_len,
+        reduce_dtype=spec.reduce_dtype,
+        attention=spec.attention,
+        capacity_factor=spec.capacity_factor,
+    )
+
+
+def reference_outputs(spec: WorkloadSpec, *, seed: int = 0) -> dict[str, Any]:
+    """Unsharded results of every data-parallel replica of ``spec``: ``losses`` / ``logits`` per replica and, in
+    training, ``grads`` (name -> gradient averaged over replicas, as data parallelism averages them)."""
+    program = StepProgram(single_rank_spec(spec), groups={}, rank=0)  # "none" issues no collective
+    full = init_full_params(spec.model, seed=seed)
+    replicas = spec.plan.data_parallel_degree
+    names = [p.name for p in program.spec.layout]
+    out: dict[str, Any] = {"losses": [], "logits": [], "grads": {}}
+    for r in range(replicas):
+        result = program.step(*program.real_inputs(seed=seed, full_params=full, replica=r))
+        if spec.train:
+            out["losses"].append(result[0].detach())
+            for name, g in zip(names, result[1:], strict=True):
+                out["grads"][name] = out["grads"].get(name, 0) + g.detach() / replicas
+        else:
+            out["logits"].append(result[0].detach())
+    return out
+
+
+def expected_rank_outputs(spec: WorkloadSpec, rank: int, reference: dict[str, Any]) -> list[torch.Tensor]:
+    """What ``StepProgram(spec, groups, rank).step(*real_inputs(seed))`` returns when the parallel step is right."""
+    plan = spec.plan
+    replica = rank // plan.tp
+    if spec.train:
+        grads = [shard_for_rank(p, reference["grads"][p.name], plan, rank) for p in spec.layout]
+        return [reference["losses"][replica], *grads]
+    logits = reference["logits"][replica]
+    if plan.tp == 1:
+        return [logits]
+    batch, vocab = logits.shape
+    rows = next(p for p in spec.layout if p.key == "output").local_shape[0]
+    padded = torch.cat([logits, logits.new_zeros(batch, rows * plan.tp - vocab)], dim=1)
+    # the gathered logits are rank-major: [tp * batch, vocab / tp]
+    return [padded.view(batch, plan.tp, rows).transpose(0, 1).reshape(plan.tp * batch, rows)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world_size: int, port: int, specs: Sequence[WorkloadSpec], seed: int, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    from commsched.workloads.mesh import create_groups
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        results = []
+        for spec in specs:
+            program = StepProgram(spec, create_groups(spec.plan, rank), rank)
+            outputs = program.step(*program.real_inputs(seed=seed))
+            results.append([t.detach().clone() for t in outputs])
+        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def run_on_gloo(specs: Sequence[WorkloadSpec], *, seed: int = 0) -> list[list[list[torch.Tensor]]]:
+    """Run each spec's step on a real gloo process group of its world size (one process per rank, all specs in
+    one launch, which needs a common world size). Returns ``[spec][rank] -> step outputs``. For tests and real
+    checks of tiny models on CPU: use ``attention="sdpa"`` (the flash op has no CPU kernel)."""
+    import torch.multiprocessing as mp
+
+    worlds = {s.plan.world_size for s in specs}
+    if len(worlds) != 1:
+        raise ValueError(f"run_on_gloo runs specs of one world size per launch; got {sorted(worlds)}")
+    for s in specs:
+        if s.attention != "sdpa":
+            raise ValueError(f"{s.model.name}/{s.plan.parallel}: real CPU runs need attention='sdpa'")
+    world = worlds.pop()
+    with tempfile.TemporaryDirectory() as d:
+        mp.start_processes(
+            _worker, args=(world, _free_port(), list(specs), seed, d), nprocs=world, start_method="spawn"
+        )
+        per_rank = [torch.load(Path(d) / f"rank{r}.pt", weights_only=True) for r in range(world)]
+    return [[per_rank[r][k] for r in range(world)] for k in range(len(specs))]

@@ -1,0 +1,187 @@
+"""``build``: trace a zoo workload into one FX graph and the commsched IR, on fake tensors at any world size."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx
+
+from commsched.ir import Graph
+from commsched.workloads.mesh import create_groups
+from commsched.workloads.params import ParamInfo
+from commsched.workloads.presets import PRESETS
+from commsched.workloads.program import StepProgram, WorkloadSpec, dtype_name, resolve
+
+TRACED_RANK = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Workload:
+    """A traced step: the FX GraphModule (ATen ops with ``_c10d_functional`` collectives, FakeTensor meta), its
+    commsched Graph, and ``meta`` (the configuration, parameter counts, mesh groups, padding; also in ``graph.meta``).
+    ``spec`` rebuilds the same step for real runs: ``StepProgram(spec, groups, rank)``."""
+
+    graph_module: torch.fx.GraphModule
+    graph: Graph
+    meta: dict[str, Any]
+    spec: WorkloadSpec
+
+
+def build(
+    preset: str,
+    *,
+    parallel: str,
+    world_size: int,
+    layers: int | None = None,
+    seq_len: int | None = None,
+    batch: int | None = None,
+    dtype: str | torch.dtype = "bfloat16",
+    mode: str = "train",
+    **options: Any,
+) -> Workload:
+    """Trace ``preset`` under ``parallel`` at ``world_size`` ranks (as rank 0) into one graph, allocating nothing.
+
+    ``mode``: ``"train"`` (joint forward + backward), ``"prefill"`` or ``"decode"`` (forward with a KV cache).
+    ``seq_len`` defaults to the preset's, ``batch`` (sequences per data-parallel replica) to 1 (8 for decode).
+    Options: ``kv_len``, ``tp_size``, ``ep_size``, ``fsdp_bucket`` ("param" | "block"), ``reduce_dtype``,
+    ``attention`` ("flash" | "sdpa"), ``capacity_factor``. Raises ValueError for an impossible configuration.
+    """
+    spec = resolve(
+        preset,
+        parallel=parallel,
+        world_size=world_size,
+        layers=layers,
+        seq_len=seq_len,
+        batch=batch,
+        dtype=dtype,
+        mode=mode,
+        **options,
+    )
+    return trace_spec(spec)
+
+
+def trace_spec(spec: WorkloadSpec, progress: Callable[[str], None] | None = None) -> Workload:
+    """Trace a resolved spec (see :func:`build`); ``progress`` receives a message as each phase starts."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from commsched.frontends.fake_pg import fake_process_group
+    from commsched.frontends.fx import from_fx
+
+    say = progress or (lambda msg: None)
+    layers = spec.model.n_layers
+    with fake_process_group(spec.plan.world_size, rank=TRACED_RANK):
+        groups = create_groups(spec.plan, TRACED_RANK)
+        program = StepProgram(spec, groups, TRACED_RANK)
+        program.on_layer = lambda i: say(
+            f"tracing: forward of layer {i + 1}/{layers}" + (", then backward" if spec.train else "")
+        )
+        with FakeTensorMode():
+            inputs = program.empty_inputs()
+            gm = make_fx(program.step)(*inputs)
+        _tidy(gm, program.input_names)
+        say(f"importing {len(gm.graph.nodes)} FX nodes into the commsched graph")
+        meta = workload_meta(program, groups)
+        graph = from_fx(gm, meta=meta)
+    return Workload(graph_module=gm, graph=graph, meta=meta, spec=spec)
+
+
+def _tidy(gm: torch.fx.GraphModule, input_names: list[str]) -> None:
+    """Name the placeholders after the inputs and drop the unused ``getitem`` s of multi-output ops (flash
+    attention's RNG state, its None / int outputs), which carry no tensor."""
+    graph = gm.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    rename = all(hasattr(n, "_rename") for n in placeholders)  # torch.fx.Node._rename is private: optional
+    for node, name in zip(placeholders, input_names, strict=True):
+        if rename:
+            node._rename(name.replace(".", "_"))
+    for node in reversed(list(graph.nodes)):
+        if node.op == "call_function" and node.target.__name__ == "getitem" and not node.users:
+            graph.erase_node(node)
+    gm.recompile()
+
+
+def _padding_meta(layout: tuple[ParamInfo, ...], spec: WorkloadSpec) -> dict[str, Any]:
+    rows = []
+    fsdp_pad_bytes = 0
+    for p in layout:
+        if p.fsdp_pad_rows or p.vocab_pad_rows:
+            row_elems = math.prod(p.local_shape[1:])
+            rows.append(
+                {
+                    "param": p.name,
+                    "local_rows": p.local_shape[0],
+                    "fsdp_pad_rows": p.fsdp_pad_rows,
+                    "vocab_pad_rows": p.vocab_pad_rows,
+                }
+            )
+            fsdp_pad_bytes += p.fsdp_pad_rows * row_elems * spec.dtype.itemsize
+    return {"params": rows, "fsdp_all_gather_pad_bytes": fsdp_pad_bytes}
+
+
+def workload_meta(program: StepProgram, groups: dict[str, Any]) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    spec, cfg, plan = program.spec, program.spec.model, program.spec.plan
+    layer = cfg.block_params()
+    mesh_groups = {}
+    for name, pg in groups.items():
+        ranks = dist.get_process_group_ranks(pg)
+        mesh_groups[name] = {
+            "name": pg.group_name,
+            "size": len(ranks),
+            "stride": ranks[1] - ranks[0] if len(ranks) > 1 else 1,
+        }
+    meta: dict[str, Any] = {
+        "workload": f"{cfg.name}/{plan.parallel}/{spec.mode}/world {plan.world_size}/{cfg.n_layers} layers",
+        "preset": cfg.name,
+        "parallel": plan.parallel,
+        "mode": spec.mode,
+        "world_size": plan.world_size,
+        **plan.to_meta(),
+        "groups": mesh_groups,
+        "layers": cfg.n_layers,
+        "seq_len": spec.seq_len,
+        "batch": spec.batch,
+        "dtype": dtype_name(spec.dtype),
+        "param_dtype": dtype_name(spec.dtype),
+        "master_dtype": dtype_name(spec.master_dtype),
+        "reduce_dtype": dtype_name(spec.reduce_dtype) if spec.train else None,
+        "intended_device": "cuda",
+        "traced_device": "cpu",
+        "traced_rank": TRACED_RANK,
+        "attention": spec.attention,
+        # torch's flop counter charges causal attention for the full seq x seq score matrix
+        "attention_causal": spec.mode != "decode",
+        "params_total": cfg.total_params(),  # of the traced model (``layers`` blocks)
+        "params_total_preset": PRESETS[cfg.name].total_params() if cfg.name in PRESETS else cfg.total_params(),
+        "preset_layers": PRESETS[cfg.name].n_layers if cfg.name in PRESETS else cfg.n_layers,
+        "params_per_layer": layer,
+        "active_params_per_layer": cfg.block_active_params(),
+        "params_embedding": cfg.vocab_size * cfg.dim,
+        "params_output": cfg.vocab_size * cfg.dim,
+        "tokens_per_step": spec.new_tokens * plan.data_parallel_degree,
+        "tokens_per_replica": spec.new_tokens,
+        "padding": _padding_meta(spec.layout, spec),
+        "inputs": program.input_names,
+    }
+    if spec.mode != "train":
+        meta["kv_len"] = spec.kv_len
+    if plan.fsdp > 1:
+        meta["fsdp_bucket"] = spec.fsdp_bucket
+        meta["fsdp_reshard_after_forward"] = sorted({p.unit for p in spec.layout if p.unit != "final"})
+    buckets = program.ddp_bucket_names()
+    if buckets:
+        meta["ddp_buckets"] = buckets
+    if cfg.is_moe:
+        meta["moe"] = {
+            "n_experts": cfg.n_experts,
+            "top_k": cfg.top_k,
+            "capacity_per_expert": program.shapes.capacity,
+            "capacity_factor": spec.capacity_factor,
+        }
+    return meta
