@@ -1,0 +1,381 @@
+"""The machinery of the ``overlap`` pass: per-graph preparation, one list-scheduling attempt that runs the stream
+model as it goes, the tightening that issues collectives as late as their start allows and waits as soon as their
+collective is done, and the Jackson-rule collective order used when reordering within a group is allowed.
+
+Time inside is int64 nanoseconds; the model is the simulator's (compute stream, FIFO comm stream per group,
+interference) without link sharing, which the final simulation accounts for.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from commsched.cost.model import CostEstimate
+from commsched.ir import Graph, OpKind
+from commsched.ir.graph import _csr
+from commsched.memory import liveness
+
+
+@dataclass
+class Prep:
+    """Per-graph arrays (lists, for fast scalar access) shared by every attempt with the same collective order."""
+
+    n: int
+    dur_ns: list[int]
+    is_coll: list[bool]
+    is_wait: list[bool]
+    is_sync: list[bool]
+    group: list[int]
+    wait_of: list[int]
+    succ_ptr: list[int]
+    succ_idx: list[int]
+    indeg: list[int]
+    bottom: list[int]
+    feeds: list[int]
+    pos: list[int]
+    alloc: list[int]  # bytes allocated when the node runs (the non-persistent storages it owns)
+    node_storages: list[list[int]]  # freeable storages each node uses (their last user frees them)
+    storage_users: list[int]
+    storage_bytes: list[int]
+    persistent_bytes: int
+    chains: dict[int, list[int]]  # per group: its collectives in issue (FIFO) order
+    slowdown: float
+    data_preds: list[list[int]] = field(default_factory=list)  # preds without the FIFO chain edges
+
+
+def base_arrays(g: Graph, costs: CostEstimate) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(duration ns, data+dep edge src, dst) of ``g``; zero-time kinds get duration 0."""
+    dur = np.rint(costs.node_s * 1e9).astype(np.int64)
+    dur[np.isin(g.kinds, (OpKind.WAIT, OpKind.VIEW, OpKind.INPUT, OpKind.OUTPUT))] = 0
+    ptr, idx = g.predecessors_csr()
+    return dur, idx.astype(np.int64), np.repeat(np.arange(len(g)), np.diff(ptr))
+
+
+def input_chains(g: Graph, order: np.ndarray) -> dict[int, list[int]]:
+    colls = order[g.coll_type[order] >= 0]
+    chains: dict[int, list[int]] = {}
+    for c, grp in zip(colls.tolist(), g.coll_group[colls].tolist()):
+        chains.setdefault(grp, []).append(c)
+    return chains
+
+
+def prepare(
+    g: Graph,
+    order: np.ndarray,
+    costs: CostEstimate,
+    chains: dict[int, list[int]],
+    extra_src: np.ndarray,
+    extra_dst: np.ndarray,
+) -> Prep:
+    n = len(g)
+    dur_ns, src, dst = base_arrays(g, costs)
+    pos = np.empty(n, np.int64)
+    pos[order] = np.arange(n)
+    chain_src = [a for chain in chains.values() for a in chain[:-1]]
+    chain_dst = [b for chain in chains.values() for b in chain[1:]]
+    all_src = np.concatenate([src, np.asarray(chain_src, np.int64), extra_src.astype(np.int64)])
+    all_dst = np.concatenate([dst, np.asarray(chain_dst, np.int64), extra_dst.astype(np.int64)])
+    succ_ptr, succ_idx = _csr(n, all_dst, all_src)
+    indeg = np.bincount(succ_idx, minlength=n) if len(succ_idx) else np.zeros(n, np.int64)
+    # the collectives' global issue rank: by position in each chain, interleaved by input position
+    rank_key = sorted(((k, pos[c], c) for chain in chains.values() for k, c in enumerate(chain)), key=lambda x: x[1])
+    coll_rank = {c: r for r, (_, _, c) in enumerate(sorted(rank_key, key=lambda x: (x[1],)))}
+    # bottom level (longest remaining duration path; a collective's time counts towards its wait and the next
+    # collective of its group) and feeds (the earliest-ranked collective a node leads to)
+    sp, si = succ_ptr.tolist(), succ_idx.tolist()
+    d = dur_ns.tolist()
+    bottom = [0] * n
+    feeds = [n + 1] * n
+    for c, r in coll_rank.items():
+        feeds[c] = r
+    topo = _topological(n, sp, si, indeg.tolist(), pos.tolist())
+    for node in reversed(topo):
+        best = 0
+        first = feeds[node]
+        for s in si[sp[node] : sp[node + 1]]:
+            if bottom[s] > best:
+                best = bottom[s]
+            if feeds[s] < first:
+                first = feeds[s]
+        bottom[node] = d[node] + best
+        feeds[node] = first
+    lv = liveness(g)
+    nsp, nsi = lv.node_storage_ptr.tolist(), lv.node_storage_idx.tolist()
+    pp, pi = _csr(n, np.concatenate([src, extra_src.astype(np.int64)]), np.concatenate([dst, extra_dst]))
+    pp_l, pi_l = pp.tolist(), pi.tolist()
+    return Prep(
+        n=n,
+        dur_ns=d,
+        is_coll=(g.coll_type >= 0).tolist(),
+        is_wait=(g.kinds == OpKind.WAIT).tolist(),
+        is_sync=g.coll_sync.tolist(),
+        group=g.coll_group.tolist(),
+        wait_of=g.wait_of.tolist(),
+        succ_ptr=sp,
+        succ_idx=si,
+        indeg=indeg.tolist(),
+        bottom=bottom,
+        feeds=feeds,
+        pos=pos.tolist(),
+        alloc=lv.alloc_bytes.tolist(),
+        node_storages=[nsi[nsp[i] : nsp[i + 1]] for i in range(n)],
+        storage_users=np.diff(lv.users_ptr).tolist(),
+        storage_bytes=lv.storage_bytes.tolist(),
+        persistent_bytes=lv.persistent_bytes,
+        chains=chains,
+        slowdown=float(costs.compute_slowdown),
+        data_preds=[pi_l[pp_l[i] : pp_l[i + 1]] for i in range(n)],
+    )
+
+
+def _topological(n: int, sp: list[int], si: list[int], indeg: list[int], pos: list[int]) -> list[int]:
+    """Kahn's order of the constraint graph (ties by input position)."""
+    indeg = list(indeg)
+    ready = [(pos[i], i) for i in range(n) if indeg[i] == 0]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        _, i = heapq.heappop(ready)
+        out.append(i)
+        for s in si[sp[i] : sp[i + 1]]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                heapq.heappush(ready, (pos[s], s))
+    if len(out) != n:
+        raise RuntimeError("the ordering constraints have a cycle (collective order vs data dependencies)")
+    return out
+
+
+@dataclass
+class Attempt:
+    """One list-scheduling result with the model's timing."""
+
+    order: list[int]
+    at: list[int]  # per node: compute-stream time when it runs (issue time for a collective)
+    comm_start: dict[int, int]
+    comm_end: dict[int, int]
+
+
+def schedule_once(p: Prep, budget: int, inflight_cap: int) -> Attempt:
+    """List scheduling with the stream model (see the ``overlap`` module docstring).
+
+    A collective is issued as soon as it is next in its group's order and its inputs are done, unless the bytes of
+    issued-but-not-waited collective outputs would pass ``inflight_cap`` (and something else can run meanwhile);
+    a compute node runs only if its allocation fits ``budget`` (unless nothing else can make progress).
+    """
+    n = p.n
+    indeg = list(p.indeg)
+    left = list(p.storage_users)
+    live = p.persistent_bytes
+    alloc, dur, bottom, pos, feeds = p.alloc, p.dur_ns, p.bottom, p.pos, p.feeds
+    is_coll, is_wait, is_sync, wait_of = p.is_coll, p.is_wait, p.is_sync, p.wait_of
+    sp, si, node_storages, storage_bytes = p.succ_ptr, p.succ_idx, p.node_storages, p.storage_bytes
+    slow = p.slowdown
+    ready: list[tuple[int, int, int, int]] = []  # (feeds, -bottom, pos, node)
+    issuable: list[tuple[int, int]] = []  # (pos, node)
+    pending_waits: list[tuple[int, int, int]] = []  # (collective end, pos, wait)
+    comm_free: dict[int, int] = {}
+    comm_start: dict[int, int] = {}
+    comm_end: dict[int, int] = {}
+    at = [0] * n
+    busy_until = 0
+    inflight = 0
+    waited: set[int] = set()
+    t = 0
+    out: list[int] = []
+
+    def commit(node: int) -> None:
+        nonlocal live
+        at[node] = t
+        live += alloc[node]
+        for s in node_storages[node]:
+            left[s] -= 1
+            if left[s] == 0:
+                live -= storage_bytes[s]
+        out.append(node)
+        for s in si[sp[node] : sp[node + 1]]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                if is_coll[s]:
+                    heapq.heappush(issuable, (pos[s], s))
+                elif is_wait[s]:
+                    heapq.heappush(pending_waits, (comm_end[wait_of[s]], pos[s], s))
+                else:
+                    heapq.heappush(ready, (feeds[s], -bottom[s], pos[s], s))
+
+    for node in range(n):
+        if indeg[node] == 0:
+            if is_coll[node]:
+                heapq.heappush(issuable, (pos[node], node))
+            else:
+                heapq.heappush(ready, (feeds[node], -bottom[node], pos[node], node))
+
+    while len(out) < n:
+        progressed = False
+        while issuable:
+            c = issuable[0][1]
+            if inflight + alloc[c] > inflight_cap and (ready or pending_waits):
+                break
+            heapq.heappop(issuable)
+            grp = p.group[c]
+            start = t if comm_free.get(grp, 0) < t else comm_free[grp]
+            end = start + dur[c]
+            comm_free[grp] = end
+            comm_start[c], comm_end[c] = start, end
+            if end > busy_until:
+                busy_until = end
+            inflight += alloc[c]
+            if is_sync[c]:
+                t = end
+            commit(c)
+            progressed = True
+        while pending_waits and pending_waits[0][0] <= t:
+            w = heapq.heappop(pending_waits)[2]
+            c = wait_of[w]
+            if c not in waited:
+                waited.add(c)
+                inflight -= alloc[c]
+            commit(w)
+            progressed = True
+        if progressed:
+            continue
+        if ready:
+            picked = -1
+            skipped = []
+            while ready and len(skipped) < 8:
+                item = heapq.heappop(ready)
+                if live + alloc[item[3]] <= budget or not pending_waits:
+                    picked = item[3]
+                    break
+                skipped.append(item)
+            for item in skipped:
+                heapq.heappush(ready, item)
+            if picked >= 0:
+                commit(picked)  # at its start time; the stream then advances by its (slowed) duration
+                d = dur[picked]
+                if d and busy_until > t and slow > 1.0:
+                    overlap_work = (busy_until - t) / slow
+                    t += int(d * slow) if d <= overlap_work else (busy_until - t) + int(d - overlap_work)
+                else:
+                    t += d
+                continue
+        if pending_waits:
+            end, _, w = heapq.heappop(pending_waits)
+            if end > t:
+                t = end
+            c = wait_of[w]
+            if c not in waited:
+                waited.add(c)
+                inflight -= alloc[c]
+            commit(w)
+            continue
+        if issuable:
+            c = heapq.heappop(issuable)[1]
+            grp = p.group[c]
+            start = max(t, comm_free.get(grp, 0))
+            comm_free[grp] = comm_start[c] = start
+            comm_end[c] = comm_free[grp] = start + dur[c]
+            busy_until = max(busy_until, comm_end[c])
+            inflight += alloc[c]
+            if is_sync[c]:
+                t = comm_end[c]
+            commit(c)
+            continue
+        raise RuntimeError("overlap scheduler made no progress: the ordering constraints have a cycle")
+    return Attempt(out, at, comm_start, comm_end)
+
+
+def tighten(p: Prep, a: Attempt) -> list[int]:
+    """The same timing with less memory: issue each collective at the last point before its communication starts
+    (the FIFO stream could not start it earlier anyway), and run each wait at the first point after its collective
+    ends (no stall, and the collective's inputs are released sooner). O(N log N)."""
+    order = a.order
+    n = len(order)
+    # time at which the compute stream reaches each position (non-decreasing)
+    times = [a.at[v] for v in order]
+    for k in range(1, n):
+        if times[k] < times[k - 1]:
+            times[k] = times[k - 1]
+    key = [float(k) for k in range(n)]  # position keys; moved nodes get fractional keys
+    place = {v: k for k, v in enumerate(order)}
+    last_issue_key = {}
+    for grp, chain in p.chains.items():
+        prev_key = -1.0
+        for c in chain:
+            if p.is_sync[c]:
+                prev_key = key[place[c]]
+                continue
+            k0 = place[c]
+            # latest position whose time is <= the start of communication, not before the node's own slot
+            k = bisect.bisect_right(times, a.comm_start[c], lo=k0) - 1
+            new_key = max(float(k0), k - 0.5 if k > k0 else float(k0))
+            new_key = max(new_key, prev_key + 1e-6)
+            key[k0] = new_key
+            prev_key = new_key
+            last_issue_key[c] = new_key
+    for w_pos, w in enumerate(order):
+        if not p.is_wait[w]:
+            continue
+        c = p.wait_of[w]
+        # first position whose time is >= the collective's end, after its issue
+        k = bisect.bisect_left(times, a.comm_end.get(c, 0))
+        lo = last_issue_key.get(c, key[place[c]])
+        if k < w_pos:
+            key[w_pos] = max(k - 0.5, lo + 1e-6)
+    # a stable topological sort by the new keys keeps every dependency (views of a moved collective follow it)
+    by_key = [0.0] * n
+    for k, v in enumerate(order):
+        by_key[v] = key[k]
+    indeg = list(p.indeg)
+    sp, si = p.succ_ptr, p.succ_idx
+    heap = [(by_key[v], v) for v in range(n) if indeg[v] == 0]
+    heapq.heapify(heap)
+    out = []
+    while heap:
+        _, v = heapq.heappop(heap)
+        out.append(v)
+        for s in si[sp[v] : sp[v + 1]]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                heapq.heappush(heap, (by_key[s], s))
+    return out
+
+
+def jackson_chains(g: Graph, p: Prep, a: Attempt) -> dict[int, list[int]]:
+    """A new issue order per group from one attempt's timing: when the group's stream frees up, start the released
+    collective (inputs done) whose result is needed first (Jackson's rule). Deterministic in (graph, costs)."""
+    order_pos = {v: k for k, v in enumerate(a.order)}
+    need: dict[int, int] = {}
+    for c_list in p.chains.values():
+        for c in c_list:
+            first_use = None
+            for w in g.waits_of(c).tolist():
+                for u in g.successors(w).tolist():
+                    t_u = a.at[u]
+                    first_use = t_u if first_use is None or t_u < first_use else first_use
+            need[c] = first_use if first_use is not None else a.comm_end[c]
+    out: dict[int, list[int]] = {}
+    for grp, chain in p.chains.items():
+        release = {c: max([a.at[q] + p.dur_ns[q] for q in p.data_preds[c]] + [0]) for c in chain}
+        pending = sorted(chain, key=lambda c: (release[c], order_pos[c]))
+        heap: list[tuple[int, int, int]] = []
+        t = 0
+        i = 0
+        new: list[int] = []
+        while len(new) < len(chain):
+            while i < len(pending) and release[pending[i]] <= t:
+                c = pending[i]
+                heapq.heappush(heap, (need[c], order_pos[c], c))
+                i += 1
+            if not heap:
+                t = release[pending[i]]
+                continue
+            _, _, c = heapq.heappop(heap)
+            new.append(c)
+            t += p.dur_ns[c]
+        out[grp] = new
+    return out
