@@ -15,7 +15,7 @@ app = typer.Typer(
 )
 
 # modules that define `register(app)`; one per command family
-COMMAND_MODULES = ("commsched.cli.info", "commsched.cli.demo")
+COMMAND_MODULES = ("commsched.cli.info", "commsched.cli.demo", "commsched.cli.estimate", "commsched.cli.calibrate")
 
 for _mod in COMMAND_MODULES:
     importlib.import_module(_mod).register(app)

@@ -1,0 +1,3 @@
+from commsched.cli import main
+
+main()
