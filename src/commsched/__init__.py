@@ -32,3 +32,9 @@ __all__ = [
     "load_graph",
     "save_graph",
 ]
+
+# cost model (commsched.cost, commsched.hardware): numpy only, no torch import
+from commsched import hardware  # noqa: E402
+from commsched.cost import CostEstimate, collective_time_s, estimate, estimate_costs  # noqa: E402
+
+__all__ += ["CostEstimate", "collective_time_s", "estimate", "estimate_costs", "hardware"]

@@ -160,7 +160,7 @@ def _fused_times(
     if num == 0:
         return unfused
     c = hw.compute
-    members = region >= 0
+    members = (region >= 0) & (g.kinds != OpKind.VIEW)
     read, written = region_boundary_bytes(g, region, f.src)
     moved = read + written
     flops = np.bincount(region[members], weights=f.flops[members], minlength=num)
@@ -171,9 +171,10 @@ def _fused_times(
     eff_max = np.where(is_red, c.efficiency.reduction, c.efficiency.elementwise)
     t_mem = memory_time(moved, eff_max, hw)
     t_flop = flops / (rpeak * c.efficiency.elementwise)
-    t_region = c.launch_overhead_s + np.maximum(t_mem, t_flop)
     weight = unfused[members]
     wsum = np.bincount(region[members], weights=weight, minlength=num)
+    # Inductor keeps a fusion only when it is faster (Scheduler.speedup_by_fusion): never above the unfused sum
+    t_region = np.minimum(c.launch_overhead_s + np.maximum(t_mem, t_flop), wsum)
     count = np.bincount(region[members], minlength=num)
     share = np.where(wsum[region[members]] > 0, weight / np.maximum(wsum[region[members]], 1e-300),
                      1.0 / count[region[members]])  # fmt: skip

@@ -17,8 +17,9 @@ Rules, after the seed scheduler (``Scheduler.can_fuse`` / ``will_fusion_create_c
   against raising peak memory), and at most 64 nodes per region (Inductor's ``max_fusion_size``), splitting larger
   components into runs of consecutive ids (a run of ids keeps every path inside the run, so still no cycle).
 
-Views are transparent: an edge through a chain of views is an edge from the view's base node. Views, inputs and
-non-fusible nodes have region -1. Cost: O(N + E) Python over the edge arrays.
+Views are transparent: an edge through a chain of views is an edge from the view's base node, and a view belongs to
+its base's region (it costs nothing, and keeping it with the region keeps the region contiguous in an order). Inputs
+and non-fusible nodes have region -1. Cost: O(N + E) Python over the edge arrays.
 """
 
 from __future__ import annotations
@@ -125,6 +126,8 @@ def fusion_regions(
     keep = sizes[chunk_id] >= 2
     _, dense = np.unique(chunk_id[keep], return_inverse=True)
     region[order[keep]] = dense
+    views = np.flatnonzero((g.kinds == OpKind.VIEW) & (src != np.arange(n)))
+    region[views] = region[src[views]]
     return region
 
 
@@ -147,6 +150,7 @@ def region_boundary_bytes(g: Graph, region: np.ndarray, src: np.ndarray) -> tupl
     used_outside[prod[(rp >= 0) & (rc != rp)]] = True
     has_user = np.zeros(len(g), bool)
     has_user[prod] = True
-    writes = (region >= 0) & (used_outside | ~has_user)
+    is_view = (g.kinds == OpKind.VIEW) & (src != np.arange(len(g)))
+    writes = (region >= 0) & ~is_view & (used_outside | ~has_user)
     written = np.bincount(region[writes], weights=g.out_bytes[writes], minlength=num_regions)
     return read, written
