@@ -108,9 +108,9 @@ def test_multi_node_algorithms_are_considered():
 
 
 def test_group_larger_than_cluster_is_an_error():
-    with pytest.raises(ValueError, match="spans 4 nodes.*num_nodes=1.*--num-nodes 4"):
+    with pytest.raises(ValueError, match=r"spans 4 nodes.*num_nodes=1.*--num-nodes 4"):
         collective_time_s("all_reduce", MB, 32, hardware.get("h100-sxm"))
-    with pytest.raises(ValueError, match="unknown collective kind 'allfoo'"):
+    with pytest.raises(ValueError, match=r"unknown collective kind 'allfoo'"):
         collective_time_s("allfoo", MB, 8, hardware.get("h100-sxm"))
 
 

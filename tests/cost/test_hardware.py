@@ -96,7 +96,7 @@ def _write(tmp_path: Path, text: str) -> Path:
         (lambda s: s.replace("num_units = 132", "num_units = 132\nwarp_size = 32"), "unknown key(s) 'warp_size'"),
         (lambda s: s.replace("hbm_tb_per_s = 3.35", "hbm_tb_per_s = -1.0"), "hbm_tb_per_s = -1.0"),
         (lambda s: s.replace("ring_efficiency = 0.81", "ring_efficiency = 1.5"), "ring_efficiency = 1.5"),
-        (lambda s: s.replace("gpus_per_node = 8", "gpus_per_node = \"eight\""), "gpus_per_node = 'eight'"),
+        (lambda s: s.replace("gpus_per_node = 8", 'gpus_per_node = "eight"'), "gpus_per_node = 'eight'"),
         (lambda s: s.replace("[protocols.simple]", "[protocols.fast]"), "unknown protocol 'fast'"),
         (lambda s: s.replace("nvls = true", "nvls = 1"), "nvls = 1: expected true or false"),
         (lambda s: s.replace("link_gb_per_s = 450.0", ""), "missing key 'link_gb_per_s'"),
@@ -111,7 +111,7 @@ def test_bad_profiles_name_file_and_key(tmp_path, edit, message):
 
 
 def test_unknown_profile_lists_known_ones():
-    with pytest.raises(FileNotFoundError, match="unknown hardware profile 'h900'.*h100-sxm"):
+    with pytest.raises(FileNotFoundError, match=r"unknown hardware profile 'h900'.*h100-sxm"):
         hardware.get("h900")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         hardware.get("/nonexistent/profile.toml")

@@ -26,14 +26,16 @@ def print_cost_summary(summary: dict, title: str) -> None:
     if summary["collectives"]:
         colls = Table(title="collectives", show_edge=False)
         for col in ("type", "group", "size", "algorithm", "link", "count", "bytes", "time"):
-            colls.add_column(col, justify="right" if col in ("size", "count", "bytes", "time") else "left")
+            colls.add_column(
+                col, justify="right" if col in ("size", "count", "bytes", "time") else "left", overflow="fold"
+            )
         for r in summary["collectives"]:
             colls.add_row(r["type"], r["group"], str(r["group_size"]), r["algorithm"], r["link"], str(r["count"]),
                           fmt_bytes(r["bytes"]), fmt_seconds(r["time_s"]))  # fmt: skip
         console.print(colls)
     top = Table(title="most expensive ops", show_edge=False)
     for col in ("node", "target", "class", "time", "share"):
-        top.add_column(col, justify="right" if col in ("time", "share") else "left")
+        top.add_column(col, justify="right" if col in ("time", "share") else "left", overflow="fold")
     for r in summary["top_ops"]:
         region = f" (region {r['fusion_region']})" if r["fusion_region"] >= 0 else ""
         top.add_row(r["node"], r["target"], r["class"] + region, fmt_seconds(r["time_s"]), f"{r['share']:.1%}")
@@ -68,6 +70,8 @@ def register(app: typer.Typer) -> None:
             hw = hw_mod.get(hardware, num_nodes=num_nodes, gpus_per_node=gpus_per_node)
             measured = None
             if table is not None:
+                if not table.is_file():
+                    raise FileNotFoundError(f"measured table {str(table)!r} does not exist")
                 is_table = table.suffix == ".csv" or '"commsched.cost-table"' in table.read_text(encoding="utf-8")[:200]
                 measured = MeasuredTable.load(table) if is_table else table_from_chrome_trace(table)
             est = estimate_costs(g, hw, table=measured, fusion=not no_fusion)

@@ -1,12 +1,13 @@
 """Calibration: measure this machine's kernels and collectives, fit a profile, keep the raw numbers as a table.
 
-Measured: the per-op launch (dispatch) overhead, matmuls of several shapes, elementwise and reduction kernels over a
-range of sizes, attention (``scaled_dot_product_attention``), and, with ``world`` local processes (gloo on the CPU,
-NCCL on GPUs), all_reduce / all_gather / reduce_scatter / all_to_all / broadcast over a range of sizes.
+Measured: the per-op launch (dispatch) overhead, matmuls of several shapes, elementwise and reduction kernels over
+a range of sizes, attention (``scaled_dot_product_attention``), and, with ``world`` local processes (gloo on the
+CPU, NCCL on GPUs), all_reduce / all_gather / reduce_scatter / all_to_all / broadcast over a range of sizes.
 
-Fitted (small grid and 1-D searches, minimising the median absolute log error of the roofline model on the
-measurements): launch overhead; peak FLOP/s per dtype with the matmul tile size and ``matmul_k_half``; memory
-bandwidth with ``memory_half_bytes``; reduction and attention efficiencies; the collective bus bandwidth, the
+Fitted (small grid and 1-D searches, minimising the mean absolute log error, clipped per point, of the roofline
+model on the measurements): launch overhead; peak FLOP/s per dtype with the matmul tile size and
+``matmul_k_half``; memory and cache bandwidths with ``memory_half_bytes``; reduction and attention efficiencies;
+the collective bus bandwidth, the
 all_to_all efficiency and the protocol latency. The profile's remaining fields (the network, interference) come from
 a base profile. The measured collective times also go into a table that the profile names, so estimates use the
 measurements themselves where they exist and the fitted model elsewhere.
@@ -235,7 +236,10 @@ def measure_collectives(
 
 # ---------------------------------------------------------------------------------------------------- fitting
 def _log_err(model: np.ndarray, measured: np.ndarray) -> float:
-    return float(np.median(np.abs(np.log(np.maximum(model, 1e-12) / np.maximum(measured, 1e-12)))))
+    """Mean absolute log error, each point's error clipped at log(3) so that a few disturbed measurements do not
+    drag the fit (a median would be robust too, but is flat once half the points fit, and so ties)."""
+    err = np.abs(np.log(np.maximum(model, 1e-15) / np.maximum(measured, 1e-15)))
+    return float(np.mean(np.minimum(err, math.log(3.0))))
 
 
 def _golden(f: Callable[[float], float], lo: float, hi: float, iters: int = 60) -> float:
