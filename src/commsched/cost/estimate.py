@@ -28,7 +28,7 @@ from commsched.cost.compute import (
     memory_time,
 )
 from commsched.cost.fusion import fusion_regions, region_boundary_bytes, view_sources
-from commsched.cost.model import CostEstimate, LinkClass
+from commsched.cost.model import CostEstimate
 from commsched.cost.opclass import OpClass, classify_target
 from commsched.cost.table import MeasuredTable
 from commsched.hardware import Hardware
@@ -216,24 +216,29 @@ def estimate_costs(
                 if t is not None:
                     node_s[i], overridden[i] = t, True
 
-    for i in g.collectives.tolist():
-        grp = g.groups[int(g.coll_group[i])]
-        kind = normalize_kind(CollType(int(g.coll_type[i])))
-        nbytes = int(g.comm_bytes[i])
-        plan = plan_collective(kind, nbytes, grp.size, hw, stride=grp.stride)
-        t, lat = plan.time_s, plan.latency_s
-        if table is not None:
-            measured = table.collective_time(kind, grp.size, nbytes)
+    colls = g.collectives
+    if len(colls):
+        # one plan per distinct (type, group, bytes): layers repeat the same collectives
+        keys = np.stack(
+            [g.coll_type[colls].astype(np.int64), g.coll_group[colls].astype(np.int64), g.comm_bytes[colls]]
+        )
+        uniq, inverse = np.unique(keys, axis=1, return_inverse=True)
+        u_time, u_lat, u_link, u_algo = np.zeros(uniq.shape[1]), np.zeros(uniq.shape[1]), [], []
+        for j, (ctype, gid, nbytes) in enumerate(uniq.T.tolist()):
+            grp = g.groups[gid]
+            kind = normalize_kind(CollType(ctype))
+            plan = plan_collective(kind, nbytes, grp.size, hw, stride=grp.stride)
+            u_time[j], u_lat[j], algo = plan.time_s, plan.latency_s, f"{plan.algorithm}/{plan.protocol}"
+            measured = table.collective_time(kind, grp.size, nbytes) if table is not None else None
             if measured is not None:
                 # keep the model's latency share, capped by the measured time
-                t, lat = measured, min(lat, measured)
-                plan = None
-        node_s[i], coll_latency[i], coll_link[i] = (
-            t,
-            lat,
-            int(LinkClass.INTER_NODE if hw.placement(grp.size, grp.stride)[1] > 1 else LinkClass.INTRA_NODE),
-        )
-        algorithms[i] = "measured" if plan is None else f"{plan.algorithm}/{plan.protocol}"
+                u_time[j], u_lat[j], algo = measured, min(plan.latency_s, measured), "measured"
+            u_link.append(int(plan.link))
+            u_algo.append(algo)
+        inverse = inverse.reshape(-1)
+        node_s[colls], coll_latency[colls] = u_time[inverse], u_lat[inverse]
+        coll_link[colls] = np.asarray(u_link, np.int8)[inverse]
+        algorithms = dict(zip(colls.tolist(), [u_algo[j] for j in inverse.tolist()], strict=True))
 
     if estimate is not None:
         for i in range(n):
