@@ -122,16 +122,40 @@ def measure_compute(
     numels = [1 << k for k in (range(10, 23, 4) if quick else range(10, 25, 2))]
     for numel in numels:
         x = torch.randn(numel, device=device)
-        y = torch.randn(numel, device=device)
-        m.elementwise.append((3 * 4 * numel, _measure(timer, lambda x=x, y=y: x + y, budget)))
-        m.elementwise.append((2 * 4 * numel, _measure(timer, lambda x=x: x.clone(), budget)))
-        rows = x.view(-1, 256) if numel >= 256 else x.view(1, -1)
-        m.reduction.append((4 * numel + 4 * rows.shape[0], _measure(timer, lambda r=rows: r.sum(dim=-1), budget)))
+        rows = max(numel // 256, 1)
+        m.elementwise.append((3 * 4 * numel, _measure_cold(timer, x, lambda a, b: a + b, budget)))
+        m.elementwise.append((2 * 4 * numel, _measure_cold(timer, x, lambda a, b: a.clone(), budget)))
+        m.reduction.append(
+            (4 * numel + 4 * rows, _measure_cold(timer, x, lambda a, b, r=rows: a.view(r, -1).sum(-1), budget))
+        )
+        m.reduction.append(
+            (8 * numel, _measure_cold(timer, x, lambda a, b, r=rows: torch.softmax(a.view(r, -1), -1), budget))
+        )
 
     for s in (128, 256) if quick else (128, 256, 512):
         q = torch.randn(1, 4, s, 64, device=device)
         m.attention.append((1, 4, s, 64, _measure(timer, lambda q=q: F.scaled_dot_product_attention(q, q, q), budget)))
     return m
+
+
+def _measure_cold(timer: Callable, like, op: Callable, budget_s: float, pool_bytes: int = 16 << 20) -> float:
+    """Seconds per call of ``op(a, b)`` as a graph run sees it: inputs rotate over ``pool_bytes`` of buffers (not in
+    cache) and outputs stay alive (fresh allocations, with their page faults on a CPU), freed once per rotation."""
+    import torch
+
+    k = max(2, pool_bytes // max(like.numel() * like.element_size(), 1))
+    xs = [torch.randn_like(like) for _ in range(k)]
+    ys = [torch.randn_like(like) for _ in range(k)]
+    state = {"j": 0, "keep": []}
+
+    def call() -> None:
+        j = state["j"]
+        if j == 0:
+            state["keep"] = []
+        state["keep"].append(op(xs[j], ys[j]))
+        state["j"] = (j + 1) % k
+
+    return _measure(timer, call, budget_s)
 
 
 # ---------------------------------------------------------------------------------------------------- collectives
