@@ -69,3 +69,37 @@ def test_quick_calibration_writes_a_profile_found_by_name(tmp_path):
     table = MeasuredTable.load(found.table_path)
     assert {k for k, *_ in table.collectives} >= {"all_reduce", "all_gather", "broadcast"}
     assert "Written by `commsched calibrate --device cpu`" in path.read_text()
+
+
+@pytest.mark.slow
+def test_calibrated_estimates_track_a_real_run(tmp_path):
+    """After a quick calibration, eager estimates of a real MLP step's ops stay within a factor of 2 at the median
+    (benchmarks/bench_cost_cpu.py measures the full calibration: ~10-25 % on this shared 2-core machine)."""
+    import statistics
+
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from commsched.cost import estimate_costs
+    from commsched.cost.measure_graph import time_fx_nodes
+    from commsched.frontends.fx import from_fx
+    from commsched.ir import OpKind
+
+    _, hw = run_calibration("cpu", tmp_path / "cpu-local.toml", world=2, quick=True, collectives=False)
+    torch.manual_seed(0)
+    w1, w2 = torch.randn(256, 512, requires_grad=True), torch.randn(512, 256, requires_grad=True)
+
+    def step(x, w1, w2):
+        loss = torch.relu(x @ w1).matmul(w2).pow(2).mean()
+        return [loss, *torch.autograd.grad(loss, [w1, w2])]
+
+    x = torch.randn(256, 256)
+    gm = make_fx(step, tracing_mode="fake")(x, w1, w2)
+    g = from_fx(gm)
+    torch.set_num_threads(1)
+    measured = time_fx_nodes(gm, x, w1, w2, reps=5)
+    est = estimate_costs(g, hw, fusion=False)
+    ops = [i for i in range(len(g)) if g.kinds[i] in (OpKind.COMPUTE, OpKind.OTHER) and g.names[i] in measured]
+    assert len(ops) >= 8
+    errors = [abs(est.node_s[i] / measured[g.names[i]] - 1) for i in ops]
+    assert statistics.median(errors) < 1.0, f"median error {statistics.median(errors):.0%}"
