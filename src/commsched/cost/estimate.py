@@ -12,6 +12,7 @@ once per graph and cached, keyed by the graph object; the per-hardware part is n
 from __future__ import annotations
 
 import math
+import os
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -133,6 +134,17 @@ def graph_features(g: Graph) -> GraphFeatures:
     return feats
 
 
+_tables: dict[tuple[str, float], MeasuredTable] = {}
+
+
+def _profile_table(path: str) -> MeasuredTable:
+    """A profile's measured table, read once per file version."""
+    key = (path, os.stat(path).st_mtime) if os.path.exists(path) else (path, 0.0)
+    if key not in _tables:
+        _tables[key] = MeasuredTable.load(path)
+    return _tables[key]
+
+
 def _shape_efficiency(f: GraphFeatures, hw: Hardware) -> np.ndarray:
     eff = np.ones(len(f.cls))
     mm = f.cls == OpClass.MATMUL
@@ -201,7 +213,7 @@ def estimate_costs(
     n = len(g)
     f = graph_features(g)
     if table is None and hw.table_path:
-        table = MeasuredTable.load(hw.table_path)
+        table = _profile_table(hw.table_path)
     peak = _peak_per_node(f, hw)
     node_s = kernel_times(f.cls, f.flops, f.nbytes, peak, _shape_efficiency(f, hw), hw)
     coll_latency = np.zeros(n)
