@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from tests.programs import trace_program
 from typer.testing import CliRunner
 
 from commsched.cli import app
 from commsched.frontends.json_io import save_graph
+from programs import trace_program
 
 runner = CliRunner()
 

@@ -6,8 +6,6 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
-from tests.programs import trace_program
-from tests.strategies import graphs
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -17,6 +15,8 @@ from commsched.cost import CostEstimate, LinkClass, OpClass, estimate_costs, gra
 from commsched.cost.compute import memory_time
 from commsched.frontends.fx import from_fx
 from commsched.ir import OpKind
+from programs import trace_program
+from strategies import graphs
 
 
 def trace(fn, *shapes, dtype=torch.float32):

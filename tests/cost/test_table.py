@@ -8,12 +8,12 @@ import math
 import numpy as np
 import pytest
 import torch
-from tests.programs import trace_program
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from commsched import hardware
 from commsched.cost import MeasuredTable, estimate_costs, table_from_chrome_trace
 from commsched.frontends.fx import from_fx
+from programs import trace_program
 
 
 def _table() -> MeasuredTable:
