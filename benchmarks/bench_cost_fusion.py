@@ -30,7 +30,6 @@ def torch_regions(gm, g) -> np.ndarray:
 
 def main() -> None:
     from bench_cost_cpu import transformer_block_step
-    from programs import trace_program
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from commsched import hardware
@@ -38,6 +37,7 @@ def main() -> None:
     from commsched.cost.estimate import _fused_times, _peak_per_node
     from commsched.frontends.fx import from_fx
     from commsched.ir import OpKind
+    from programs import trace_program
 
     hw = hardware.get("h100-sxm", num_nodes=2)
     step, inputs = transformer_block_step(d=1024, heads=16, tokens=2048, ff=4096)
