@@ -23,6 +23,7 @@ def run_calibration(
     progress=None,
 ) -> tuple[Path, object]:
     """Measure, fit and write; returns (profile path, Hardware). ``progress(step_text)`` is called per step."""
+    import dataclasses
     import datetime
     import sys
 
@@ -65,8 +66,6 @@ def run_calibration(
     description = f"{machine_description(device)}; calibrated"
     table_name = f"{Path(out).stem}.table.json"
     table = measurements_table(*([coll] if coll else []), source=str(Path(out).with_name(table_name)))
-    import dataclasses
-
     hw = dataclasses.replace(hw, description=description)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     command = " ".join(["commsched calibrate", *sys.argv[2:]]) if "calibrate" in sys.argv else "commsched calibrate"

@@ -6,11 +6,10 @@ CPU, NCCL on GPUs), all_reduce / all_gather / reduce_scatter / all_to_all / broa
 
 Fitted (small grid and 1-D searches, minimising the mean absolute log error, clipped per point, of the roofline
 model on the measurements): launch overhead; peak FLOP/s per dtype with the matmul tile size and
-``matmul_k_half``; memory and cache bandwidths with ``memory_half_bytes``; reduction and attention efficiencies;
-the collective bus bandwidth, the
-all_to_all efficiency and the protocol latency. The profile's remaining fields (the network, interference) come from
-a base profile. The measured collective times also go into a table that the profile names, so estimates use the
-measurements themselves where they exist and the fitted model elsewhere.
+``matmul_k_half``; memory and cache bandwidths with ``memory_half_bytes``; reduction and attention efficiencies; the
+collective bus bandwidth, the all_to_all efficiency and the protocol latency. The profile's remaining fields (the
+network, interference) come from a base profile. The measured collective times also go into a table that the
+profile names, so estimates use the measurements themselves where they exist and the fitted model elsewhere.
 """
 
 from __future__ import annotations
