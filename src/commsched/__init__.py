@@ -39,3 +39,9 @@ __all__ = [
     "simulate",
     "simulate_costs",
 ]
+
+# cost model (commsched.cost, commsched.hardware): numpy only, no torch import
+from commsched import hardware  # noqa: E402
+from commsched.cost import CostEstimate, collective_time_s, estimate, estimate_costs  # noqa: E402
+
+__all__ += ["CostEstimate", "collective_time_s", "estimate", "estimate_costs", "hardware"]

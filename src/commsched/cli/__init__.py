@@ -18,6 +18,8 @@ app = typer.Typer(
 COMMAND_MODULES = (
     "commsched.cli.info",
     "commsched.cli.trace",
+    "commsched.cli.estimate",
+    "commsched.cli.calibrate",
     "commsched.cli.demo",
     "commsched.cli.simulate",
     "commsched.cli.schedule",

@@ -31,6 +31,8 @@ class CostEstimate:
     ``compute_slowdown``: factor (>= 1) by which compute runs slower while any collective is in flight (NCCL kernels
     occupy SMs and memory bandwidth).
     ``stream_sync_s``: overhead of one cross-stream dependency (event record + wait).
+    ``fusion_region``: per node, the fusion region (one fused kernel) it belongs to, -1 for unfused nodes; a region's
+    time is spread over its members, so sums are right in any order, and passes can keep a region together.
     """
 
     node_s: np.ndarray
@@ -39,11 +41,12 @@ class CostEstimate:
     compute_slowdown: float = 1.0
     stream_sync_s: float = 0.0
     meta: dict[str, Any] = field(default_factory=dict)
+    fusion_region: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.node_s)
-        for name in ("coll_latency_s", "coll_link"):
-            if len(getattr(self, name)) != n:
+        for name in ("coll_latency_s", "coll_link", "fusion_region"):
+            if getattr(self, name) is not None and len(getattr(self, name)) != n:
                 raise ValueError(f"CostEstimate.{name} has {len(getattr(self, name))} entries; expected {n}")
         if np.any(self.node_s < 0) or not np.all(np.isfinite(self.node_s)):
             raise ValueError("CostEstimate.node_s must be finite and >= 0")

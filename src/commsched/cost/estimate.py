@@ -1,0 +1,293 @@
+"""``estimate_costs``: per-node seconds for a graph on a hardware profile, as a :class:`CostEstimate`.
+
+Order of precedence for a node's time: the user's ``estimate(node)`` callable (when it returns a number), then a
+measured table entry, then the model (fused roofline for compute, NCCL-like plans for collectives). Overridden nodes
+are left out of fusion: a measured or user time is the op's own kernel.
+
+Everything hardware-independent about a graph (op classes, GEMM shapes, iteration sizes, fusion regions) is computed
+once per graph and cached, keyed by the graph object; the per-hardware part is numpy over nodes. Nodes that repeat a
+(target, shape, flops) signature share their shape analysis.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from commsched.cost.collectives import normalize_kind, plan_collective
+from commsched.cost.compute import (
+    attention_dims,
+    attention_shape_efficiency,
+    gemm_dims,
+    gemm_shape_efficiency,
+    kernel_times,
+    memory_time,
+)
+from commsched.cost.fusion import fusion_regions, region_boundary_bytes, view_sources
+from commsched.cost.model import CostEstimate
+from commsched.cost.opclass import OpClass, classify_target
+from commsched.cost.table import MeasuredTable
+from commsched.hardware import Hardware
+from commsched.ir import CollType, Graph, NodeView, OpKind
+
+EstimateFn = Callable[[NodeView], "float | None"]
+_FREE_KINDS = (OpKind.INPUT, OpKind.WAIT, OpKind.VIEW, OpKind.OUTPUT)
+
+
+@dataclass(frozen=True, eq=False)
+class GraphFeatures:
+    """Hardware-independent per-node arrays of one graph (cached by :func:`graph_features`)."""
+
+    cls: np.ndarray  # OpClass per node
+    fusible: np.ndarray  # bool
+    key: np.ndarray  # iteration size (elements) for fusion grouping
+    nbytes: np.ndarray  # bytes read + written, unfused
+    dtype_id: np.ndarray  # index into dtypes (dtype of the first output), -1 without outputs
+    dtypes: tuple[str, ...]
+    gemm: np.ndarray  # (n, 4) M, N, K, batch for MATMUL; (bh, q, kv, 0) for ATTENTION; 0 otherwise
+    flops: np.ndarray  # the graph's flops, derived from shapes for attention nodes without a count
+    src: np.ndarray  # view base per node
+    region: np.ndarray  # fusion region per node, -1 unfused
+
+
+_features: weakref.WeakKeyDictionary[Graph, GraphFeatures] = weakref.WeakKeyDictionary()
+
+
+def _first_numel(g: Graph) -> tuple[np.ndarray, np.ndarray]:
+    """Elements of each node's first output buffer (0 without), and the largest such count among its inputs."""
+    n = len(g)
+    buf_numel = np.fromiter((math.prod(s) for s in g.buf_shape), dtype=np.int64, count=len(g.buf_shape))
+    has = np.diff(g.buf_ptr) > 0
+    first = np.zeros(n, np.int64)
+    first[has] = buf_numel[g.buf_ptr[:-1][has]]
+    in_max = np.zeros(n, np.int64)
+    if len(g.in_idx):
+        vals = first[g.in_idx]
+        nonempty = np.diff(g.in_ptr) > 0
+        starts = g.in_ptr[:-1][nonempty]
+        in_max[nonempty] = np.maximum.reduceat(vals, starts)
+    return first, in_max
+
+
+def graph_features(g: Graph) -> GraphFeatures:
+    """The hardware-independent analysis of ``g`` (computed once per graph object)."""
+    cached = _features.get(g)
+    if cached is not None:
+        return cached
+    n = len(g)
+    kinds = g.kinds
+    flops = g.flops
+    cls = np.full(n, OpClass.FREE, np.int8)
+    fusible = np.zeros(n, bool)
+    work = np.flatnonzero((kinds == OpKind.COMPUTE) | (kinds == OpKind.OTHER))
+    targets = g.targets
+    per_target: dict[tuple[str, bool], tuple[OpClass, bool]] = {}
+    for i in work.tolist():
+        k = (targets[i], bool(flops[i] > 0))
+        r = per_target.get(k)
+        if r is None:
+            r = per_target[k] = classify_target(*k)
+        cls[i], fusible[i] = r
+    cls[kinds == OpKind.COLLECTIVE] = OpClass.COLLECTIVE
+
+    first, in_max = _first_numel(g)
+    key = np.maximum(first, in_max)
+    # an elementwise-named op whose output is smaller than an input reduces (e.g. aten.sum.dim_IntList variants)
+    cls[(cls == OpClass.ELEMENTWISE) & (first < in_max) & (first > 0)] = OpClass.REDUCTION
+    nbytes = (g.in_bytes + g.out_bytes).astype(np.float64)
+
+    has = np.diff(g.buf_ptr) > 0
+    dtypes = tuple(sorted(set(g.buf_dtype)))
+    dindex = {d: j for j, d in enumerate(dtypes)}
+    dtype_id = np.full(n, -1, np.int64)
+    first_buf = g.buf_ptr[:-1]
+    dtype_id[has] = [dindex[g.buf_dtype[b]] for b in first_buf[has].tolist()]
+
+    gemm = np.zeros((n, 4))
+    node_flops = flops.astype(np.float64).copy()
+    shape_cache: dict[tuple, tuple[float, ...]] = {}
+    for i in np.flatnonzero(cls == OpClass.MATMUL).tolist():
+        shape = g.buf_shape[first_buf[i]] if has[i] else ()
+        sig = (targets[i], shape, float(flops[i]))
+        dims = shape_cache.get(sig)
+        if dims is None:
+            dims = shape_cache[sig] = gemm_dims(targets[i], shape, float(flops[i]))
+        gemm[i] = dims
+    for i in np.flatnonzero(cls == OpClass.ATTENTION).tolist():
+        shapes = [g.buf_shape[g.buf_ptr[p]] for p in g.inputs(i).tolist() if g.buf_ptr[p + 1] > g.buf_ptr[p]]
+        sig = (targets[i], tuple(shapes), float(flops[i]))
+        dims = shape_cache.get(sig)
+        if dims is None:
+            dims = shape_cache[sig] = attention_dims(targets[i], shapes, float(flops[i]))
+        gemm[i, :3] = dims[:3]
+        node_flops[i] = dims[3]
+
+    src = view_sources(g)
+    region = fusion_regions(g, fusible, key, cls == OpClass.ELEMENTWISE, src)
+    feats = GraphFeatures(cls, fusible, key, nbytes, dtype_id, dtypes, gemm, node_flops, src, region)
+    _features[g] = feats
+    return feats
+
+
+_tables: dict[tuple[str, float], MeasuredTable] = {}
+
+
+def _profile_table(path: str) -> MeasuredTable:
+    """A profile's measured table, read once per file version."""
+    key = (path, os.stat(path).st_mtime) if os.path.exists(path) else (path, 0.0)
+    if key not in _tables:
+        _tables[key] = MeasuredTable.load(path)
+    return _tables[key]
+
+
+def _shape_efficiency(f: GraphFeatures, hw: Hardware) -> np.ndarray:
+    eff = np.ones(len(f.cls))
+    mm = f.cls == OpClass.MATMUL
+    if mm.any():
+        d = f.gemm[mm]
+        eff[mm] = gemm_shape_efficiency(d[:, 0], d[:, 1], d[:, 2], d[:, 3], hw)
+    at = f.cls == OpClass.ATTENTION
+    if at.any():
+        d = f.gemm[at]
+        eff[at] = attention_shape_efficiency(d[:, 0], d[:, 1], d[:, 2], hw)
+    return eff
+
+
+def _peak_per_node(f: GraphFeatures, hw: Hardware) -> np.ndarray:
+    table = dict(hw.compute.peak_flops)
+    per_dtype = np.array([table.get(d, table["float32"]) for d in f.dtypes] + [table["float32"]])
+    return per_dtype[f.dtype_id]  # dtype_id -1 picks the float32 entry appended last
+
+
+def _fused_times(
+    g: Graph, f: GraphFeatures, region: np.ndarray, unfused: np.ndarray, peak: np.ndarray, hw: Hardware
+) -> np.ndarray:
+    """Node times with each fusion region charged one launch and its boundary bytes, shared by unfused weight."""
+    num = int(region.max()) + 1 if len(region) and region.max() >= 0 else 0
+    if num == 0:
+        return unfused
+    c = hw.compute
+    members = (region >= 0) & (g.kinds != OpKind.VIEW)
+    read, written = region_boundary_bytes(g, region, f.src)
+    moved = read + written
+    flops = np.bincount(region[members], weights=f.flops[members], minlength=num)
+    is_red = np.bincount(region[members], weights=(f.cls[members] == OpClass.REDUCTION), minlength=num) > 0
+    first_member = np.full(num, len(g))
+    np.minimum.at(first_member, region[members], np.flatnonzero(members))
+    rpeak = peak[first_member]
+    eff_max = np.where(is_red, c.efficiency.reduction, c.efficiency.elementwise)
+    t_mem = memory_time(moved, eff_max, hw)
+    t_flop = flops / (rpeak * c.efficiency.elementwise)
+    weight = unfused[members]
+    wsum = np.bincount(region[members], weights=weight, minlength=num)
+    # Inductor keeps a fusion only when it is faster (Scheduler.speedup_by_fusion): never above the unfused sum
+    t_region = np.minimum(c.launch_overhead_s + np.maximum(t_mem, t_flop), wsum)
+    count = np.bincount(region[members], minlength=num)
+    share = np.where(wsum[region[members]] > 0, weight / np.maximum(wsum[region[members]], 1e-300),
+                     1.0 / count[region[members]])  # fmt: skip
+    out = unfused.copy()
+    out[members] = t_region[region[members]] * share
+    return out
+
+
+def estimate_costs(
+    graph: Graph,
+    hardware: Hardware,
+    *,
+    table: MeasuredTable | None = None,
+    estimate: EstimateFn | None = None,
+    fusion: bool = True,
+) -> CostEstimate:
+    """Per-node costs of ``graph`` on ``hardware`` (see the module docstring for precedence and caching).
+
+    ``table``: measured times (default: the profile's own table, if it names one). ``estimate``: a callable
+    ``estimate(node) -> seconds | None`` that overrides any node where it returns a number. ``fusion``: charge
+    Inductor-style fusion regions as one kernel each (turn off to model eager execution).
+    """
+    g, hw = graph, hardware
+    n = len(g)
+    f = graph_features(g)
+    if table is None and hw.table_path:
+        table = _profile_table(hw.table_path)
+    peak = _peak_per_node(f, hw)
+    node_s = kernel_times(f.cls, f.flops, f.nbytes, peak, _shape_efficiency(f, hw), hw)
+    coll_latency = np.zeros(n)
+    coll_link = np.full(n, -1, np.int8)
+    algorithms: dict[int, str] = {}
+
+    overridden = np.zeros(n, bool)
+    if table is not None and len(table.ops):
+        for i in np.flatnonzero(f.cls != OpClass.FREE).tolist():
+            if f.cls[i] != OpClass.COLLECTIVE:
+                t = table.op_time(g, i)
+                if t is not None:
+                    node_s[i], overridden[i] = t, True
+
+    colls = g.collectives
+    if len(colls):
+        # one plan per distinct (type, group, bytes): layers repeat the same collectives
+        keys = np.stack(
+            [g.coll_type[colls].astype(np.int64), g.coll_group[colls].astype(np.int64), g.comm_bytes[colls]]
+        )
+        uniq, inverse = np.unique(keys, axis=1, return_inverse=True)
+        u_time, u_lat, u_link, u_algo = np.zeros(uniq.shape[1]), np.zeros(uniq.shape[1]), [], []
+        for j, (ctype, gid, nbytes) in enumerate(uniq.T.tolist()):
+            grp = g.groups[gid]
+            kind = normalize_kind(CollType(ctype))
+            plan = plan_collective(kind, nbytes, grp.size, hw, stride=grp.stride)
+            u_time[j], u_lat[j], algo = plan.time_s, plan.latency_s, f"{plan.algorithm}/{plan.protocol}"
+            measured = table.collective_time(kind, grp.size, nbytes) if table is not None else None
+            if measured is not None:
+                # keep the model's latency share, capped by the measured time
+                u_time[j], u_lat[j], algo = measured, min(plan.latency_s, measured), "measured"
+            u_link.append(int(plan.link))
+            u_algo.append(algo)
+        inverse = inverse.reshape(-1)
+        node_s[colls], coll_latency[colls] = u_time[inverse], u_lat[inverse]
+        coll_link[colls] = np.asarray(u_link, np.int8)[inverse]
+        algorithms = dict(zip(colls.tolist(), [u_algo[j] for j in inverse.tolist()], strict=True))
+
+    if estimate is not None:
+        for i in range(n):
+            t = estimate(g.node(i))
+            if t is not None:
+                t = float(t)
+                if not math.isfinite(t) or t < 0:
+                    raise ValueError(f"estimate({g.names[i]!r}) returned {t}: expected seconds >= 0 or None")
+                node_s[i], overridden[i] = t, True
+                if coll_latency[i] > t:
+                    coll_latency[i] = t
+
+    region = f.region if fusion else np.full(n, -1, np.int64)
+    if fusion and overridden.any():
+        region = fusion_regions(g, f.fusible & ~overridden, f.key, f.cls == OpClass.ELEMENTWISE, f.src)
+    if fusion:
+        node_s = _fused_times(g, f, region, node_s, peak, hw)
+    node_s = np.where(np.isin(g.kinds, _FREE_KINDS) & ~overridden, 0.0, node_s)
+    return CostEstimate(
+        node_s=node_s,
+        coll_latency_s=coll_latency,
+        coll_link=coll_link,
+        compute_slowdown=hw.compute_slowdown,
+        stream_sync_s=hw.stream_sync_s,
+        fusion_region=region,
+        meta={
+            "hardware": hw.name,
+            "num_nodes": hw.num_nodes,
+            "gpus_per_node": hw.gpus_per_node,
+            "fusion": fusion,
+            "fusion_regions": int(region.max()) + 1 if n and region.max() >= 0 else 0,
+            "collective_algorithms": algorithms,
+            "table": table.source if table is not None else None,
+        },
+    )
+
+
+def estimate(graph: Graph, hardware: Hardware, **kw) -> np.ndarray:
+    """Seconds per node (``estimate_costs(graph, hardware, **kw).node_s``)."""
+    return estimate_costs(graph, hardware, **kw).node_s

@@ -1,0 +1,137 @@
+"""Import a PyTorch profiler Chrome trace (``prof.export_chrome_trace``) into a :class:`MeasuredTable`.
+
+Ops: ``cpu_op`` events with recorded shapes (``record_shapes=True``). On a GPU trace an op's time is the summed
+duration of the device events (kernels, memcpy, memset) that carry its ``External id``; ops that launched nothing
+are skipped. On a CPU trace it is the event's own (inclusive) duration. Repeated keys keep the median.
+
+Collectives: ``nccl:*`` / ``gloo:*`` annotations and ``record_param_comms`` events. The size comes from
+``In msg nelems`` / ``Out msg nelems`` when present, else from the input shape; it is converted to the nccl-tests
+convention (all_gather: the whole output). The group size is ``Group size`` when recorded, else the trace's world
+size. (Gloo runs reduce_scatter as an all_reduce and labels it so; such a trace has no reduce_scatter rows.)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from commsched.cost.collectives import normalize_kind
+from commsched.cost.table import MeasuredTable
+
+# profiler "Input type" strings -> torch dtype names
+_DTYPES = {
+    "float": "float32", "double": "float64", "c10::Half": "float16", "c10::BFloat16": "bfloat16",
+    "long int": "int64", "int": "int32", "short int": "int16", "signed char": "int8", "unsigned char": "uint8",
+    "bool": "bool", "c10::Float8_e4m3fn": "float8_e4m3fn", "c10::Float8_e5m2": "float8_e5m2",
+    "c10::complex<float>": "complex64", "c10::complex<double>": "complex128",
+    "Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16", "Long": "int64",
+    "Int": "int32", "Byte": "uint8", "Char": "int8", "Bool": "bool",
+}  # fmt: skip
+_ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2, "int8": 1,
+             "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "complex64": 8, "complex128": 16}  # fmt: skip
+_COMM = re.compile(r"^(nccl|gloo|mpi|ucc|xccl):(\w+)$")
+_DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def _collective(e: dict, world: int) -> tuple[str, int, int] | None:
+    """(kind, group size, nbytes in the nccl-tests convention) of a communication event, or None."""
+    args = e.get("args", {})
+    name = e.get("name", "")
+    m = _COMM.match(name)
+    if name == "record_param_comms":
+        raw_kind = str(args.get("Collective name", ""))
+    elif m:
+        raw_kind = m.group(2)
+    else:
+        return None
+    try:
+        kind = normalize_kind(raw_kind)
+    except ValueError:
+        return None  # barrier, send/recv, ...
+    group = int(args.get("Group size", world) or world)
+    dtype = _DTYPES.get(str(args.get("dtype", "")), "")
+    if not dtype:
+        types = [t for t in args.get("Input type", []) if t in _DTYPES]
+        dtype = _DTYPES[types[0]] if types else "float32"
+    itemsize = _ITEMSIZE.get(dtype, 4)
+    if "In msg nelems" in args:
+        in_bytes = int(args["In msg nelems"]) * itemsize
+        out_bytes = int(args.get("Out msg nelems", 0)) * itemsize
+    else:
+        dims = [d for d in args.get("Input Dims", []) if isinstance(d, list) and all(isinstance(x, int) for x in d)]
+        if not dims:
+            return None
+        in_bytes = math.prod(dims[0]) * itemsize
+        out_bytes = in_bytes * group if kind == "all_gather" else in_bytes
+    nbytes = max(out_bytes, in_bytes * group) if kind == "all_gather" else in_bytes
+    return kind, group, nbytes
+
+
+def table_from_chrome_trace(path: str | os.PathLike[str]) -> MeasuredTable:
+    """Read a profiler Chrome trace (JSON, optionally .gz) into a measured table."""
+    path = Path(path)
+    try:
+        if path.suffix == ".gz":
+            import gzip
+
+            with gzip.open(path, "rt", encoding="utf-8") as fh:
+                data: Any = json.load(fh)
+        else:
+            data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"trace {str(path)!r} does not exist") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
+        raise ValueError(f"{path}: not a JSON Chrome trace: {exc}") from None
+    events = data.get("traceEvents") if isinstance(data, dict) else data
+    if not isinstance(events, list):
+        raise ValueError(f"{path}: no 'traceEvents' list: expected a PyTorch profiler Chrome trace")
+    world = int((data.get("distributedInfo") or {}).get("world_size", 1)) if isinstance(data, dict) else 1
+
+    device_us: dict[Any, float] = defaultdict(float)
+    for e in events:
+        if isinstance(e, dict) and e.get("cat") in _DEVICE_CATS and e.get("ph") == "X":
+            ext = e.get("args", {}).get("External id")
+            if ext is not None:
+                device_us[ext] += float(e.get("dur", 0.0))
+    on_device = bool(device_us)
+
+    op_times: dict[tuple, list[float]] = defaultdict(list)
+    coll_times: dict[tuple[str, int, int], list[float]] = defaultdict(list)
+    for e in events:
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        coll = _collective(e, world)
+        if coll is not None:
+            dur = device_us.get(e.get("args", {}).get("External id"), 0.0) if on_device else 0.0
+            coll_times[coll].append((dur or float(e.get("dur", 0.0))) * 1e-6)
+            continue
+        if e.get("cat") != "cpu_op" or e.get("name", "").startswith(("c10d::", "ProfilerStep")):
+            continue
+        args = e.get("args", {})
+        dims, types = args.get("Input Dims"), args.get("Input type")
+        if not isinstance(dims, list) or not isinstance(types, list):
+            continue
+        tensors = [(d, _DTYPES[t]) for d, t in zip(dims, types, strict=False) if t in _DTYPES and isinstance(d, list)]
+        if not tensors:
+            continue
+        if on_device:
+            dur_us = device_us.get(args.get("External id"), 0.0)
+            if dur_us <= 0:
+                continue
+        else:
+            dur_us = float(e.get("dur", 0.0))
+        key = (e["name"], tuple(tuple(int(x) for x in d) for d, _ in tensors), tensors[0][1])
+        op_times[key].append(dur_us * 1e-6)
+
+    table = MeasuredTable(str(path))
+    for (target, shapes, dtype), ts in op_times.items():
+        table.add_op(target, shapes, dtype, statistics.median(ts), count=len(ts))
+    for (kind, group, nbytes), ts in coll_times.items():
+        table.add_collective(kind, group, nbytes, statistics.median(ts))
+    return table

@@ -1,0 +1,122 @@
+"""Hardware profiles as data: TOML files shipped in ``commsched/hardware/profiles`` or written by calibration.
+
+``get(name)`` looks a profile up in this order (the first hit wins):
+
+1. ``name`` is a path to a ``.toml`` file (or contains a path separator): that file;
+2. the user profile folder: ``$COMMSCHED_PROFILE_DIR`` if set, else ``$XDG_CACHE_HOME/commsched/profiles``
+   (``~/.cache/commsched/profiles``), where ``commsched calibrate`` writes ``cpu-local.toml``;
+3. the profiles shipped with the package (``h100-sxm``, ``h200-sxm``, ``a100-sxm-80g``, ``b200``, ``mi300x``,
+   ``cpu-local``).
+
+So a calibrated ``cpu-local`` replaces the shipped default once written.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+from pathlib import Path
+
+from commsched.hardware.profile import (
+    ComputeSpec,
+    Hardware,
+    InterNode,
+    IntraNode,
+    OpEfficiency,
+    Protocol,
+    hardware_from_dict,
+    hardware_to_dict,
+    load_profile,
+)
+from commsched.hardware.toml_write import dump_toml
+
+_cache: dict[tuple[str, float], Hardware] = {}
+
+
+def user_profile_dir() -> Path:
+    """Where calibrated and user profiles live (see the module docstring)."""
+    env = os.environ.get("COMMSCHED_PROFILE_DIR")
+    if env:
+        return Path(env).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache).expanduser() / "commsched" / "profiles"
+
+
+def _shipped_dir() -> Path:
+    return Path(str(resources.files("commsched.hardware") / "profiles"))
+
+
+def shipped_profile(name: str) -> Path:
+    """The file of a profile shipped with the package (ignoring user profiles)."""
+    path = _shipped_dir() / f"{name}.toml"
+    if not path.is_file():
+        raise FileNotFoundError(f"no shipped hardware profile {name!r}")
+    return path
+
+
+def list_profiles() -> dict[str, Path]:
+    """Profile name -> the file ``get(name)`` would read (user profiles shadow shipped ones)."""
+    found: dict[str, Path] = {}
+    for folder in (_shipped_dir(), user_profile_dir()):
+        if folder.is_dir():
+            for f in sorted(folder.glob("*.toml")):
+                found[f.stem] = f
+    return dict(sorted(found.items()))
+
+
+def resolve_profile(name: str | os.PathLike[str]) -> Path:
+    """The file a profile name or path refers to; FileNotFoundError naming the places searched."""
+    text = os.fspath(name)
+    if text.endswith(".toml") or os.sep in text or "/" in text:
+        path = Path(text).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"hardware profile {text!r} does not exist")
+        return path
+    for folder in (user_profile_dir(), _shipped_dir()):
+        path = folder / f"{text}.toml"
+        if path.is_file():
+            return path
+    known = ", ".join(list_profiles()) or "none"
+    raise FileNotFoundError(f"unknown hardware profile {text!r}: expected one of {known}, or a path to a .toml file")
+
+
+def get(name: str | os.PathLike[str], *, num_nodes: int = 1, gpus_per_node: int | None = None) -> Hardware:
+    """A hardware profile by name or path, on ``num_nodes`` nodes (``gpus_per_node`` overrides the profile's)."""
+    path = resolve_profile(name)
+    key = (str(path.resolve()), path.stat().st_mtime)
+    hw = _cache.get(key)
+    if hw is None:
+        hw = _cache[key] = load_profile(path)
+    return hw.with_nodes(num_nodes, gpus_per_node)
+
+
+def save_profile(hw: Hardware, path: str | os.PathLike[str], *, header: str = "", extra: dict | None = None) -> Path:
+    """Write ``hw`` as a TOML profile (atomically); ``header`` becomes leading comment lines."""
+    from commsched.frontends.json_io import atomic_write_text
+
+    data = hardware_to_dict(hw)
+    if extra:
+        data.update(extra)
+    text = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines()) + dump_toml(data)
+    path = Path(path)
+    atomic_write_text(path, text)
+    return path
+
+
+__all__ = [
+    "ComputeSpec",
+    "Hardware",
+    "InterNode",
+    "IntraNode",
+    "OpEfficiency",
+    "Protocol",
+    "get",
+    "hardware_from_dict",
+    "hardware_to_dict",
+    "list_profiles",
+    "load_profile",
+    "resolve_profile",
+    "save_profile",
+    "shipped_profile",
+    "user_profile_dir",
+]

@@ -1,0 +1,133 @@
+"""Hardware profiles: the shipped files load and are cited, the placement rule, strict errors, user precedence."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from commsched import hardware
+from commsched.hardware import Hardware, hardware_to_dict, load_profile, save_profile, shipped_profile
+
+SHIPPED = ("h100-sxm", "h200-sxm", "a100-sxm-80g", "b200", "mi300x", "cpu-local")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_profiles(tmp_path, monkeypatch):
+    monkeypatch.setenv("COMMSCHED_PROFILE_DIR", str(tmp_path / "user-profiles"))
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_profiles_load(name):
+    hw = hardware.get(name)
+    assert isinstance(hw, Hardware) and hw.name == name and hw.num_nodes == 1
+    assert hw.compute.peak_flops_for("float32") > 0
+    assert any(p.name == "simple" for p in hw.protocols)
+    assert hardware.get(name, num_nodes=4, gpus_per_node=4).world_size == 16
+
+
+@pytest.mark.parametrize("name", [n for n in SHIPPED if n != "cpu-local"])
+def test_every_number_cites_a_source(name):
+    """Each numeric line of a GPU profile carries a comment (its source, or 'assumed'/'fit' with the reason)."""
+    text = shipped_profile(name).read_text()
+    for line in text.splitlines():
+        if re.match(r"^\s*[a-z0-9_]+\s*=\s*[-\d\[]", line):
+            assert "#" in line, f"{name}: uncited number: {line!r}"
+
+
+def test_public_datasheet_numbers():
+    h100 = hardware.get("h100-sxm")
+    assert h100.compute.peak_flops_for("bfloat16") == pytest.approx(989e12)
+    assert h100.compute.hbm_bandwidth_bytes_per_s == pytest.approx(3.35e12)
+    assert h100.intra_node.link_bandwidth_bytes_per_s == pytest.approx(450e9)
+    assert h100.inter_node.nic_bandwidth_bytes_per_s == pytest.approx(50e9)
+    assert h100.intra_node.nvls and not hardware.get("a100-sxm-80g").intra_node.nvls
+    assert hardware.get("h200-sxm").compute.hbm_capacity_bytes == pytest.approx(141e9)
+    # unknown dtypes fall back to the float32 entry
+    assert h100.compute.peak_flops_for("int64") == h100.compute.peak_flops_for("float32")
+
+
+@pytest.mark.parametrize(
+    ("size", "stride", "expected"),
+    [
+        (8, 1, (8, 1)),  # TP inside a node
+        (4, 1, (4, 1)),
+        (32, 1, (8, 4)),  # contiguous ranks over 4 nodes
+        (4, 8, (1, 4)),  # the outer dimension of a (4, 8) mesh: one rank per node
+        (16, 2, (4, 4)),  # stride 2: 4 of the group's ranks in each node
+        (2, 4, (2, 1)),  # 2 ranks 4 apart still fit in one node of 8
+        (1, 1, (1, 1)),
+    ],
+)
+def test_placement_rule(size, stride, expected):
+    assert hardware.get("h100-sxm", num_nodes=8).placement(size, stride) == expected
+
+
+@given(st.integers(1, 512), st.sampled_from([1, 2, 4, 8, 16, 64]), st.sampled_from([1, 2, 4, 8]))
+def test_placement_properties(size, stride, gpn):
+    hw = hardware.get("h100-sxm").with_nodes(1, gpn)
+    per_node, nodes = hw.placement(size, stride)
+    assert 1 <= per_node <= min(size, gpn)
+    assert per_node * nodes >= size  # every rank is placed
+    assert (nodes > 1) == (size > 1 and size * stride > gpn)
+
+
+def test_save_load_round_trip(tmp_path):
+    hw = hardware.get("h100-sxm")
+    path = save_profile(hw, tmp_path / "copy.toml", header="a copy\nfor the test")
+    again = load_profile(path)
+    assert hardware_to_dict(again) == hardware_to_dict(hw)
+    assert path.read_text().startswith("# a copy\n# for the test\n")
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "bad.toml"
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda s: s.replace("num_units = 132", "num_units = 132\nwarp_size = 32"), "unknown key(s) 'warp_size'"),
+        (lambda s: s.replace("hbm_tb_per_s = 3.35", "hbm_tb_per_s = -1.0"), "hbm_tb_per_s = -1.0"),
+        (lambda s: s.replace("ring_efficiency = 0.81", "ring_efficiency = 1.5"), "ring_efficiency = 1.5"),
+        (lambda s: s.replace("gpus_per_node = 8", 'gpus_per_node = "eight"'), "gpus_per_node = 'eight'"),
+        (lambda s: s.replace("[protocols.simple]", "[protocols.fast]"), "unknown protocol 'fast'"),
+        (lambda s: s.replace("nvls = true", "nvls = 1"), "nvls = 1: expected true or false"),
+        (lambda s: s.replace("link_gb_per_s = 450.0", ""), "missing key 'link_gb_per_s'"),
+        (lambda s: s + "\n[[broken", "not valid TOML"),
+    ],
+)
+def test_bad_profiles_name_file_and_key(tmp_path, edit, message):
+    path = _write(tmp_path, edit(shipped_profile("h100-sxm").read_text()))
+    with pytest.raises(ValueError) as exc:
+        load_profile(path)
+    assert str(path) in str(exc.value) and message in str(exc.value)
+
+
+def test_unknown_profile_lists_known_ones():
+    with pytest.raises(FileNotFoundError, match=r"unknown hardware profile 'h900'.*h100-sxm"):
+        hardware.get("h900")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        hardware.get("/nonexistent/profile.toml")
+
+
+def test_user_profile_shadows_shipped(tmp_path):
+    shipped = hardware.get("cpu-local")
+    mine = dataclasses.replace(shipped, description="calibrated here", stream_sync_s=7e-6)
+    save_profile(mine, hardware.user_profile_dir() / "cpu-local.toml")
+    found = hardware.get("cpu-local")
+    assert found.description == "calibrated here" and found.stream_sync_s == pytest.approx(7e-6)
+    assert hardware.list_profiles()["cpu-local"].parent == hardware.user_profile_dir()
+    # by path works too, and num_nodes is applied on top
+    assert hardware.get(str(hardware.user_profile_dir() / "cpu-local.toml"), num_nodes=3).num_nodes == 3
+
+
+def test_bad_cluster_shape():
+    with pytest.raises(ValueError, match="num_nodes=0"):
+        hardware.get("h100-sxm", num_nodes=0)
