@@ -222,7 +222,7 @@ def schedule_once(p: Prep, budget: int, inflight_cap: int) -> Attempt:
                 break
             heapq.heappop(issuable)
             grp = p.group[c]
-            start = t if comm_free.get(grp, 0) < t else comm_free[grp]
+            start = max(t, comm_free.get(grp, 0))
             end = start + dur[c]
             comm_free[grp] = end
             comm_start[c], comm_end[c] = start, end
