@@ -30,7 +30,16 @@ import numpy as np
 
 from commsched.ir import Graph
 from commsched.passes.check import ScheduleError
-from commsched.passes.overlap_core import input_chains, jackson_chains, prepare, schedule_once, tighten
+from commsched.passes.overlap_core import (
+    delay_past_peak,
+    input_chains,
+    jackson_chains,
+    just_in_time,
+    need_times,
+    prepare,
+    schedule_once,
+    tighten,
+)
 from commsched.passes.registry import PassConfig, PassContext, PassResult, PassStats, register_pass
 from commsched.sim import simulate_costs
 
@@ -45,8 +54,12 @@ class OverlapConfig(PassConfig):
     """hard peak-memory budget in bytes; with both set, the smaller one applies"""
     reorder_collectives: bool = False
     """let each group's collective order change (Jackson's rule; needs the same costs on every rank)"""
-    max_attempts: int = 6
-    """list-scheduling attempts at most (the first is unconstrained; later ones shrink the in-flight cap)"""
+    jit_leads: tuple[float, ...] = (1.0, 0.25)
+    """just-in-time variants: issue each collective no earlier than (1 + lead) x its duration before its first use"""
+    max_peak_repairs: int = 6
+    """per variant: times collectives prefetched across a peak that breaks the budget are moved past it"""
+    max_cap_retries: int = 4
+    """when no variant fits the budget: retries with a shrinking cap on bytes in flight"""
 
 
 def _budget(cfg: OverlapConfig, base_peak: int) -> int:
@@ -62,48 +75,81 @@ def _budget(cfg: OverlapConfig, base_peak: int) -> int:
 
 @register_pass("overlap", OverlapConfig)
 def overlap(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
-    """Memory-budgeted latency hiding: collectives issued as early as data and FIFO allow (and no earlier than their
-    stream can start them), waits at the first moment they cost nothing, compute that feeds communication first;
-    per-group collective order kept; hard memory budget; never worse than the input. O((N+E) log N) per attempt."""
+    """Memory-budgeted latency hiding: collectives issued as early as data and FIFO allow (or just in time for
+    their use), waits at the first moment they cost nothing, compute that feeds communication first; per-group
+    collective order kept; hard memory budget; never worse than the input. O((N+E) log N) per attempt."""
     cfg: OverlapConfig = ctx.config  # type: ignore[assignment]
     stats = PassStats("overlap")
     base_sim = simulate_costs(g, ctx.costs, order)
     base_peak = base_sim.peak_memory_bytes
     budget = _budget(cfg, base_peak)
-    best = (base_sim.makespan_ns, base_peak, order.tolist(), "input order")
-    chain_sets = [("input collective order", input_chains(g, order))]
-    attempts = 0
+    best: list = [base_sim.makespan_ns, base_peak, order.tolist(), "input order"]
+    fastest: list = [1 << 62, None, None]  # (makespan, prep, attempt) of the fastest candidate, fitting or not
     seen: set[tuple[int, ...]] = set()
-    while chain_sets and attempts < cfg.max_attempts:
-        label, chains = chain_sets.pop(0)
-        p = prepare(g, order, ctx.costs, chains, ctx.extra_src, ctx.extra_dst)
-        cap = 1 << 62
-        while attempts < cfg.max_attempts:
-            attempts += 1
-            a = schedule_once(p, budget, cap)
-            cand = tighten(p, a)
-            key = tuple(cand)
-            if key in seen:
+    attempts = 0
+
+    def consider(label: str, p, a, not_before=None) -> bool:
+        nonlocal attempts
+        attempts += 1
+        cand = tighten(p, a)
+        key = tuple(cand)
+        if key in seen:
+            return False
+        seen.add(key)
+        # judge with the full simulator (link sharing, interference) and the full memory model
+        res = simulate_costs(g, ctx.costs, np.asarray(cand, np.int32))
+        fits = res.peak_memory_bytes <= budget
+        # over budget because collectives were prefetched across the peak: move them past it and retry
+        repairs = 0
+        nb = dict(not_before or {})
+        while not fits and repairs < cfg.max_peak_repairs and res.makespan_ns < best[0]:
+            nb2 = delay_past_peak(g, p, a, cand, res.memory.peak_position, nb)
+            if nb2 is None:
                 break
-            seen.add(key)
+            repairs += 1
+            nb = nb2
+            a = schedule_once(p, budget, _NO_CAP, nb)
+            cand = tighten(p, a)
             res = simulate_costs(g, ctx.costs, np.asarray(cand, np.int32))
             fits = res.peak_memory_bytes <= budget
-            cap_label = "no cap" if cap >= 1 << 62 else f"in-flight cap {cap} B"
-            stats.rows.append(
-                {"attempt": f"{label}, {cap_label}", "makespan_s": res.makespan_s, "peak_bytes": res.peak_memory_bytes,
-                 "fits": fits}
-            )
-            if fits and (res.makespan_ns, res.peak_memory_bytes) < best[:2]:
-                best = (res.makespan_ns, res.peak_memory_bytes, cand, f"{label}, {cap_label}")
-            if cfg.reorder_collectives and label == "input collective order" and cap >= 1 << 62:
-                chain_sets.append(("Jackson collective order", jackson_chains(g, p, a)))
-            if fits:
-                break
+        if repairs:
+            label = f"{label}, {repairs} peak repair(s)"
+        stats.rows.append(
+            {"attempt": label, "makespan_s": res.makespan_s, "peak_bytes": res.peak_memory_bytes, "fits": fits}
+        )
+        if res.makespan_ns < fastest[0]:
+            fastest[:] = [res.makespan_ns, p, a]
+        if fits and (res.makespan_ns, res.peak_memory_bytes) < (best[0], best[1]):
+            best[:] = [res.makespan_ns, res.peak_memory_bytes, cand, label]
+        elif not fits:
             stats.refuse("memory budget")
-            # shrink the bytes in flight by the excess at the peak (at least halving), then retry
-            excess = res.peak_memory_bytes - budget
-            in_flight_peak = max(1, min(cap, _max_in_flight(p, a)))
-            cap = max(0, min(in_flight_peak // 2, in_flight_peak - excess))
+        return fits
+
+    bases = [("input collective order", input_chains(g, order))]
+    while bases:
+        label, chains = bases.pop(0)
+        p = prepare(g, order, ctx.costs, chains, ctx.extra_src, ctx.extra_dst)
+        a0 = schedule_once(p, budget, _NO_CAP)
+        consider(f"{label}, as early as possible", p, a0)
+        need = need_times(g, p, a0)
+        for lead in cfg.jit_leads:
+            nb = just_in_time(p, a0, need, lead)
+            a = schedule_once(p, budget, _NO_CAP, nb)
+            consider(f"{label}, just in time (lead {lead:g})", p, a, nb)
+        if cfg.reorder_collectives and label == "input collective order":
+            bases.append(("Jackson collective order", jackson_chains(g, p, a0)))
+    # over budget everywhere: shrink the bytes in flight of the fastest attempt until it fits
+    tries = 0
+    while best[3] == "input order" and fastest[1] is not None and tries < cfg.max_cap_retries:
+        tries += 1
+        _, p, a = fastest
+        res = simulate_costs(g, ctx.costs, np.asarray(tighten(p, a), np.int32))
+        in_flight_peak = max(1, _max_in_flight(p, a))
+        cap = max(0, min(in_flight_peak // 2, in_flight_peak - (res.peak_memory_bytes - budget)))
+        a = schedule_once(p, budget, cap)
+        fastest[2] = a
+        if consider(f"in-flight cap {cap} B", p, a):
+            break
     makespan_ns, peak, chosen, label = best
     if peak > budget:
         raise ScheduleError(
@@ -114,23 +160,21 @@ def overlap(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
         f"budget {budget} B (input peak {base_peak} B); chose {label}: {makespan_ns / 1e9:.6f} s vs input "
         f"{base_sim.makespan_s:.6f} s, peak {peak} B, {attempts} attempt(s)"
     )
-    reordered = label.startswith("Jackson")
-    return PassResult(np.asarray(chosen, np.int32), stats, reorders_collectives=reordered)
+    return PassResult(np.asarray(chosen, np.int32), stats, reorders_collectives=label.startswith("Jackson"))
+
+
+_NO_CAP = 1 << 62
 
 
 def _max_in_flight(p, a) -> int:
     """Largest sum of output bytes of collectives issued but not yet waited on, over the attempt."""
-    events = []
-    for c, s in a.comm_start.items():
-        events.append((a.at[c], p.alloc[c]))
+    events = [(a.at[c], p.alloc[c]) for c in a.comm_start]
     for w, c in enumerate(p.wait_of):
         if c >= 0:
             events.append((a.at[w], -p.alloc[c]))
     events.sort()
     cur = best = 0
-    seen_wait: set[int] = set()
     for _, delta in events:
         cur += delta
         best = max(best, cur)
-    del seen_wait
     return best

@@ -160,13 +160,15 @@ class Attempt:
     comm_end: dict[int, int]
 
 
-def schedule_once(p: Prep, budget: int, inflight_cap: int) -> Attempt:
+def schedule_once(p: Prep, budget: int, inflight_cap: int, not_before: dict[int, int] | None = None) -> Attempt:
     """List scheduling with the stream model (see the ``overlap`` module docstring).
 
     A collective is issued as soon as it is next in its group's order and its inputs are done, unless the bytes of
-    issued-but-not-waited collective outputs would pass ``inflight_cap`` (and something else can run meanwhile);
-    a compute node runs only if its allocation fits ``budget`` (unless nothing else can make progress).
+    issued-but-not-waited collective outputs would pass ``inflight_cap``, or the compute stream has not reached its
+    ``not_before`` time yet (just-in-time prefetch), while something else can run meanwhile; a compute node runs only
+    if its allocation fits ``budget`` (unless nothing else can make progress).
     """
+    nb = not_before or {}
     n = p.n
     indeg = list(p.indeg)
     left = list(p.storage_users)
@@ -218,7 +220,7 @@ def schedule_once(p: Prep, budget: int, inflight_cap: int) -> Attempt:
         progressed = False
         while issuable:
             c = issuable[0][1]
-            if inflight + alloc[c] > inflight_cap and (ready or pending_waits):
+            if (inflight + alloc[c] > inflight_cap or nb.get(c, 0) > t) and (ready or pending_waits):
                 break
             heapq.heappop(issuable)
             grp = p.group[c]
@@ -303,7 +305,7 @@ def tighten(p: Prep, a: Attempt) -> list[int]:
     key = [float(k) for k in range(n)]  # position keys; moved nodes get fractional keys
     place = {v: k for k, v in enumerate(order)}
     last_issue_key = {}
-    for grp, chain in p.chains.items():
+    for chain in p.chains.values():
         prev_key = -1.0
         for c in chain:
             if p.is_sync[c]:
@@ -345,10 +347,8 @@ def tighten(p: Prep, a: Attempt) -> list[int]:
     return out
 
 
-def jackson_chains(g: Graph, p: Prep, a: Attempt) -> dict[int, list[int]]:
-    """A new issue order per group from one attempt's timing: when the group's stream frees up, start the released
-    collective (inputs done) whose result is needed first (Jackson's rule). Deterministic in (graph, costs)."""
-    order_pos = {v: k for k, v in enumerate(a.order)}
+def need_times(g: Graph, p: Prep, a: Attempt) -> dict[int, int]:
+    """Per collective: when the attempt first used its result (the earliest start of a user of one of its waits)."""
     need: dict[int, int] = {}
     for c_list in p.chains.values():
         for c in c_list:
@@ -358,6 +358,56 @@ def jackson_chains(g: Graph, p: Prep, a: Attempt) -> dict[int, list[int]]:
                     t_u = a.at[u]
                     first_use = t_u if first_use is None or t_u < first_use else first_use
             need[c] = first_use if first_use is not None else a.comm_end[c]
+    return need
+
+
+def just_in_time(p: Prep, a: Attempt, need: dict[int, int], lead: float) -> dict[int, int]:
+    """Earliest issue times that still let each collective finish by its need time with ``lead`` x its duration to
+    spare, walking each group's chain backwards (a collective must also end before the next one has to start)."""
+    out: dict[int, int] = {}
+    for chain in p.chains.values():
+        latest_end = None
+        for c in reversed(chain):
+            d = p.dur_ns[c]
+            due = need[c] if latest_end is None else min(need[c], latest_end)
+            start = due - d - int(lead * d)
+            out[c] = start
+            latest_end = start
+    return out
+
+
+def delay_past_peak(
+    g: Graph, p: Prep, a: Attempt, cand: list[int], peak_position: int, not_before: dict[int, int]
+) -> dict[int, int] | None:
+    """Issue constraints that move the collectives prefetched across a memory peak to after it: those whose output
+    is live at the peak but first used after it. None when no such collective exists (the peak is not theirs)."""
+    pos = {v: k for k, v in enumerate(cand)}
+    peak_node = cand[peak_position]
+    after = a.at[peak_node] + p.dur_ns[peak_node]
+    out = dict(not_before)
+    moved = False
+    for chain in p.chains.values():
+        for c in chain:
+            if pos[c] > peak_position or p.alloc[c] == 0:
+                continue
+            used_before = False
+            for w in g.waits_of(c).tolist():
+                if pos[w] > peak_position:
+                    continue
+                for u in g.successors(w).tolist():
+                    if pos[u] <= peak_position:
+                        used_before = True
+            if not used_before and out.get(c, 0) < after:
+                out[c] = after
+                moved = True
+    return out if moved else None
+
+
+def jackson_chains(g: Graph, p: Prep, a: Attempt) -> dict[int, list[int]]:
+    """A new issue order per group from one attempt's timing: when the group's stream frees up, start the released
+    collective (inputs done) whose result is needed first (Jackson's rule). Deterministic in (graph, costs)."""
+    order_pos = {v: k for k, v in enumerate(a.order)}
+    need = need_times(g, p, a)
     out: dict[int, list[int]] = {}
     for grp, chain in p.chains.items():
         release = {c: max([a.at[q] + p.dur_ns[q] for q in p.data_preds[c]] + [0]) for c in chain}

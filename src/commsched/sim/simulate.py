@@ -44,12 +44,13 @@ _BOUNDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _cached_bound(g: Graph, costs: CostEstimate, dur: np.ndarray, stream: np.ndarray, default_streams: bool):
+    slowdown = float(costs.compute_slowdown)
     if not default_streams:
-        return lower_bound(g, dur, stream)
+        return lower_bound(g, dur, stream, slowdown)
     per_costs = _BOUNDS.setdefault(costs, {})
     key = (id(g), len(g))
     if key not in per_costs:
-        per_costs[key] = lower_bound(g, dur, stream)
+        per_costs[key] = lower_bound(g, dur, stream, slowdown)
     return per_costs[key]
 
 
