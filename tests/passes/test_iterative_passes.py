@@ -90,3 +90,32 @@ def test_unsafe_reorder_is_reported_to_the_checker(name):
     knob = "unsafe_collectives_reorder" if name.startswith("reorder") else "sink_unsafe_collectives_reorder"
     s = schedule(g, simple_costs(g), [name], **{knob: True})
     check_schedule(g, s.order, allow_collective_reorder=True)
+
+
+@settings(max_examples=150)
+@given(graphs(max_nodes=60), st.sampled_from([0.0, 0.05, 1.0]), st.booleans(), st.randoms(use_true_random=False))
+def test_jumping_plain_runs_equals_one_swap_at_a_time(g, budget, estimates, rnd):
+    start = random_topo_order(g, rnd)
+    kw = {"peak_memory_budget": budget, "use_runtime_estimations": estimates}
+    name = ["reorder_communication_preserving_peak_memory"]
+    fast = schedule(g, simple_costs(g), name, order=start, **kw)
+    slow = schedule(g, simple_costs(g), name, order=start, jump_plain_runs=False, **kw)
+    assert np.array_equal(fast.order, slow.order)
+    for a, b in zip(fast.stats[0].rows, slow.stats[0].rows):
+        assert a["moves"] == b["moves"] and a["limiting_factor"] == b["limiting_factor"]
+        assert a["final_exposed_s"] == pytest.approx(b["final_exposed_s"], abs=1e-15)
+
+
+def test_jumping_equals_swapping_on_a_traced_llama():
+    from commsched.cost import estimate_costs
+    from commsched.hardware import get
+    from commsched.workloads import build
+
+    g = build("llama3-8b", parallel="fsdp", world_size=8, layers=2).graph
+    costs = estimate_costs(g, get("h100-sxm"))
+    name = ["reorder_communication_preserving_peak_memory"]
+    fast = schedule(g, costs, name)
+    slow = schedule(g, costs, name, jump_plain_runs=False)
+    assert np.array_equal(fast.order, slow.order)
+    assert [r["moves"] for r in fast.stats[0].rows] == [r["moves"] for r in slow.stats[0].rows]
+    assert sum(r["moves"] for r in fast.stats[0].rows) > len(g)  # the seed's moves are quadratic here
