@@ -54,7 +54,7 @@ class OverlapConfig(PassConfig):
     """hard peak-memory budget in bytes; with both set, the smaller one applies"""
     reorder_collectives: bool = False
     """let each group's collective order change (Jackson's rule; needs the same costs on every rank)"""
-    jit_leads: tuple[float, ...] = (1.0, 0.25)
+    jit_leads: tuple[float, ...] = ()
     """just-in-time variants: issue each collective no earlier than (1 + lead) x its duration before its first use"""
     max_peak_repairs: int = 6
     """per variant: times collectives prefetched across a peak that breaks the budget are moved past it"""
