@@ -7,7 +7,9 @@ each term bounds every schedule the simulator can produce).
 The interference term: while any collective is in flight, a compute stream either idles or runs ``slowdown`` times
 slower, so each wall-clock unit of communication costs it at least ``1 - 1/slowdown`` units of its work's progress.
 Communication of the busiest group lasts at least that group's standalone comm time ``C``, hence every schedule takes
-at least ``W + (1 - 1/slowdown) * C`` for the work ``W`` of any compute stream. The critical path follows the simulator's rules: an asynchronous
+at least ``W + (1 - 1/slowdown) * C`` for the work ``W`` of any compute stream.
+
+The critical path follows the simulator's rules: an asynchronous
 collective is available to its successors when issued, its wait only after its standalone duration.
 """
 

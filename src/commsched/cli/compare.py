@@ -1,0 +1,102 @@
+"""``commsched compare``: every scheduler on one graph (or zoo preset), simulated alike, in one table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from commsched.cli.common import console, user_errors
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def compare(
+        target: str = typer.Argument(..., help="a graph JSON file, or a zoo preset name (e.g. llama3-8b)"),
+        parallel: str = typer.Option("fsdp", "--parallel", "-p", help="with a preset: the parallelism"),
+        world_size: int = typer.Option(8, "--world-size", "-w", help="with a preset: ranks"),
+        layers: int = typer.Option(4, "--layers", "-l", help="with a preset: transformer blocks"),
+        mode: str = typer.Option("train", "--mode", "-m", help="with a preset: train, prefill or decode"),
+        hardware: str = typer.Option("h100-sxm", "--hardware", "-H", help="hardware profile name or TOML path"),
+        num_nodes: int = typer.Option(None, "--num-nodes", min=1, help="nodes (default: world size / GPUs per node)"),
+        torch_peer: bool = typer.Option(True, "--torch/--no-torch", help="run torch's OverlapScheduler too (preset)"),
+        exact_max_nodes: int = typer.Option(300, help="run the CP-SAT scheduler on graphs up to this many nodes"),
+        exact_time_limit: float = typer.Option(20.0, help="CP-SAT time limit in seconds"),
+        json_out: Path = typer.Option(None, "--json", help="write the rows as JSON"),
+    ) -> None:
+        """Run the input order, each seed pass, our scheduler, the CP-SAT optimum (small graphs) and, for a preset,
+        torch's own OverlapScheduler with our costs; simulate every order and print one table.
+
+        Example: commsched compare llama3-8b --parallel fsdp --world-size 256 --layers 8 --json rows.json
+        """
+        from commsched.compare import compare_schedulers
+        from commsched.cost import estimate_costs
+        from commsched.hardware import get as get_hardware
+        from commsched.report.units import fmt_bytes, fmt_seconds
+
+        with user_errors():
+            gm = None
+            if Path(target).exists():
+                from commsched.frontends.json_io import load_graph
+
+                graph = load_graph(target)
+                world = int(graph.meta.get("world_size", world_size))
+            else:
+                from commsched.workloads import build
+
+                with console.status(f"tracing {target} / {parallel} / world {world_size} / {layers} layers"):
+                    w = build(target, parallel=parallel, world_size=world_size, layers=layers, mode=mode)
+                graph, gm, world = w.graph, (w.graph_module if torch_peer else None), world_size
+            probe = get_hardware(hardware)
+            nodes = num_nodes or max(1, -(-world // probe.gpus_per_node))
+            hw = get_hardware(hardware, num_nodes=nodes)
+            costs = estimate_costs(graph, hw)
+            with console.status("scheduling") as status:
+                result = compare_schedulers(
+                    graph,
+                    costs,
+                    gm=gm,
+                    exact_max_nodes=exact_max_nodes,
+                    exact_time_limit_s=exact_time_limit,
+                    progress=lambda name: status.update(f"scheduling: {name}"),
+                )
+            result.meta.update({"target": target, "hardware": hardware, "num_nodes": nodes, "nodes": len(graph)})
+            if json_out:
+                from commsched.frontends.json_io import atomic_write_text
+
+                atomic_write_text(json_out, json.dumps(result.to_dict(), indent=1))
+        table = Table(
+            title=f"{target}: {len(graph)} nodes on {hardware} x {nodes} node(s); lower bound "
+            f"{fmt_seconds(result.lower_bound_s)} ({result.bound_binding})",
+            show_edge=False,
+        )
+        for col in (
+            "scheduler",
+            "step time",
+            "vs bound",
+            "exposed comm",
+            "overlap",
+            "peak memory",
+            "pass time",
+            "note",
+        ):
+            table.add_column(col, justify="left" if col in ("scheduler", "note") else "right")
+        for r in result.rows:
+            if r.makespan_s is None:
+                table.add_row(r.scheduler, "-", "-", "-", "-", "-", fmt_seconds(r.wall_s or 0), r.note)
+                continue
+            table.add_row(
+                r.scheduler,
+                fmt_seconds(r.makespan_s),
+                f"+{r.gap_to_bound * 100:.1f}%" if r.gap_to_bound is not None else "",
+                fmt_seconds(r.exposed_comm_s),
+                f"{r.overlap_ratio:.2f}",
+                fmt_bytes(r.peak_memory_bytes),
+                "" if r.wall_s is None else fmt_seconds(r.wall_s),
+                r.note[:60],
+            )
+        console.print(table)
+        if json_out:
+            console.print(f"wrote [bold]{json_out}[/]")
