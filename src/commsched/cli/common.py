@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 
 import typer
 from rich.console import Console
 
-console = Console()
-err_console = Console(stderr=True)
+# captured output (CI logs, pipes) gets wide tables instead of rich's 80-column default
+console = Console(width=None if sys.stdout.isatty() else 140)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
 
 
 @contextlib.contextmanager

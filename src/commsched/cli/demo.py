@@ -1,4 +1,7 @@
-"""``commsched demo``: the end-to-end job on the default built-in workload (llama3-8b / fsdp / 4 layers)."""
+"""``commsched demo``: the end-to-end job on the default built-in workload (llama3-8b / fsdp / 4 layers / world 64):
+trace it on fake tensors, estimate it on an H100 cluster, simulate the traced order, schedule it with the flagship
+``overlap`` pass (keeping every group's collective order, and with deterministic reordering), simulate again, and
+write the graph, the schedule, a Perfetto trace and an HTML report of both orders side by side."""
 
 from __future__ import annotations
 
@@ -19,20 +22,50 @@ def register(app: typer.Typer) -> None:
         preset: str = typer.Option(DEFAULT_PRESET, "--preset", help="zoo model preset (commsched trace --list)"),
         parallel: str = typer.Option(DEFAULT_PARALLEL, "--parallel", help="zoo parallelism"),
         layers: int = typer.Option(DEFAULT_LAYERS, "--layers", help="transformer blocks to trace"),
+        hardware: str = typer.Option("h100-sxm", "--hardware", "-H", help="hardware profile"),
     ) -> None:
-        """Trace the default workload, write its graph JSON and print what it holds.
+        """Trace, estimate, simulate, schedule and report the default workload.
 
         Example: commsched demo --out-dir demo_out --world-size 64
         """
         from commsched.cli.info import print_graph_info
+        from commsched.cost import estimate_costs
         from commsched.frontends.json_io import save_graph
+        from commsched.hardware import get as get_hardware
+        from commsched.passes import schedule
+        from commsched.report.html import write_comparison_html
+        from commsched.report.terminal import comparison_table
+        from commsched.report.trace import write_chrome_trace
+        from commsched.sim import simulate_costs
         from commsched.workloads import resolve, trace_spec
 
         with user_errors():
             spec = resolve(preset, parallel=parallel, world_size=world_size, layers=layers)
             with console.status(f"tracing {preset} / {parallel} / {layers} layers at world {world_size}") as status:
                 g = trace_spec(spec, progress=lambda msg: status.update(msg)).graph
-            path = out_dir / "graph.json"
-            save_graph(g, path)
-        console.print(f"wrote [bold]{path}[/] ({len(g)} nodes)")
+            save_graph(g, out_dir / "graph.json")
+            gpus = get_hardware(hardware).gpus_per_node
+            nodes = max(1, -(-world_size // gpus))
+            hw = get_hardware(hardware, num_nodes=nodes)
+            with console.status(f"estimating {len(g)} nodes on {hardware} x {nodes} nodes"):
+                costs = estimate_costs(g, hw)
+            with console.status("simulating and scheduling"):
+                before = simulate_costs(g, costs)
+                ours = schedule(g, costs, "default")
+                ours_reorder = schedule(g, costs, "default", reorder_collectives=True)
+                results = [
+                    ("traced order", before),
+                    ("overlap", simulate_costs(g, costs, ours.order)),
+                    ("overlap, reorder_collectives", simulate_costs(g, costs, ours_reorder.order)),
+                ]
+            ours.save(out_dir / "scheduled.json")
+            context = {"hardware": f"{hardware} x {nodes} nodes", "world size": world_size}
+            write_chrome_trace(results[1][1], out_dir / "trace.json", world_size=world_size)
+            write_comparison_html(results, out_dir / "report.html", context=context)
         print_graph_info(g, title=g.meta.get("workload", "graph"))
+        console.print(comparison_table(results, title=f"one step on {hardware} x {nodes} nodes (simulated)"))
+        for st in (ours.stats[0], ours_reorder.stats[0]):
+            for note in st.notes:
+                console.print(f"  {st.name}: {note}")
+        for name in ("graph.json", "scheduled.json", "trace.json", "report.html"):
+            console.print(f"wrote [bold]{out_dir / name}[/]")

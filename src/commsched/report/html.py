@@ -72,7 +72,11 @@ def render_html(res: SimResult, *, title: str | None = None, context: dict[str, 
         for name, busy, u in zip(res.stream_names, res.stream_busy_ns, res.stream_utilization.values(), strict=True)
     ]
     b = res.bound
-    bounds = [["busiest compute stream", fmt_seconds(b.compute_s)], ["critical path", fmt_seconds(b.critical_path_s)]]
+    bounds = [
+        ["busiest compute stream", fmt_seconds(b.compute_s)],
+        ["critical path", fmt_seconds(b.critical_path_s)],
+        ["compute + interference", fmt_seconds(b.interference_s)],
+    ]
     bounds += [[f"comm on {k}", fmt_seconds(v)] for k, v in b.comm_s.items()]
     parts = [
         "<!DOCTYPE html>",
@@ -103,4 +107,80 @@ def write_html(res: SimResult, path: str | Path, **kw: Any) -> Path:
 
     path = Path(path)
     atomic_write_text(path, render_html(res, **kw))
+    return path
+
+
+def render_comparison_html(
+    results: list[tuple[str, SimResult]], *, title: str | None = None, context: dict[str, Any] | None = None
+) -> str:
+    """One report for several orders of the same graph (e.g. the input order and the scheduled one): a comparison
+    table first, then each order's timeline and most exposed collectives."""
+    if not results:
+        raise ValueError("render_comparison_html needs at least one (label, SimResult)")
+    g = results[0][1].graph
+    title = title or f"commsched: {g.meta.get('workload', 'simulated step')}"
+    first = results[0][1]
+    rows = [
+        [
+            label,
+            fmt_seconds(r.makespan_s),
+            f"{first.makespan_s / r.makespan_s:.3f}x" if r.makespan_s > 0 else "-",
+            f"{r.bound_ratio:.3f}",
+            fmt_seconds(r.exposed_comm_s),
+            f"{100 * r.overlap_ratio:.1f} %",
+            fmt_bytes(r.peak_memory_bytes),
+        ]
+        for label, r in results
+    ]
+    ctx = {
+        "nodes": len(g),
+        "collectives": len(g.collectives),
+        "lower bound": fmt_seconds(first.lower_bound_s),
+        "binding bound": first.bound.binding,
+        **(context or {}),
+    }
+    sub = " · ".join(f"{html.escape(str(k))}: {html.escape(str(v))}" for k, v in ctx.items())
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
+        f'<h1>{html.escape(title)}</h1><p class="sub">{sub}</p>',
+        '<section id="comparison"><h2>Orders compared</h2>',
+        _table(
+            ["order", "step time", "speedup", "makespan / bound", "exposed comm", "overlap (HTA)", "peak memory"], rows
+        ),
+        "</section>",
+    ]
+    for k, (label, r) in enumerate(results):
+        png = base64.b64encode(gantt_png(r, title=label)).decode("ascii")
+        exposed = [
+            [
+                e["name"],
+                e["type"],
+                e["group"],
+                fmt_bytes(e["bytes"]),
+                fmt_seconds(e["duration_s"]),
+                fmt_seconds(e["exposed_s"]),
+            ]
+            for e in r.top_exposed(10)
+        ]
+        parts += [
+            f'<section id="order-{k}"><h2>{html.escape(label)}: timeline and memory</h2>',
+            f'<img alt="Gantt chart of {html.escape(label)}" src="data:image/png;base64,{png}">',
+            "<h3>Top exposed collectives</h3>",
+            _table(["collective", "type", "group", "bytes", "duration", "exposed"], exposed, numeric_from=3)
+            if exposed
+            else "<p>None: all communication is hidden behind computation.</p>",
+            "</section>",
+        ]
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_comparison_html(results: list[tuple[str, SimResult]], path: str | Path, **kw: Any) -> Path:
+    """Write :func:`render_comparison_html` to ``path`` atomically; returns the path."""
+    from commsched.frontends.json_io import atomic_write_text
+
+    path = Path(path)
+    atomic_write_text(path, render_comparison_html(results, **kw))
     return path

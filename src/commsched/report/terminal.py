@@ -62,3 +62,22 @@ def print_summary(res: SimResult, console: Console | None = None, title: str | N
     console = console or Console()
     title = title or str(res.graph.meta.get("workload", "simulated step"))
     console.print(Panel(Group(summary_table(res, title), streams_table(res), exposed_table(res)), expand=False))
+
+
+def comparison_table(results: list[tuple[str, SimResult]], title: str = "orders compared") -> Table:
+    """One row per order: step time, speedup over the first, gap to the bound, exposed comm, overlap, peak memory."""
+    t = Table(title=title, show_edge=False)
+    for col in ("order", "step time", "speedup", "vs bound", "exposed comm", "overlap", "peak memory"):
+        t.add_column(col, justify="left" if col == "order" else "right", no_wrap=True)
+    first = results[0][1]
+    for label, r in results:
+        t.add_row(
+            label,
+            fmt_seconds(r.makespan_s),
+            f"{first.makespan_s / r.makespan_s:.3f}x" if r.makespan_s > 0 else "-",
+            f"+{100 * (r.bound_ratio - 1):.1f} %",
+            fmt_seconds(r.exposed_comm_s),
+            f"{100 * r.overlap_ratio:.1f} %",
+            fmt_bytes(r.peak_memory_bytes),
+        )
+    return t
