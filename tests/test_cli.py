@@ -17,6 +17,15 @@ def test_demo_then_info(tmp_path):
     assert res.exit_code == 0, res.output
     g = load_graph(tmp_path / "graph.json")
     assert len(g.collectives) > 0
+    # the demo schedules the traced workload and reports both orders
+    from commsched.passes import check_schedule, load_schedule
+
+    sched = load_schedule(g, tmp_path / "scheduled.json")
+    check_schedule(g, sched.order)
+    assert "overlap" in (tmp_path / "report.html").read_text()
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    assert trace["traceEvents"]
+    assert "traced order" in res.output and "reorder_collectives" in res.output
     res = runner.invoke(app, ["info", str(tmp_path / "graph.json"), "--json"])
     assert res.exit_code == 0, res.output
     summary = json.loads(res.output)
