@@ -34,9 +34,8 @@ from commsched.passes.overlap_core import (
     delay_past_peak,
     input_chains,
     jackson_chains,
-    just_in_time,
-    need_times,
     prepare,
+    prepare_graph,
     schedule_once,
     tighten,
 )
@@ -54,12 +53,13 @@ class OverlapConfig(PassConfig):
     """hard peak-memory budget in bytes; with both set, the smaller one applies"""
     reorder_collectives: bool = False
     """let each group's collective order change (Jackson's rule; needs the same costs on every rank)"""
-    jit_leads: tuple[float, ...] = ()
-    """just-in-time variants: issue each collective no earlier than (1 + lead) x its duration before its first use"""
-    max_peak_repairs: int = 6
-    """per variant: times collectives prefetched across a peak that breaks the budget are moved past it"""
-    max_cap_retries: int = 4
-    """when no variant fits the budget: retries with a shrinking cap on bytes in flight"""
+    variants: tuple[tuple[str, bool], ...] = (("feeds", False), ("input", True), ("feeds", True))
+    """(compute priority, future-aware memory guard) tried in order until one fits the budget: priority "feeds"
+    runs what feeds the earliest collective first, "input" keeps the input order"""
+    jackson_rounds: int = 2
+    """with reorder_collectives: rounds of Jackson's rule, each learning from the previous round's timing"""
+    max_peak_repairs: int = 2
+    """per variant that breaks the budget: times what was produced early across the peak is moved past it"""
 
 
 def _budget(cfg: OverlapConfig, base_peak: int) -> int:
@@ -75,81 +75,77 @@ def _budget(cfg: OverlapConfig, base_peak: int) -> int:
 
 @register_pass("overlap", OverlapConfig)
 def overlap(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
-    """Memory-budgeted latency hiding: collectives issued as early as data and FIFO allow (or just in time for
-    their use), waits at the first moment they cost nothing, compute that feeds communication first; per-group
-    collective order kept; hard memory budget; never worse than the input. O((N+E) log N) per attempt."""
+    """Memory-budgeted latency hiding: collectives issued as early as data, FIFO and a future-aware memory guard
+    allow (and no earlier than their stream can start them), waits at the first moment they cost nothing, compute
+    that feeds communication first; per-group collective order kept unless reordering is allowed; hard memory
+    budget; never worse than the input. O((N+E) log N) per attempt, a handful of attempts."""
     cfg: OverlapConfig = ctx.config  # type: ignore[assignment]
     stats = PassStats("overlap")
     base_sim = simulate_costs(g, ctx.costs, order)
     base_peak = base_sim.peak_memory_bytes
     budget = _budget(cfg, base_peak)
     best: list = [base_sim.makespan_ns, base_peak, order.tolist(), "input order"]
-    fastest: list = [1 << 62, None, None]  # (makespan, prep, attempt) of the fastest candidate, fitting or not
-    seen: set[tuple[int, ...]] = set()
+    seen: dict[tuple[int, ...], tuple[int, int]] = {}
     attempts = 0
 
-    def consider(label: str, p, a, not_before=None) -> bool:
+    def evaluate(label: str, p, a) -> tuple[bool, object]:
+        """Tighten, simulate and record one attempt; returns (fits, its simulation)."""
         nonlocal attempts
         attempts += 1
         cand = tighten(p, a)
         key = tuple(cand)
         if key in seen:
-            return False
-        seen.add(key)
+            _, peak = seen[key]
+            return peak <= budget, None
         # judge with the full simulator (link sharing, interference) and the full memory model
         res = simulate_costs(g, ctx.costs, np.asarray(cand, np.int32))
+        seen[key] = (res.makespan_ns, res.peak_memory_bytes)
         fits = res.peak_memory_bytes <= budget
-        # over budget because collectives were prefetched across the peak: move them past it and retry
-        repairs = 0
-        nb = dict(not_before or {})
-        while not fits and repairs < cfg.max_peak_repairs and res.makespan_ns < best[0]:
-            nb2 = delay_past_peak(g, p, a, cand, res.memory.peak_position, nb)
-            if nb2 is None:
-                break
-            repairs += 1
-            nb = nb2
-            a = schedule_once(p, budget, _NO_CAP, nb)
-            cand = tighten(p, a)
-            res = simulate_costs(g, ctx.costs, np.asarray(cand, np.int32))
-            fits = res.peak_memory_bytes <= budget
-        if repairs:
-            label = f"{label}, {repairs} peak repair(s)"
         stats.rows.append(
             {"attempt": label, "makespan_s": res.makespan_s, "peak_bytes": res.peak_memory_bytes, "fits": fits}
         )
-        if res.makespan_ns < fastest[0]:
-            fastest[:] = [res.makespan_ns, p, a]
         if fits and (res.makespan_ns, res.peak_memory_bytes) < (best[0], best[1]):
             best[:] = [res.makespan_ns, res.peak_memory_bytes, cand, label]
-        elif not fits:
+        if not fits:
             stats.refuse("memory budget")
-        return fits
+        return fits, res
 
-    bases = [("input collective order", input_chains(g, order))]
-    while bases:
-        label, chains = bases.pop(0)
-        p = prepare(g, order, ctx.costs, chains, ctx.extra_src, ctx.extra_dst)
-        a0 = schedule_once(p, budget, _NO_CAP)
-        consider(f"{label}, as early as possible", p, a0)
-        need = need_times(g, p, a0)
-        for lead in cfg.jit_leads:
-            nb = just_in_time(p, a0, need, lead)
-            a = schedule_once(p, budget, _NO_CAP, nb)
-            consider(f"{label}, just in time (lead {lead:g})", p, a, nb)
-        if cfg.reorder_collectives and label == "input collective order":
-            bases.append(("Jackson collective order", jackson_chains(g, p, a0)))
-    # over budget everywhere: shrink the bytes in flight of the fastest attempt until it fits
-    tries = 0
-    while best[3] == "input order" and fastest[1] is not None and tries < cfg.max_cap_retries:
-        tries += 1
-        _, p, a = fastest
-        res = simulate_costs(g, ctx.costs, np.asarray(tighten(p, a), np.int32))
-        in_flight_peak = max(1, _max_in_flight(p, a))
-        cap = max(0, min(in_flight_peak // 2, in_flight_peak - (res.peak_memory_bytes - budget)))
-        a = schedule_once(p, budget, cap)
-        fastest[2] = a
-        if consider(f"in-flight cap {cap} B", p, a):
-            break
+    def run(label: str, p):
+        """The variants in order until one fits, each followed by a few peak repairs (what was produced early
+        across the peak moves past it) when it does not. Returns the attempt to learn from (Jackson's rule)."""
+        last = None
+        for priority, guard in cfg.variants:
+            name = f"{label}, {priority} priority{', memory guard' if guard else ''}"
+            a = schedule_once(p, budget, _NO_CAP, priority=priority, guard=guard)
+            fits, res = evaluate(name, p, a)
+            last = last or a
+            nb: dict[int, int] = {}
+            for k in range(cfg.max_peak_repairs):
+                if fits or res is None:
+                    break
+                # first move only prefetched collectives past the peak; then compute run ahead too
+                cand = tighten(p, a)
+                nb2 = delay_past_peak(g, p, a, cand, res.memory.peak_position, nb, include_compute=k > 0)
+                if nb2 is None and k == 0:
+                    nb2 = delay_past_peak(g, p, a, cand, res.memory.peak_position, nb)
+                if nb2 is None:
+                    break
+                nb = nb2
+                a = schedule_once(p, budget, _NO_CAP, nb, priority, guard)
+                fits, res = evaluate(f"{name}, {k + 1} peak repair(s)", p, a)
+            if fits:
+                return a
+        return last
+
+    gp = prepare_graph(g, order, ctx.costs, ctx.extra_src, ctx.extra_dst)
+    p = prepare(gp, input_chains(g, order))
+    learn = run("input collective order", p)
+    if cfg.reorder_collectives:
+        for r in range(cfg.jackson_rounds):
+            if learn is None:
+                break
+            p = prepare(gp, jackson_chains(g, p, learn))
+            learn = run(f"Jackson collective order (round {r + 1})", p)
     makespan_ns, peak, chosen, label = best
     if peak > budget:
         raise ScheduleError(
@@ -164,17 +160,3 @@ def overlap(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
 
 
 _NO_CAP = 1 << 62
-
-
-def _max_in_flight(p, a) -> int:
-    """Largest sum of output bytes of collectives issued but not yet waited on, over the attempt."""
-    events = [(a.at[c], p.alloc[c]) for c in a.comm_start]
-    for w, c in enumerate(p.wait_of):
-        if c >= 0:
-            events.append((a.at[w], -p.alloc[c]))
-    events.sort()
-    cur = best = 0
-    for _, delta in events:
-        cur += delta
-        best = max(best, cur)
-    return best

@@ -17,7 +17,7 @@ import numpy as np
 from commsched.cost.model import CostEstimate
 from commsched.ir import Graph, OpKind
 from commsched.ir.graph import _csr
-from commsched.memory import liveness
+from commsched.memory import liveness, memory_profile
 
 
 @dataclass
@@ -42,6 +42,10 @@ class Prep:
     storage_users: list[int]
     storage_bytes: list[int]
     persistent_bytes: int
+    input_order: list[int]  # the pass's input order (the memory reference)
+    input_after: list[int]  # memory after each position of the input order
+    input_max: list[list[int]]  # sparse table of the input order's curve (range maximum in O(1))
+    release_pos: list[int]  # per node: input position after which the storages it allocates are freed
     chains: dict[int, list[int]]  # per group: its collectives in issue (FIFO) order
     slowdown: float
     data_preds: list[list[int]] = field(default_factory=list)  # preds without the FIFO chain edges
@@ -63,36 +67,86 @@ def input_chains(g: Graph, order: np.ndarray) -> dict[int, list[int]]:
     return chains
 
 
-def prepare(
-    g: Graph,
-    order: np.ndarray,
-    costs: CostEstimate,
-    chains: dict[int, list[int]],
-    extra_src: np.ndarray,
-    extra_dst: np.ndarray,
-) -> Prep:
+@dataclass
+class GraphPrep:
+    """The chain-independent part of a :class:`Prep`, computed once per pass invocation."""
+
+    fields: dict
+    dur_ns: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    pos: np.ndarray
+
+
+def prepare_graph(
+    g: Graph, order: np.ndarray, costs: CostEstimate, extra_src: np.ndarray, extra_dst: np.ndarray
+) -> GraphPrep:
     n = len(g)
     dur_ns, src, dst = base_arrays(g, costs)
+    src = np.concatenate([src, extra_src.astype(np.int64)])
+    dst = np.concatenate([dst, extra_dst.astype(np.int64)])
     pos = np.empty(n, np.int64)
     pos[order] = np.arange(n)
+    lv = liveness(g)
+    nsp, nsi = lv.node_storage_ptr.tolist(), lv.node_storage_idx.tolist()
+    prof = memory_profile(g, order)
+    free_pos = np.where(prof.free_position < 0, n - 1, prof.free_position)
+    release = np.zeros(n, np.int64)
+    transient = ~lv.persistent
+    np.maximum.at(release, lv.owner[transient], free_pos[transient])
+    # sparse table of the input order's memory curve: row k holds maxima over windows of 2**k positions
+    rows = [prof.curve_bytes]
+    span = 1
+    while span * 2 <= n:
+        rows.append(np.maximum(rows[-1][: len(rows[-1]) - span], rows[-1][span:]))
+        span *= 2
+    pp, pi = _csr(n, src, dst)
+    pp_l, pi_l = pp.tolist(), pi.tolist()
+    fields = dict(
+        n=n,
+        dur_ns=dur_ns.tolist(),
+        is_coll=(g.coll_type >= 0).tolist(),
+        is_wait=(g.kinds == OpKind.WAIT).tolist(),
+        is_sync=g.coll_sync.tolist(),
+        group=g.coll_group.tolist(),
+        wait_of=g.wait_of.tolist(),
+        pos=pos.tolist(),
+        alloc=lv.alloc_bytes.tolist(),
+        node_storages=[nsi[nsp[i] : nsp[i + 1]] for i in range(n)],
+        storage_users=np.diff(lv.users_ptr).tolist(),
+        storage_bytes=lv.storage_bytes.tolist(),
+        persistent_bytes=lv.persistent_bytes,
+        input_order=order.tolist(),
+        input_after=prof.after_bytes.tolist(),
+        input_max=[r.tolist() for r in rows],
+        release_pos=release.tolist(),
+        slowdown=float(costs.compute_slowdown),
+        data_preds=[pi_l[pp_l[i] : pp_l[i + 1]] for i in range(n)],
+    )
+    return GraphPrep(fields, dur_ns, src, dst, pos)
+
+
+def prepare(gp: GraphPrep, chains: dict[int, list[int]]) -> Prep:
+    """A :class:`Prep` for one issue order per group: constraints, in-degrees, bottom levels and feeds."""
+    n = gp.fields["n"]
+    pos = gp.pos
     chain_src = [a for chain in chains.values() for a in chain[:-1]]
     chain_dst = [b for chain in chains.values() for b in chain[1:]]
-    all_src = np.concatenate([src, np.asarray(chain_src, np.int64), extra_src.astype(np.int64)])
-    all_dst = np.concatenate([dst, np.asarray(chain_dst, np.int64), extra_dst.astype(np.int64)])
+    all_src = np.concatenate([gp.src, np.asarray(chain_src, np.int64)])
+    all_dst = np.concatenate([gp.dst, np.asarray(chain_dst, np.int64)])
     succ_ptr, succ_idx = _csr(n, all_dst, all_src)
     indeg = np.bincount(succ_idx, minlength=n) if len(succ_idx) else np.zeros(n, np.int64)
-    # the collectives' global issue rank: by position in each chain, interleaved by input position
-    rank_key = sorted(((k, pos[c], c) for chain in chains.values() for k, c in enumerate(chain)), key=lambda x: x[1])
-    coll_rank = {c: r for r, (_, _, c) in enumerate(sorted(rank_key, key=lambda x: (x[1],)))}
+    # the collectives' global issue rank: by input position
+    colls = sorted((c for chain in chains.values() for c in chain), key=lambda c: pos[c])
     # bottom level (longest remaining duration path; a collective's time counts towards its wait and the next
     # collective of its group) and feeds (the earliest-ranked collective a node leads to)
     sp, si = succ_ptr.tolist(), succ_idx.tolist()
-    d = dur_ns.tolist()
+    d = gp.fields["dur_ns"]
     bottom = [0] * n
     feeds = [n + 1] * n
-    for c, r in coll_rank.items():
+    for r, c in enumerate(colls):
         feeds[c] = r
-    topo = _topological(n, sp, si, indeg.tolist(), pos.tolist())
+    topo = _topological(n, sp, si, indeg.tolist(), gp.fields["pos"])
     for node in reversed(topo):
         best = 0
         first = feeds[node]
@@ -103,33 +157,17 @@ def prepare(
                 first = feeds[s]
         bottom[node] = d[node] + best
         feeds[node] = first
-    lv = liveness(g)
-    nsp, nsi = lv.node_storage_ptr.tolist(), lv.node_storage_idx.tolist()
-    pp, pi = _csr(n, np.concatenate([src, extra_src.astype(np.int64)]), np.concatenate([dst, extra_dst]))
-    pp_l, pi_l = pp.tolist(), pi.tolist()
     return Prep(
-        n=n,
-        dur_ns=d,
-        is_coll=(g.coll_type >= 0).tolist(),
-        is_wait=(g.kinds == OpKind.WAIT).tolist(),
-        is_sync=g.coll_sync.tolist(),
-        group=g.coll_group.tolist(),
-        wait_of=g.wait_of.tolist(),
-        succ_ptr=sp,
-        succ_idx=si,
-        indeg=indeg.tolist(),
-        bottom=bottom,
-        feeds=feeds,
-        pos=pos.tolist(),
-        alloc=lv.alloc_bytes.tolist(),
-        node_storages=[nsi[nsp[i] : nsp[i + 1]] for i in range(n)],
-        storage_users=np.diff(lv.users_ptr).tolist(),
-        storage_bytes=lv.storage_bytes.tolist(),
-        persistent_bytes=lv.persistent_bytes,
-        chains=chains,
-        slowdown=float(costs.compute_slowdown),
-        data_preds=[pi_l[pp_l[i] : pp_l[i + 1]] for i in range(n)],
+        **gp.fields, succ_ptr=sp, succ_idx=si, indeg=indeg.tolist(), bottom=bottom, feeds=feeds, chains=chains
     )
+
+
+def range_max(table: list[list[int]], lo: int, hi: int) -> int:
+    """Maximum of the base row over positions lo..hi (inclusive) of a sparse table. O(1)."""
+    k = (hi - lo + 1).bit_length() - 1
+    row = table[k]
+    a, b = row[lo], row[hi - (1 << k) + 1]
+    return a if a > b else b
 
 
 def _topological(n: int, sp: list[int], si: list[int], indeg: list[int], pos: list[int]) -> list[int]:
@@ -160,13 +198,25 @@ class Attempt:
     comm_end: dict[int, int]
 
 
-def schedule_once(p: Prep, budget: int, inflight_cap: int, not_before: dict[int, int] | None = None) -> Attempt:
+def schedule_once(
+    p: Prep,
+    budget: int,
+    inflight_cap: int,
+    not_before: dict[int, int] | None = None,
+    priority: str = "feeds",
+    guard: bool = True,
+) -> Attempt:
     """List scheduling with the stream model (see the ``overlap`` module docstring).
 
     A collective is issued as soon as it is next in its group's order and its inputs are done, unless the bytes of
     issued-but-not-waited collective outputs would pass ``inflight_cap``, or the compute stream has not reached its
-    ``not_before`` time yet (just-in-time prefetch), while something else can run meanwhile; a compute node runs only
-    if its allocation fits ``budget`` (unless nothing else can make progress).
+    ``not_before`` time yet, while something else can run meanwhile; a compute node runs only if its allocation fits
+    ``budget`` and its ``not_before`` time has come (unless nothing else can make progress). Ready compute is taken by
+    ``priority``: "feeds" (what feeds the earliest collective, then the longest path) or "input" (input order).
+
+    With ``guard``, running a node (or issuing a collective) ahead of the input order's frontier must also fit the
+    budget in the future: its bytes stay allocated until the input order would release them, on top of what the
+    input order needs meanwhile (its memory curve, by range maximum) plus what this schedule already holds in excess.
     """
     nb = not_before or {}
     n = p.n
@@ -174,6 +224,11 @@ def schedule_once(p: Prep, budget: int, inflight_cap: int, not_before: dict[int,
     left = list(p.storage_users)
     live = p.persistent_bytes
     alloc, dur, bottom, pos, feeds = p.alloc, p.dur_ns, p.bottom, p.pos, p.feeds
+    if priority == "input":
+        # the input order for compute (memory-friendly when the program already interleaves compute and comm well)
+        feeds, bottom = pos, [0] * n
+    elif priority != "feeds":
+        raise ValueError(f"priority={priority!r}: expected 'feeds' or 'input'")
     is_coll, is_wait, is_sync, wait_of = p.is_coll, p.is_wait, p.is_sync, p.wait_of
     sp, si, node_storages, storage_bytes = p.succ_ptr, p.succ_idx, p.node_storages, p.storage_bytes
     slow = p.slowdown
@@ -190,8 +245,30 @@ def schedule_once(p: Prep, budget: int, inflight_cap: int, not_before: dict[int,
     t = 0
     out: list[int] = []
 
+    done = [False] * n
+    io, after_in, table, release = p.input_order, p.input_after, p.input_max, p.release_pos
+    front = 0
+
+    def fits(node: int) -> bool:
+        nonlocal front
+        if not guard:
+            return live + alloc[node] <= budget
+        while front < n and done[io[front]]:
+            front += 1
+        k = pos[node]
+        if k <= front:
+            return live + alloc[node] <= budget
+        excess = live - (after_in[front - 1] if front else p.persistent_bytes)
+        ahead = range_max(table, front, k - 1) + alloc[node]
+        hi = release[node]
+        if hi >= k:
+            held = range_max(table, k, hi)
+            ahead = ahead if ahead > held else held
+        return excess + ahead <= budget
+
     def commit(node: int) -> None:
         nonlocal live
+        done[node] = True
         at[node] = t
         live += alloc[node]
         for s in node_storages[node]:
@@ -206,21 +283,28 @@ def schedule_once(p: Prep, budget: int, inflight_cap: int, not_before: dict[int,
                     heapq.heappush(issuable, (pos[s], s))
                 elif is_wait[s]:
                     heapq.heappush(pending_waits, (comm_end[wait_of[s]], pos[s], s))
+                elif nb.get(s, 0) > t:
+                    heapq.heappush(deferred, (nb[s], feeds[s], -bottom[s], pos[s], s))
                 else:
                     heapq.heappush(ready, (feeds[s], -bottom[s], pos[s], s))
 
+    deferred: list[tuple[int, int, int, int, int]] = []  # compute held back by not_before: (time, *ready key)
     for node in range(n):
         if indeg[node] == 0:
             if is_coll[node]:
                 heapq.heappush(issuable, (pos[node], node))
+            elif nb.get(node, 0) > 0:
+                heapq.heappush(deferred, (nb[node], feeds[node], -bottom[node], pos[node], node))
             else:
                 heapq.heappush(ready, (feeds[node], -bottom[node], pos[node], node))
 
     while len(out) < n:
+        while deferred and (deferred[0][0] <= t or not (ready or pending_waits or issuable)):
+            heapq.heappush(ready, heapq.heappop(deferred)[1:])
         progressed = False
         while issuable:
             c = issuable[0][1]
-            if (inflight + alloc[c] > inflight_cap or nb.get(c, 0) > t) and (ready or pending_waits):
+            if (inflight + alloc[c] > inflight_cap or nb.get(c, 0) > t or not fits(c)) and (ready or pending_waits):
                 break
             heapq.heappop(issuable)
             grp = p.group[c]
@@ -250,7 +334,7 @@ def schedule_once(p: Prep, budget: int, inflight_cap: int, not_before: dict[int,
             skipped = []
             while ready and len(skipped) < 8:
                 item = heapq.heappop(ready)
-                if live + alloc[item[3]] <= budget or not pending_waits:
+                if fits(item[3]) or not pending_waits:
                     picked = item[3]
                     break
                 skipped.append(item)
@@ -377,29 +461,45 @@ def just_in_time(p: Prep, a: Attempt, need: dict[int, int], lead: float) -> dict
 
 
 def delay_past_peak(
-    g: Graph, p: Prep, a: Attempt, cand: list[int], peak_position: int, not_before: dict[int, int]
+    g: Graph,
+    p: Prep,
+    a: Attempt,
+    cand: list[int],
+    peak_position: int,
+    not_before: dict[int, int],
+    include_compute: bool = True,
 ) -> dict[int, int] | None:
-    """Issue constraints that move the collectives prefetched across a memory peak to after it: those whose output
-    is live at the peak but first used after it. None when no such collective exists (the peak is not theirs)."""
-    pos = {v: k for k, v in enumerate(cand)}
+    """Constraints that move what was produced early across a memory peak to after it: the owners (collectives
+    prefetched, and with ``include_compute`` compute run ahead) of storages live at the peak whose first real use
+    comes after it. None when there is no such storage (the peak is needed as it is)."""
+    lv = liveness(g)
+    pos = [0] * len(cand)
+    for k, v in enumerate(cand):
+        pos[v] = k
     peak_node = cand[peak_position]
     after = a.at[peak_node] + p.dur_ns[peak_node]
+    kinds = g.kinds
+    users_ptr, users_idx = lv.users_ptr, lv.users_idx
     out = dict(not_before)
     moved = False
-    for chain in p.chains.values():
-        for c in chain:
-            if pos[c] > peak_position or p.alloc[c] == 0:
-                continue
-            used_before = False
-            for w in g.waits_of(c).tolist():
-                if pos[w] > peak_position:
-                    continue
-                for u in g.successors(w).tolist():
-                    if pos[u] <= peak_position:
-                        used_before = True
-            if not used_before and out.get(c, 0) < after:
-                out[c] = after
-                moved = True
+    for s in np.flatnonzero(~lv.persistent & (lv.storage_bytes > 0)).tolist():
+        owner = int(lv.owner[s])
+        if pos[owner] > peak_position:
+            continue
+        used = False
+        for u in users_idx[users_ptr[s] : users_ptr[s + 1]].tolist():
+            if u != owner and pos[u] <= peak_position and kinds[u] not in (OpKind.VIEW, OpKind.WAIT):
+                used = True
+                break
+        if used:
+            continue
+        if owner == peak_node or kinds[owner] == OpKind.INPUT:
+            continue
+        if not include_compute and kinds[owner] != OpKind.COLLECTIVE:
+            continue
+        if out.get(owner, 0) < after:
+            out[owner] = after
+            moved = True
     return out if moved else None
 
 
