@@ -68,7 +68,8 @@ def compare_table(configs) -> None:
                 f"{ours_r.makespan_s / torch_row.makespan_s:.3f} (reordering); peak "
                 f"{ours.peak_memory_bytes / torch_row.peak_memory_bytes:.3f} / "
                 f"{ours_r.peak_memory_bytes / torch_row.peak_memory_bytes:.3f}; wall "
-                f"{torch_row.wall_s / max(ours.wall_s, 1e-9):.0f}x / {torch_row.wall_s / max(ours_r.wall_s, 1e-9):.0f}x "
+                f"{torch_row.wall_s / max(ours.wall_s, 1e-9):.0f}x / "
+                f"{torch_row.wall_s / max(ours_r.wall_s, 1e-9):.0f}x "
                 "faster than torch"
             )
 
