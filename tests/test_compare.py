@@ -18,9 +18,16 @@ def test_compare_rows_on_a_traced_workload():
     costs = estimate_costs(w.graph, get("h100-sxm"))
     res = compare_schedulers(w.graph, costs, gm=w.graph_module, exact_time_limit_s=10)
     names = [r.scheduler for r in res.rows]
-    for expected in ("input order", "sink_waits", "raise_comms", "reorder_compute_for_overlap",
-                     "reorder_communication_preserving_peak_memory", "sink_waits_iterative", "overlap (ours)",
-                     "torch OverlapScheduler"):
+    for expected in (
+        "input order",
+        "sink_waits",
+        "raise_comms",
+        "reorder_compute_for_overlap",
+        "reorder_communication_preserving_peak_memory",
+        "sink_waits_iterative",
+        "overlap (ours)",
+        "torch OverlapScheduler",
+    ):
         assert expected in names
     ours, base = res.row("overlap (ours)"), res.row("input order")
     assert ours.makespan_s <= base.makespan_s
@@ -35,8 +42,9 @@ def test_compare_rows_on_a_traced_workload():
 
 def test_compare_cli_writes_json(tmp_path):
     out = tmp_path / "rows.json"
-    res = CliRunner().invoke(app, ["compare", "llama-tiny", "-w", "8", "-l", "1", "--no-torch",
-                                   "--exact-max-nodes", "0", "--json", str(out)])
+    res = CliRunner().invoke(
+        app, ["compare", "llama-tiny", "-w", "8", "-l", "1", "--no-torch", "--exact-max-nodes", "0", "--json", str(out)]
+    )
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
     assert {r["scheduler"] for r in data["rows"]} >= {"input order", "overlap (ours)"}

@@ -1,0 +1,58 @@
+"""commsched schedule / check on a traced workload: the schedule file round-trips and the checker catches errors."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from commsched.cli import app
+from commsched.frontends.json_io import save_graph
+from commsched.passes import check_schedule, load_schedule
+from commsched.workloads import build
+
+runner = CliRunner()
+
+
+def test_schedule_then_check(tmp_path):
+    g = build("llama-tiny", parallel="fsdp", world_size=8, layers=1).graph
+    graph = tmp_path / "g.json"
+    save_graph(g, graph)
+    out = tmp_path / "s.json"
+    res = runner.invoke(
+        app, ["schedule", str(graph), "-H", "h100-sxm", "-p", "torch", "--stats", "--timeline", "-o", str(out)]
+    )
+    assert res.exit_code == 0, res.output
+    assert "reorder_communication_preserving_peak_memory" in res.output and "stop reasons" in res.output
+    assert "ISSUE" in res.output  # the text timeline
+    sched = load_schedule(g, out)
+    check_schedule(g, sched.order)
+    assert sched.passes == [
+        "reorder_communication_preserving_peak_memory",
+        "sink_waits_iterative",
+        "reorder_communication_preserving_peak_memory",
+    ]
+    res = runner.invoke(app, ["check", str(graph), str(out)])
+    assert res.exit_code == 0 and "valid schedule" in res.output
+    # swap the first collective with its wait: the checker names both
+    data = json.loads(out.read_text())
+    c = next(i for i, name in enumerate(data["order"]) if g.coll_type[g.index[name]] >= 0)
+    w = next(i for i, name in enumerate(data["order"]) if g.wait_of[g.index[name]] == g.index[data["order"][c]])
+    data["order"][c], data["order"][w] = data["order"][w], data["order"][c]
+    out.write_text(json.dumps(data))
+    res = runner.invoke(app, ["check", str(graph), str(out)])
+    assert res.exit_code == 2 and "before its predecessor" in res.output
+
+
+def test_schedule_knobs_and_list(tmp_path):
+    g = build("llama-tiny", parallel="fsdp", world_size=8, layers=1).graph
+    graph = tmp_path / "g.json"
+    save_graph(g, graph)
+    res = runner.invoke(app, ["schedule", "--list"])
+    assert res.exit_code == 0 and "overlap" in res.output and "preset default" in res.output
+    res = runner.invoke(
+        app, ["schedule", str(graph), "-k", "memory_budget_ratio=1.0", "-k", "reorder_collectives=true"]
+    )
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["schedule", str(graph), "-k", "colour=1"])
+    assert res.exit_code == 2 and "unknown knob" in res.output
