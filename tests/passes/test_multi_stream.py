@@ -268,3 +268,31 @@ def test_bad_config_is_a_clear_error():
         schedule(g, costs, ["multi_stream"], memory_budget_ratio=0.5)
     with pytest.raises(ValueError, match="compute_interference=-1"):
         schedule(g, costs, ["multi_stream"], compute_interference=-1.0)
+
+
+def test_synchronous_collective_is_available_when_it_ends():
+    """A collective without a wait (e.g. dtensor's shard_dim_alltoall) blocks its issuing stream, and its users
+    start after it ends, as in the simulator."""
+    from commsched.cost.model import CostEstimate
+
+    b = GraphBuilder({"source": "test"})
+    grp = b.group("ep", 8)
+    buf = ((64, 64), "bfloat16", 8192, None)
+    x = b.add_node("x", "placeholder", OpKind.INPUT, buffers=[buf])
+    c = b.add_node("a2a", "_dtensor.shard_dim_alltoall.default", OpKind.COLLECTIVE, [x], buffers=[buf])
+    b.set_collective(c, CollType.ALL_TO_ALL, grp, None, 8192, 8192, sync=True)
+    k = b.add_node("mm", "aten.mm.default", OpKind.COMPUTE, [c], buffers=[buf], flops=1e9)
+    b.add_node("output", "output", OpKind.OUTPUT, [k], side_effect=True)
+    g = b.build()
+    costs = CostEstimate.from_times(np.array([0.0, 20e-6, 5e-6, 0.0]), stream_sync_s=1e-6)
+    order = np.arange(len(g))
+    dur = np.rint(costs.node_s * 1e9).astype(np.int64)
+    plan = make_plan(g, order, dur, node_roles(g), np.zeros(0, np.int32), np.zeros(0, np.int32))
+    smap = resolve_stream_map(1, None)
+    assert upward_ranks(plan, order, smap, 1000)[c] == 20_000 + 1000 + 5000
+    placed = place(plan, order, smap, 1000, 1.0, 0.0)
+    # issue at 0 from the comm stream, transfer [1 us, 21 us), the kernel on stream 0 after one more sync
+    assert placed.end_ns[c] == 21_000
+    assert placed.start_ns[k] == 22_000
+    sim = simulate_costs(g, costs, order, placed.stream)
+    assert sim.start_ns[k] == placed.start_ns[k]

@@ -128,7 +128,7 @@ def test_ops_are_registered_no_ops_on_cpu_and_meta():
         torch.ops.commsched.stream_record([torch.empty(2, 2)], 1)
 
 
-@settings(max_examples=60)
+@settings(max_examples=35)
 @given(
     st.sampled_from(sorted(PROGRAMS)), st.integers(1, 4), st.integers(0, 2**31 - 1), st.randoms(use_true_random=False)
 )

@@ -125,9 +125,10 @@ def upward_ranks(p: Plan, order: np.ndarray, streams: StreamMap, sync_ns: int) -
                 edge = sync_ns
             if edge + rank[s] > best:
                 best = edge + rank[s]
-        if is_coll and nxt[i] >= 0 and dur[i] + rank[nxt[i]] > best:
-            best = dur[i] + rank[nxt[i]]
-        rank[i] = (0 if is_coll else dur[i]) + best
+        own = 0 if is_coll and not p.is_sync[i] else dur[i]  # an asynchronous issue costs its stream nothing
+        if is_coll and nxt[i] >= 0 and dur[i] - own + rank[nxt[i]] > best:
+            best = dur[i] - own + rank[nxt[i]]
+        rank[i] = own + best
     return rank
 
 
@@ -242,7 +243,7 @@ def place(
         stream_of[i], start[i], end[i] = s, t0, t1
         stream_free[s] = free_after
         if k == _COLL:
-            avail[i] = t0
+            avail[i] = t1 if is_sync[i] else t0  # successors use a synchronous collective when it ends
             grp = group[i]
             c_start = t1 - dur[i]
             group_free[grp] = t1
