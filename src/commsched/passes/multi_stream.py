@@ -2,13 +2,16 @@
 
 Each node gets a role (:mod:`commsched.passes.multi_stream_policy`): compute kernels run on one of the compute
 streams, collectives are issued from the comm stream (one stream, so every rank issues them in one order), and
-hybrid kernels (fused matmul + collective) need a compute stream and the interconnect at once. Then
+hybrid kernels (fused matmul + collective) need a compute stream and the interconnect at once. If the input
+already meets a lower bound no stream assignment can beat (critical path, a group's communication), it is returned
+at once. Otherwise
   1. every node gets an upward rank: its time plus the longest path to the end of the step, a cross-stream edge
      costing the stream sync overhead and a collective's transfer counting towards its waits and the next
      collective of its group (:func:`~commsched.passes.multi_stream_heft.upward_ranks`);
   2. nodes are placed, by decreasing rank (HEFT) and, as a second candidate, in the input order, each on the allowed
      stream where it finishes first under the stream model with interference
-     (:func:`~commsched.passes.multi_stream_heft.place`);
+     (:func:`~commsched.passes.multi_stream_heft.place`); views then follow their first consumer. With the default
+     role map, two more maps are tried for each: collectives issued from compute stream 0, and one compute stream;
   3. each candidate is simulated with the full simulator (link sharing, compute slowdown while collectives are in
      flight) plus a contention charge for compute kernels that overlap on different streams
      (``compute_interference`` x the overlapped time: the simulator runs concurrent kernels at full speed each), its
