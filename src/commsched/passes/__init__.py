@@ -3,6 +3,7 @@
 from commsched.passes import (  # noqa: F401  (importing registers the passes)
     exact,
     global_comm_order,
+    multi_stream,
     overlap,
     raise_comms,
     reorder_compute_for_overlap,
