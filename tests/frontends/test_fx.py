@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+
 import pytest
 import torch
 
@@ -204,3 +206,30 @@ def test_torch_compile_custom_backend_graphs():
     assert bw.collective(int(bw.collectives[0])).in_bytes == 8 * 4 * 32 * 4
     mm = [n for n in fw if n.target == "aten.mm.default"]
     assert mm and mm[0].flops == 2 * 16 * 32 * 32
+
+
+def test_getitem_of_an_output_the_op_did_not_produce():
+    """native_layer_norm_backward without an input gradient returns None first: its getitems must not shift."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x, w, b):
+        y = torch.nn.functional.layer_norm(x, (8,), w, b)
+        return torch.autograd.grad(y.sum(), (w,))
+
+    with FakeTensorMode():
+        x, w, b = torch.randn(4, 8), torch.randn(8, requires_grad=True), torch.randn(8, requires_grad=True)
+        gm = make_fx(f)(x, w, b)
+    g = from_fx(gm)
+    bwd = next(n for n in gm.graph.nodes if "native_layer_norm_backward" in str(n.target))
+    outs = bwd.meta["val"]
+    assert outs[0] is None  # x needs no gradient
+    for n in gm.graph.nodes:
+        if n.target is operator.getitem and n.args[0] is bwd:
+            node = g.node(n.name)
+            element = outs[n.args[1]]
+            if element is None:
+                assert node.buffers == []
+            else:
+                assert node.buffers[0].shape == tuple(element.shape)
+                assert node.buffers[0].storage in {b.storage for b in g.node(bwd.name).buffers}

@@ -179,6 +179,13 @@ class _FxImporter:
     def _val(self, node: torch.fx.Node) -> Any:
         if "val" in node.meta:
             return node.meta["val"]
+        if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
+            # an element of a tuple result: the parent's metadata says what it is (None for an output the op
+            # did not produce, e.g. a gradient that was not asked for)
+            parent = node.args[0].meta.get("val")
+            k = node.args[1]
+            if isinstance(parent, (list, tuple)) and isinstance(k, int) and -len(parent) <= k < len(parent):
+                return parent[k]
         if "tensor_meta" in node.meta and node.meta["tensor_meta"] is not None:
             return node.meta["tensor_meta"]
         if node.op == "output":
@@ -296,6 +303,14 @@ class _FxImporter:
         if target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
             src = self.ids[node.args[0]]
             k = node.args[1]
+            parent = node.args[0].meta.get("val")
+            if isinstance(k, int) and isinstance(parent, (list, tuple)) and -len(parent) <= k < len(parent):
+                k %= len(parent)
+                if not isinstance(parent[k], torch.Tensor):
+                    # an output the op did not produce (None): nothing to alias, nothing to run
+                    return b.add_node(node.name, tname, OpKind.VIEW, inputs)
+                # buffers hold only the tensor outputs: element k is buffer number (tensors before it)
+                k = sum(isinstance(t, torch.Tensor) for t in parent[:k])
             if isinstance(k, int) and b.buf_node_ptr[src] + k < b.buf_node_ptr[src + 1]:
                 shape, dtype, nbytes, storage = b.node_buffer(src, k)
                 return b.add_node(node.name, tname, OpKind.VIEW, inputs, buffers=[(shape, dtype, nbytes, storage)])
