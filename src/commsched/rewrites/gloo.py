@@ -1,0 +1,99 @@
+"""Check a rewrite on real gloo ranks: every rank traces a zoo step, rewrites it, and runs both modules on its own
+real inputs; the caller compares the outputs bit for bit.
+
+Each rank traces for itself (on fake tensors, with the real process group initialised), so the traced group names
+are the real ones and no retargeting is needed. (``commsched.runtime`` solves the general problem of running a
+GraphModule traced elsewhere; this helper stays local to the rewrites' checks.)
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx
+
+RewriteFn = Callable[[Any, str], torch.fx.GraphModule]
+
+
+def _bucket(workload, hardware: str) -> torch.fx.GraphModule:
+    from commsched.rewrites.bucket_plan import BucketConfig
+    from commsched.rewrites.bucketing import bucket_collectives
+
+    # the overlap estimate may keep everything apart on a tiny model: bucket every eligible run for the check
+    res, plan = bucket_collectives(
+        workload.graph_module, hardware, graph=workload.graph, config=BucketConfig(overlap_aware=False)
+    )
+    if not plan.merged:
+        raise RuntimeError("the bucket plan merged nothing: the check would prove nothing")
+    return res.gm
+
+
+def _lower(workload, hardware: str) -> torch.fx.GraphModule:
+    from commsched.rewrites.lower_all_reduce import lower_all_reduces
+
+    res = lower_all_reduces(workload.graph_module, hardware, graph=workload.graph)
+    if not res.changed:
+        raise RuntimeError("the lowering changed nothing: the check would prove nothing")
+    return res.gm
+
+
+REWRITES: dict[str, RewriteFn] = {"bucket": _bucket, "lower_all_reduce": _lower}
+
+
+def _worker(rank: int, world: int, port: int, cases: Sequence[tuple[str, dict]], rewrite: str, hw: str, seed: int,
+            out_dir: str) -> None:  # fmt: skip
+    import torch.distributed as dist
+
+    from commsched.workloads import build
+    from commsched.workloads.mesh import create_groups
+    from commsched.workloads.program import StepProgram
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        results = []
+        for preset, opts in cases:
+            w = build(preset, world_size=world, **opts)
+            new = REWRITES[rewrite](w, hw)
+            program = StepProgram(w.spec, create_groups(w.spec.plan, rank), rank)
+            inputs = program.real_inputs(seed=seed)
+            with torch.no_grad():
+                before = [t.detach().clone() for t in w.graph_module(*inputs)]
+                after = [t.detach().clone() for t in new(*inputs)]
+            results.append((before, after))
+        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def compare_on_gloo(
+    cases: Sequence[tuple[str, dict[str, Any]]],
+    *,
+    world_size: int = 2,
+    rewrite: str = "bucket",
+    hardware: str = "h100-sxm",
+    seed: int = 0,
+) -> list[list[tuple[list[torch.Tensor], list[torch.Tensor]]]]:
+    """For each ``(preset, build options)``: ``[case][rank] -> (outputs before, outputs after)`` of the step traced
+    on every rank and rewritten with ``REWRITES[rewrite]`` (planned for ``hardware``), run on real gloo ranks.
+    Build options must include ``parallel`` and should set ``attention="sdpa"`` (no CPU flash kernel)."""
+    import torch.multiprocessing as mp
+
+    from commsched.workloads.real import _free_port
+
+    if rewrite not in REWRITES:
+        raise ValueError(f"unknown rewrite {rewrite!r}: expected one of {', '.join(REWRITES)}")
+    with tempfile.TemporaryDirectory() as d:
+        mp.start_processes(
+            _worker,
+            args=(world_size, _free_port(), list(cases), rewrite, hardware, seed, d),
+            nprocs=world_size,
+            start_method="spawn",
+        )
+        per_rank = [torch.load(Path(d) / f"rank{r}.pt", weights_only=True) for r in range(world_size)]
+    return [[per_rank[r][k] for r in range(world_size)] for k in range(len(cases))]
