@@ -45,8 +45,10 @@ def _lower(workload, hardware: str) -> torch.fx.GraphModule:
 REWRITES: dict[str, RewriteFn] = {"bucket": _bucket, "lower_all_reduce": _lower}
 
 
-def _worker(rank: int, world: int, port: int, cases: Sequence[tuple[str, dict]], rewrite: str, hw: str, seed: int,
-            out_dir: str) -> None:  # fmt: skip
+Case = tuple[str, dict[str, Any], str, str]  # (preset, build options, rewrite, hardware profile)
+
+
+def _worker(rank: int, world: int, port: int, cases: Sequence[Case], seed: int, out_dir: str) -> None:
     import torch.distributed as dist
 
     from commsched.workloads import build
@@ -57,7 +59,7 @@ def _worker(rank: int, world: int, port: int, cases: Sequence[tuple[str, dict]],
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         results = []
-        for preset, opts in cases:
+        for preset, opts, rewrite, hw in cases:
             w = build(preset, world_size=world, **opts)
             new = REWRITES[rewrite](w, hw)
             program = StepProgram(w.spec, create_groups(w.spec.plan, rank), rank)
@@ -72,28 +74,22 @@ def _worker(rank: int, world: int, port: int, cases: Sequence[tuple[str, dict]],
 
 
 def compare_on_gloo(
-    cases: Sequence[tuple[str, dict[str, Any]]],
-    *,
-    world_size: int = 2,
-    rewrite: str = "bucket",
-    hardware: str = "h100-sxm",
-    seed: int = 0,
+    cases: Sequence[Case], *, world_size: int = 2, seed: int = 0
 ) -> list[list[tuple[list[torch.Tensor], list[torch.Tensor]]]]:
-    """For each ``(preset, build options)``: ``[case][rank] -> (outputs before, outputs after)`` of the step traced
-    on every rank and rewritten with ``REWRITES[rewrite]`` (planned for ``hardware``), run on real gloo ranks.
-    Build options must include ``parallel`` and should set ``attention="sdpa"`` (no CPU flash kernel)."""
+    """For each ``(preset, build options, rewrite, hardware)``: ``[case][rank] -> (outputs before, outputs after)``
+    of the step traced on every rank and rewritten with ``REWRITES[rewrite]`` (planned for the hardware profile),
+    run on real gloo ranks in one launch. Build options must include ``parallel`` and should set
+    ``attention="sdpa"`` (the flash kernel has no CPU implementation)."""
     import torch.multiprocessing as mp
 
     from commsched.workloads.real import _free_port
 
-    if rewrite not in REWRITES:
-        raise ValueError(f"unknown rewrite {rewrite!r}: expected one of {', '.join(REWRITES)}")
+    for _, _, rewrite, _ in cases:
+        if rewrite not in REWRITES:
+            raise ValueError(f"unknown rewrite {rewrite!r}: expected one of {', '.join(REWRITES)}")
     with tempfile.TemporaryDirectory() as d:
         mp.start_processes(
-            _worker,
-            args=(world_size, _free_port(), list(cases), rewrite, hardware, seed, d),
-            nprocs=world_size,
-            start_method="spawn",
+            _worker, args=(world_size, _free_port(), list(cases), seed, d), nprocs=world_size, start_method="spawn"
         )
         per_rank = [torch.load(Path(d) / f"rank{r}.pt", weights_only=True) for r in range(world_size)]
     return [[per_rank[r][k] for r in range(world_size)] for k in range(len(cases))]
