@@ -17,6 +17,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from commsched.frontends.fake_pg import fake_process_group
 from commsched.frontends.fx import from_fx
+from commsched.rewrites.fxutil import fill_none_vals
 
 c10d = torch.ops._c10d_functional
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -140,5 +141,6 @@ def trace(fn, world: int, shapes: list[tuple[int, ...]], dtype: torch.dtype = to
     with fake_process_group(world):
         with FakeTensorMode():
             gm = make_fx(fn)(*[torch.empty(s, dtype=dtype) for s in shapes])
+        fill_none_vals(gm)
         graph = from_fx(gm)
     return gm, graph

@@ -38,6 +38,7 @@ class RewriteResult:
     counts: dict[str, int] = dataclasses.field(default_factory=dict)
     replaced: dict[str, str | None] = dataclasses.field(default_factory=dict)
     notes: list[str] = dataclasses.field(default_factory=list)
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # rewrite-specific results (e.g. constraints)
 
     def count(self, reason: str, k: int = 1) -> None:
         self.counts[reason] = self.counts.get(reason, 0) + k
@@ -58,6 +59,15 @@ def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     new = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
     new.meta = dict(getattr(gm, "meta", {}))
     return new
+
+
+def fill_none_vals(gm: torch.fx.GraphModule) -> None:
+    """Give ops that return nothing (they only write their arguments: ``fsdp.copy_``, ``split_with_sizes_copy``,
+    ``resize_storage_bytes_``) ``meta['val'] = None``, which is what ``commsched.from_fx`` expects of them."""
+    for n in gm.graph.nodes:
+        schema = getattr(n.target, "_schema", None)
+        if n.op == "call_function" and "val" not in n.meta and schema is not None and not schema.returns:
+            n.meta["val"] = None
 
 
 def nodes_by_name(gm: torch.fx.GraphModule) -> dict[str, torch.fx.Node]:
