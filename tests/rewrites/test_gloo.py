@@ -13,6 +13,9 @@ CASES = [
     ("mixtral-tiny", dict(parallel="fsdp", dtype="bfloat16", **TINY), "bucket", "h100-sxm"),
     # cpu-local has no symmetric memory: every all_reduce becomes clone (or reinplaced) + all_reduce_
     ("llama-tiny", dict(parallel="tp", dtype="float32", **TINY), "lower_all_reduce", "cpu-local"),
+    # torch's fully_shard: eager FSDP2 (before) against its traced step after every FSDP pass (after)
+    ("tiny-mlp", dict(parallel="fsdp2", dtype="float32"), "fsdp2", "-"),
+    ("tiny-mlp", dict(parallel="fsdp2", dtype="bfloat16", mixed_precision=True), "fsdp2", "-"),
 ]
 
 

@@ -42,7 +42,45 @@ def _lower(workload, hardware: str) -> torch.fx.GraphModule:
     return res.gm
 
 
-REWRITES: dict[str, RewriteFn] = {"bucket": _bucket, "lower_all_reduce": _lower}
+def fsdp2_passes(gm: torch.fx.GraphModule, graph_sizes: dict[str, int] | None = None) -> torch.fx.GraphModule:
+    """The FSDP2 pipeline on a step traced by ``trace_fsdp2_step``: functionalize, relink, reinplace, order."""
+    from commsched.frontends.fx import from_fx
+    from commsched.rewrites.c10d_functionalize import functionalize_c10d
+    from commsched.rewrites.fsdp_ordering import enforce_fsdp_comm_ordering
+    from commsched.rewrites.fsdp_reinplace import reinplace_fsdp_all_gather
+    from commsched.rewrites.fsdp_unsharded_params import remove_unsharded_param_usage
+
+    gm = reinplace_fsdp_all_gather(remove_unsharded_param_usage(functionalize_c10d(gm).gm).gm).gm
+    return enforce_fsdp_comm_ordering(gm, from_fx(gm, group_sizes=graph_sizes)).gm
+
+
+def _fsdp2_case(opts: dict[str, Any]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Eager FSDP2 (the reference) and its traced, rewritten step, on this rank of the real process group."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from commsched.rewrites.fsdp_trace import shard_mlp, tiny_mlp, trace_fsdp2_step
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    model = shard_mlp(tiny_mlp(), mesh, mixed_precision=opts.get("mixed_precision", False))
+    params = list(model.parameters())
+
+    def loss_fn(m, x):
+        return m(x).float().pow(2).mean()
+
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(100 + dist.get_rank()))
+    gm = trace_fsdp2_step(model, loss_fn, x)
+    new = fsdp2_passes(gm)
+    loss = loss_fn(model, x)
+    loss.backward()
+    before = [loss.detach().clone(), *[p.grad.to_local().detach().clone() for p in params]]
+    with torch.no_grad():
+        after = [t.detach().clone() for t in new(x)]
+    return before, after
+
+
+# "fsdp2" runs torch's fully_shard on a tiny MLP (eager FSDP2 against its traced, rewritten step)
+REWRITES: dict[str, RewriteFn | None] = {"bucket": _bucket, "lower_all_reduce": _lower, "fsdp2": None}
 
 
 Case = tuple[str, dict[str, Any], str, str]  # (preset, build options, rewrite, hardware profile)
@@ -60,6 +98,9 @@ def _worker(rank: int, world: int, port: int, cases: Sequence[Case], seed: int, 
     try:
         results = []
         for preset, opts, rewrite, hw in cases:
+            if rewrite == "fsdp2":  # torch's own fully_shard on the preset "tiny-mlp"
+                results.append(_fsdp2_case(opts))
+                continue
             w = build(preset, world_size=world, **opts)
             new = REWRITES[rewrite](w, hw)
             program = StepProgram(w.spec, create_groups(w.spec.plan, rank), rank)
