@@ -16,6 +16,7 @@ from commsched.cost.collectives import bus_factor
 from commsched.frontends.fake_pg import fake_process_group
 from commsched.frontends.fx import from_fx
 from commsched.rewrites import BucketConfig, apply_bucket_plan, bucket_cap_bytes, plan_buckets, run_spmd
+from commsched.rewrites.bucket_plan import BUCKETABLE
 
 H100 = hardware.get("h100-sxm", num_nodes=2)
 
@@ -25,7 +26,7 @@ def _identical(a, b) -> bool:
 
 
 def _check_plan(graph, plan):
-    colls = {graph.names[c] for c in graph.collectives.tolist() if graph.targets[c] in _BUCKETABLE}
+    colls = {graph.names[c] for c in graph.collectives.tolist() if graph.targets[c] in BUCKETABLE}
     members = [m for b in plan.buckets for m in b.members]
     assert sorted(members) == sorted(colls), "every eligible collective is in exactly one bucket"
     for b in plan.merged:
@@ -35,9 +36,6 @@ def _check_plan(graph, plan):
         assert len({graph.buf_dtype[int(graph.buf_ptr[i])] for i in ids}) == 1
         assert b.nbytes <= b.cap_bytes
         assert b.time_s < b.members_time_s  # one latency instead of several
-
-
-from commsched.rewrites.bucket_plan import BUCKETABLE as _BUCKETABLE  # noqa: E402
 
 
 @settings(max_examples=40)

@@ -13,8 +13,14 @@ Rules (one pass over the order, one open bucket per process group):
   to the graph's output (gradients) are not needed early. A member whose input depends on an earlier member's result
   would make a cycle ("cycle"); so would buckets of different groups that wait on each other, which a final check
   on the contracted graph dissolves ("cross_group_cycle").
+* With ``overlap_aware`` (default), a one-compute-stream estimate along the order decides each merge ("exposes"):
+  where the group's communication outlasts the remaining compute, a merge must not free the comm stream later;
+  elsewhere it must not stall compute longer (a later issue, a bigger transfer before the first use) than two
+  collectives would, counting the bucket's copy-in / copy-out. Bucketing everything up to the cap is
+  ``overlap_aware=False``.
 
-``plan_buckets(graph, hardware, order)`` is what a scheduler calls; :func:`commsched.rewrites.apply_bucket_plan`
+``plan_buckets(graph, costs, order)`` is what a scheduler calls; plan on the order the step will run in (the flagship
+scheduler's order sees the prefetches it made, the traced order does not). :func:`commsched.rewrites.apply_bucket_plan`
 applies a plan to the FX GraphModule the graph was imported from. O((N + E) * groups) plus the final check.
 """
 
@@ -483,13 +489,6 @@ def _contracted_cycle(g: Graph, buckets: list[_Open]) -> int | None:
         return None
     left = [int(owner[v]) for v in live.tolist() if indeg[v] > 0 and owner[v] >= 0]
     return max(left) if left else None
-
-
-def collective_kind(graph: Graph, node: int) -> str | None:
-    """The bucketable kind of a node (``all_gather`` / ``reduce_scatter`` / ``all_reduce``), or None."""
-    if graph.coll_type[node] < 0:
-        return None
-    return BUCKETABLE.get(graph.targets[node])
 
 
 __all__ = ["BUCKETABLE", "Bucket", "BucketConfig", "BucketPlan", "bucket_cap_bytes", "plan_buckets"]
