@@ -34,11 +34,8 @@ class LowerBound:
     @property
     def binding(self) -> str:
         """Which term sets the bound: 'compute', 'comm:<group>' or 'critical path'."""
-        terms = {
-            "compute": self.compute_s,
-            "critical path": self.critical_path_s,
-            "compute + interference": self.interference_s,
-        }
+        terms = {"compute": self.compute_s, "critical path": self.critical_path_s,
+                 "compute + interference": self.interference_s}
         terms.update({f"comm:{k}": v for k, v in self.comm_s.items()})
         return max(terms, key=terms.__getitem__)
 
