@@ -135,6 +135,10 @@ def test_reinplaced_all_gathers_write_the_copy_in_buffer(mixed_precision):
         assert buf.args[0].target is torch.ops.fsdp.all_gather_copy_in.default and buf.args[1] == 1
     with fake_process_group(2):
         before = from_fx(p["relinked"].gm)
+    # one gathered-size buffer less per all_gather
+    saved = sum(r["bytes_saved"] for r in p["reinplaced"].rows)
+    assert saved > 0
+    assert before.storage_nbytes.sum() - p["reinplaced_graph"].storage_nbytes.sum() == saved
     assert memory_profile(p["reinplaced_graph"]).peak_bytes <= memory_profile(before).peak_bytes
     inputs = [[torch.randn(4, 16)] for _ in range(2)]
     assert _identical(run_spmd(p["relinked"].gm, inputs), run_spmd(gm, inputs))
