@@ -244,3 +244,12 @@ def test_fsdp_passes_on_random_fully_shard_models(dims, world, mixed_precision, 
     gen = torch.Generator().manual_seed(seed)
     inputs = [[torch.randn(3, 16, generator=gen)] for _ in range(world)]
     assert _identical(run_spmd(relinked, inputs), run_spmd(final, inputs))
+
+
+def test_tracing_needs_two_ranks():
+    from torch.distributed.device_mesh import init_device_mesh
+
+    with fake_process_group(1):
+        model = shard_mlp(tiny_mlp(), init_device_mesh("cpu", (1,)))
+        with pytest.raises(ValueError, match=">= 2 ranks"):
+            trace_fsdp2_step(model, _loss, torch.randn(4, 16))

@@ -51,6 +51,13 @@ def trace_fsdp2_step(
     """make_fx of one step: ``loss = loss_fn(model, example)``, ``loss.backward()``, returning ``[loss, *grads]``
     (the local gradient shards). ``model`` must already be wrapped with ``fully_shard`` under an initialised process
     group (the fake backend works at any world size). The graph's meta records the FSDP2 facts listed above."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() < 2:
+        raise ValueError(
+            "trace_fsdp2_step needs an initialised process group of >= 2 ranks: at world size 1 FSDP2 copies "
+            "parameters without an all_gather, so there is nothing to trace (use commsched.fake_process_group(2))"
+        )
     params = [p for p in model.parameters()]
 
     def step(x: torch.Tensor) -> list[torch.Tensor]:
