@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "commsched.cli.simulate",
     "commsched.cli.schedule",
     "commsched.cli.compare",
+    "commsched.cli.rewrite",
 )
 
 for _mod in COMMAND_MODULES:

@@ -31,6 +31,7 @@ from commsched.cost.compute import (
 from commsched.cost.fusion import fusion_regions, region_boundary_bytes, view_sources
 from commsched.cost.model import CostEstimate
 from commsched.cost.opclass import OpClass, classify_target
+from commsched.cost.symm_mem import apply_one_shot_costs
 from commsched.cost.table import MeasuredTable
 from commsched.hardware import Hardware
 from commsched.ir import CollType, Graph, NodeView, OpKind
@@ -251,6 +252,7 @@ def estimate_costs(
         node_s[colls], coll_latency[colls] = u_time[inverse], u_lat[inverse]
         coll_link[colls] = np.asarray(u_link, np.int8)[inverse]
         algorithms = dict(zip(colls.tolist(), [u_algo[j] for j in inverse.tolist()], strict=True))
+        apply_one_shot_costs(g, hw, node_s, coll_latency, coll_link, algorithms)
 
     if estimate is not None:
         for i in range(n):

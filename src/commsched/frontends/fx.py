@@ -47,6 +47,7 @@ COLLECTIVE_OPS: dict[str, _CollSpec] = {
     "_c10d_functional::broadcast": _CollSpec(CollType.BROADCAST),
     "_c10d_functional::broadcast_": _CollSpec(CollType.BROADCAST, writes_arg="input"),
     "_dtensor::shard_dim_alltoall": _CollSpec(CollType.ALL_TO_ALL, sync=True),
+    "symm_mem::one_shot_all_reduce": _CollSpec(CollType.ALL_REDUCE, sync=True),
 }
 WAIT_OPS = frozenset({"_c10d_functional::wait_tensor"})
 _DTYPE_NAMES = {d: str(d).removeprefix("torch.") for d in vars(torch).values() if isinstance(d, torch.dtype)}

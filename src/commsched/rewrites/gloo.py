@@ -1,0 +1,136 @@
+"""Check a rewrite on real gloo ranks: every rank traces a zoo step, rewrites it, and runs both modules on its own
+real inputs; the caller compares the outputs bit for bit.
+
+Each rank traces for itself (on fake tensors, with the real process group initialised), so the traced group names
+are the real ones and no retargeting is needed. (``commsched.runtime`` solves the general problem of running a
+GraphModule traced elsewhere; this helper stays local to the rewrites' checks.)
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx
+
+RewriteFn = Callable[[Any, str], torch.fx.GraphModule]
+
+
+def _bucket(workload, hardware: str) -> torch.fx.GraphModule:
+    from commsched.rewrites.bucket_plan import BucketConfig
+    from commsched.rewrites.bucketing import bucket_collectives
+
+    # the overlap estimate may keep everything apart on a tiny model: bucket every eligible run for the check
+    res, plan = bucket_collectives(
+        workload.graph_module, hardware, graph=workload.graph, config=BucketConfig(overlap_aware=False)
+    )
+    if not plan.merged:
+        raise RuntimeError("the bucket plan merged nothing: the check would prove nothing")
+    return res.gm
+
+
+def _lower(workload, hardware: str) -> torch.fx.GraphModule:
+    from commsched.rewrites.lower_all_reduce import lower_all_reduces
+
+    res = lower_all_reduces(workload.graph_module, hardware, graph=workload.graph)
+    if not res.changed:
+        raise RuntimeError("the lowering changed nothing: the check would prove nothing")
+    return res.gm
+
+
+def fsdp2_passes(gm: torch.fx.GraphModule, graph_sizes: dict[str, int] | None = None) -> torch.fx.GraphModule:
+    """The FSDP2 pipeline on a step traced by ``trace_fsdp2_step``: functionalize, relink, reinplace, order."""
+    from commsched.frontends.fx import from_fx
+    from commsched.rewrites.c10d_functionalize import functionalize_c10d
+    from commsched.rewrites.fsdp_ordering import enforce_fsdp_comm_ordering
+    from commsched.rewrites.fsdp_reinplace import reinplace_fsdp_all_gather
+    from commsched.rewrites.fsdp_unsharded_params import remove_unsharded_param_usage
+
+    gm = reinplace_fsdp_all_gather(remove_unsharded_param_usage(functionalize_c10d(gm).gm).gm).gm
+    return enforce_fsdp_comm_ordering(gm, from_fx(gm, group_sizes=graph_sizes)).gm
+
+
+def _fsdp2_case(opts: dict[str, Any]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Eager FSDP2 (the reference) and its traced, rewritten step, on this rank of the real process group."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from commsched.rewrites.fsdp_trace import shard_mlp, tiny_mlp, trace_fsdp2_step
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    model = shard_mlp(tiny_mlp(), mesh, mixed_precision=opts.get("mixed_precision", False))
+    params = list(model.parameters())
+
+    def loss_fn(m, x):
+        return m(x).float().pow(2).mean()
+
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(100 + dist.get_rank()))
+    gm = trace_fsdp2_step(model, loss_fn, x)
+    new = fsdp2_passes(gm)
+    loss = loss_fn(model, x)
+    loss.backward()
+    before = [loss.detach().clone(), *[p.grad.to_local().detach().clone() for p in params]]
+    with torch.no_grad():
+        after = [t.detach().clone() for t in new(x)]
+    return before, after
+
+
+# "fsdp2" runs torch's fully_shard on a tiny MLP (eager FSDP2 against its traced, rewritten step)
+REWRITES: dict[str, RewriteFn | None] = {"bucket": _bucket, "lower_all_reduce": _lower, "fsdp2": None}
+
+
+Case = tuple[str, dict[str, Any], str, str]  # (preset, build options, rewrite, hardware profile)
+
+
+def _worker(rank: int, world: int, port: int, cases: Sequence[Case], seed: int, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    from commsched.workloads import build
+    from commsched.workloads.mesh import create_groups
+    from commsched.workloads.program import StepProgram
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        results = []
+        for preset, opts, rewrite, hw in cases:
+            if rewrite == "fsdp2":  # torch's own fully_shard on the preset "tiny-mlp"
+                results.append(_fsdp2_case(opts))
+                continue
+            w = build(preset, world_size=world, **opts)
+            new = REWRITES[rewrite](w, hw)
+            program = StepProgram(w.spec, create_groups(w.spec.plan, rank), rank)
+            inputs = program.real_inputs(seed=seed)
+            with torch.no_grad():
+                before = [t.detach().clone() for t in w.graph_module(*inputs)]
+                after = [t.detach().clone() for t in new(*inputs)]
+            results.append((before, after))
+        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def compare_on_gloo(
+    cases: Sequence[Case], *, world_size: int = 2, seed: int = 0
+) -> list[list[tuple[list[torch.Tensor], list[torch.Tensor]]]]:
+    """For each ``(preset, build options, rewrite, hardware)``: ``[case][rank] -> (outputs before, outputs after)``
+    of the step traced on every rank and rewritten with ``REWRITES[rewrite]`` (planned for the hardware profile),
+    run on real gloo ranks in one launch. Build options must include ``parallel`` and should set
+    ``attention="sdpa"`` (the flash kernel has no CPU implementation)."""
+    import torch.multiprocessing as mp
+
+    from commsched.workloads.real import _free_port
+
+    for _, _, rewrite, _ in cases:
+        if rewrite not in REWRITES:
+            raise ValueError(f"unknown rewrite {rewrite!r}: expected one of {', '.join(REWRITES)}")
+    with tempfile.TemporaryDirectory() as d:
+        mp.start_processes(
+            _worker, args=(world_size, _free_port(), list(cases), seed, d), nprocs=world_size, start_method="spawn"
+        )
+        per_rank = [torch.load(Path(d) / f"rank{r}.pt", weights_only=True) for r in range(world_size)]
+    return [[per_rank[r][k] for r in range(world_size)] for k in range(len(cases))]
