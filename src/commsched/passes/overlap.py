@@ -58,7 +58,7 @@ class OverlapConfig(PassConfig):
     runs what feeds the earliest collective first, "input" keeps the input order"""
     jackson_rounds: int = 2
     """with reorder_collectives: rounds of Jackson's rule, each learning from the previous round's timing"""
-    max_peak_repairs: int = 2
+    max_peak_repairs: int = 3
     """per variant that breaks the budget: times what was produced early across the peak is moved past it"""
 
 
@@ -124,10 +124,14 @@ def overlap(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
                 if fits or res is None:
                     break
                 # first move only prefetched collectives past the peak; then compute run ahead too
+                # move prefetched collectives past the peak first (just enough, the latest-used first); compute run
+                # ahead only when no collective is left to move
                 cand = tighten(p, a)
-                nb2 = delay_past_peak(g, p, a, cand, res.memory.peak_position, nb, include_compute=k > 0)
-                if nb2 is None and k == 0:
-                    nb2 = delay_past_peak(g, p, a, cand, res.memory.peak_position, nb)
+                excess = (res.peak_memory_bytes - budget) * 5 // 4
+                peak_at = res.memory.peak_position
+                nb2 = delay_past_peak(g, p, a, cand, peak_at, nb, include_compute=False, excess_bytes=excess)
+                if nb2 is None:
+                    nb2 = delay_past_peak(g, p, a, cand, peak_at, nb, excess_bytes=excess)
                 if nb2 is None:
                     break
                 nb = nb2

@@ -468,10 +468,12 @@ def delay_past_peak(
     peak_position: int,
     not_before: dict[int, int],
     include_compute: bool = True,
+    excess_bytes: int | None = None,
 ) -> dict[int, int] | None:
-    """Constraints that move what was produced early across a memory peak to after it: the owners (collectives
+    """Constraints that move what was produced early across a memory peak to after it: owners (collectives
     prefetched, and with ``include_compute`` compute run ahead) of storages live at the peak whose first real use
-    comes after it. None when there is no such storage (the peak is needed as it is)."""
+    comes after it — the ones used latest first, just enough of them to cover ``excess_bytes`` (all of them when
+    None). None when there is no such storage (the peak is needed as it is)."""
     lv = liveness(g)
     pos = [0] * len(cand)
     for k, v in enumerate(cand):
@@ -480,26 +482,34 @@ def delay_past_peak(
     after = a.at[peak_node] + p.dur_ns[peak_node]
     kinds = g.kinds
     users_ptr, users_idx = lv.users_ptr, lv.users_idx
-    out = dict(not_before)
-    moved = False
+    early: dict[int, list[int]] = {}  # owner -> [bytes held across the peak, first use position]
     for s in np.flatnonzero(~lv.persistent & (lv.storage_bytes > 0)).tolist():
         owner = int(lv.owner[s])
-        if pos[owner] > peak_position:
-            continue
-        used = False
-        for u in users_idx[users_ptr[s] : users_ptr[s + 1]].tolist():
-            if u != owner and pos[u] <= peak_position and kinds[u] not in (OpKind.VIEW, OpKind.WAIT):
-                used = True
-                break
-        if used:
-            continue
-        if owner == peak_node or kinds[owner] == OpKind.INPUT:
+        if pos[owner] > peak_position or owner == peak_node or kinds[owner] == OpKind.INPUT:
             continue
         if not include_compute and kinds[owner] != OpKind.COLLECTIVE:
             continue
+        first_use = None
+        for u in users_idx[users_ptr[s] : users_ptr[s + 1]].tolist():
+            if u == owner or kinds[u] in (OpKind.VIEW, OpKind.WAIT):
+                continue
+            if first_use is None or pos[u] < first_use:
+                first_use = pos[u]
+        if first_use is None or first_use <= peak_position:
+            continue
+        entry = early.setdefault(owner, [0, first_use])
+        entry[0] += int(lv.storage_bytes[s])
+        entry[1] = min(entry[1], first_use)
+    out = dict(not_before)
+    moved = False
+    covered = 0
+    for owner, (nbytes, _) in sorted(early.items(), key=lambda kv: (-kv[1][1], kv[0])):
+        if excess_bytes is not None and covered >= excess_bytes:
+            break
         if out.get(owner, 0) < after:
             out[owner] = after
             moved = True
+            covered += nbytes
     return out if moved else None
 
 
