@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from commsched import hardware
+from commsched import sweep as sweep_module
 from commsched.cli import app
 from commsched.cost import estimate_costs
 from commsched.passes import schedule
 from commsched.report.sweep_plot import sweep_png, write_sweep_plot
 from commsched.sim import simulate_costs
 from commsched.sweep import SweepRow, run_sweep, sweep_to_dict
+from commsched.sweep import _run_task as real_run_task
 from commsched.workloads import build
 
 PROFILES = ["h100-sxm", "b200"]
@@ -42,6 +45,8 @@ def test_rows_in_argument_order(rows):
         assert (a.parallel, a.world_size) == (b.parallel, b.world_size)
         assert a.trace_wall_s == b.trace_wall_s and a.num_graph_nodes == b.num_graph_nodes
     assert {r.num_nodes for r in ok if r.world_size == 64} == {8}  # 8 GPUs per node on both profiles
+    # this process takes traces from the back of the list, the spawned worker from the front
+    assert rows[0].pid != os.getpid() and rows[-1].pid == os.getpid()
 
 
 @slow
@@ -94,7 +99,8 @@ def test_bad_configuration_is_an_error_row(rows):
 def test_in_process_run_matches_workers(rows):
     local = run_sweep("llama-tiny", parallel="fsdp", world_sizes=[8], hardware=PROFILES, layers=1, processes=1)
     pooled = [r for r in rows if (r.parallel, r.world_size) == ("fsdp", 8)]
-    timing = ("trace_wall_s", "estimate_wall_s", "schedule_wall_s", "simulate_wall_s")
+    assert {r.pid for r in pooled} != {os.getpid()}  # traced by the worker
+    timing = ("trace_wall_s", "estimate_wall_s", "schedule_wall_s", "simulate_wall_s", "pid")
     strip = [{k: v for k, v in r.to_dict().items() if k not in timing} for r in local + pooled]
     assert strip[:2] == strip[2:]
 
@@ -171,3 +177,20 @@ def test_cli_errors():
     assert "error" in res.output and "heads" in res.output and "no configuration succeeded" in res.output
     res = runner.invoke(app, ["sweep", "llama-tiny", "-w", "8,x"])
     assert res.exit_code == 2 and "'x' is not an integer" in res.output
+
+
+def _die_in_worker(task):
+    # spawned workers inherit the environment, so they can tell themselves apart from the sweeping process
+    if os.environ.get("COMMSCHED_TEST_SWEEP_PARENT") != str(os.getpid()):
+        os._exit(3)
+    return real_run_task(task)
+
+
+@slow
+def test_dead_worker_becomes_error_rows_and_the_rest_run_here(monkeypatch):
+    monkeypatch.setenv("COMMSCHED_TEST_SWEEP_PARENT", str(os.getpid()))
+    monkeypatch.setattr(sweep_module, "_run_task", _die_in_worker)
+    got = run_sweep("llama-tiny", parallel="tp", world_sizes=[2, 4, 8], hardware="h100-sxm", layers=1, processes=2)
+    assert [r.world_size for r in got] == [2, 4, 8]
+    assert not got[0].ok and got[0].error.startswith("worker: BrokenProcessPool")
+    assert all(r.ok and r.pid == os.getpid() for r in got[1:])

@@ -5,24 +5,30 @@ returns one :class:`SweepRow` per (parallel, world_size, hardware): the simulate
 and in the scheduled order, exposed communication, overlap, peak memory, the lower bound, and how long each
 stage took.
 
-Work is split by trace: each (parallel, world_size) is traced once, in one worker, and that worker then estimates,
-schedules and simulates it on every hardware profile (tracing takes about a second; the rest tens of
-milliseconds, so shipping graphs between processes would cost more than it saves). With ``processes > 1`` the traces
-run in a ``ProcessPoolExecutor`` whose workers are *spawned* (fresh interpreters that import torch themselves:
-torch after ``fork`` can deadlock on locks or threads the parent held). A configuration that fails, in its trace or
-on one profile, or whose worker dies, becomes a row with ``error`` set; the sweep itself only raises for input that
-is wrong everywhere (an unknown preset, parallelism, hardware profile or pass).
+Work is split by trace: each (parallel, world_size) is traced once, in one process, which then estimates, schedules
+and simulates it on every hardware profile (tracing takes seconds, the rest tens of milliseconds, so shipping graphs
+between processes would cost more than it saves). With ``processes = N > 1``, this process and N - 1 workers of a
+``ProcessPoolExecutor`` take traces from one list, each the next when it is free (this process has imported torch
+anyway, so it works rather than waits). Workers are *spawned*: fresh interpreters that import torch themselves,
+because torch after ``fork`` can deadlock on locks or threads the parent held; a worker's first trace costs a few
+seconds more (imports, torch's lazy modules), so extra processes pay off for long traces or many cores.
+
+A configuration that fails, in its trace or on one profile, or whose worker dies, becomes a row with ``error`` set;
+the sweep itself only raises for input that is wrong everywhere (an unknown preset, parallelism, profile or pass).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import multiprocessing
 import os
+import queue
+import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
 SWEEP_FORMAT = "commsched.sweep"
@@ -59,6 +65,7 @@ class SweepRow:
     estimate_wall_s: float = math.nan
     schedule_wall_s: float = math.nan
     simulate_wall_s: float = math.nan
+    pid: int = -1  # the process that traced and simulated this configuration
     error: str | None = None
 
     @property
@@ -148,6 +155,7 @@ def _evaluate(task: _TraceTask, workload: Any, hardware: str, trace_wall_s: floa
         "tokens_per_step": int(meta.get("tokens_per_step", -1)),
         "fsdp_pad_bytes": int(meta.get("padding", {}).get("fsdp_all_gather_pad_bytes", 0)),
         "trace_wall_s": trace_wall_s,
+        "pid": os.getpid(),
     }
     stage = "hardware"
     try:
@@ -202,7 +210,7 @@ def _run_task(task: _TraceTask) -> list[SweepRow]:
             **dict(task.build_kw),
         )
     except Exception as exc:
-        return _error_rows(task, _error_text("trace", exc), trace_wall_s=time.perf_counter() - t0)
+        return _error_rows(task, _error_text("trace", exc), trace_wall_s=time.perf_counter() - t0, pid=os.getpid())
     trace_wall_s = time.perf_counter() - t0
     return [_evaluate(task, workload, h, trace_wall_s) for h in task.hardware]
 
@@ -262,11 +270,12 @@ def run_sweep(
     """Simulate ``preset`` for every (parallel, world_size, hardware), rows in that nested order of the arguments.
 
     ``schedule``: a pass preset or comma-separated passes for :func:`commsched.passes.schedule` ("default" is our
-    scheduler), or None to report the traced order only. ``processes``: worker processes (default: one per trace,
-    at most the CPU count); 1 runs in this process. Nodes per configuration: ``ceil(world_size / gpus_per_node)``
-    (the profile's GPUs per node unless ``gpus_per_node`` is given). ``build_kw`` go to
-    :func:`commsched.workloads.build` (``seq_len``, ``batch``, ``mode``, ``tp_size``, ...). ``progress`` shows a
-    rich progress bar on ``console`` (default: stderr); ``on_rows`` receives each trace's rows as they finish.
+    scheduler), or None to report the traced order only. ``processes``: processes tracing at once, this one
+    included (default: one per trace, at most the CPU count); 1 runs everything in this process. Nodes per
+    configuration: ``ceil(world_size / gpus_per_node)`` (the profile's GPUs per node unless ``gpus_per_node`` is
+    given). ``build_kw`` go to :func:`commsched.workloads.build` (``seq_len``, ``batch``, ``mode``, ``tp_size``,
+    ...). ``progress`` shows a rich progress bar on ``console`` (default: stderr); ``on_rows`` receives each trace's
+    rows, in this process, as they finish.
     Raises ValueError for names that fail everywhere; a failing configuration is a row with ``error`` set.
     """
     parallels = _as_list(parallel, "parallel")
@@ -311,19 +320,59 @@ def run_sweep(
 
 
 def _run_pool(tasks: list[_TraceTask], jobs: int, finish: Callable, bar: _Progress | None) -> None:
+    """Run ``tasks`` in this process and ``jobs - 1`` spawned workers, each taking the next task when it is free.
+
+    Workers take tasks from the front of the list, this process from the back. A worker is fed from the pool's
+    result thread (a done-callback submits its next task), so it never waits on this process; only the callback
+    touches the pool, and finished rows reach this thread through a queue. If a worker dies, its task becomes error
+    rows and the tasks not yet handed out run here.
+    """
+    todo = collections.deque(tasks)
+    lock = threading.Lock()
+    finished: queue.SimpleQueue[tuple[_TraceTask, list[SweepRow]] | None] = queue.SimpleQueue()
+
+    def rows_of(task: _TraceTask, fut: Future) -> list[SweepRow]:
+        try:
+            return fut.result()
+        except Exception as exc:  # the worker died (killed, out of memory) or could not start
+            return _error_rows(task, _error_text("worker", exc))
+
+    def feed(pool: ProcessPoolExecutor) -> None:
+        with lock:
+            task = todo.popleft() if todo else None
+        if task is None:
+            return
+        try:
+            fut = pool.submit(_run_task, task)
+        except Exception:  # the pool is broken or shutting down: run the task here instead
+            with lock:
+                todo.appendleft(task)
+            finished.put(None)  # wake this process if it is waiting for a worker
+            return
+        fut.add_done_callback(lambda f, t=task: (finished.put((t, rows_of(t, f))), feed(pool)))
+
     if bar is not None:
-        bar.describe(f"starting {jobs} worker processes")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=_spawn_context()) as pool:
-        pending: dict[Future, _TraceTask] = {pool.submit(_run_task, t): t for t in tasks}
-        while pending:
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in done:
-                task = pending.pop(fut)
-                try:
-                    rows = fut.result()
-                except Exception as exc:  # the worker died (killed, out of memory) or could not start
-                    rows = _error_rows(task, _error_text("worker", exc))
-                finish(task, rows)
+        bar.describe(f"starting {jobs - 1} worker process(es)")
+    with ProcessPoolExecutor(max_workers=jobs - 1, mp_context=_spawn_context()) as pool:
+        for _ in range(jobs - 1):
+            feed(pool)
+        remaining = len(tasks)
+        while remaining:
+            try:
+                item = finished.get_nowait()
+            except queue.Empty:
+                with lock:
+                    task = todo.pop() if todo else None
+                if task is not None:
+                    if bar is not None:
+                        bar.describe(f"tracing {task.parallel} world {task.world_size}")
+                    finish(task, _run_task(task))
+                    remaining -= 1
+                    continue
+                item = finished.get()  # every left task is in a worker, or on its way back to `todo` (then None)
+            if item is not None:
+                finish(*item)
+                remaining -= 1
 
 
 class _Progress:
