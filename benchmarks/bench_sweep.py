@@ -2,9 +2,10 @@
 
 Usage: python benchmarks/bench_sweep.py [--preset llama3-8b] [--parallel fsdp] [--world-sizes 8,64,512]
        [--hardware h100-sxm,b200] [--layers 4] [--jobs 1,2] [--repeat 1]
-Each run is ``commsched.sweep.run_sweep`` end to end from a cold start of its workers (jobs=1 runs in this process,
-after one warm-up trace so that it is not charged torch's import); prints the wall time per job count, the sum of
-the per-stage times over configurations, and the sweep's rows.
+Two measurements per job count: (1) ``commsched sweep`` as a fresh process, end to end (what a user waits for:
+imports, torch's warm-up, tracing, estimating, scheduling, simulating, the table); (2) ``run_sweep`` called in this
+process after a warm-up trace (what a library caller that already traced something waits for; spawned workers
+still start cold). Prints wall times, the per-stage sums over configurations, and the sweep's rows.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,6 +30,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--jobs", default="1,2")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--no-cli", action="store_true", help="skip the fresh-process CLI runs")
     args = ap.parse_args()
 
     from commsched.sweep import run_sweep
@@ -42,10 +45,22 @@ def main() -> None:
     )
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"sweep: {args.preset} {args.parallel} world {worlds} x {profiles}, {args.layers} layers (load {load:.1f})")
-    build("llama-tiny", parallel="fsdp", world_size=8, layers=1)  # import torch and warm make_fx in this process
+    job_counts = [int(j) for j in args.jobs.split(",")]
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root / "src")}
+    cli = [sys.executable, "-m", "commsched.cli", "sweep", args.preset, "-p", args.parallel, "-w", args.world_sizes]
+    cli += ["-H", args.hardware, "-l", str(args.layers)]
+    for jobs in [] if args.no_cli else job_counts:
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            out = subprocess.run([*cli, "-j", str(jobs)], env=env, capture_output=True, text=True, check=True)
+            wall = time.perf_counter() - t0
+            summary = [line for line in out.stdout.splitlines() if "configurations in" in line]
+            print(f"cli jobs={jobs}: {wall:.2f} s wall ({summary[-1].strip() if summary else '?'})")
 
+    build("llama-tiny", parallel="fsdp", world_size=8, layers=1)  # import torch and warm make_fx in this process
     last = None
-    for jobs in (int(j) for j in args.jobs.split(",")):
+    for jobs in job_counts:
         for _ in range(args.repeat):
             t0 = time.perf_counter()
             rows = run_sweep(args.preset, processes=jobs, **kw)
@@ -59,7 +74,8 @@ def main() -> None:
             }
             per = ", ".join(f"{k} {v:.2f} s" for k, v in stages.items())
             failed = sum(not r.ok for r in rows)
-            print(f"jobs={jobs}: {len(rows)} configurations ({failed} failed) in {wall:.2f} s wall; sums: {per}")
+            n = len(rows)
+            print(f"run_sweep jobs={jobs}: {n} configurations ({failed} failed) in {wall:.2f} s wall; sums: {per}")
             last = rows
 
     print(
