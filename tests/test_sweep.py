@@ -17,7 +17,7 @@ from commsched.cost import estimate_costs
 from commsched.passes import schedule
 from commsched.report.sweep_plot import sweep_png, write_sweep_plot
 from commsched.sim import simulate_costs
-from commsched.sweep import SweepRow, run_sweep, sweep_to_dict
+from commsched.sweep import SweepRow, build_options, run_sweep, sweep_to_dict
 from commsched.sweep import _run_task as real_run_task
 from commsched.workloads import build
 
@@ -194,3 +194,11 @@ def test_dead_worker_becomes_error_rows_and_the_rest_run_here(monkeypatch):
     assert [r.world_size for r in got] == [2, 4, 8]
     assert not got[0].ok and got[0].error.startswith("worker: BrokenProcessPool")
     assert all(r.ok and r.pid == os.getpid() for r in got[1:])
+
+
+def test_degree_options_go_only_where_the_dimension_exists():
+    kw = {"tp_size": 8, "ep_size": 4, "seq_len": 128}
+    assert build_options("fsdp", kw) == {"seq_len": 128}
+    assert build_options("fsdp+tp", kw) == {"tp_size": 8, "seq_len": 128}
+    assert build_options("tp+sp", kw) == {"tp_size": 8, "seq_len": 128}
+    assert build_options("ep", kw) == {"ep_size": 4, "seq_len": 128}

@@ -196,6 +196,17 @@ def _evaluate(task: _TraceTask, workload: Any, hardware: str, trace_wall_s: floa
     )
 
 
+# a degree option only means something to the parallelisms with that mesh dimension; sweeping "fsdp,fsdp+tp" with
+# tp_size=8 gives it to fsdp+tp alone (the workload builder rejects tp_size for fsdp)
+_DEGREE_OPTIONS = {"tp_size": "tp", "ep_size": "ep"}
+
+
+def build_options(parallel: str, build_kw: dict[str, Any]) -> dict[str, Any]:
+    """The subset of ``build_kw`` that :func:`commsched.workloads.build` should get for ``parallel``."""
+    dims = set(parallel.split("+"))
+    return {k: v for k, v in build_kw.items() if k not in _DEGREE_OPTIONS or _DEGREE_OPTIONS[k] in dims}
+
+
 def _run_task(task: _TraceTask) -> list[SweepRow]:
     """Worker entry point (must be importable by name for spawned processes). Never raises for a bad config."""
     from commsched.workloads import build
@@ -207,7 +218,7 @@ def _run_task(task: _TraceTask) -> list[SweepRow]:
             parallel=task.parallel,
             world_size=task.world_size,
             layers=task.layers,
-            **dict(task.build_kw),
+            **build_options(task.parallel, dict(task.build_kw)),
         )
     except Exception as exc:
         return _error_rows(task, _error_text("trace", exc), trace_wall_s=time.perf_counter() - t0, pid=os.getpid())
@@ -274,8 +285,9 @@ def run_sweep(
     included (default: one per trace, at most the CPU count); 1 runs everything in this process. Nodes per
     configuration: ``ceil(world_size / gpus_per_node)`` (the profile's GPUs per node unless ``gpus_per_node`` is
     given). ``build_kw`` go to :func:`commsched.workloads.build` (``seq_len``, ``batch``, ``mode``, ``tp_size``,
-    ...). ``progress`` shows a rich progress bar on ``console`` (default: stderr); ``on_rows`` receives each trace's
-    rows, in this process, as they finish.
+    ...); ``tp_size`` / ``ep_size`` only to parallelisms with a tp / ep dimension. ``progress`` shows a rich
+    progress bar on ``console`` (default: stderr); ``on_rows`` receives each trace's rows, in this process, as
+    they finish.
     Raises ValueError for names that fail everywhere; a failing configuration is a row with ``error`` set.
     """
     parallels = _as_list(parallel, "parallel")
