@@ -202,3 +202,8 @@ def test_degree_options_go_only_where_the_dimension_exists():
     assert build_options("fsdp+tp", kw) == {"tp_size": 8, "seq_len": 128}
     assert build_options("tp+sp", kw) == {"tp_size": 8, "seq_len": 128}
     assert build_options("ep", kw) == {"ep_size": 4, "seq_len": 128}
+
+
+def test_cli_help_has_an_example():
+    res = runner.invoke(app, ["sweep", "--help"])
+    assert res.exit_code == 0 and "Example: commsched sweep llama3-8b" in res.output

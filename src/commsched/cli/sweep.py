@@ -83,14 +83,14 @@ def register(app: typer.Typer) -> None:
         fsdp_bucket: str = typer.Option("param", "--fsdp-bucket", help="param: one collective per parameter; block"),
         schedule: str = typer.Option("default", "--schedule", "-s", help="pass preset or comma-separated passes"),
         gpus_per_node: int = typer.Option(None, "--gpus-per-node", min=1, help="override the profiles' GPUs/node"),
-        jobs: int = typer.Option(None, "--jobs", "-j", min=1, help="worker processes (default: one per CPU)"),
+        jobs: int = typer.Option(None, "--jobs", "-j", min=1, help="processes tracing at once (default: one per CPU)"),
         out: Path = typer.Option(None, "--out", "-o", help="write a PNG plot of step time and peak memory"),
         json_path: Path = typer.Option(None, "--json", help="write the rows as JSON"),
     ) -> None:
         """Trace PRESET at every (parallelism, world size), simulate it on every hardware profile in the traced
         order and in the order SCHEDULE chooses, and print step time, exposed communication, overlap and peak
-        memory per configuration. Configurations run in parallel worker processes; one that fails is reported
-        as an error row. Exits 2 when no configuration succeeds.
+        memory per configuration. --jobs N traces N configurations at once (this process and N - 1 spawned
+        workers); a configuration that fails is reported as an error row. Exits 2 when none succeeds.
 
         Example: commsched sweep llama3-8b --parallel fsdp --world-size 8,64,512 --hardware h100-sxm,b200
         --layers 4 --out sweep.png --json rows.json --jobs 2
