@@ -25,6 +25,7 @@ import math
 import multiprocessing
 import os
 import queue
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -263,6 +264,12 @@ def _spawn_context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("spawn")
 
 
+def _worker_init() -> None:
+    # Ctrl-C reaches the whole process group: a worker just exits (its task becomes error rows) and the sweeping
+    # process raises KeyboardInterrupt, rather than every worker printing a traceback from deep inside torch
+    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+
+
 def run_sweep(
     preset: str,
     *,
@@ -346,7 +353,9 @@ def _run_pool(tasks: list[_TraceTask], jobs: int, finish: Callable, bar: _Progre
     def rows_of(task: _TraceTask, fut: Future) -> list[SweepRow]:
         try:
             return fut.result()
-        except Exception as exc:  # the worker died (killed, out of memory) or could not start
+        # the worker died (killed, out of memory), could not start, or was interrupted; BaseException too, because
+        # anything raised here would kill the pool's result thread and leave the workers waiting forever
+        except BaseException as exc:
             return _error_rows(task, _error_text("worker", exc))
 
     def feed(pool: ProcessPoolExecutor) -> None:
@@ -365,26 +374,31 @@ def _run_pool(tasks: list[_TraceTask], jobs: int, finish: Callable, bar: _Progre
 
     if bar is not None:
         bar.describe(f"starting {jobs - 1} worker process(es)")
-    with ProcessPoolExecutor(max_workers=jobs - 1, mp_context=_spawn_context()) as pool:
+    with ProcessPoolExecutor(max_workers=jobs - 1, mp_context=_spawn_context(), initializer=_worker_init) as pool:
         for _ in range(jobs - 1):
             feed(pool)
         remaining = len(tasks)
-        while remaining:
-            try:
-                item = finished.get_nowait()
-            except queue.Empty:
-                with lock:
-                    task = todo.pop() if todo else None
-                if task is not None:
-                    if bar is not None:
-                        bar.describe(f"tracing {task.parallel} world {task.world_size}")
-                    finish(task, _run_task(task))
+        try:
+            while remaining:
+                try:
+                    item = finished.get_nowait()
+                except queue.Empty:
+                    with lock:
+                        task = todo.pop() if todo else None
+                    if task is not None:
+                        if bar is not None:
+                            bar.describe(f"tracing {task.parallel} world {task.world_size}")
+                        finish(task, _run_task(task))
+                        remaining -= 1
+                        continue
+                    item = finished.get()  # every left task is in a worker, or on its way back to `todo` (then None)
+                if item is not None:
+                    finish(*item)
                     remaining -= 1
-                    continue
-                item = finished.get()  # every left task is in a worker, or on its way back to `todo` (then None)
-            if item is not None:
-                finish(*item)
-                remaining -= 1
+        except BaseException:  # e.g. Ctrl-C: hand out nothing more; leaving the pool waits for running tasks
+            with lock:
+                todo.clear()
+            raise
 
 
 class _Progress:
