@@ -279,6 +279,7 @@ def run_sweep(
     layers: int | None = None,
     schedule: str | None = "default",
     processes: int | None = None,
+    in_process: bool = True,
     gpus_per_node: int | None = None,
     progress: bool = False,
     console: Any = None,
@@ -289,7 +290,9 @@ def run_sweep(
 
     ``schedule``: a pass preset or comma-separated passes for :func:`commsched.passes.schedule` ("default" is our
     scheduler), or None to report the traced order only. ``processes``: processes tracing at once, this one
-    included (default: one per trace, at most the CPU count); 1 runs everything in this process. Nodes per
+    included (default: one per trace, at most the CPU count); 1 runs everything in this process.
+    ``in_process=False`` keeps this process out of it: ``processes`` spawned workers do all the traces (unless their
+    pool breaks, then the rest run here). Nodes per
     configuration: ``ceil(world_size / gpus_per_node)`` (the profile's GPUs per node unless ``gpus_per_node`` is
     given). ``build_kw`` go to :func:`commsched.workloads.build` (``seq_len``, ``batch``, ``mode``, ``tp_size``,
     ...); ``tp_size`` / ``ep_size`` only to parallelisms with a tp / ep dimension. ``progress`` shows a rich
@@ -314,6 +317,7 @@ def run_sweep(
         for i, (p, w) in enumerate((p, w) for p in parallels for w in worlds)
     ]
     jobs = min(len(tasks), processes or os.cpu_count() or 1)
+    workers = jobs if not in_process else jobs - 1
     results: dict[int, list[SweepRow]] = {}
     bar = _Progress(len(tasks) * len(profiles), console) if progress else None
 
@@ -325,30 +329,46 @@ def run_sweep(
             on_rows(rows)
 
     try:
-        if jobs == 1:
+        if workers == 0:
             for task in tasks:
                 if bar is not None:
                     bar.describe(f"tracing {task.parallel} world {task.world_size}")
                 finish(task, _run_task(task))
         else:
-            _run_pool(tasks, jobs, finish, bar)
+            _run_pool(tasks, workers, in_process, finish, bar)
     finally:
         if bar is not None:
             bar.close()
     return [row for i in range(len(tasks)) for row in results[i]]
 
 
-def _run_pool(tasks: list[_TraceTask], jobs: int, finish: Callable, bar: _Progress | None) -> None:
-    """Run ``tasks`` in this process and ``jobs - 1`` spawned workers, each taking the next task when it is free.
+def _warm_up() -> int:
+    """A worker's first call: import torch and trace a tiny model, so that the lazy imports of the first trace
+    (sympy, dynamo: seconds) happen before the worker asks for real work."""
+    from commsched.workloads import build
 
-    Workers take tasks from the front of the list, this process from the back. A worker is fed from the pool's
-    result thread (a done-callback submits its next task), so it never waits on this process; only the callback
-    touches the pool, and finished rows reach this thread through a queue. If a worker dies, its task becomes error
-    rows and the tasks not yet handed out run here.
+    build("llama-tiny", parallel="fsdp", world_size=2, layers=1)
+    return os.getpid()
+
+
+def _run_pool(tasks: list[_TraceTask], workers: int, in_process: bool, finish: Callable, bar: _Progress | None) -> None:
+    """Run ``tasks`` in ``workers`` spawned processes and, if ``in_process``, in this one; each takes the next task
+    when it is free.
+
+    Workers take tasks from the front of the list, this process from the back. A worker gets its first task only
+    once it has warmed up (so a slow start never holds a task this process could have done), and its next task from
+    the pool's result thread (a done-callback submits it), so it never waits on this process. Finished rows reach
+    this thread through a queue. A dead worker's task becomes error rows; if the pool breaks, the tasks not yet
+    handed out run here. When every task is done, workers still warming up are terminated, not waited for.
     """
     todo = collections.deque(tasks)
     lock = threading.Lock()
     finished: queue.SimpleQueue[tuple[_TraceTask, list[SweepRow]] | None] = queue.SimpleQueue()
+    run_here = [in_process]
+
+    def pool_failed() -> None:
+        run_here[0] = True
+        finished.put(None)  # wake this process if it is waiting for a worker
 
     def rows_of(task: _TraceTask, fut: Future) -> list[SweepRow]:
         try:
@@ -368,37 +388,63 @@ def _run_pool(tasks: list[_TraceTask], jobs: int, finish: Callable, bar: _Progre
         except Exception:  # the pool is broken or shutting down: run the task here instead
             with lock:
                 todo.appendleft(task)
-            finished.put(None)  # wake this process if it is waiting for a worker
+            pool_failed()
             return
         fut.add_done_callback(lambda f, t=task: (finished.put((t, rows_of(t, f))), feed(pool)))
 
-    if bar is not None:
-        bar.describe(f"starting {jobs - 1} worker process(es)")
-    with ProcessPoolExecutor(max_workers=jobs - 1, mp_context=_spawn_context(), initializer=_worker_init) as pool:
-        for _ in range(jobs - 1):
+    def ready(pool: ProcessPoolExecutor, fut: Future) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            pool_failed()
+        else:
             feed(pool)
+
+    if bar is not None:
+        bar.describe(f"starting {workers} worker process(es)")
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=_spawn_context(), initializer=_worker_init)
+    try:
+        for _ in range(workers):
+            pool.submit(_warm_up).add_done_callback(lambda f: ready(pool, f))
         remaining = len(tasks)
-        try:
-            while remaining:
-                try:
-                    item = finished.get_nowait()
-                except queue.Empty:
+        while remaining:
+            try:
+                item = finished.get_nowait()
+            except queue.Empty:
+                task = None
+                if run_here[0]:
                     with lock:
                         task = todo.pop() if todo else None
-                    if task is not None:
-                        if bar is not None:
-                            bar.describe(f"tracing {task.parallel} world {task.world_size}")
-                        finish(task, _run_task(task))
-                        remaining -= 1
-                        continue
-                    item = finished.get()  # every left task is in a worker, or on its way back to `todo` (then None)
-                if item is not None:
-                    finish(*item)
+                if task is not None:
+                    if bar is not None:
+                        bar.describe(f"tracing {task.parallel} world {task.world_size}")
+                    finish(task, _run_task(task))
                     remaining -= 1
-        except BaseException:  # e.g. Ctrl-C: hand out nothing more; leaving the pool waits for running tasks
-            with lock:
-                todo.clear()
-            raise
+                    continue
+                item = finished.get()  # a worker has each left task, or the pool failed (None)
+            if item is not None:
+                finish(*item)
+                remaining -= 1
+    except BaseException:  # e.g. Ctrl-C: hand out nothing more
+        with lock:
+            todo.clear()
+        raise
+    finally:
+        _stop_workers(pool)
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Shut ``pool`` down without waiting for calls still running (only warm-ups, or tasks after an interrupt)."""
+    if hasattr(pool, "terminate_workers"):  # Python >= 3.14
+        pool.terminate_workers()
+        return
+    # what terminate_workers does, for older Pythons: copy the processes before shutdown forgets them
+    processes = dict(getattr(pool, "_processes", None) or {})
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in processes.values():
+        try:
+            if proc.is_alive():
+                proc.terminate()
+        except (ValueError, ProcessLookupError):  # already exited and closed
+            continue
 
 
 class _Progress:
