@@ -33,6 +33,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
 SWEEP_FORMAT = "commsched.sweep"
+WORKER_NICENESS = 10  # workers' priority below this process when it traces too (see _worker_init)
 SWEEP_VERSION = 1
 
 
@@ -264,10 +265,14 @@ def _spawn_context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("spawn")
 
 
-def _worker_init() -> None:
+def _worker_init(niceness: int) -> None:
     # Ctrl-C reaches the whole process group: a worker just exits (its task becomes error rows) and the sweeping
     # process raises KeyboardInterrupt, rather than every worker printing a traceback from deep inside torch
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+    if niceness and hasattr(os, "nice"):
+        # when this process traces too, workers should use only CPU it leaves idle: a worker's start (imports,
+        # warm-up: seconds of CPU) competing with it for a busy core slows the sweep instead of speeding it up
+        os.nice(niceness)
 
 
 def run_sweep(
@@ -400,7 +405,8 @@ def _run_pool(tasks: list[_TraceTask], workers: int, in_process: bool, finish: C
 
     if bar is not None:
         bar.describe(f"starting {workers} worker process(es)")
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=_spawn_context(), initializer=_worker_init)
+    niceness = WORKER_NICENESS if in_process else 0
+    pool = ProcessPoolExecutor(workers, mp_context=_spawn_context(), initializer=_worker_init, initargs=(niceness,))
     try:
         for _ in range(workers):
             pool.submit(_warm_up).add_done_callback(lambda f: ready(pool, f))
