@@ -74,8 +74,10 @@ def main() -> None:
             }
             per = ", ".join(f"{k} {v:.2f} s" for k, v in stages.items())
             failed = sum(not r.ok for r in rows)
+            by_worker = len({(r.parallel, r.world_size) for r in rows if r.pid != os.getpid()})
             n = len(rows)
             print(f"run_sweep jobs={jobs}: {n} configurations ({failed} failed) in {wall:.2f} s wall; sums: {per}")
+            print(f"  {by_worker} of {len(worlds) * len(parallels)} traces counted from workers")
             last = rows
 
     print(

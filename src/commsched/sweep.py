@@ -33,7 +33,6 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
 SWEEP_FORMAT = "commsched.sweep"
-WORKER_NICENESS = 10  # workers' priority below this process when it traces too (see _worker_init)
 SWEEP_VERSION = 1
 
 
@@ -265,14 +264,16 @@ def _spawn_context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("spawn")
 
 
-def _worker_init(niceness: int) -> None:
+def _worker_init() -> None:
     # Ctrl-C reaches the whole process group: a worker just exits (its task becomes error rows) and the sweeping
     # process raises KeyboardInterrupt, rather than every worker printing a traceback from deep inside torch
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
-    if niceness and hasattr(os, "nice"):
-        # when this process traces too, workers should use only CPU it leaves idle: a worker's start (imports,
-        # warm-up: seconds of CPU) competing with it for a busy core slows the sweep instead of speeding it up
-        os.nice(niceness)
+
+
+def default_processes() -> int:
+    """CPUs - 1 (at least 1): a core is left to the rest of the machine. On 2 cores that means no workers: a
+    worker's start costs seconds of CPU, and benchmarks/RESULTS.md shows it does not pay there."""
+    return max(1, (os.cpu_count() or 1) - 1)
 
 
 def run_sweep(
@@ -295,7 +296,7 @@ def run_sweep(
 
     ``schedule``: a pass preset or comma-separated passes for :func:`commsched.passes.schedule` ("default" is our
     scheduler), or None to report the traced order only. ``processes``: processes tracing at once, this one
-    included (default: one per trace, at most the CPU count); 1 runs everything in this process.
+    included (default: one per trace, at most the CPU count - 1); 1 runs everything in this process.
     ``in_process=False`` keeps this process out of it: ``processes`` spawned workers do all the traces (unless their
     pool breaks, then the rest run here). Nodes per
     configuration: ``ceil(world_size / gpus_per_node)`` (the profile's GPUs per node unless ``gpus_per_node`` is
@@ -321,7 +322,7 @@ def run_sweep(
         _TraceTask(i, preset, p, w, profiles, layers, schedule, gpus_per_node, tuple(sorted(build_kw.items())))
         for i, (p, w) in enumerate((p, w) for p in parallels for w in worlds)
     ]
-    jobs = min(len(tasks), processes or os.cpu_count() or 1)
+    jobs = min(len(tasks), processes or default_processes())
     workers = jobs if not in_process else jobs - 1
     results: dict[int, list[SweepRow]] = {}
     bar = _Progress(len(tasks) * len(profiles), console) if progress else None
@@ -356,24 +357,72 @@ def _warm_up() -> int:
     return os.getpid()
 
 
+class _Board:
+    """The shared state of a pooled sweep: tasks not handed out (``todo``), tasks a worker is on (``in_flight``,
+    in hand-out order), tasks finished (``done``). Callbacks run on the pool's result thread, so every access holds
+    ``lock``; finished rows travel to the sweeping thread through ``finished`` (None: a wake-up)."""
+
+    def __init__(self, tasks: list[_TraceTask], run_here: bool) -> None:
+        self.todo = collections.deque(tasks)
+        self.in_flight: dict[int, _TraceTask] = {}
+        self.done: set[int] = set()
+        self.duplicated: set[int] = set()
+        self.run_here = run_here
+        self.lock = threading.Lock()
+        self.finished: queue.SimpleQueue[tuple[_TraceTask, list[SweepRow]] | None] = queue.SimpleQueue()
+
+    def next_for_worker(self) -> _TraceTask | None:
+        with self.lock:
+            if not self.todo:
+                return None
+            task = self.todo.popleft()
+            self.in_flight[task.index] = task
+            return task
+
+    def give_back(self, task: _TraceTask) -> None:
+        """A task the pool refused (broken or shut down): this process will run it."""
+        with self.lock:
+            self.in_flight.pop(task.index, None)
+            self.todo.appendleft(task)
+            self.run_here = True
+        self.finished.put(None)
+
+    def next_for_here(self) -> _TraceTask | None:
+        """The last task not handed out; else (nothing left to hand out) a copy of the task a worker took last and
+        has not finished, so this process never idles while a slow worker holds the last tasks: the first result
+        of a task counts, tracing is deterministic."""
+        with self.lock:
+            if not self.run_here:
+                return None
+            if self.todo:
+                return self.todo.pop()
+            for index in reversed(self.in_flight):
+                if index not in self.duplicated:
+                    self.duplicated.add(index)
+                    return self.in_flight[index]
+            return None
+
+    def record(self, task: _TraceTask, rows: list[SweepRow], finish: Callable) -> None:
+        """Count the first result of ``task`` (called on the sweeping thread only)."""
+        with self.lock:
+            self.in_flight.pop(task.index, None)
+            first = task.index not in self.done
+            self.done.add(task.index)
+        if first:
+            finish(task, rows)
+
+
 def _run_pool(tasks: list[_TraceTask], workers: int, in_process: bool, finish: Callable, bar: _Progress | None) -> None:
     """Run ``tasks`` in ``workers`` spawned processes and, if ``in_process``, in this one; each takes the next task
     when it is free.
 
-    Workers take tasks from the front of the list, this process from the back. A worker gets its first task only
-    once it has warmed up (so a slow start never holds a task this process could have done), and its next task from
-    the pool's result thread (a done-callback submits it), so it never waits on this process. Finished rows reach
-    this thread through a queue. A dead worker's task becomes error rows; if the pool breaks, the tasks not yet
-    handed out run here. When every task is done, workers still warming up are terminated, not waited for.
+    Workers take tasks from the front of the list, this process from the back (then, with nothing left to hand
+    out, it re-runs the task a worker took last, see :meth:`_Board.next_for_here`). A worker gets its first task
+    only once it has warmed up, so a slow start never holds a task, and its next task from the pool's result thread
+    (a done-callback submits it), so it never waits on this process. A dead worker's task becomes error rows; if
+    the pool breaks, the tasks not yet handed out run here. At the end, workers still busy are terminated.
     """
-    todo = collections.deque(tasks)
-    lock = threading.Lock()
-    finished: queue.SimpleQueue[tuple[_TraceTask, list[SweepRow]] | None] = queue.SimpleQueue()
-    run_here = [in_process]
-
-    def pool_failed() -> None:
-        run_here[0] = True
-        finished.put(None)  # wake this process if it is waiting for a worker
+    board = _Board(tasks, in_process)
 
     def rows_of(task: _TraceTask, fut: Future) -> list[SweepRow]:
         try:
@@ -384,61 +433,54 @@ def _run_pool(tasks: list[_TraceTask], workers: int, in_process: bool, finish: C
             return _error_rows(task, _error_text("worker", exc))
 
     def feed(pool: ProcessPoolExecutor) -> None:
-        with lock:
-            task = todo.popleft() if todo else None
+        task = board.next_for_worker()
         if task is None:
             return
         try:
             fut = pool.submit(_run_task, task)
-        except Exception:  # the pool is broken or shutting down: run the task here instead
-            with lock:
-                todo.appendleft(task)
-            pool_failed()
+        except Exception:  # the pool is broken or shutting down
+            board.give_back(task)
             return
-        fut.add_done_callback(lambda f, t=task: (finished.put((t, rows_of(t, f))), feed(pool)))
+        fut.add_done_callback(lambda f, t=task: (board.finished.put((t, rows_of(t, f))), feed(pool)))
 
     def ready(pool: ProcessPoolExecutor, fut: Future) -> None:
         if fut.cancelled() or fut.exception() is not None:
-            pool_failed()
+            with board.lock:
+                board.run_here = True
+            board.finished.put(None)
         else:
             feed(pool)
 
     if bar is not None:
         bar.describe(f"starting {workers} worker process(es)")
-    niceness = WORKER_NICENESS if in_process else 0
-    pool = ProcessPoolExecutor(workers, mp_context=_spawn_context(), initializer=_worker_init, initargs=(niceness,))
+    pool = ProcessPoolExecutor(workers, mp_context=_spawn_context(), initializer=_worker_init)
     try:
         for _ in range(workers):
             pool.submit(_warm_up).add_done_callback(lambda f: ready(pool, f))
-        remaining = len(tasks)
-        while remaining:
+        while len(board.done) < len(tasks):
             try:
-                item = finished.get_nowait()
+                item = board.finished.get_nowait()
             except queue.Empty:
-                task = None
-                if run_here[0]:
-                    with lock:
-                        task = todo.pop() if todo else None
+                task = board.next_for_here()
                 if task is not None:
                     if bar is not None:
                         bar.describe(f"tracing {task.parallel} world {task.world_size}")
-                    finish(task, _run_task(task))
-                    remaining -= 1
+                    board.record(task, _run_task(task), finish)
                     continue
-                item = finished.get()  # a worker has each left task, or the pool failed (None)
+                item = board.finished.get()  # workers have every task left, or the pool failed (None)
             if item is not None:
-                finish(*item)
-                remaining -= 1
+                board.record(*item, finish)
     except BaseException:  # e.g. Ctrl-C: hand out nothing more
-        with lock:
-            todo.clear()
+        with board.lock:
+            board.todo.clear()
         raise
     finally:
         _stop_workers(pool)
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:
-    """Shut ``pool`` down without waiting for calls still running (only warm-ups, or tasks after an interrupt)."""
+    """Shut ``pool`` down without waiting for calls still running (warm-ups, tasks this process finished first,
+    tasks after an interrupt)."""
     if hasattr(pool, "terminate_workers"):  # Python >= 3.14
         pool.terminate_workers()
         return

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -83,7 +82,7 @@ def register(app: typer.Typer) -> None:
         fsdp_bucket: str = typer.Option("param", "--fsdp-bucket", help="param: one collective per parameter; block"),
         schedule: str = typer.Option("default", "--schedule", "-s", help="pass preset or comma-separated passes"),
         gpus_per_node: int = typer.Option(None, "--gpus-per-node", min=1, help="override the profiles' GPUs/node"),
-        jobs: int = typer.Option(None, "--jobs", "-j", min=1, help="processes tracing at once (default: one per CPU)"),
+        jobs: int = typer.Option(None, "--jobs", "-j", min=1, help="processes tracing at once (default: CPUs - 1)"),
         out: Path = typer.Option(None, "--out", "-o", help="write a PNG plot of step time and peak memory"),
         json_path: Path = typer.Option(None, "--json", help="write the rows as JSON"),
     ) -> None:
@@ -96,7 +95,7 @@ def register(app: typer.Typer) -> None:
         --layers 4 --out sweep.png --json rows.json --jobs 2
         """
         from commsched.frontends.json_io import atomic_write_text
-        from commsched.sweep import run_sweep, sweep_to_dict
+        from commsched.sweep import default_processes, run_sweep, sweep_to_dict
 
         with user_errors():
             parallels = parse_list(parallel, "--parallel")
@@ -128,7 +127,7 @@ def register(app: typer.Typer) -> None:
                     "preset": preset,
                     "schedule": schedule,
                     "mode": mode,
-                    "jobs": jobs or min(len(parallels) * len(worlds), os.cpu_count() or 1),
+                    "jobs": min(jobs or default_processes(), len(parallels) * len(worlds)),
                     "wall_s": wall_s,
                 }
                 atomic_write_text(json_path, json.dumps(sweep_to_dict(rows, **context), indent=1))
