@@ -227,20 +227,18 @@ def test_cli_help_has_an_example():
     assert res.exit_code == 0 and "Example: commsched sweep llama3-8b" in res.output
 
 
-def test_board_hands_out_from_both_ends_and_counts_first_results():
+def test_board_hands_out_from_both_ends_and_counts_each_task_once():
     from commsched.sweep import _Board, _TraceTask
 
     tasks = [_TraceTask(i, "llama-tiny", "fsdp", 2**i, ("h100-sxm",), 1, None, None, ()) for i in range(1, 5)]
     board = _Board(tasks, run_here=True)
     assert board.next_for_worker().index == 1 and board.next_for_worker().index == 2
     assert board.next_for_here().index == 4 and board.next_for_here().index == 3
-    # nothing left to hand out: this process re-runs what the workers hold, the last handed out first, each once
-    assert board.next_for_here().index == 2 and board.next_for_here().index == 1
-    assert board.next_for_here() is None
+    assert board.next_for_here() is None and list(board.in_flight) == [1, 2]
     got = []
-    board.record(tasks[1], ["here"], lambda t, rows: got.append((t.index, rows)))
-    board.record(tasks[1], ["worker"], lambda t, rows: got.append((t.index, rows)))  # a late duplicate is dropped
-    assert got == [(2, ["here"])] and board.done == {2} and 2 not in board.in_flight
+    board.record(tasks[1], ["worker"], lambda t, rows: got.append((t.index, rows)))
+    board.record(tasks[1], ["again"], lambda t, rows: got.append((t.index, rows)))  # counted once
+    assert got == [(2, ["worker"])] and board.done == {2} and list(board.in_flight) == [1]
     # workers only: this process takes nothing until the pool gives a task back
     board = _Board(tasks, run_here=False)
     assert board.next_for_here() is None

@@ -366,7 +366,6 @@ class _Board:
         self.todo = collections.deque(tasks)
         self.in_flight: dict[int, _TraceTask] = {}
         self.done: set[int] = set()
-        self.duplicated: set[int] = set()
         self.run_here = run_here
         self.lock = threading.Lock()
         self.finished: queue.SimpleQueue[tuple[_TraceTask, list[SweepRow]] | None] = queue.SimpleQueue()
@@ -388,22 +387,15 @@ class _Board:
         self.finished.put(None)
 
     def next_for_here(self) -> _TraceTask | None:
-        """The last task not handed out; else (nothing left to hand out) a copy of the task a worker took last and
-        has not finished, so this process never idles while a slow worker holds the last tasks: the first result
-        of a task counts, tracing is deterministic."""
+        """The last task not handed out, if this process traces too (or took over from a failed pool).
+
+        It does not re-run a task a worker holds, to finish first: tried, it lost on a busy machine, since this
+        process cannot stop its copy when the worker's result comes in."""
         with self.lock:
-            if not self.run_here:
-                return None
-            if self.todo:
-                return self.todo.pop()
-            for index in reversed(self.in_flight):
-                if index not in self.duplicated:
-                    self.duplicated.add(index)
-                    return self.in_flight[index]
-            return None
+            return self.todo.pop() if self.run_here and self.todo else None
 
     def record(self, task: _TraceTask, rows: list[SweepRow], finish: Callable) -> None:
-        """Count the first result of ``task`` (called on the sweeping thread only)."""
+        """Count the result of ``task``, once (called on the sweeping thread only)."""
         with self.lock:
             self.in_flight.pop(task.index, None)
             first = task.index not in self.done
@@ -416,9 +408,8 @@ def _run_pool(tasks: list[_TraceTask], workers: int, in_process: bool, finish: C
     """Run ``tasks`` in ``workers`` spawned processes and, if ``in_process``, in this one; each takes the next task
     when it is free.
 
-    Workers take tasks from the front of the list, this process from the back (then, with nothing left to hand
-    out, it re-runs the task a worker took last, see :meth:`_Board.next_for_here`). A worker gets its first task
-    only once it has warmed up, so a slow start never holds a task, and its next task from the pool's result thread
+    Workers take tasks from the front of the list, this process from the back. A worker gets its first task only
+    once it has warmed up, so a slow start never holds a task, and its next task from the pool's result thread
     (a done-callback submits it), so it never waits on this process. A dead worker's task becomes error rows; if
     the pool breaks, the tasks not yet handed out run here. At the end, workers still busy are terminated.
     """
