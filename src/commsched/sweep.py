@@ -271,9 +271,10 @@ def _worker_init() -> None:
 
 
 def default_processes() -> int:
-    """CPUs - 1 (at least 1): a core is left to the rest of the machine. On 2 cores that means no workers: a
-    worker's start costs seconds of CPU, and benchmarks/RESULTS.md shows it does not pay there."""
-    return max(1, (os.cpu_count() or 1) - 1)
+    """One per CPU. Workers warm up before they take a trace and this process traces too, so an extra process
+    costs little even where it cannot help (benchmarks/RESULTS.md: about even on 2 busy cores for 1 s traces,
+    1.3-1.5x faster for 8 s ones)."""
+    return os.cpu_count() or 1
 
 
 def run_sweep(
@@ -296,7 +297,7 @@ def run_sweep(
 
     ``schedule``: a pass preset or comma-separated passes for :func:`commsched.passes.schedule` ("default" is our
     scheduler), or None to report the traced order only. ``processes``: processes tracing at once, this one
-    included (default: one per trace, at most the CPU count - 1); 1 runs everything in this process.
+    included (default: one per trace, at most one per CPU); 1 runs everything in this process.
     ``in_process=False`` keeps this process out of it: ``processes`` spawned workers do all the traces (unless their
     pool breaks, then the rest run here). Nodes per
     configuration: ``ceil(world_size / gpus_per_node)`` (the profile's GPUs per node unless ``gpus_per_node`` is

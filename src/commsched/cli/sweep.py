@@ -82,7 +82,7 @@ def register(app: typer.Typer) -> None:
         fsdp_bucket: str = typer.Option("param", "--fsdp-bucket", help="param: one collective per parameter; block"),
         schedule: str = typer.Option("default", "--schedule", "-s", help="pass preset or comma-separated passes"),
         gpus_per_node: int = typer.Option(None, "--gpus-per-node", min=1, help="override the profiles' GPUs/node"),
-        jobs: int = typer.Option(None, "--jobs", "-j", min=1, help="processes tracing at once (default: CPUs - 1)"),
+        jobs: int = typer.Option(None, "--jobs", "-j", min=1, help="processes tracing at once (default: one per CPU)"),
         out: Path = typer.Option(None, "--out", "-o", help="write a PNG plot of step time and peak memory"),
         json_path: Path = typer.Option(None, "--json", help="write the rows as JSON"),
     ) -> None:
