@@ -10,8 +10,9 @@ and simulates it on every hardware profile (tracing takes seconds, the rest tens
 between processes would cost more than it saves). With ``processes = N > 1``, this process and N - 1 workers of a
 ``ProcessPoolExecutor`` take traces from one list, each the next when it is free (this process has imported torch
 anyway, so it works rather than waits). Workers are *spawned*: fresh interpreters that import torch themselves,
-because torch after ``fork`` can deadlock on locks or threads the parent held; a worker's first trace costs a few
-seconds more (imports, torch's lazy modules), so extra processes pay off for long traces or many cores.
+because torch after ``fork`` can deadlock on locks or threads the parent held. A worker starts with a warm-up
+(imports, a tiny trace: seconds) and only then takes a trace, so extra processes never hold work this process could
+have done; they pay off for long traces or many cores (benchmarks/RESULTS.md).
 
 A configuration that fails, in its trace or on one profile, or whose worker dies, becomes a row with ``error`` set;
 the sweep itself only raises for input that is wrong everywhere (an unknown preset, parallelism, profile or pass).
