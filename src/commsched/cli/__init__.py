@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "commsched.cli.schedule",
     "commsched.cli.compare",
     "commsched.cli.rewrite",
+    "commsched.cli.sweep",
 )
 
 for _mod in COMMAND_MODULES:

@@ -1,0 +1,150 @@
+"""``commsched sweep``: one preset over parallelisms x world sizes x hardware profiles, as a table and a plot."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from commsched.cli.common import console, err_console, user_errors
+
+
+def parse_list(text: str, what: str, *, as_int: bool = False) -> list:
+    """A comma-separated option value as a list (ints when ``as_int``)."""
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    if not items:
+        raise ValueError(f"{what}: expected a comma-separated list, got {text!r}")
+    if not as_int:
+        return items
+    out = []
+    for s in items:
+        try:
+            out.append(int(s))
+        except ValueError:
+            raise ValueError(f"{what}: {s!r} is not an integer (expected e.g. 8,64,512)") from None
+    return out
+
+
+def _sec(s: float) -> str:
+    """Seconds in 3 significant digits and a unit (at most 7 characters)."""
+    for scale, unit in ((1.0, "s"), (1e3, "ms"), (1e6, "us")):
+        if abs(s) * scale >= 1 or unit == "us":
+            return f"{s * scale:.3g} {unit}"
+    return ""
+
+
+def sweep_table(rows, title: str) -> Table:
+    """One row per configuration; fits an 80-column terminal."""
+    from rich import box
+
+    from commsched.report.units import fmt_bytes
+
+    table = Table(title=title, box=box.SIMPLE_HEAD, padding=0, show_edge=False)
+    columns = ("parallel", "world", "hardware", "step\ntraced", "step\nsched.", "speed\nup", "exposed\ncomm")
+    columns += ("over-\nlap", "peak\nmemory", "lower\nbound")
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("parallel", "hardware") else "right", no_wrap=True)
+    for r in rows:
+        head = [r.parallel, str(r.world_size), r.hardware]
+        if not r.ok:
+            table.add_row(*head, "[red]error[/]", *[""] * 6)
+            continue
+        table.add_row(
+            *head,
+            _sec(r.step_time_input_s),
+            _sec(r.step_time_s),
+            f"{r.speedup:.2f}x",
+            _sec(r.exposed_comm_s),
+            f"{r.overlap_ratio:.2f}",
+            fmt_bytes(r.peak_memory_bytes),
+            _sec(r.lower_bound_s),
+        )
+    return table
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def sweep(
+        preset: str = typer.Argument(..., help="model preset (see commsched trace --list), e.g. llama3-8b"),
+        parallel: str = typer.Option("fsdp", "--parallel", "-p", help="comma-separated parallelisms: fsdp,tp,..."),
+        world_size: str = typer.Option("8,64,512", "--world-size", "-w", help="comma-separated world sizes"),
+        hardware: str = typer.Option("h100-sxm", "--hardware", "-H", help="comma-separated hardware profiles"),
+        layers: int = typer.Option(None, "--layers", "-l", min=1, help="transformer blocks (default: the preset's)"),
+        mode: str = typer.Option("train", "--mode", "-m", help="train, prefill or decode"),
+        seq_len: int = typer.Option(None, "--seq-len", min=1, help="sequence length"),
+        batch: int = typer.Option(None, "--batch", min=1, help="sequences per data-parallel replica"),
+        tp_size: int = typer.Option(None, "--tp-size", min=1, help="tensor-parallel degree (tp*, fsdp+tp*)"),
+        ep_size: int = typer.Option(None, "--ep-size", min=1, help="expert-parallel degree (ep)"),
+        fsdp_bucket: str = typer.Option("param", "--fsdp-bucket", help="param: one collective per parameter; block"),
+        schedule: str = typer.Option("default", "--schedule", "-s", help="pass preset or comma-separated passes"),
+        gpus_per_node: int = typer.Option(None, "--gpus-per-node", min=1, help="override the profiles' GPUs/node"),
+        jobs: int = typer.Option(None, "--jobs", "-j", min=1, help="processes tracing at once (default: one per CPU)"),
+        out: Path = typer.Option(None, "--out", "-o", help="write a PNG plot of step time and peak memory"),
+        json_path: Path = typer.Option(None, "--json", help="write the rows as JSON"),
+    ) -> None:
+        """Trace PRESET at every (parallelism, world size), simulate it on every hardware profile in the traced
+        order and in the order SCHEDULE chooses, and print step time, exposed communication, overlap and peak
+        memory per configuration. --jobs N traces N configurations at once (this process and N - 1 spawned
+        workers); a configuration that fails is reported as an error row. Exits 2 when none succeeds.
+
+        Example: commsched sweep llama3-8b --parallel fsdp --world-size 8,64,512 --hardware h100-sxm,b200
+        --layers 4 --out sweep.png --json rows.json --jobs 2
+        """
+        from commsched.frontends.json_io import atomic_write_text
+        from commsched.sweep import default_processes, run_sweep, sweep_to_dict
+
+        with user_errors():
+            parallels = parse_list(parallel, "--parallel")
+            worlds = parse_list(world_size, "--world-size", as_int=True)
+            profiles = parse_list(hardware, "--hardware")
+            options = {"seq_len": seq_len, "batch": batch, "tp_size": tp_size, "ep_size": ep_size}
+            build_kw = {k: v for k, v in options.items() if v is not None}
+            if fsdp_bucket != "param":
+                build_kw["fsdp_bucket"] = fsdp_bucket
+            t0 = time.perf_counter()
+            rows = run_sweep(
+                preset,
+                parallel=parallels,
+                world_sizes=worlds,
+                hardware=profiles,
+                layers=layers,
+                schedule=schedule,
+                processes=jobs,
+                gpus_per_node=gpus_per_node,
+                mode=mode,
+                progress=True,
+                console=err_console,
+                **build_kw,
+            )
+            wall_s = time.perf_counter() - t0
+            ok = [r for r in rows if r.ok]
+            if json_path is not None:
+                context = {
+                    "preset": preset,
+                    "schedule": schedule,
+                    "mode": mode,
+                    "jobs": min(jobs or default_processes(), len(parallels) * len(worlds)),
+                    "wall_s": wall_s,
+                }
+                atomic_write_text(json_path, json.dumps(sweep_to_dict(rows, **context), indent=1))
+            if out is not None and ok:
+                from commsched.report.sweep_plot import write_sweep_plot
+
+                write_sweep_plot(rows, out)
+
+        title = f"{preset} ({layers or 'all'} layers, {mode}), schedule {schedule}"
+        console.print(sweep_table(rows, title))
+        for r in rows:
+            if not r.ok:
+                where = f"{r.parallel} world {r.world_size} on {r.hardware}"
+                console.print(f"[red]error[/] {escape(where)}: {escape(r.error or '')}", highlight=False)
+        console.print(f"{len(ok)}/{len(rows)} configurations in {wall_s:.1f} s")
+        for p in ((json_path,) if json_path else ()) + ((out,) if out and ok else ()):
+            console.print(f"wrote [bold]{p}[/]")
+        if not ok:
+            err_console.print("[bold red]error:[/] no configuration succeeded")
+            raise typer.Exit(2)
