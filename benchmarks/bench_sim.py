@@ -11,7 +11,6 @@ the inter-node link), enough to exercise the simulator; it does not depend on th
 from __future__ import annotations
 
 import argparse
-import heapq
 import sys
 import time
 from pathlib import Path
@@ -94,20 +93,9 @@ def formula_costs(g, slowdown: float, sync_s: float):
 
 def sink_waits_order(g) -> np.ndarray:
     """Waits as late as possible: the most overlap, so the most time-slicing work for the simulator."""
-    ptr, idx = g.successors_csr()
-    indeg = np.diff(g.predecessors_csr()[0]).tolist()
-    prio = (g.wait_of >= 0).astype(int).tolist()
-    heap = [(prio[i], i) for i in range(len(g)) if indeg[i] == 0]
-    heapq.heapify(heap)
-    order = []
-    while heap:
-        _, v = heapq.heappop(heap)
-        order.append(v)
-        for s in idx[ptr[v] : ptr[v + 1]].tolist():
-            indeg[s] -= 1
-            if indeg[s] == 0:
-                heapq.heappush(heap, (prio[s], s))
-    return np.asarray(order)
+    from commsched.ir.transform import topological_order
+
+    return topological_order(g, (g.wait_of >= 0).astype(np.int64))
 
 
 def main() -> None:

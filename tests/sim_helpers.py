@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import heapq
-
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -14,6 +12,7 @@ from commsched.cost import CostEstimate
 from commsched.frontends.fake_pg import fake_process_group
 from commsched.frontends.fx import from_fx
 from commsched.ir import OpKind
+from commsched.ir.transform import topological_order
 
 c10d = torch.ops._c10d_functional
 
@@ -33,23 +32,11 @@ def simple_costs(g, compute_slowdown: float = 1.0, stream_sync_s: float = 0.0, c
 
 def eager_wait_order(g) -> np.ndarray:
     """A topological order that runs each wait (and the getitems leading to it) as soon as it is ready."""
-    ptr, idx = g.successors_csr()
-    indeg = np.diff(g.predecessors_csr()[0]).tolist()
     feeds_wait = np.zeros(len(g), bool)
     reader = np.repeat(np.arange(len(g)), np.diff(g.in_ptr))
     feeds_wait[g.in_idx[np.isin(reader, np.flatnonzero(g.wait_of >= 0))]] = True
     prio = [0 if g.wait_of[i] >= 0 or (g.kinds[i] == OpKind.VIEW and feeds_wait[i]) else 1 for i in range(len(g))]
-    heap = [(prio[i], i) for i in range(len(g)) if indeg[i] == 0]
-    heapq.heapify(heap)
-    order = []
-    while heap:
-        _, v = heapq.heappop(heap)
-        order.append(v)
-        for s in idx[ptr[v] : ptr[v + 1]].tolist():
-            indeg[s] -= 1
-            if indeg[s] == 0:
-                heapq.heappush(heap, (prio[s], s))
-    return np.asarray(order)
+    return topological_order(g, prio)
 
 
 def trace_two_group_layer():

@@ -17,31 +17,12 @@ from commsched.report.html import render_html, write_html
 from commsched.report.terminal import print_summary
 from commsched.report.trace import to_chrome_trace, write_chrome_trace
 from commsched.sim import simulate_costs
+from orders import sink_waits_order
 from programs import trace_program
 from sim_helpers import layer_costs, simple_costs, trace_two_group_layer
 
 # HTA's own pandas calls are deprecated in pandas 3; not ours to fix
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore:The inplace keyword:Warning")
-
-
-def sink_waits_order(g) -> np.ndarray:
-    """A topological order that delays every wait as long as possible (lots of overlap)."""
-    import heapq
-
-    ptr, idx = g.successors_csr()
-    indeg = np.diff(g.predecessors_csr()[0]).tolist()
-    prio = [1 if g.wait_of[i] >= 0 else 0 for i in range(len(g))]
-    heap = [(prio[i], i) for i in range(len(g)) if indeg[i] == 0]
-    heapq.heapify(heap)
-    order = []
-    while heap:
-        _, v = heapq.heappop(heap)
-        order.append(v)
-        for s in idx[ptr[v] : ptr[v + 1]].tolist():
-            indeg[s] -= 1
-            if indeg[s] == 0:
-                heapq.heappush(heap, (prio[s], s))
-    return np.asarray(order)
 
 
 @pytest.fixture(scope="module")

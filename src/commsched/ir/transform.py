@@ -102,3 +102,34 @@ def live_mask(g: Graph) -> np.ndarray:
 def eliminate_dead_nodes(g: Graph) -> Graph:
     keep = live_mask(g)
     return g if keep.all() else select_nodes(g, keep)
+
+
+def kahn_order(succ_ptr, succ_idx, indeg, key) -> list[int]:
+    """Kahn's topological sort of a CSR successor graph, always taking the ready node with the smallest
+    ``(key[node], node)``; ``indeg`` is not modified. Nodes on a cycle are left out. O((N + E) log N)."""
+    import heapq
+
+    sp = succ_ptr.tolist() if hasattr(succ_ptr, "tolist") else succ_ptr
+    si = succ_idx.tolist() if hasattr(succ_idx, "tolist") else succ_idx
+    key = key.tolist() if hasattr(key, "tolist") else key
+    deg = list(indeg.tolist() if hasattr(indeg, "tolist") else indeg)
+    heap = [(key[i], i) for i in range(len(deg)) if deg[i] == 0]
+    heapq.heapify(heap)
+    out = []
+    while heap:
+        _, v = heapq.heappop(heap)
+        out.append(v)
+        for s in si[sp[v] : sp[v + 1]]:
+            deg[s] -= 1
+            if deg[s] == 0:
+                heapq.heappush(heap, (key[s], s))
+    return out
+
+
+def topological_order(g: Graph, key=None) -> np.ndarray:
+    """A topological order of ``g`` that takes, among ready nodes, the smallest ``key`` (default: the node id).
+    ``key`` may hold numbers or tuples, one per node. int32."""
+    ptr, idx = g.successors_csr()
+    indeg = np.diff(g.predecessors_csr()[0])
+    out = kahn_order(ptr, idx, indeg, range(len(g)) if key is None else key)
+    return np.asarray(out, np.int32)

@@ -15,7 +15,6 @@ The order is read off the start times (collectives at their issue time) with a s
 from __future__ import annotations
 
 import bisect
-import heapq
 import time
 from dataclasses import dataclass
 
@@ -219,6 +218,7 @@ def _stable_topological(g: Graph, keys: list[tuple], order: np.ndarray) -> np.nd
     """A topological order that follows ``keys`` (then the given order) as closely as possible, keeping each
     group's collectives in ``order``'s sequence."""
     from commsched.ir.graph import _csr
+    from commsched.ir.transform import kahn_order
 
     n = len(g)
     rank = np.empty(n, np.int64)
@@ -238,17 +238,8 @@ def _stable_topological(g: Graph, keys: list[tuple], order: np.ndarray) -> np.nd
     src.append(np.asarray(chain_src, np.int64))
     dst.append(np.asarray(chain_dst, np.int64))
     ptr, idx = _csr(n, np.concatenate(dst), np.concatenate(src))
-    indeg = np.bincount(idx, minlength=n).tolist()
-    ready = [(keys[i], int(rank[i]), i) for i in range(n) if indeg[i] == 0]
-    heapq.heapify(ready)
-    out = []
-    while ready:
-        _, _, i = heapq.heappop(ready)
-        out.append(i)
-        for s in idx[ptr[i] : ptr[i + 1]].tolist():
-            indeg[s] -= 1
-            if indeg[s] == 0:
-                heapq.heappush(ready, (keys[s], int(rank[s]), s))
+    indeg = np.bincount(idx, minlength=n)
+    out = kahn_order(ptr, idx, indeg, [(keys[i], int(rank[i])) for i in range(n)])
     return np.asarray(out, np.int32)
 
 

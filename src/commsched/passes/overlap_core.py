@@ -17,6 +17,7 @@ import numpy as np
 from commsched.cost.model import CostEstimate
 from commsched.ir import Graph, OpKind
 from commsched.ir.graph import _csr
+from commsched.ir.transform import kahn_order
 from commsched.memory import liveness, memory_profile
 
 
@@ -146,7 +147,9 @@ def prepare(gp: GraphPrep, chains: dict[int, list[int]]) -> Prep:
     feeds = [n + 1] * n
     for r, c in enumerate(colls):
         feeds[c] = r
-    topo = _topological(n, sp, si, indeg.tolist(), gp.fields["pos"])
+    topo = kahn_order(sp, si, indeg, gp.fields["pos"])
+    if len(topo) != n:
+        raise RuntimeError("the ordering constraints have a cycle (collective order vs data dependencies)")
     for node in reversed(topo):
         best = 0
         first = feeds[node]
@@ -168,24 +171,6 @@ def range_max(table: list[list[int]], lo: int, hi: int) -> int:
     row = table[k]
     a, b = row[lo], row[hi - (1 << k) + 1]
     return a if a > b else b
-
-
-def _topological(n: int, sp: list[int], si: list[int], indeg: list[int], pos: list[int]) -> list[int]:
-    """Kahn's order of the constraint graph (ties by input position)."""
-    indeg = list(indeg)
-    ready = [(pos[i], i) for i in range(n) if indeg[i] == 0]
-    heapq.heapify(ready)
-    out = []
-    while ready:
-        _, i = heapq.heappop(ready)
-        out.append(i)
-        for s in si[sp[i] : sp[i + 1]]:
-            indeg[s] -= 1
-            if indeg[s] == 0:
-                heapq.heappush(ready, (pos[s], s))
-    if len(out) != n:
-        raise RuntimeError("the ordering constraints have a cycle (collective order vs data dependencies)")
-    return out
 
 
 @dataclass
@@ -416,19 +401,7 @@ def tighten(p: Prep, a: Attempt) -> list[int]:
     by_key = [0.0] * n
     for k, v in enumerate(order):
         by_key[v] = key[k]
-    indeg = list(p.indeg)
-    sp, si = p.succ_ptr, p.succ_idx
-    heap = [(by_key[v], v) for v in range(n) if indeg[v] == 0]
-    heapq.heapify(heap)
-    out = []
-    while heap:
-        _, v = heapq.heappop(heap)
-        out.append(v)
-        for s in si[sp[v] : sp[v + 1]]:
-            indeg[s] -= 1
-            if indeg[s] == 0:
-                heapq.heappush(heap, (by_key[s], s))
-    return out
+    return kahn_order(p.succ_ptr, p.succ_idx, p.indeg, by_key)
 
 
 def need_times(g: Graph, p: Prep, a: Attempt) -> dict[int, int]:
