@@ -45,3 +45,18 @@ from commsched import hardware  # noqa: E402
 from commsched.cost import CostEstimate, collective_time_s, estimate, estimate_costs  # noqa: E402
 
 __all__ += ["CostEstimate", "collective_time_s", "estimate", "estimate_costs", "hardware"]
+
+# runtime (commsched.runtime): imports torch, so it loads on first use like the FX frontend
+_RUNTIME_EXPORTS = ("apply_schedule",)
+_getattr_before_runtime = __getattr__
+
+
+def __getattr__(name: str):
+    if name in _RUNTIME_EXPORTS:
+        from commsched import runtime
+
+        return getattr(runtime, name)
+    return _getattr_before_runtime(name)
+
+
+__all__ += ["apply_schedule"]

@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "commsched.cli.demo",
     "commsched.cli.simulate",
     "commsched.cli.schedule",
+    "commsched.cli.run",
 )
 
 for _mod in COMMAND_MODULES:

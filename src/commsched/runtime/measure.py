@@ -1,0 +1,194 @@
+"""Calibration on the live process group, run by every rank together (SPMD): the graph's own collectives on the
+link as it is (shaped or not), how much compute slows while communication is in flight, and every op of the graph.
+
+Everything here issues collectives, so all ranks must call the same functions in the same order.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.fx
+
+from commsched.cost.collectives import normalize_kind
+from commsched.ir import CollType, Graph, OpKind
+
+c10d = torch.ops._c10d_functional
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _materialise(arg: Any, device: torch.device) -> Any:
+    """A zero tensor shaped like an FX node's value (lists recursively); other arguments as they are."""
+    if isinstance(arg, torch.fx.Node):
+        val = arg.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            return torch.zeros(tuple(int(s) for s in val.shape), dtype=val.dtype, device=device)
+        raise ValueError(f"FX node {arg.name!r} has no tensor meta['val']; cannot build a calibration input")
+    if isinstance(arg, (list, tuple)):
+        return type(arg)(_materialise(a, device) for a in arg)
+    return arg
+
+
+def _wait_all(out: Any) -> None:
+    for t in out if isinstance(out, (list, tuple)) else [out]:
+        c10d.wait_tensor(t)
+
+
+def collective_keys(graph: Graph) -> dict[tuple[str, int, int], int]:
+    """(kind, group size, bytes in the nccl-tests convention) -> the first collective node with it."""
+    keys: dict[tuple[str, int, int], int] = {}
+    for c in graph.collectives.tolist():
+        grp = graph.groups[int(graph.coll_group[c])]
+        key = (normalize_kind(CollType(int(graph.coll_type[c]))), grp.size, int(graph.comm_bytes[c]))
+        keys.setdefault(key, c)
+    return keys
+
+
+def measure_graph_collectives(
+    gm: torch.fx.GraphModule, graph: Graph, *, reps: int = 5, device: torch.device | None = None
+) -> list[tuple[str, int, int, float]]:
+    """Time each distinct collective of ``graph`` by running its FX node's op on zero tensors of the same shapes,
+    issue to wait, ``reps`` times after a warm-up; returns (kind, group size, bytes, median seconds) rows, the
+    median taken per rank and then the slowest rank's (a collective ends when its last rank is done)."""
+    device = device or torch.device("cpu")
+    fx_nodes = {n.name: n for n in gm.graph.nodes}
+    rows = []
+    for (kind, size, nbytes), c in sorted(collective_keys(graph).items()):
+        node = fx_nodes[graph.names[c]]
+        args = _materialise(node.args, device)
+        kwargs = {k: _materialise(v, device) for k, v in node.kwargs.items()}
+        samples = []
+        for r in range(reps + 1):
+            dist.barrier()
+            _sync(device)
+            t0 = time.perf_counter()
+            _wait_all(node.target(*args, **kwargs))
+            _sync(device)
+            if r:  # the first call sets up connections and buffers
+                samples.append(time.perf_counter() - t0)
+        rows.append((kind, size, nbytes, statistics.median(samples)))
+    times = torch.tensor([r[3] for r in rows], dtype=torch.float64)
+    if dist.get_world_size() > 1 and len(rows):
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    return [(k, s, b, float(t)) for (k, s, b, _), t in zip(rows, times.tolist(), strict=True)]
+
+
+def measure_interference(
+    *, comm_bytes: int = 8 << 20, compute_s: float = 0.15, reps: int = 3, device: torch.device | None = None
+) -> dict[str, float]:
+    """How much compute slows while a collective is in flight, from three timings of one all_reduce of
+    ``comm_bytes`` (M), ~``compute_s`` of matmuls (C), and both with the all_reduce issued first and waited after
+    (O). If compute ran ``f`` times slower while the collective was in flight, O = M + C - M / f when C > M / f, so
+    ``f = M / (C + M - O)``, clipped to [1, 4] (1: perfect overlap; O >= C + M: none). Best of ``reps`` for each.
+    Returns the three times, ``serial_s`` (M + C) and ``compute_slowdown`` (f)."""
+    device = device or torch.device("cpu")
+    group = dist.group.WORLD.group_name
+    x = torch.ones(comm_bytes // 4, device=device)
+    a = torch.randn(384, 384, device=device)
+
+    def matmuls(n: int) -> None:
+        for _ in range(n):
+            torch.mm(a, a)
+
+    # size the compute chunk on this rank, then agree on the count (ranks must do the same work)
+    t0 = time.perf_counter()
+    matmuls(8)
+    _sync(device)
+    per = max((time.perf_counter() - t0) / 8, 1e-6)
+    count = torch.tensor([max(1, int(compute_s / per))], dtype=torch.int64)
+    dist.all_reduce(count, op=dist.ReduceOp.MIN)
+    n = int(count.item())
+
+    def timed(fn: Callable[[], None]) -> float:
+        best = float("inf")
+        for _ in range(reps):
+            dist.barrier()
+            _sync(device)
+            t = time.perf_counter()
+            fn()
+            _sync(device)
+            best = min(best, time.perf_counter() - t)
+        return best
+
+    def both() -> None:
+        work = c10d.all_reduce(x, "sum", group)
+        matmuls(n)
+        c10d.wait_tensor(work)
+
+    c10d.wait_tensor(c10d.all_reduce(x, "sum", group))  # warm-up
+    comm = timed(lambda: c10d.wait_tensor(c10d.all_reduce(x, "sum", group)))
+    compute = timed(lambda: matmuls(n))
+    overlapped = timed(both)
+    hidden = compute + comm - overlapped  # compute time that ran while the collective was in flight, slowed
+    slowdown = 4.0 if hidden <= comm / 4.0 else min(max(comm / hidden, 1.0), 4.0)
+    out = torch.tensor([comm, compute, overlapped, slowdown], dtype=torch.float64)
+    dist.all_reduce(out, op=dist.ReduceOp.MAX)
+    comm, compute, overlapped, slowdown = out.tolist()
+    return {
+        "comm_s": comm,
+        "compute_s": compute,
+        "overlapped_s": overlapped,
+        "serial_s": comm + compute,
+        "comm_bytes": float(comm_bytes),
+        "compute_slowdown": slowdown,
+    }
+
+
+class _OpTimer(torch.fx.Interpreter):
+    """Runs a graph op by op, timing each compute op; collectives and waits run untimed (they are calibrated on
+    their own), so the times are the ops' own, as the simulator's compute stream charges them."""
+
+    def __init__(self, gm: torch.fx.GraphModule, skip: set[str], device: torch.device) -> None:
+        super().__init__(gm)
+        self.skip, self.device = skip, device
+        self.times: dict[str, float] = {}
+        self.current = ""
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        self.current = n.name
+        return super().run_node(n)
+
+    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+        if self.current in self.skip:
+            return target(*args, **kwargs)
+        _sync(self.device)
+        t0 = time.perf_counter()
+        out = target(*args, **kwargs)
+        _sync(self.device)
+        self.times[self.current] = time.perf_counter() - t0
+        return out
+
+
+def measure_op_times(
+    gm: torch.fx.GraphModule,
+    graph: Graph,
+    inputs: list[torch.Tensor],
+    *,
+    reps: int = 3,
+    device: torch.device | None = None,
+) -> dict[str, float]:
+    """Seconds of every compute node of ``graph`` on this rank: the best of ``reps`` op-by-op runs of ``gm`` (the
+    best run is the one least disturbed on a shared machine). Runs the graph's collectives: call on every rank."""
+    device = device or torch.device("cpu")
+    comm = (graph.coll_type >= 0) | (graph.kinds == OpKind.WAIT)
+    skip = {graph.names[i] for i in np.flatnonzero(comm).tolist()}
+    best: dict[str, float] = {}
+    for r in range(reps + 1):  # the first run warms caches and allocator pools up
+        timer = _OpTimer(gm, skip, device)
+        dist.barrier()
+        with torch.no_grad():
+            timer.run(*inputs)
+        if r:
+            for k, v in timer.times.items():
+                best[k] = min(best.get(k, float("inf")), v)
+    return best
