@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from commsched.runtime.apply import apply_schedule
+from commsched.runtime.apply import apply_schedule, copy_graph_module
 
 CostsFn = Callable[[Any], Any]  # commsched Graph -> CostEstimate
 
@@ -65,28 +65,48 @@ def commsched_backend(
     num_nodes: int = 1,
     costs: CostsFn | None = None,
     on_schedule: Callable[[str, Any], None] | None = None,
+    verify: bool = False,
     **knobs: Any,
 ):
     """A ``torch.compile`` backend: ``torch.compile(fn, backend=commsched_backend("h100-sxm", num_nodes=4))``.
 
     AOTAutograd traces the forward (and, under autograd, the backward) into ATen graphs; each is scheduled with
     :func:`schedule_fx` and run as a GraphModule. ``on_schedule(kind, schedule)`` (kind "forward" / "backward" /
-    "inference") sees each Schedule, e.g. to log or save it."""
+    "inference") sees each Schedule, e.g. to log or save it. ``verify``: run the traced order too at every call and
+    raise RuntimeError unless every output is bit-identical (a debugging aid: each graph runs twice; AOTAutograd's
+    graphs are functional, so running one twice changes nothing else)."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
     def compiler(kind: str) -> Callable:
         def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
+            original = copy_graph_module(gm) if verify else None
             result = schedule_fx(gm, hardware, passes=passes, num_nodes=num_nodes, costs=costs, **knobs)
             if on_schedule is not None:
                 on_schedule(kind, result)
-            return make_boxed_func(gm.forward)
+            if original is None:
+                return make_boxed_func(gm.forward)
+
+            def run_verified(*args: Any) -> Any:
+                expected, got = original(*args), gm(*args)
+                for i, (a, b) in enumerate(zip(_flat(expected), _flat(got), strict=True)):
+                    if isinstance(a, torch.Tensor) and not (a.dtype == b.dtype and torch.equal(a, b)):
+                        raise RuntimeError(
+                            f"{kind} graph: output {i} of the scheduled order differs from the traced one"
+                        )
+                return got
+
+            return make_boxed_func(run_verified)
 
         return compile_graph
 
     return aot_autograd(
         fw_compiler=compiler("forward"), bw_compiler=compiler("backward"), inference_compiler=compiler("inference")
     )
+
+
+def _flat(out: Any) -> list[Any]:
+    return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
 def _custom_graph_pass_base() -> type:

@@ -134,6 +134,7 @@ def _plan_on_rank0(cfg: RunConfig, gm, graph, rows, interference, op_times) -> t
         "costs": cfg.costs,
         "cost_totals": {k: cost_summary(graph, c) for k, c in costs.items()},
         "predicted": predict(graph, costs, orders),
+        "moved_nodes": {k: int(np.count_nonzero(o != np.arange(len(o)))) for k, o in orders.items()},
         "skipped": skipped,
         "plan_s": plan_s,
     }
@@ -281,6 +282,7 @@ def _report(cfg, backend, world, fields, gathered, rows, interference, trace_s, 
             "predicted": {src: p["makespan_s"] for src, p in fields["predicted"][name].items()},
             "predicted_exposed_comm_s": fields["predicted"][name][cfg.costs]["exposed_comm_s"],
             "bit_identical": all(g["identical"][name] for g in gathered),
+            "moved_nodes": fields["moved_nodes"][name],
         }
     errs = [g["ref_err"] for g in gathered if g["ref_err"] is not None]
     base = variants.get("original")

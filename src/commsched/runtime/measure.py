@@ -84,16 +84,16 @@ def measure_graph_collectives(
 
 
 def measure_interference(
-    *, comm_bytes: int = 8 << 20, compute_s: float = 0.15, reps: int = 3, device: torch.device | None = None
+    *, compute_s: float = 0.15, reps: int = 3, device: torch.device | None = None
 ) -> dict[str, float]:
-    """How much compute slows while a collective is in flight, from three timings of one all_reduce of
-    ``comm_bytes`` (M), ~``compute_s`` of matmuls (C), and both with the all_reduce issued first and waited after
-    (O). If compute ran ``f`` times slower while the collective was in flight, O = M + C - M / f when C > M / f, so
-    ``f = M / (C + M - O)``, clipped to [1, 4] (1: perfect overlap; O >= C + M: none). Best of ``reps`` for each.
-    Returns the three times, ``serial_s`` (M + C) and ``compute_slowdown`` (f)."""
+    """How much compute slows while a collective is in flight, from three timings: an all_reduce sized to take
+    about half of ``compute_s`` on this link (M), ~``compute_s`` of matmuls (C), and both with the all_reduce issued
+    first and waited after (O). If compute ran ``f`` times slower while the collective was in flight, O = M + C -
+    M / f when C > M / f, so ``f = M / (C + M - O)``, clipped to [1, 4] (1: perfect overlap; O >= C + M: none).
+    Best of ``reps`` rounds for each. Returns the three times, ``serial_s`` (M + C), ``comm_bytes`` and
+    ``compute_slowdown`` (f)."""
     device = device or torch.device("cpu")
     group = dist.group.WORLD.group_name
-    x = torch.ones(comm_bytes // 4, device=device)
     a = torch.randn(384, 384, device=device)
 
     def matmuls(n: int) -> None:
@@ -109,16 +109,26 @@ def measure_interference(
     dist.all_reduce(count, op=dist.ReduceOp.MIN)
     n = int(count.item())
 
+    # size the collective from a 1 MiB one: C > M / f must hold for the formula, so M ~ C / 2
+    probe = torch.ones(1 << 18, device=device)
+    for _ in range(2):
+        dist.barrier()
+        t0 = time.perf_counter()
+        c10d.wait_tensor(c10d.all_reduce(probe, "sum", group))
+        _sync(device)
+    per_mib = max(time.perf_counter() - t0, 1e-6)
+    elems = torch.tensor([int(min(max(compute_s / 2 / per_mib, 0.25), 64.0) * (1 << 18))], dtype=torch.int64)
+    dist.all_reduce(elems, op=dist.ReduceOp.MIN)
+    comm_bytes = int(elems.item()) * 4
+    x = torch.ones(comm_bytes // 4, device=device)
+
     def timed(fn: Callable[[], None]) -> float:
-        best = float("inf")
-        for _ in range(reps):
-            dist.barrier()
-            _sync(device)
-            t = time.perf_counter()
-            fn()
-            _sync(device)
-            best = min(best, time.perf_counter() - t)
-        return best
+        dist.barrier()
+        _sync(device)
+        t = time.perf_counter()
+        fn()
+        _sync(device)
+        return time.perf_counter() - t
 
     def both() -> None:
         work = c10d.all_reduce(x, "sum", group)
@@ -126,14 +136,15 @@ def measure_interference(
         c10d.wait_tensor(work)
 
     c10d.wait_tensor(c10d.all_reduce(x, "sum", group))  # warm-up
-    comm = timed(lambda: c10d.wait_tensor(c10d.all_reduce(x, "sum", group)))
-    compute = timed(lambda: matmuls(n))
-    overlapped = timed(both)
+    best = [float("inf")] * 3
+    for _ in range(reps):  # interleaved, so that a burst of load elsewhere spoils one round, not one quantity
+        for k, fn in enumerate((lambda: c10d.wait_tensor(c10d.all_reduce(x, "sum", group)), lambda: matmuls(n), both)):
+            best[k] = min(best[k], timed(fn))
+    out = torch.tensor(best, dtype=torch.float64)
+    dist.all_reduce(out, op=dist.ReduceOp.MAX)  # every rank computes the same slowdown from the slowest rank's times
+    comm, compute, overlapped = out.tolist()
     hidden = compute + comm - overlapped  # compute time that ran while the collective was in flight, slowed
     slowdown = 4.0 if hidden <= comm / 4.0 else min(max(comm / hidden, 1.0), 4.0)
-    out = torch.tensor([comm, compute, overlapped, slowdown], dtype=torch.float64)
-    dist.all_reduce(out, op=dist.ReduceOp.MAX)
-    comm, compute, overlapped, slowdown = out.tolist()
     return {
         "comm_s": comm,
         "compute_s": compute,

@@ -192,7 +192,13 @@ def shaped_network(
         _run([*inside, *tbf, "burst", str(burst), "latency", f"{int(queue_latency_s * 1e6)}us"])
         if delay_s > 0:
             netem = ["tc", "qdisc", "add", "dev", "lo", "parent", "1:1", "handle", "10:", "netem"]
-            _run([*inside, *netem, "delay", f"{round(delay_s * 1e6)}us"])
+            try:
+                _run([*inside, *netem, "delay", f"{round(delay_s * 1e6)}us"])
+            except ShapedNetworkUnavailable as exc:
+                raise ShapedNetworkUnavailable(
+                    f"a delay needs the netem qdisc, which this kernel does not offer (modprobe sch_netem on the "
+                    f"host), or drop the delay; {exc}"
+                ) from None
         yield ShapedNetwork(name=name, rate_bits_per_s=rate, delay_s=delay_s, burst_bytes=burst)
     finally:
         subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
