@@ -188,12 +188,13 @@ def measure_op_times(
     reps: int = 3,
     device: torch.device | None = None,
 ) -> dict[str, float]:
-    """Seconds of every compute node of ``graph`` on this rank: the best of ``reps`` op-by-op runs of ``gm`` (the
-    best run is the one least disturbed on a shared machine). Runs the graph's collectives: call on every rank."""
+    """Seconds of every compute node of ``graph`` on this rank: the median of ``reps`` op-by-op runs of ``gm``
+    after a warm-up run (the median, not the best: the step times it predicts are medians too, taken on the same
+    machine under the same load). Runs the graph's collectives: call on every rank."""
     device = device or torch.device("cpu")
     comm = (graph.coll_type >= 0) | (graph.kinds == OpKind.WAIT)
     skip = {graph.names[i] for i in np.flatnonzero(comm).tolist()}
-    best: dict[str, float] = {}
+    runs: dict[str, list[float]] = {}
     for r in range(reps + 1):  # the first run warms caches and allocator pools up
         timer = _OpTimer(gm, skip, device)
         dist.barrier()
@@ -201,5 +202,5 @@ def measure_op_times(
             timer.run(*inputs)
         if r:
             for k, v in timer.times.items():
-                best[k] = min(best.get(k, float("inf")), v)
-    return best
+                runs.setdefault(k, []).append(v)
+    return {k: statistics.median(v) for k, v in runs.items()}
