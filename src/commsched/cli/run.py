@@ -22,7 +22,7 @@ def print_report(rep: dict[str, Any], network: str | None) -> None:
     """The run report as rich tables (rank 0)."""
     from rich.table import Table
 
-    from commsched.report.units import fmt_seconds
+    from commsched.report.units import fmt_bytes, fmt_seconds
 
     costs = rep["costs"]
     console.print(
@@ -43,7 +43,7 @@ def print_report(rep: dict[str, Any], network: str | None) -> None:
         f"{rep['graph']['nodes']} nodes"
     )
     table = Table(title=f"{rep['iters']} steps per order (after {rep['warmup']} warm-up)", show_edge=False)
-    for col in ("order", "measured (median)", "p25-p75", "predicted", "error", "speedup", "predicted speedup"):
+    for col in ("order", "measured (median)", "p25-p75", "predicted", "error", "speedup", "predicted speedup", "peak"):
         table.add_column(col, justify="left" if col == "order" else "right")
     table.add_column("bit-identical", justify="center")
     for name, v in rep["variants"].items():
@@ -56,6 +56,7 @@ def print_report(rep: dict[str, Any], network: str | None) -> None:
             f"{v['prediction_error'] * 100:+.1f}%",
             f"{v.get('speedup_measured', float('nan')):.3f}x",
             f"{v.get('speedup_predicted', float('nan')):.3f}x",
+            fmt_bytes(v["peak_memory_bytes"]),
             "[green]yes[/]" if v["bit_identical"] else "[bold red]NO[/]",
         )
     console.print(table)
@@ -84,6 +85,9 @@ def register(app: typer.Typer) -> None:
         passes: str = typer.Option("default", "--passes", "-p", help="our scheduler: pass preset or list"),
         knob: list[str] = typer.Option([], "--knob", "-k", help="pass option NAME=VALUE (repeatable)"),
         costs: str = typer.Option("measured", "--costs", help="costs the schedulers see: measured | profile"),
+        memory_budget_ratio: float = typer.Option(
+            None, "--memory-budget-ratio", help="both schedulers' peak-memory limit / input peak (default: torch's)"
+        ),
         hardware: str = typer.Option("cpu-local", "--hardware", "-H", help="profile of the 'profile' cost source"),
         threads: int = typer.Option(1, "--threads", min=1, help="intra-op threads per rank"),
         backend: str = typer.Option(None, "--backend", help="gloo | nccl (default: nccl with a GPU per rank)"),
@@ -135,6 +139,7 @@ def register(app: typer.Typer) -> None:
                 costs=costs,
                 passes=passes,
                 knobs=_parse_knobs(knob),
+                memory_budget_ratio=memory_budget_ratio,
                 threads=threads,
             )
             torchrun = launched_by_torchrun()

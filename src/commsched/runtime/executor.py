@@ -49,7 +49,9 @@ class RunConfig:
     passes: str | tuple[str, ...] = "default"
     """our scheduler: a pass preset or pass list"""
     knobs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    """pass options (``commsched.passes.schedule(**knobs)``)"""
+    """pass options (``commsched.passes.schedule(**knobs)``); see ``plan_orders`` for the defaults"""
+    memory_budget_ratio: float | None = None
+    """memory limit of both schedulers as a multiple of the input order's peak (None: torch's default rule)"""
     threads: int = 1
     """intra-op threads per rank (1: deterministic reductions, and ranks do not fight over cores)"""
     check_reference: bool = True
@@ -70,6 +72,8 @@ class RunConfig:
             raise ValueError(f"variants={self.variants}: expected distinct names, at least one")
         if self.threads < 1:
             raise ValueError(f"threads={self.threads}: expected >= 1")
+        if self.memory_budget_ratio is not None and self.memory_budget_ratio < 1.0:
+            raise ValueError(f"memory_budget_ratio={self.memory_budget_ratio}: expected >= 1 (the input order's peak)")
 
 
 def rank_device(backend: str) -> torch.device:
@@ -125,7 +129,14 @@ def _plan_on_rank0(cfg: RunConfig, gm, graph, rows, interference, op_times) -> t
     given = {k: tuple(v) for k, v in (cfg.orders or {}).items()}
     t0 = time.perf_counter()
     orders, skipped = plan_orders(
-        gm, graph, costs[cfg.costs], cfg.variants, passes=cfg.passes, knobs=cfg.knobs, given=given
+        gm,
+        graph,
+        costs[cfg.costs],
+        cfg.variants,
+        passes=cfg.passes,
+        knobs=cfg.knobs,
+        memory_budget_ratio=cfg.memory_budget_ratio,
+        given=given,
     )
     plan_s = time.perf_counter() - t0
     fields = {
@@ -281,6 +292,8 @@ def _report(cfg, backend, world, fields, gathered, rows, interference, trace_s, 
             "measured": _spread(steps),
             "predicted": {src: p["makespan_s"] for src, p in fields["predicted"][name].items()},
             "predicted_exposed_comm_s": fields["predicted"][name][cfg.costs]["exposed_comm_s"],
+            "lower_bound_s": fields["predicted"][name][cfg.costs]["lower_bound_s"],
+            "peak_memory_bytes": fields["predicted"][name][cfg.costs]["peak_memory_bytes"],
             "bit_identical": all(g["identical"][name] for g in gathered),
             "moved_nodes": fields["moved_nodes"][name],
         }

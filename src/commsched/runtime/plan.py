@@ -54,6 +54,11 @@ def run_costs(
     return dataclasses.replace(costs, compute_slowdown=max(1.0, float(compute_slowdown)))
 
 
+def torch_default_budget_bytes(peak_bytes: int) -> int:
+    """torch's OverlapScheduler default memory limit: the input order's peak plus max(1 GiB, 5 %)."""
+    return int(peak_bytes + max(1 << 30, 0.05 * peak_bytes))
+
+
 def plan_orders(
     gm: torch.fx.GraphModule,
     graph: Graph,
@@ -62,16 +67,30 @@ def plan_orders(
     *,
     passes: str | Sequence[str] = "default",
     knobs: Mapping[str, Any] | None = None,
+    memory_budget_ratio: float | None = None,
     given: Mapping[str, Sequence[str]] | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """The order of every variant (node ids of ``graph``) and, for variants that could not be planned, why.
 
     ``original``: the graph's order; ``overlap``: ``commsched.passes.schedule(graph, costs, passes, **knobs)``;
     ``torch``: torch's OverlapScheduler on ``gm`` with the same costs (skipped, with the reason, when its order is
-    invalid for our graph); any other name must be in ``given`` (node names, checked)."""
+    invalid for our graph); any other name must be in ``given`` (node names, checked).
+
+    Both schedulers get the same memory rule: ``memory_budget_ratio`` times the input order's peak (each in its own
+    accounting; torch's is measured by a first run), or by default torch's own default limit (peak + max(1 GiB,
+    5 %)). Our ``reorder_collectives`` defaults to True: the orders are decided once and given to every rank, so a
+    group's collectives may be reordered safely, as torch's scheduler does. ``knobs`` override both defaults."""
+    from commsched.memory import memory_profile
     from commsched.passes import check_schedule, schedule
     from commsched.passes.check import as_order
 
+    ours = dict(knobs or {})
+    ours.setdefault("reorder_collectives", True)
+    if memory_budget_ratio is None:
+        ours.setdefault("memory_budget_ratio", None)
+        ours.setdefault("memory_budget_bytes", torch_default_budget_bytes(memory_profile(graph).peak_bytes))
+    else:
+        ours.setdefault("memory_budget_ratio", float(memory_budget_ratio))
     orders: dict[str, np.ndarray] = {}
     skipped: dict[str, str] = {}
     for name in variants:
@@ -82,11 +101,14 @@ def plan_orders(
         elif name == "original":
             orders[name] = np.arange(len(graph), dtype=np.int32)
         elif name == "overlap":
-            orders[name] = schedule(graph, costs, passes, **dict(knobs or {})).order
+            orders[name] = schedule(graph, costs, passes, **ours).order
         elif name == "torch":
             from commsched.peers import run_torch_overlap_scheduler
 
             result = run_torch_overlap_scheduler(gm, graph, costs)
+            if memory_budget_ratio is not None:
+                budget = int(result.torch_baseline_peak_memory_bytes * memory_budget_ratio)
+                result = run_torch_overlap_scheduler(gm, graph, costs, memory_budget=budget)
             if result.valid:
                 orders[name] = result.order
             else:
@@ -99,7 +121,8 @@ def plan_orders(
 
 
 def predict(graph: Graph, costs: Mapping[str, CostEstimate], orders: Mapping[str, np.ndarray]) -> dict[str, dict]:
-    """Simulated step of every order under every cost source: {variant: {source: {makespan_s, exposed_comm_s}}}."""
+    """Simulated step of every order under every cost source: {variant: {source: {makespan_s, exposed_comm_s,
+    peak_memory_bytes, lower_bound_s}}}."""
     from commsched.sim import simulate_costs
 
     out: dict[str, dict] = {}
@@ -107,7 +130,12 @@ def predict(graph: Graph, costs: Mapping[str, CostEstimate], orders: Mapping[str
         out[name] = {}
         for source, c in costs.items():
             r = simulate_costs(graph, c, order)
-            out[name][source] = {"makespan_s": float(r.makespan_s), "exposed_comm_s": float(r.exposed_comm_s)}
+            out[name][source] = {
+                "makespan_s": float(r.makespan_s),
+                "exposed_comm_s": float(r.exposed_comm_s),
+                "peak_memory_bytes": int(r.peak_memory_bytes),
+                "lower_bound_s": float(r.lower_bound_s),
+            }
     return out
 
 
