@@ -54,6 +54,9 @@ class RunConfig:
     """memory limit of both schedulers as a multiple of the input order's peak (None: torch's default rule)"""
     threads: int = 1
     """intra-op threads per rank (1: deterministic reductions, and ranks do not fight over cores)"""
+    gloo_threads: int = 1
+    """gloo worker threads per process group: 1 runs a group's collectives one at a time in issue order, like
+    NCCL's stream per communicator and like the schedulers' model; gloo's default (2) runs two at once"""
     check_reference: bool = True
     """also compare the original order's outputs with the unsharded model (tolerance 1e-4)"""
     calibrate_reps: int = 5
@@ -70,10 +73,28 @@ class RunConfig:
             raise ValueError(f"costs={self.costs!r}: expected one of {', '.join(COST_SOURCES)}")
         if not self.variants or len(set(self.variants)) != len(self.variants):
             raise ValueError(f"variants={self.variants}: expected distinct names, at least one")
-        if self.threads < 1:
-            raise ValueError(f"threads={self.threads}: expected >= 1")
+        if self.threads < 1 or self.gloo_threads < 1:
+            raise ValueError(f"threads={self.threads}, gloo_threads={self.gloo_threads}: expected >= 1")
         if self.memory_budget_ratio is not None and self.memory_budget_ratio < 1.0:
             raise ValueError(f"memory_budget_ratio={self.memory_budget_ratio}: expected >= 1 (the input order's peak)")
+
+
+def gloo_backend(threads: int) -> str:
+    """The name of a gloo backend whose process groups run ``threads`` worker threads, registered on first use
+    (torch's own "gloo" always starts 2, and ``init_process_group`` passes gloo no options)."""
+    name = f"gloo_threads{threads}"
+    if name not in dist.Backend.backend_list:
+        from torch.distributed import ProcessGroupGloo
+
+        def create(store, rank: int, size: int, timeout) -> ProcessGroupGloo:
+            opts = ProcessGroupGloo._Options()
+            opts._timeout = timeout
+            opts._threads = threads
+            opts._devices = [ProcessGroupGloo.create_default_device()]
+            return ProcessGroupGloo(store, rank, size, opts)
+
+        dist.Backend.register_backend(name, create, devices=["cpu"])
+    return name
 
 
 def rank_device(backend: str) -> torch.device:
@@ -233,6 +254,8 @@ def run_rank(cfg: RunConfig, *, backend: str | None = None) -> dict[str, Any] | 
     own_pg = not dist.is_initialized()
     if own_pg:
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        if backend == "gloo" and cfg.gloo_threads != 2:
+            backend = gloo_backend(cfg.gloo_threads)
         dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=600))
     backend = dist.get_backend()
     try:
