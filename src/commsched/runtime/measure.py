@@ -58,8 +58,9 @@ def measure_graph_collectives(
     gm: torch.fx.GraphModule, graph: Graph, *, reps: int = 5, device: torch.device | None = None
 ) -> list[tuple[str, int, int, float]]:
     """Time each distinct collective of ``graph`` by running its FX node's op on zero tensors of the same shapes,
-    issue to wait, ``reps`` times after a warm-up; returns (kind, group size, bytes, median seconds) rows, the
-    median taken per rank and then the slowest rank's (a collective ends when its last rank is done)."""
+    issue to wait, ``reps`` times after a warm-up, each after a barrier; returns (kind, group size, bytes, seconds)
+    rows: the median per rank (like the op times), then the slowest rank's (a collective ends when its last rank
+    is done)."""
     device = device or torch.device("cpu")
     fx_nodes = {n.name: n for n in gm.graph.nodes}
     rows = []
@@ -189,8 +190,8 @@ def measure_op_times(
     device: torch.device | None = None,
 ) -> dict[str, float]:
     """Seconds of every compute node of ``graph`` on this rank: the median of ``reps`` op-by-op runs of ``gm``
-    after a warm-up run (the median, not the best: the step times it predicts are medians too, taken on the same
-    machine under the same load). Runs the graph's collectives: call on every rank."""
+    after a warm-up run (the median, like the step times it predicts: on a shared machine the best run is faster
+    than what the steps see). Runs the graph's collectives: call on every rank."""
     device = device or torch.device("cpu")
     comm = (graph.coll_type >= 0) | (graph.kinds == OpKind.WAIT)
     skip = {graph.names[i] for i in np.flatnonzero(comm).tolist()}
