@@ -43,23 +43,23 @@ def print_report(rep: dict[str, Any], network: str | None) -> None:
         f"{rep['graph']['nodes']} nodes"
     )
     table = Table(title=f"{rep['iters']} steps per order (after {rep['warmup']} warm-up)", show_edge=False)
-    for col in ("order", "measured (median)", "p25-p75", "predicted", "error", "speedup", "predicted speedup", "peak"):
-        table.add_column(col, justify="left" if col == "order" else "right")
-    table.add_column("bit-identical", justify="center")
+    for col in ("order", "median ms", "p25-p75", "predicted", "error", "speedup/pred"):
+        table.add_column(col, justify="left" if col == "order" else "right", no_wrap=True)
+    table.add_column("bits", justify="center")  # bit-identical to the original order's outputs
     for name, v in rep["variants"].items():
         m = v["measured"]
         table.add_row(
             name,
-            fmt_seconds(m["median_s"]),
-            f"{fmt_seconds(m['p25_s'])}-{fmt_seconds(m['p75_s'])}",
-            fmt_seconds(v["predicted"][costs]),
+            f"{m['median_s'] * 1e3:.1f}",
+            f"{m['p25_s'] * 1e3:.1f}-{m['p75_s'] * 1e3:.1f}",
+            f"{v['predicted'][costs] * 1e3:.1f}",
             f"{v['prediction_error'] * 100:+.1f}%",
-            f"{v.get('speedup_measured', float('nan')):.3f}x",
-            f"{v.get('speedup_predicted', float('nan')):.3f}x",
-            fmt_bytes(v["peak_memory_bytes"]),
+            f"{v.get('speedup_measured', float('nan')):.2f}x/{v.get('speedup_predicted', float('nan')):.2f}x",
             "[green]yes[/]" if v["bit_identical"] else "[bold red]NO[/]",
         )
     console.print(table)
+    peaks = ", ".join(f"{k} {fmt_bytes(v['peak_memory_bytes'])}" for k, v in rep["variants"].items())
+    console.print(f"simulated peak memory: {peaks}")
     for name, why in rep["skipped"].items():
         console.print(f"[yellow]skipped {name}[/]: {why}")
     if rep["reference_max_rel_error"] is not None:
