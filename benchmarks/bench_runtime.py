@@ -44,7 +44,13 @@ def run_one(args: argparse.Namespace, seq_len: int, bandwidth: str) -> dict:
         dtype="float32",
         attention="sdpa",
     )
-    cfg = RunConfig(spec=spec, variants=ORDERS, iters=args.iters, warmup=args.warmup, costs=args.costs)
+    cfg = RunConfig(
+        spec=spec,
+        variants=ORDERS,
+        iters=args.iters,
+        warmup=args.warmup,
+        costs=args.costs,
+    )
     load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
     with shaped_network(bandwidth) as net:
@@ -126,7 +132,8 @@ def main() -> None:
         print(
             f"\nseq {rep['seq_len']}, {rep['bench']['bandwidth']}: compute {_ms(totals['compute_s'])}, collectives "
             f"{_ms(totals['collectives_s'])} ({rep['graph']['collectives']}), slowdown x{probe['compute_slowdown']:.2f}"
-            f" (probe: comm {_ms(probe['comm_s'])}, compute {_ms(probe['compute_s'])}, both "
+            f" (probe: comm {_ms(probe['comm_s'])} using {_ms(probe['comm_cpu_s'])} CPU, compute "
+            f"{_ms(probe['compute_s'])}, both "
             f"{_ms(probe['overlapped_s'])}); profile predictions: "
             + ", ".join(f"{k} {_ms(v['predicted']['profile'])}" for k, v in rep["variants"].items())
         )

@@ -32,9 +32,10 @@ def print_report(rep: dict[str, Any], network: str | None) -> None:
     )
     probe = rep["link"]["interference"]
     console.print(
-        f"link probe: {probe['comm_bytes'] / 2**20:.0f} MiB all_reduce {fmt_seconds(probe['comm_s'])}, compute "
-        f"{fmt_seconds(probe['compute_s'])}, issued together {fmt_seconds(probe['overlapped_s'])} (serial "
-        f"{fmt_seconds(probe['serial_s'])}): compute slowdown while communicating x{probe['compute_slowdown']:.2f}"
+        f"link probe: the step's {probe['collectives']:.0f} collectives {fmt_seconds(probe['comm_s'])} (CPU "
+        f"{fmt_seconds(probe.get('comm_cpu_s', float('nan')))} per rank), compute {fmt_seconds(probe['compute_s'])}, "
+        f"issued together {fmt_seconds(probe['overlapped_s'])} (serial {fmt_seconds(probe['serial_s'])}): compute "
+        f"slowdown while communicating x{probe['compute_slowdown']:.2f}"
     )
     totals = rep["cost_totals"][costs]
     console.print(

@@ -274,7 +274,7 @@ def run_rank(cfg: RunConfig, *, backend: str | None = None) -> dict[str, Any] | 
         # calibration: every rank measures, rank 0 plans
         graph = from_fx(gm, meta=workload_meta(program, groups))
         rows = measure_graph_collectives(gm, graph, reps=cfg.calibrate_reps, device=device)
-        interference = measure_interference(device=device)
+        interference = measure_interference(gm, graph, device=device)
         op_times = measure_op_times(gm, graph, inputs, reps=cfg.op_reps, device=device)
         all_ops: list[Any] = [None] * world
         dist.all_gather_object(all_ops, op_times)
@@ -342,6 +342,7 @@ def _report(cfg, backend, world, fields, gathered, rows, interference, trace_s, 
         "dtype": str(spec.dtype).removeprefix("torch."),
         "backend": backend,
         "threads": cfg.threads,
+        "gloo_threads": cfg.gloo_threads,
         "iters": cfg.iters,
         "warmup": cfg.warmup,
         "graph": fields["graph"],

@@ -85,43 +85,46 @@ def measure_graph_collectives(
 
 
 def measure_interference(
-    *, compute_s: float = 0.15, reps: int = 3, device: torch.device | None = None
+    gm: torch.fx.GraphModule,
+    graph: Graph,
+    *,
+    reps: int = 3,
+    max_bytes: int = 256 << 20,
+    device: torch.device | None = None,
 ) -> dict[str, float]:
-    """How much compute slows while a collective is in flight, from three timings: an all_reduce sized to take
-    about half of ``compute_s`` on this link (M), ~``compute_s`` of matmuls (C), and both with the all_reduce issued
-    first and waited after (O). If compute ran ``f`` times slower while the collective was in flight, O = M + C -
-    M / f when C > M / f, so ``f = M / (C + M - O)``, clipped to [1, 4] (1: perfect overlap; O >= C + M: none).
-    Best of ``reps`` rounds for each. Returns the three times, ``serial_s`` (M + C), ``comm_bytes`` and
-    ``compute_slowdown`` (f)."""
+    """How much compute slows while the graph's collectives are in flight, from three timings: the graph's own
+    collectives (in graph order, up to ``max_bytes`` of inputs) issued together and then waited (M), matmuls
+    sized to about 1.5 M (C), and both: the collectives issued, the matmuls, the waits (O). If compute ran ``f``
+    times slower while communication was in flight, O = M + C - M / f when C > M / f, so ``f = M / (C + M - O)``,
+    clipped to [1, 4] (1: perfect overlap; O >= C + M: none). The graph's mix matters: each collective also costs
+    the CPU a fixed amount (gloo's steps, the socket calls), which a single large probe would hide. Interleaved
+    rounds, the best of ``reps`` for each time, then the slowest rank's. Returns the three times, ``serial_s``
+    (M + C), ``comm_bytes``, ``comm_cpu_s`` (the CPU time a rank spent on one M: gloo's threads and the kernel's
+    socket work, which on a CPU run competes with compute) and ``compute_slowdown`` (f)."""
     device = device or torch.device("cpu")
-    group = dist.group.WORLD.group_name
+    fx_nodes = {n.name: n for n in gm.graph.nodes}
+    calls = []
+    comm_bytes = 0
+    for c in graph.collectives.tolist():
+        if comm_bytes >= max_bytes:
+            break
+        node = fx_nodes[graph.names[c]]
+        args = _materialise(node.args, device)
+        kwargs = {k: _materialise(v, device) for k, v in node.kwargs.items()}
+        calls.append((node.target, args, kwargs))
+        comm_bytes += int(graph.comm_bytes[c])
     a = torch.randn(384, 384, device=device)
 
     def matmuls(n: int) -> None:
         for _ in range(n):
             torch.mm(a, a)
 
-    # size the compute chunk on this rank, then agree on the count (ranks must do the same work)
-    t0 = time.perf_counter()
-    matmuls(8)
-    _sync(device)
-    per = max((time.perf_counter() - t0) / 8, 1e-6)
-    count = torch.tensor([max(1, int(compute_s / per))], dtype=torch.int64)
-    dist.all_reduce(count, op=dist.ReduceOp.MIN)
-    n = int(count.item())
+    def issue() -> list[Any]:
+        return [target(*args, **kwargs) for target, args, kwargs in calls]
 
-    # size the collective from a 1 MiB one: C > M / f must hold for the formula, so M ~ C / 2
-    probe = torch.ones(1 << 18, device=device)
-    for _ in range(2):
-        dist.barrier()
-        t0 = time.perf_counter()
-        c10d.wait_tensor(c10d.all_reduce(probe, "sum", group))
-        _sync(device)
-    per_mib = max(time.perf_counter() - t0, 1e-6)
-    elems = torch.tensor([int(min(max(compute_s / 2 / per_mib, 0.25), 64.0) * (1 << 18))], dtype=torch.int64)
-    dist.all_reduce(elems, op=dist.ReduceOp.MIN)
-    comm_bytes = int(elems.item()) * 4
-    x = torch.ones(comm_bytes // 4, device=device)
+    def wait(works: list[Any]) -> None:
+        for w in works:
+            _wait_all(w)
 
     def timed(fn: Callable[[], None]) -> float:
         dist.barrier()
@@ -131,20 +134,28 @@ def measure_interference(
         _sync(device)
         return time.perf_counter() - t
 
-    def both() -> None:
-        work = c10d.all_reduce(x, "sum", group)
-        matmuls(n)
-        c10d.wait_tensor(work)
+    wait(issue())  # warm-up
+    cpu0 = time.process_time()
+    comm = timed(lambda: wait(issue()))
+    comm_cpu = time.process_time() - cpu0  # this process's CPU (all threads): the communication's own CPU cost
+    t = timed(lambda: matmuls(8))
+    count = torch.tensor([max(1, int(1.5 * comm / max(t / 8, 1e-6)))], dtype=torch.int64)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)  # ranks must do the same work
+    n = int(count.item())
 
-    c10d.wait_tensor(c10d.all_reduce(x, "sum", group))  # warm-up
+    def both() -> None:
+        works = issue()
+        matmuls(n)
+        wait(works)
+
     best = [float("inf")] * 3
     for _ in range(reps):  # interleaved, so that a burst of load elsewhere spoils one round, not one quantity
-        for k, fn in enumerate((lambda: c10d.wait_tensor(c10d.all_reduce(x, "sum", group)), lambda: matmuls(n), both)):
+        for k, fn in enumerate((lambda: wait(issue()), lambda: matmuls(n), both)):
             best[k] = min(best[k], timed(fn))
-    out = torch.tensor(best, dtype=torch.float64)
+    out = torch.tensor([*best, comm_cpu], dtype=torch.float64)
     dist.all_reduce(out, op=dist.ReduceOp.MAX)  # every rank computes the same slowdown from the slowest rank's times
-    comm, compute, overlapped = out.tolist()
-    hidden = compute + comm - overlapped  # compute time that ran while the collective was in flight, slowed
+    comm, compute, overlapped, comm_cpu = out.tolist()
+    hidden = compute + comm - overlapped  # compute time that ran while the collectives were in flight, slowed
     slowdown = 4.0 if hidden <= comm / 4.0 else min(max(comm / hidden, 1.0), 4.0)
     return {
         "comm_s": comm,
@@ -152,6 +163,8 @@ def measure_interference(
         "overlapped_s": overlapped,
         "serial_s": comm + compute,
         "comm_bytes": float(comm_bytes),
+        "collectives": float(len(calls)),
+        "comm_cpu_s": comm_cpu,
         "compute_slowdown": slowdown,
     }
 
