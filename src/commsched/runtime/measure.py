@@ -55,12 +55,19 @@ def collective_keys(graph: Graph) -> dict[tuple[str, int, int], int]:
 
 
 def measure_graph_collectives(
-    gm: torch.fx.GraphModule, graph: Graph, *, reps: int = 5, device: torch.device | None = None
+    gm: torch.fx.GraphModule,
+    graph: Graph,
+    *,
+    reps: int = 5,
+    rounds: int = 3,
+    device: torch.device | None = None,
 ) -> list[tuple[str, int, int, float]]:
-    """Time each distinct collective of ``graph`` by running its FX node's op on zero tensors of the same shapes,
-    issue to wait, ``reps`` times after a warm-up, each after a barrier; returns (kind, group size, bytes, seconds)
-    rows: the median per rank (like the op times), then the slowest rank's (a collective ends when its last rank
-    is done)."""
+    """Time each distinct collective of ``graph`` by running its FX node's op on zero tensors of the same shapes:
+    ``reps`` back-to-back calls (issue, wait, issue, ...) after one barrier, per round; returns (kind, group size,
+    bytes, seconds per call) rows: the median round per rank (like the op times), then the slowest rank's.
+    Back to back, as nccl-tests times its iterations, not one call after a barrier: inside a step the ranks reach
+    each collective at slightly different moments (each has just woken from the previous wait), and the later rank
+    sets the pace; a barrier before every call would line the ranks up and time a collective no step runs."""
     device = device or torch.device("cpu")
     fx_nodes = {n.name: n for n in gm.graph.nodes}
     rows = []
@@ -68,15 +75,16 @@ def measure_graph_collectives(
         node = fx_nodes[graph.names[c]]
         args = _materialise(node.args, device)
         kwargs = {k: _materialise(v, device) for k, v in node.kwargs.items()}
+        _wait_all(node.target(*args, **kwargs))  # the first call sets up connections and buffers
         samples = []
-        for r in range(reps + 1):
+        for _ in range(rounds):
             dist.barrier()
             _sync(device)
             t0 = time.perf_counter()
-            _wait_all(node.target(*args, **kwargs))
+            for _ in range(reps):
+                _wait_all(node.target(*args, **kwargs))
             _sync(device)
-            if r:  # the first call sets up connections and buffers
-                samples.append(time.perf_counter() - t0)
+            samples.append((time.perf_counter() - t0) / reps)
         rows.append((kind, size, nbytes, statistics.median(samples)))
     times = torch.tensor([r[3] for r in rows], dtype=torch.float64)
     if dist.get_world_size() > 1 and len(rows):
