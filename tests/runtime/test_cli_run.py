@@ -28,6 +28,9 @@ def test_help_has_an_example():
         (["llama-tiny", "--backend", "mpi"], "--backend 'mpi'"),
         (["llama-tiny", "--bandwidth", "fast"], "bandwidth 'fast'"),
         (["llama-tiny", "--knob", "oops"], "NAME=VALUE"),
+        (["llama-tiny", "--knob", "no_such_knob=1"], "unknown knob(s) ['no_such_knob']"),
+        (["llama-tiny", "--passes", "no_such_pass"], "unknown pass 'no_such_pass'"),
+        (["llama-tiny", "--memory-budget-ratio", "0.5"], "memory_budget_ratio=0.5"),
     ],
 )
 def test_bad_input_exits_2(args, message):
@@ -44,3 +47,17 @@ def test_bandwidth_under_torchrun_is_refused(monkeypatch):
     res = runner.invoke(app, ["run", "llama-tiny", "--bandwidth", "1gbit"])
     assert res.exit_code == 2
     assert "under torchrun" in res.output
+
+
+def test_run_config_checks_before_any_rank_starts():
+    from commsched.runtime import RunConfig
+    from commsched.workloads import resolve
+
+    spec = resolve("llama-tiny", parallel="fsdp", world_size=2, dtype="float32", attention="sdpa")
+    with pytest.raises(ValueError, match="variants \\['mystery'\\]"):
+        RunConfig(spec=spec, variants=("original", "mystery"))
+    RunConfig(spec=spec, variants=("original", "mystery"), orders={"mystery": ("a",)})  # a given order is fine
+    with pytest.raises(ValueError, match="unknown knob"):
+        RunConfig(spec=spec, knobs={"no_such_knob": 1})
+    with pytest.raises(ValueError, match="iters=0"):
+        RunConfig(spec=spec, iters=0)

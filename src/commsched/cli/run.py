@@ -156,9 +156,14 @@ def register(app: typer.Typer) -> None:
                     network = net.describe() if net is not None else None
                     with console.status(f"running {world_size} ranks ({', '.join(names)}; {iters} steps each)"):
                         report = run_local(cfg, network=net, backend=backend)
+            except typer.Exit:
+                raise
             except ShapedNetworkUnavailable as exc:
                 err_console.print(f"[bold red]error:[/] {exc}")
                 raise typer.Exit(2) from None
+            except RuntimeError as exc:  # a rank failed: its traceback is in the message
+                err_console.print(f"[bold red]error:[/] {exc}")
+                raise typer.Exit(1) from None
         if report is None:  # a rank other than 0 under torchrun
             return
         report["network"] = network

@@ -75,6 +75,16 @@ class RunConfig:
             raise ValueError(f"variants={self.variants}: expected distinct names, at least one")
         if self.threads < 1 or self.gloo_threads < 1:
             raise ValueError(f"threads={self.threads}, gloo_threads={self.gloo_threads}: expected >= 1")
+        from commsched.runtime.plan import BUILTIN_VARIANTS, check_knobs
+
+        unknown = [v for v in self.variants if v not in BUILTIN_VARIANTS and v not in (self.orders or {})]
+        if unknown:
+            raise ValueError(
+                f"variants {unknown}: expected {', '.join(BUILTIN_VARIANTS)} or a name given an order in `orders`"
+            )
+
+        if "overlap" in self.variants:
+            check_knobs(self.passes, self.knobs)
         if self.memory_budget_ratio is not None and self.memory_budget_ratio < 1.0:
             raise ValueError(f"memory_budget_ratio={self.memory_budget_ratio}: expected >= 1 (the input order's peak)")
 
@@ -282,9 +292,17 @@ def run_rank(cfg: RunConfig, *, backend: str | None = None) -> dict[str, Any] | 
         calib_s = time.perf_counter() - t_start - trace_s
 
         plan_box: list[Any] = [None]
+        failure: Exception | None = None
         if rank == 0:
-            plan_box[0] = _plan_on_rank0(cfg, gm, graph, rows, interference, op_median)
+            try:
+                plan_box[0] = _plan_on_rank0(cfg, gm, graph, rows, interference, op_median)
+            except Exception as exc:  # every rank must leave the broadcast, then all raise
+                failure, plan_box[0] = exc, f"{type(exc).__name__}: {exc}"
         dist.broadcast_object_list(plan_box, src=0)
+        if failure is not None:
+            raise failure
+        if isinstance(plan_box[0], str):
+            raise RuntimeError(f"rank 0 could not plan the orders: {plan_box[0]}")
         orders, fields = plan_box[0]
 
         modules = {}
@@ -296,9 +314,14 @@ def run_rank(cfg: RunConfig, *, backend: str | None = None) -> dict[str, Any] | 
 
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, {"times": times, "identical": identical, "ref_err": ref_err})
-        if rank != 0:
-            return None
-        return _report(cfg, backend, world, fields, gathered, rows, interference, trace_s, calib_s)
+        report = None
+        if rank == 0:
+            report = _report(cfg, backend, world, fields, gathered, rows, interference, trace_s, calib_s)
+        if own_pg:
+            # all ranks tear down together: a rank that closes its sockets while a peer's gloo loop still reads
+            # them can make that peer abort
+            dist.barrier()
+        return report
     finally:
         if own_pg:
             dist.destroy_process_group()

@@ -73,6 +73,8 @@ def run_local(cfg: RunConfig, *, network: ShapedNetwork | None = None, backend: 
             )
         except mp.ProcessRaisedException as exc:
             raise RuntimeError(f"a rank failed:\n{exc}") from None
+        except mp.ProcessExitedException as exc:
+            raise RuntimeError(f"a rank died: {exc}") from None
         path = Path(d) / "report.json"
         if not path.exists():
             raise RuntimeError("rank 0 finished without writing its report")

@@ -54,6 +54,29 @@ def run_costs(
     return dataclasses.replace(costs, compute_slowdown=max(1.0, float(compute_slowdown)))
 
 
+def pass_knob_names(passes: str | Sequence[str]) -> set[str]:
+    """Every knob the passes (a preset name or a list of pass names) accept; ValueError for an unknown pass."""
+    from commsched.passes import PASSES, PRESETS
+
+    names = PRESETS[passes] if isinstance(passes, str) and passes in PRESETS else passes
+    if isinstance(names, str):
+        names = [p.strip() for p in names.split(",") if p.strip()]
+    accepted: set[str] = set()
+    for name in names:
+        spec = PASSES.get(name)
+        if spec is None:
+            raise ValueError(f"unknown pass {name!r}; known passes: {sorted(PASSES)}; presets: {sorted(PRESETS)}")
+        accepted |= {f.name for f in dataclasses.fields(spec.config_cls)}
+    return accepted
+
+
+def check_knobs(passes: str | Sequence[str], knobs: Mapping[str, Any]) -> None:
+    """ValueError naming the knobs ``passes`` do not accept (checked before any rank starts)."""
+    unknown = sorted(set(knobs) - pass_knob_names(passes))
+    if unknown:
+        raise ValueError(f"unknown knob(s) {unknown} for passes {passes!r}")
+
+
 def torch_default_budget_bytes(peak_bytes: int) -> int:
     """torch's OverlapScheduler default memory limit: the input order's peak plus max(1 GiB, 5 %)."""
     return int(peak_bytes + max(1 << 30, 0.05 * peak_bytes))
@@ -79,18 +102,23 @@ def plan_orders(
     Both schedulers get the same memory rule: ``memory_budget_ratio`` times the input order's peak (each in its own
     accounting; torch's is measured by a first run), or by default torch's own default limit (peak + max(1 GiB,
     5 %)). Our ``reorder_collectives`` defaults to True: the orders are decided once and given to every rank, so a
-    group's collectives may be reordered safely, as torch's scheduler does. ``knobs`` override both defaults."""
+    group's collectives may be reordered safely, as torch's scheduler does. ``knobs`` override both defaults, which
+    apply only to passes that have those knobs."""
     from commsched.memory import memory_profile
     from commsched.passes import check_schedule, schedule
     from commsched.passes.check import as_order
 
     ours = dict(knobs or {})
-    ours.setdefault("reorder_collectives", True)
+    defaults: dict[str, Any] = {"reorder_collectives": True}
     if memory_budget_ratio is None:
-        ours.setdefault("memory_budget_ratio", None)
-        ours.setdefault("memory_budget_bytes", torch_default_budget_bytes(memory_profile(graph).peak_bytes))
+        defaults["memory_budget_ratio"] = None
+        defaults["memory_budget_bytes"] = torch_default_budget_bytes(memory_profile(graph).peak_bytes)
     else:
-        ours.setdefault("memory_budget_ratio", float(memory_budget_ratio))
+        defaults["memory_budget_ratio"] = float(memory_budget_ratio)
+    accepted = pass_knob_names(passes)
+    for k, v in defaults.items():  # only where the chosen passes have the knob
+        if k in accepted:
+            ours.setdefault(k, v)
     orders: dict[str, np.ndarray] = {}
     skipped: dict[str, str] = {}
     for name in variants:
