@@ -112,8 +112,9 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="write every report (all step times) here")
     args = ap.parse_args()
 
+    profile_dir = tempfile.TemporaryDirectory(prefix="commsched-profile-")  # removed when main returns
     if args.calibrate:
-        folder = tempfile.mkdtemp(prefix="commsched-profile-")
+        folder = profile_dir.name
         cmd = [sys.executable, "-m", "commsched.cli", "calibrate", "--device", "cpu", "-o", f"{folder}/cpu-local.toml"]
         subprocess.run(cmd, check=True)
         os.environ["COMMSCHED_PROFILE_DIR"] = folder  # the spawned ranks inherit it
