@@ -24,6 +24,8 @@ demo: $(STAMP)
 test: $(STAMP)
 	# the HTML report is rendered in headless Chromium by the tests
 	command -v chromium >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
+	# the shaped-network tests of commsched.runtime run ip netns / tc (iproute2)
+	(command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1) || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest -q
 

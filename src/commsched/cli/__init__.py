@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "commsched.cli.compare",
     "commsched.cli.rewrite",
     "commsched.cli.sweep",
+    "commsched.cli.run",
 )
 
 for _mod in COMMAND_MODULES:

@@ -1,0 +1,175 @@
+"""``commsched run``: run a zoo step for real with the original and the scheduled orders, predicted vs measured."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from commsched.cli.common import console, err_console, user_errors
+
+
+def _parse_knobs(items: list[str]) -> dict[str, Any]:
+    from commsched.cli.schedule import _parse_knobs as parse
+
+    return parse(items)
+
+
+def print_report(rep: dict[str, Any], network: str | None) -> None:
+    """The run report as rich tables (rank 0)."""
+    from rich.table import Table
+
+    from commsched.report.units import fmt_bytes, fmt_seconds
+
+    costs = rep["costs"]
+    console.print(
+        f"[bold]{rep['workload']}[/], seq {rep['seq_len']} x batch {rep['batch']}, {rep['dtype']}; "
+        f"{rep['world_size']} ranks on {rep['backend']}, {rep['threads']} thread(s) each; "
+        f"{network or 'unshaped network'}"
+    )
+    probe = rep["link"]["interference"]
+    console.print(
+        f"link probe: the step's {probe['collectives']:.0f} collectives {fmt_seconds(probe['comm_s'])} (CPU "
+        f"{fmt_seconds(probe.get('comm_cpu_s', float('nan')))} per rank), compute {fmt_seconds(probe['compute_s'])}, "
+        f"issued together {fmt_seconds(probe['overlapped_s'])} (serial {fmt_seconds(probe['serial_s'])}): compute "
+        f"slowdown while communicating x{probe['compute_slowdown']:.2f}"
+    )
+    totals = rep["cost_totals"][costs]
+    console.print(
+        f"costs ({costs}): compute {fmt_seconds(totals['compute_s'])}, collectives "
+        f"{fmt_seconds(totals['collectives_s'])} over {rep['graph']['collectives']} collectives, "
+        f"{rep['graph']['nodes']} nodes"
+    )
+    table = Table(title=f"{rep['iters']} steps per order (after {rep['warmup']} warm-up)", show_edge=False)
+    for col in ("order", "median ms", "p25-p75", "predicted", "error", "speedup/pred"):
+        table.add_column(col, justify="left" if col == "order" else "right", no_wrap=True)
+    table.add_column("bits", justify="center")  # bit-identical to the original order's outputs
+    for name, v in rep["variants"].items():
+        m = v["measured"]
+        table.add_row(
+            name,
+            f"{m['median_s'] * 1e3:.1f}",
+            f"{m['p25_s'] * 1e3:.1f}-{m['p75_s'] * 1e3:.1f}",
+            f"{v['predicted'][costs] * 1e3:.1f}",
+            f"{v['prediction_error'] * 100:+.1f}%",
+            f"{v.get('speedup_measured', float('nan')):.2f}x/{v.get('speedup_predicted', float('nan')):.2f}x",
+            "[green]yes[/]" if v["bit_identical"] else "[bold red]NO[/]",
+        )
+    console.print(table)
+    peaks = ", ".join(f"{k} {fmt_bytes(v['peak_memory_bytes'])}" for k, v in rep["variants"].items())
+    console.print(f"simulated peak memory: {peaks}")
+    for name, why in rep["skipped"].items():
+        console.print(f"[yellow]skipped {name}[/]: {why}")
+    if rep["reference_max_rel_error"] is not None:
+        console.print(f"original order vs the unsharded model: max relative error {rep['reference_max_rel_error']:.1e}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def run(
+        preset: str = typer.Argument(..., help="a zoo preset small enough to run here, e.g. llama-tiny"),
+        parallel: str = typer.Option("fsdp", "--parallel", help="parallelism (see commsched trace --list)"),
+        world_size: int = typer.Option(2, "--world-size", "-w", min=2, help="ranks (local processes)"),
+        layers: int = typer.Option(None, "--layers", min=1, help="transformer blocks (default: the preset's)"),
+        seq_len: int = typer.Option(None, "--seq-len", min=1, help="sequence length (default: the preset's)"),
+        batch: int = typer.Option(None, "--batch", min=1, help="sequences per data-parallel replica"),
+        dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16 | float16"),
+        tp_size: int = typer.Option(None, "--tp-size", min=1, help="tensor-parallel degree (tp, fsdp+tp)"),
+        bandwidth: str = typer.Option(None, "--bandwidth", help="shape the loopback (root): tc rate, e.g. 2gbit"),
+        delay: str = typer.Option("0ms", "--delay", help="with --bandwidth: netem delay per packet, e.g. 1ms"),
+        iters: int = typer.Option(10, "--iters", min=1, help="timed steps per order"),
+        warmup: int = typer.Option(2, "--warmup", min=0, help="untimed steps per order first"),
+        variants: str = typer.Option("original,overlap,torch", "--variants", help="orders to run (comma-separated)"),
+        passes: str = typer.Option("default", "--passes", "-p", help="our scheduler: pass preset or list"),
+        knob: list[str] = typer.Option([], "--knob", "-k", help="pass option NAME=VALUE (repeatable)"),
+        costs: str = typer.Option("measured", "--costs", help="costs the schedulers see: measured | profile"),
+        memory_budget_ratio: float = typer.Option(
+            None, "--memory-budget-ratio", help="both schedulers' peak-memory limit / input peak (default: torch's)"
+        ),
+        hardware: str = typer.Option("cpu-local", "--hardware", "-H", help="profile of the 'profile' cost source"),
+        threads: int = typer.Option(1, "--threads", min=1, help="intra-op threads per rank"),
+        backend: str = typer.Option(None, "--backend", help="gloo | nccl (default: nccl with a GPU per rank)"),
+        seed: int = typer.Option(0, "--seed", help="parameters and batch"),
+        json_out: Path = typer.Option(None, "--json", help="also write the full report (every step time) as JSON"),
+    ) -> None:
+        """Run PRESET's training step for real on WORLD_SIZE ranks with the original order, commsched's order and
+        torch's OverlapScheduler order; check that every order's outputs are bit-identical; report the measured step
+        time (median, spread) next to the simulator's prediction from calibrated costs.
+
+        Local ranks are spawned on gloo (NCCL with a GPU per rank); with --bandwidth (root only) they run inside a
+        network namespace whose loopback is shaped with tc, torn down afterwards. Under torchrun (env:// rendezvous)
+        the command runs as one rank of the launch, so the same command spans the hosts of a cluster.
+
+        Example: commsched run llama-tiny --parallel fsdp --world-size 2 --bandwidth 2gbit --iters 10
+
+        Example: torchrun --nnodes 2 --nproc-per-node 8 -m commsched.cli run llama-tiny --world-size 16
+        """
+        from commsched.runtime.executor import RunConfig, run_rank
+        from commsched.runtime.launch import launched_by_torchrun, run_local
+        from commsched.runtime.netns import ShapedNetworkUnavailable, shaped_network
+        from commsched.workloads import resolve
+
+        with user_errors():
+            if backend not in (None, "gloo", "nccl"):
+                raise ValueError(f"--backend {backend!r}: expected gloo or nccl")
+            import torch
+
+            cuda = torch.cuda.is_available() and backend != "gloo"
+            spec = resolve(
+                preset,
+                parallel=parallel,
+                world_size=world_size,
+                layers=layers,
+                seq_len=seq_len,
+                batch=batch,
+                dtype=dtype,
+                tp_size=tp_size,
+                attention="flash" if cuda else "sdpa",  # the flash op has no CPU kernel
+            )
+            names = tuple(v.strip() for v in variants.split(",") if v.strip())
+            cfg = RunConfig(
+                spec=spec,
+                variants=names,
+                iters=iters,
+                warmup=warmup,
+                seed=seed,
+                hardware=hardware,
+                costs=costs,
+                passes=passes,
+                knobs=_parse_knobs(knob),
+                memory_budget_ratio=memory_budget_ratio,
+                threads=threads,
+            )
+            torchrun = launched_by_torchrun()
+            if torchrun and bandwidth:
+                raise ValueError("--bandwidth shapes local ranks; under torchrun, shape the hosts' network instead")
+        if torchrun:
+            report = run_rank(cfg, backend=backend)
+            network = None
+        else:
+            try:
+                ctx = shaped_network(bandwidth, delay=delay) if bandwidth else contextlib.nullcontext()
+                with user_errors(), ctx as net:
+                    network = net.describe() if net is not None else None
+                    with console.status(f"running {world_size} ranks ({', '.join(names)}; {iters} steps each)"):
+                        report = run_local(cfg, network=net, backend=backend)
+            except typer.Exit:
+                raise
+            except ShapedNetworkUnavailable as exc:
+                err_console.print(f"[bold red]error:[/] {exc}")
+                raise typer.Exit(2) from None
+            except RuntimeError as exc:  # a rank failed: its traceback is in the message
+                err_console.print(f"[bold red]error:[/] {exc}")
+                raise typer.Exit(1) from None
+        if report is None:  # a rank other than 0 under torchrun
+            return
+        report["network"] = network
+        print_report(report, network)
+        if json_out:
+            from commsched.frontends.json_io import atomic_write_text
+
+            atomic_write_text(json_out, json.dumps(report, indent=1))
+            console.print(f"wrote [bold]{json_out}[/]")

@@ -1,0 +1,380 @@
+"""The real executor: one rank's part of a run (SPMD: every rank calls :func:`run_rank` with the same config).
+
+Each rank traces its own step (the zoo's ``StepProgram`` on its real process groups, under FakeTensorMode, so the
+collectives name the real groups and rank-specific constants are its own), checks that its FX node names and
+targets are rank 0's, calibrates the link and its ops, receives every variant's order from rank 0 (which imports
+its graph, estimates costs, schedules and predicts), applies each order to a copy of its graph, and runs all
+variants on real tensors: warm-up, then ``iters`` rounds in rotating variant order, each step between barriers.
+Every output of every step is compared bit for bit with the original order's first output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import statistics
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.fx
+
+from commsched.runtime.apply import apply_schedule, copy_graph_module
+from commsched.workloads.program import StepProgram, WorkloadSpec
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """What a real run does (picklable: it travels to every rank)."""
+
+    spec: WorkloadSpec
+    variants: tuple[str, ...] = ("original", "overlap", "torch")
+    """orders to run: "original", "overlap" (ours), "torch" (torch's OverlapScheduler) or names in ``orders``"""
+    orders: Mapping[str, tuple[str, ...]] | None = None
+    """explicit orders (FX node names) for variants; they override the built-in ones"""
+    iters: int = 10
+    """timed steps per variant"""
+    warmup: int = 2
+    """untimed steps per variant first"""
+    seed: int = 0
+    """parameters and batch (``StepProgram.real_inputs``)"""
+    hardware: str = "cpu-local"
+    """profile for the ``profile`` cost source (name or TOML path)"""
+    costs: str = "measured"
+    """cost source the schedulers see: "measured" (each op's measured time) or "profile" (the roofline)"""
+    passes: str | tuple[str, ...] = "default"
+    """our scheduler: a pass preset or pass list"""
+    knobs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """pass options (``commsched.passes.schedule(**knobs)``); see ``plan_orders`` for the defaults"""
+    memory_budget_ratio: float | None = None
+    """memory limit of both schedulers as a multiple of the input order's peak (None: torch's default rule)"""
+    threads: int = 1
+    """intra-op threads per rank (1: deterministic reductions, and ranks do not fight over cores)"""
+    gloo_threads: int = 1
+    """gloo worker threads per process group: 1 runs a group's collectives one at a time in issue order, like
+    NCCL's stream per communicator and like the schedulers' model; gloo's default (2) runs two at once"""
+    check_reference: bool = True
+    """also compare the original order's outputs with the unsharded model (tolerance 1e-4)"""
+    calibrate_reps: int = 5
+    """timed repetitions of each distinct collective on the link"""
+    op_reps: int = 3
+    """op-by-op runs to time every compute op"""
+
+    def __post_init__(self) -> None:
+        from commsched.runtime.plan import COST_SOURCES
+
+        if self.iters < 1 or self.warmup < 0:
+            raise ValueError(f"iters={self.iters} must be >= 1 and warmup={self.warmup} >= 0")
+        if self.costs not in COST_SOURCES:
+            raise ValueError(f"costs={self.costs!r}: expected one of {', '.join(COST_SOURCES)}")
+        if not self.variants or len(set(self.variants)) != len(self.variants):
+            raise ValueError(f"variants={self.variants}: expected distinct names, at least one")
+        if self.threads < 1 or self.gloo_threads < 1:
+            raise ValueError(f"threads={self.threads}, gloo_threads={self.gloo_threads}: expected >= 1")
+        from commsched.runtime.plan import BUILTIN_VARIANTS, check_knobs
+
+        unknown = [v for v in self.variants if v not in BUILTIN_VARIANTS and v not in (self.orders or {})]
+        if unknown:
+            raise ValueError(
+                f"variants {unknown}: expected {', '.join(BUILTIN_VARIANTS)} or a name given an order in `orders`"
+            )
+
+        if "overlap" in self.variants:
+            check_knobs(self.passes, self.knobs)
+        if self.memory_budget_ratio is not None and self.memory_budget_ratio < 1.0:
+            raise ValueError(f"memory_budget_ratio={self.memory_budget_ratio}: expected >= 1 (the input order's peak)")
+
+
+def gloo_backend(threads: int) -> str:
+    """The name of a gloo backend whose process groups run ``threads`` worker threads, registered on first use
+    (torch's own "gloo" always starts 2, and ``init_process_group`` passes gloo no options)."""
+    name = f"gloo_threads{threads}"
+    if name not in dist.Backend.backend_list:
+        from torch.distributed import ProcessGroupGloo
+
+        def create(store, rank: int, size: int, timeout) -> ProcessGroupGloo:
+            opts = ProcessGroupGloo._Options()
+            opts._timeout = timeout
+            opts._threads = threads
+            opts._devices = [ProcessGroupGloo.create_default_device()]
+            return ProcessGroupGloo(store, rank, size, opts)
+
+        dist.Backend.register_backend(name, create, devices=["cpu"])
+    return name
+
+
+def rank_device(backend: str) -> torch.device:
+    if backend == "nccl":
+        local = int(os.environ.get("LOCAL_RANK", dist.get_rank() % max(torch.cuda.device_count(), 1)))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
+def trace_rank(spec: WorkloadSpec, groups: Mapping[str, Any], rank: int, device: torch.device):
+    """(StepProgram, GraphModule) of this rank's step, traced on fake tensors with its real process groups."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from commsched.workloads.trace import _tidy
+
+    program = StepProgram(spec, groups, rank)
+    with FakeTensorMode(), torch.device(device):
+        gm = make_fx(program.step)(*program.empty_inputs())
+    _tidy(gm, program.input_names)
+    return program, gm
+
+
+def _check_same_graph(gm: torch.fx.GraphModule) -> None:
+    """Every rank's graph must have rank 0's node names and targets (SPMD): the orders are by name."""
+    mine = [(n.name, str(n.target)) for n in gm.graph.nodes]
+    box = [mine if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    ref = box[0]
+    bad = torch.tensor([0 if mine == ref else 1])
+    dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    if bad.item():
+        first = next(((a, b) for a, b in zip(mine, ref) if a != b), (f"{len(mine)} nodes", f"{len(ref)} nodes"))
+        raise RuntimeError(
+            f"rank {dist.get_rank()}'s traced step differs from rank 0's ({first[0]} vs {first[1]}): the schedule "
+            "maps onto every rank by node name, so every rank must trace the same graph"
+        )
+
+
+def _plan_on_rank0(cfg: RunConfig, gm, graph, rows, interference, op_times) -> tuple[dict, dict]:
+    """Rank 0: build both cost sources, plan the orders, predict. Returns (orders by name, report fields)."""
+    from commsched import hardware as hw_mod
+    from commsched.runtime.plan import cost_summary, link_table, plan_orders, predict, run_costs
+
+    hw = hw_mod.get(cfg.hardware)
+    table = link_table(rows)
+    slowdown = interference["compute_slowdown"]
+    costs = {
+        "measured": run_costs(graph, hw, table, slowdown, op_times),
+        "profile": run_costs(graph, hw, table, slowdown),
+    }
+    given = {k: tuple(v) for k, v in (cfg.orders or {}).items()}
+    t0 = time.perf_counter()
+    orders, skipped = plan_orders(
+        gm,
+        graph,
+        costs[cfg.costs],
+        cfg.variants,
+        passes=cfg.passes,
+        knobs=cfg.knobs,
+        memory_budget_ratio=cfg.memory_budget_ratio,
+        given=given,
+    )
+    plan_s = time.perf_counter() - t0
+    fields = {
+        "graph": {"nodes": len(graph), "collectives": len(graph.collectives), "meta": graph.meta.get("workload")},
+        "hardware": hw.name,
+        "costs": cfg.costs,
+        "cost_totals": {k: cost_summary(graph, c) for k, c in costs.items()},
+        "predicted": predict(graph, costs, orders),
+        "moved_nodes": {k: int(np.count_nonzero(o != np.arange(len(o)))) for k, o in orders.items()},
+        "skipped": skipped,
+        "plan_s": plan_s,
+    }
+    return {k: [graph.names[i] for i in o.tolist()] for k, o in orders.items()}, fields
+
+
+def _outputs(out: Any) -> list[torch.Tensor]:
+    return [t.detach() for t in (out if isinstance(out, (list, tuple)) else [out]) if isinstance(t, torch.Tensor)]
+
+
+def _identical(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a, b))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _reference_error(cfg: RunConfig, rank: int, outputs: list[torch.Tensor]) -> float:
+    from commsched.workloads.real import expected_rank_outputs, reference_outputs
+
+    expected = expected_rank_outputs(cfg.spec, rank, reference_outputs(cfg.spec, seed=cfg.seed))
+    if len(expected) != len(outputs):
+        return math.inf
+    err = 0.0
+    for got, want in zip(outputs, expected):
+        scale = max(want.abs().max().item(), 1e-30)
+        err = max(err, (got.cpu().to(want.dtype) - want).abs().max().item() / scale)
+    return err
+
+
+def _time_variants(
+    cfg: RunConfig, modules: dict[str, torch.fx.GraphModule], inputs: list[torch.Tensor], device: torch.device
+) -> tuple[dict[str, list[float]], dict[str, bool], list[torch.Tensor]]:
+    """Per variant: step seconds of each timed iteration on this rank, and whether every output of every step was
+    bit-identical to the original order's first output. Also returns that first output."""
+    names = list(modules)
+    first_name = "original" if "original" in modules else names[0]
+    times: dict[str, list[float]] = {v: [] for v in names}
+    with torch.no_grad():
+        reference = _outputs(modules[first_name](*inputs))
+        identical = {v: True for v in names}
+        for it in range(cfg.warmup + cfg.iters):
+            k = it % len(names)
+            for v in names[k:] + names[:k]:  # rotate: no variant always runs right after the same one
+                dist.barrier()
+                _sync(device)
+                t0 = time.perf_counter()
+                out = modules[v](*inputs)
+                _sync(device)
+                dt = time.perf_counter() - t0
+                if it >= cfg.warmup:
+                    times[v].append(dt)
+                identical[v] = identical[v] and _identical(_outputs(out), reference)
+    return times, identical, reference
+
+
+def _spread(samples: list[float]) -> dict[str, float]:
+    s = sorted(samples)
+    q = np.quantile(np.asarray(s), [0.25, 0.75]) if s else [math.nan, math.nan]
+    return {
+        "median_s": statistics.median(s),
+        "p25_s": float(q[0]),
+        "p75_s": float(q[1]),
+        "min_s": s[0],
+        "max_s": s[-1],
+        "samples_s": s,
+    }
+
+
+def run_rank(cfg: RunConfig, *, backend: str | None = None) -> dict[str, Any] | None:
+    """This rank's part of a run; rank 0 returns the report (a JSON-able dict), the others None.
+
+    Initialises torch.distributed from the environment (env://: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, as
+    torchrun sets them) unless it already is, and then destroys it again. ``backend``: "gloo" or "nccl" (default:
+    NCCL when CUDA is available, else gloo)."""
+    import datetime
+
+    from commsched.frontends.fx import from_fx
+    from commsched.runtime.measure import measure_graph_collectives, measure_interference, measure_op_times
+    from commsched.workloads.mesh import create_groups
+    from commsched.workloads.trace import workload_meta
+
+    own_pg = not dist.is_initialized()
+    if own_pg:
+        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        if backend == "gloo" and cfg.gloo_threads != 2:
+            backend = gloo_backend(cfg.gloo_threads)
+        dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=600))
+    backend = dist.get_backend()
+    try:
+        torch.set_num_threads(cfg.threads)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        if world != cfg.spec.plan.world_size:
+            raise ValueError(f"the run has {world} ranks; the workload was resolved for {cfg.spec.plan.world_size}")
+        device = rank_device(backend)
+        t_start = time.perf_counter()
+        groups = create_groups(cfg.spec.plan, rank)
+        program, gm = trace_rank(cfg.spec, groups, rank, device)
+        _check_same_graph(gm)
+        trace_s = time.perf_counter() - t_start
+        inputs = [t.detach().to(device) for t in program.real_inputs(seed=cfg.seed)]
+
+        # calibration: every rank measures, rank 0 plans
+        graph = from_fx(gm, meta=workload_meta(program, groups))
+        rows = measure_graph_collectives(gm, graph, reps=cfg.calibrate_reps, device=device)
+        interference = measure_interference(gm, graph, device=device)
+        op_times = measure_op_times(gm, graph, inputs, reps=cfg.op_reps, device=device)
+        all_ops: list[Any] = [None] * world
+        dist.all_gather_object(all_ops, op_times)
+        op_median = {k: statistics.median(d.get(k, v) for d in all_ops) for k, v in op_times.items()}
+        calib_s = time.perf_counter() - t_start - trace_s
+
+        plan_box: list[Any] = [None]
+        failure: Exception | None = None
+        if rank == 0:
+            try:
+                plan_box[0] = _plan_on_rank0(cfg, gm, graph, rows, interference, op_median)
+            except Exception as exc:  # every rank must leave the broadcast, then all raise
+                failure, plan_box[0] = exc, f"{type(exc).__name__}: {exc}"
+        dist.broadcast_object_list(plan_box, src=0)
+        if failure is not None:
+            raise failure
+        if isinstance(plan_box[0], str):
+            raise RuntimeError(f"rank 0 could not plan the orders: {plan_box[0]}")
+        orders, fields = plan_box[0]
+
+        modules = {}
+        for name in cfg.variants:
+            if name in orders:
+                modules[name] = apply_schedule(copy_graph_module(gm), orders[name])
+        times, identical, first = _time_variants(cfg, modules, inputs, device)
+        ref_err = _reference_error(cfg, rank, first) if cfg.check_reference else None
+
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, {"times": times, "identical": identical, "ref_err": ref_err})
+        report = None
+        if rank == 0:
+            report = _report(cfg, backend, world, fields, gathered, rows, interference, trace_s, calib_s)
+        if own_pg:
+            # all ranks tear down together: a rank that closes its sockets while a peer's gloo loop still reads
+            # them can make that peer abort
+            dist.barrier()
+        return report
+    finally:
+        if own_pg:
+            dist.destroy_process_group()
+
+
+def _report(cfg, backend, world, fields, gathered, rows, interference, trace_s, calib_s) -> dict[str, Any]:
+    variants: dict[str, Any] = {}
+    for name in cfg.variants:
+        if name not in gathered[0]["times"]:
+            continue
+        per_rank = [g["times"][name] for g in gathered]
+        steps = [max(ts) for ts in zip(*per_rank)]  # a step ends when its slowest rank does
+        variants[name] = {
+            "measured": _spread(steps),
+            "predicted": {src: p["makespan_s"] for src, p in fields["predicted"][name].items()},
+            "predicted_exposed_comm_s": fields["predicted"][name][cfg.costs]["exposed_comm_s"],
+            "lower_bound_s": fields["predicted"][name][cfg.costs]["lower_bound_s"],
+            "peak_memory_bytes": fields["predicted"][name][cfg.costs]["peak_memory_bytes"],
+            "bit_identical": all(g["identical"][name] for g in gathered),
+            "moved_nodes": fields["moved_nodes"][name],
+        }
+    errs = [g["ref_err"] for g in gathered if g["ref_err"] is not None]
+    base = variants.get("original")
+    for v in variants.values():
+        pred = v["predicted"][cfg.costs]
+        # the calibration keeps medians; the fastest step shows what other jobs on a shared machine cost
+        v["prediction_error"] = pred / v["measured"]["median_s"] - 1.0
+        v["prediction_error_vs_min"] = pred / v["measured"]["min_s"] - 1.0
+        if base is not None:
+            v["speedup_measured"] = base["measured"]["median_s"] / v["measured"]["median_s"]
+            v["speedup_measured_min"] = base["measured"]["min_s"] / v["measured"]["min_s"]
+            v["speedup_predicted"] = base["predicted"][cfg.costs] / pred
+    spec = cfg.spec
+    return {
+        "workload": fields["graph"]["meta"],
+        "preset": spec.model.name,
+        "parallel": spec.plan.parallel,
+        "world_size": world,
+        "seq_len": spec.seq_len,
+        "batch": spec.batch,
+        "dtype": str(spec.dtype).removeprefix("torch."),
+        "backend": backend,
+        "threads": cfg.threads,
+        "gloo_threads": cfg.gloo_threads,
+        "iters": cfg.iters,
+        "warmup": cfg.warmup,
+        "graph": fields["graph"],
+        "hardware": fields["hardware"],
+        "costs": cfg.costs,
+        "cost_totals": fields["cost_totals"],
+        "link": {"collectives": [list(r) for r in rows], "interference": interference},
+        "variants": variants,
+        "skipped": fields["skipped"],
+        "reference_max_rel_error": max(errs) if errs else None,
+        "timings_s": {"trace": trace_s, "calibrate": calib_s, "plan": fields["plan_s"]},
+    }

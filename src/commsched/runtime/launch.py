@@ -1,0 +1,81 @@
+"""Launching a real run: W local processes (torch.multiprocessing, optionally inside a shaped network namespace),
+or the current process as one rank of a ``torchrun`` launch (env:// rendezvous, any number of hosts)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from commsched.runtime.executor import RunConfig, run_rank
+from commsched.runtime.netns import ShapedNetwork
+
+_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def launched_by_torchrun() -> bool:
+    """True inside a process that torchrun (or any env:// launcher) started as one rank."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or all(v in os.environ for v in _TORCHRUN_VARS)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _entry(rank: int, world: int, port: int, cfg: RunConfig, net: ShapedNetwork | None, backend: str, out: str):
+    if net is not None:
+        net.enter()  # before any socket: the rendezvous and every gloo connection cross the shaped loopback
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    os.environ["LOCAL_RANK"] = str(rank)
+    report = run_rank(cfg, backend=backend)
+    if report is not None:
+        tmp = Path(out) / "report.json.tmp"
+        tmp.write_text(json.dumps(report))
+        tmp.replace(Path(out) / "report.json")
+
+
+@contextlib.contextmanager
+def _quiet_cpp_warnings():
+    # c10d warns once per socket that a client hostname cannot be resolved inside a bare network namespace
+    old = os.environ.get("TORCH_CPP_LOG_LEVEL")
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
+        else:
+            os.environ["TORCH_CPP_LOG_LEVEL"] = old
+
+
+def run_local(cfg: RunConfig, *, network: ShapedNetwork | None = None, backend: str | None = None) -> dict[str, Any]:
+    """Run ``cfg`` on ``spec.plan.world_size`` local processes (spawned; inside ``network`` when given) and return
+    rank 0's report. ``backend``: "gloo" (default without CUDA) or "nccl" (default with one GPU per rank).
+    Raises RuntimeError when a rank fails (its traceback is in the message)."""
+    import torch
+    import torch.multiprocessing as mp
+
+    world = cfg.spec.plan.world_size
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend={backend!r}: expected 'gloo' or 'nccl'")
+    with tempfile.TemporaryDirectory(prefix="commsched-run-") as d, _quiet_cpp_warnings():
+        try:
+            mp.start_processes(
+                _entry, args=(world, _free_port(), cfg, network, backend, d), nprocs=world, start_method="spawn"
+            )
+        except mp.ProcessRaisedException as exc:
+            raise RuntimeError(f"a rank failed:\n{exc}") from None
+        except mp.ProcessExitedException as exc:
+            raise RuntimeError(f"a rank died: {exc}") from None
+        path = Path(d) / "report.json"
+        if not path.exists():
+            raise RuntimeError("rank 0 finished without writing its report")
+        return json.loads(path.read_text())

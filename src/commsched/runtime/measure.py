@@ -1,0 +1,228 @@
+"""Calibration on the live process group, run by every rank together (SPMD): the graph's own collectives on the
+link as it is (shaped or not), how much compute slows while communication is in flight, and every op of the graph.
+
+Everything here issues collectives, so all ranks must call the same functions in the same order.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.fx
+
+from commsched.cost.collectives import normalize_kind
+from commsched.ir import CollType, Graph, OpKind
+
+c10d = torch.ops._c10d_functional
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _materialise(arg: Any, device: torch.device) -> Any:
+    """A zero tensor shaped like an FX node's value (lists recursively); other arguments as they are."""
+    if isinstance(arg, torch.fx.Node):
+        val = arg.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            return torch.zeros(tuple(int(s) for s in val.shape), dtype=val.dtype, device=device)
+        raise ValueError(f"FX node {arg.name!r} has no tensor meta['val']; cannot build a calibration input")
+    if isinstance(arg, (list, tuple)):
+        return type(arg)(_materialise(a, device) for a in arg)
+    return arg
+
+
+def _wait_all(out: Any) -> None:
+    for t in out if isinstance(out, (list, tuple)) else [out]:
+        c10d.wait_tensor(t)
+
+
+def collective_keys(graph: Graph) -> dict[tuple[str, int, int], int]:
+    """(kind, group size, bytes in the nccl-tests convention) -> the first collective node with it."""
+    keys: dict[tuple[str, int, int], int] = {}
+    for c in graph.collectives.tolist():
+        grp = graph.groups[int(graph.coll_group[c])]
+        key = (normalize_kind(CollType(int(graph.coll_type[c]))), grp.size, int(graph.comm_bytes[c]))
+        keys.setdefault(key, c)
+    return keys
+
+
+def measure_graph_collectives(
+    gm: torch.fx.GraphModule,
+    graph: Graph,
+    *,
+    reps: int = 5,
+    rounds: int = 3,
+    device: torch.device | None = None,
+) -> list[tuple[str, int, int, float]]:
+    """Time each distinct collective of ``graph`` by running its FX node's op on zero tensors of the same shapes:
+    ``reps`` back-to-back calls (issue, wait, issue, ...) after one barrier, per round; returns (kind, group size,
+    bytes, seconds per call) rows: the median round per rank (like the op times), then the slowest rank's.
+    Back to back, as nccl-tests times its iterations, not one call after a barrier: inside a step the ranks reach
+    each collective at slightly different moments (each has just woken from the previous wait), and the later rank
+    sets the pace; a barrier before every call would line the ranks up and time a collective no step runs."""
+    device = device or torch.device("cpu")
+    fx_nodes = {n.name: n for n in gm.graph.nodes}
+    rows = []
+    for (kind, size, nbytes), c in sorted(collective_keys(graph).items()):
+        node = fx_nodes[graph.names[c]]
+        args = _materialise(node.args, device)
+        kwargs = {k: _materialise(v, device) for k, v in node.kwargs.items()}
+        _wait_all(node.target(*args, **kwargs))  # the first call sets up connections and buffers
+        samples = []
+        for _ in range(rounds):
+            dist.barrier()
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                _wait_all(node.target(*args, **kwargs))
+            _sync(device)
+            samples.append((time.perf_counter() - t0) / reps)
+        rows.append((kind, size, nbytes, statistics.median(samples)))
+    times = torch.tensor([r[3] for r in rows], dtype=torch.float64)
+    if dist.get_world_size() > 1 and len(rows):
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    return [(k, s, b, float(t)) for (k, s, b, _), t in zip(rows, times.tolist(), strict=True)]
+
+
+def measure_interference(
+    gm: torch.fx.GraphModule,
+    graph: Graph,
+    *,
+    reps: int = 3,
+    max_bytes: int = 256 << 20,
+    device: torch.device | None = None,
+) -> dict[str, float]:
+    """How much compute slows while the graph's collectives are in flight, from three timings: the graph's own
+    collectives (in graph order, up to ``max_bytes`` of inputs) issued together and then waited (M), matmuls
+    sized to about 1.5 M (C), and both: the collectives issued, the matmuls, the waits (O). If compute ran ``f``
+    times slower while communication was in flight, O = M + C - M / f when C > M / f, so ``f = M / (C + M - O)``,
+    clipped to [1, 4] (1: perfect overlap; O >= C + M: none). The graph's mix matters: each collective also costs
+    the CPU a fixed amount (gloo's steps, the socket calls), which a single large probe would hide. Interleaved
+    rounds, the best of ``reps`` for each time, then the slowest rank's. Returns the three times, ``serial_s``
+    (M + C), ``comm_bytes``, ``comm_cpu_s`` (the CPU time a rank spent on one M: gloo's threads and the kernel's
+    socket work, which on a CPU run competes with compute) and ``compute_slowdown`` (f)."""
+    device = device or torch.device("cpu")
+    fx_nodes = {n.name: n for n in gm.graph.nodes}
+    calls = []
+    comm_bytes = 0
+    for c in graph.collectives.tolist():
+        if comm_bytes >= max_bytes:
+            break
+        node = fx_nodes[graph.names[c]]
+        args = _materialise(node.args, device)
+        kwargs = {k: _materialise(v, device) for k, v in node.kwargs.items()}
+        calls.append((node.target, args, kwargs))
+        comm_bytes += int(graph.comm_bytes[c])
+    a = torch.randn(384, 384, device=device)
+
+    def matmuls(n: int) -> None:
+        for _ in range(n):
+            torch.mm(a, a)
+
+    def issue() -> list[Any]:
+        return [target(*args, **kwargs) for target, args, kwargs in calls]
+
+    def wait(works: list[Any]) -> None:
+        for w in works:
+            _wait_all(w)
+
+    def timed(fn: Callable[[], None]) -> float:
+        dist.barrier()
+        _sync(device)
+        t = time.perf_counter()
+        fn()
+        _sync(device)
+        return time.perf_counter() - t
+
+    wait(issue())  # warm-up
+    cpu0 = time.process_time()
+    comm = timed(lambda: wait(issue()))
+    comm_cpu = time.process_time() - cpu0  # this process's CPU (all threads): the communication's own CPU cost
+    t = timed(lambda: matmuls(8))
+    count = torch.tensor([max(1, int(1.5 * comm / max(t / 8, 1e-6)))], dtype=torch.int64)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)  # ranks must do the same work
+    n = int(count.item())
+
+    def both() -> None:
+        works = issue()
+        matmuls(n)
+        wait(works)
+
+    best = [float("inf")] * 3
+    for _ in range(reps):  # interleaved, so that a burst of load elsewhere spoils one round, not one quantity
+        for k, fn in enumerate((lambda: wait(issue()), lambda: matmuls(n), both)):
+            best[k] = min(best[k], timed(fn))
+    out = torch.tensor([*best, comm_cpu], dtype=torch.float64)
+    dist.all_reduce(out, op=dist.ReduceOp.MAX)  # every rank computes the same slowdown from the slowest rank's times
+    comm, compute, overlapped, comm_cpu = out.tolist()
+    hidden = compute + comm - overlapped  # compute time that ran while the collectives were in flight, slowed
+    slowdown = 4.0 if hidden <= comm / 4.0 else min(max(comm / hidden, 1.0), 4.0)
+    return {
+        "comm_s": comm,
+        "compute_s": compute,
+        "overlapped_s": overlapped,
+        "serial_s": comm + compute,
+        "comm_bytes": float(comm_bytes),
+        "collectives": float(len(calls)),
+        "comm_cpu_s": comm_cpu,
+        "compute_slowdown": slowdown,
+    }
+
+
+class _OpTimer(torch.fx.Interpreter):
+    """Runs a graph op by op, timing each compute op; collectives and waits run untimed (they are calibrated on
+    their own), so the times are the ops' own, as the simulator's compute stream charges them."""
+
+    def __init__(self, gm: torch.fx.GraphModule, skip: set[str], device: torch.device) -> None:
+        super().__init__(gm)
+        self.skip, self.device = skip, device
+        self.times: dict[str, float] = {}
+        self.current = ""
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        self.current = n.name
+        return super().run_node(n)
+
+    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+        if self.current in self.skip:
+            return target(*args, **kwargs)
+        _sync(self.device)
+        t0 = time.perf_counter()
+        out = target(*args, **kwargs)
+        _sync(self.device)
+        self.times[self.current] = time.perf_counter() - t0
+        return out
+
+
+def measure_op_times(
+    gm: torch.fx.GraphModule,
+    graph: Graph,
+    inputs: list[torch.Tensor],
+    *,
+    reps: int = 3,
+    device: torch.device | None = None,
+) -> dict[str, float]:
+    """Seconds of every compute node of ``graph`` on this rank: the median of ``reps`` op-by-op runs of ``gm``
+    after a warm-up run (the median, like the step times it predicts: on a shared machine the best run is faster
+    than what the steps see). Runs the graph's collectives: call on every rank."""
+    device = device or torch.device("cpu")
+    comm = (graph.coll_type >= 0) | (graph.kinds == OpKind.WAIT)
+    skip = {graph.names[i] for i in np.flatnonzero(comm).tolist()}
+    runs: dict[str, list[float]] = {}
+    for r in range(reps + 1):  # the first run warms caches and allocator pools up
+        timer = _OpTimer(gm, skip, device)
+        dist.barrier()
+        with torch.no_grad():
+            timer.run(*inputs)
+        if r:
+            for k, v in timer.times.items():
+                runs.setdefault(k, []).append(v)
+    return {k: statistics.median(v) for k, v in runs.items()}

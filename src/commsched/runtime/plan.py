@@ -1,0 +1,177 @@
+"""Costs, orders and predictions for a real run: computed once (rank 0), from the calibration every rank measured.
+
+Two cost sources predict each order's step time: ``profile`` (the hardware profile's roofline, eager: no fusion)
+and ``measured`` (each op's own measured time). Both take the collectives from the calibration of the link the run
+uses, and the compute slowdown while communication is in flight from the interference probe.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch.fx
+
+from commsched.cost import CostEstimate, estimate_costs
+from commsched.cost.table import MeasuredTable
+from commsched.hardware import Hardware
+from commsched.ir import Graph, OpKind
+
+COST_SOURCES = ("profile", "measured")
+BUILTIN_VARIANTS = {
+    "original": "the traced order (each collective waited right where it was issued)",
+    "overlap": "commsched's scheduler (the pass preset or list given by --passes)",
+    "torch": "torch 2.13's OverlapScheduler (commsched.peers), fed the same costs",
+}
+
+
+def link_table(rows: Sequence[tuple[str, int, int, float]], source: str = "link calibration") -> MeasuredTable:
+    """The measured collectives as a table for :func:`estimate_costs`."""
+    table = MeasuredTable(source)
+    for kind, size, nbytes, t in rows:
+        table.add_collective(kind, size, nbytes, t)
+    return table
+
+
+def run_costs(
+    graph: Graph,
+    hardware: Hardware,
+    table: MeasuredTable,
+    compute_slowdown: float,
+    op_times_s: Mapping[str, float] | None = None,
+) -> CostEstimate:
+    """Costs of ``graph`` for an eager run: collectives from ``table``, compute from ``op_times_s`` (node name ->
+    seconds) where given, else the profile's roofline without fusion (an FX GraphModule runs op by op)."""
+
+    def measured(node: Any) -> float | None:
+        if op_times_s is None or node.kind in (OpKind.INPUT, OpKind.OUTPUT, OpKind.WAIT, OpKind.COLLECTIVE):
+            return None
+        return op_times_s.get(node.name)
+
+    costs = estimate_costs(graph, hardware, table=table, estimate=measured if op_times_s else None, fusion=False)
+    return dataclasses.replace(costs, compute_slowdown=max(1.0, float(compute_slowdown)))
+
+
+def pass_knob_names(passes: str | Sequence[str]) -> set[str]:
+    """Every knob the passes (a preset name or a list of pass names) accept; ValueError for an unknown pass."""
+    from commsched.passes import PASSES, PRESETS
+
+    names = PRESETS[passes] if isinstance(passes, str) and passes in PRESETS else passes
+    if isinstance(names, str):
+        names = [p.strip() for p in names.split(",") if p.strip()]
+    accepted: set[str] = set()
+    for name in names:
+        spec = PASSES.get(name)
+        if spec is None:
+            raise ValueError(f"unknown pass {name!r}; known passes: {sorted(PASSES)}; presets: {sorted(PRESETS)}")
+        accepted |= {f.name for f in dataclasses.fields(spec.config_cls)}
+    return accepted
+
+
+def check_knobs(passes: str | Sequence[str], knobs: Mapping[str, Any]) -> None:
+    """ValueError naming the knobs ``passes`` do not accept (checked before any rank starts)."""
+    unknown = sorted(set(knobs) - pass_knob_names(passes))
+    if unknown:
+        raise ValueError(f"unknown knob(s) {unknown} for passes {passes!r}")
+
+
+def torch_default_budget_bytes(peak_bytes: int) -> int:
+    """torch's OverlapScheduler default memory limit: the input order's peak plus max(1 GiB, 5 %)."""
+    return int(peak_bytes + max(1 << 30, 0.05 * peak_bytes))
+
+
+def plan_orders(
+    gm: torch.fx.GraphModule,
+    graph: Graph,
+    costs: CostEstimate,
+    variants: Sequence[str],
+    *,
+    passes: str | Sequence[str] = "default",
+    knobs: Mapping[str, Any] | None = None,
+    memory_budget_ratio: float | None = None,
+    given: Mapping[str, Sequence[str]] | None = None,
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """The order of every variant (node ids of ``graph``) and, for variants that could not be planned, why.
+
+    ``original``: the graph's order; ``overlap``: ``commsched.passes.schedule(graph, costs, passes, **knobs)``;
+    ``torch``: torch's OverlapScheduler on ``gm`` with the same costs (skipped, with the reason, when its order is
+    invalid for our graph); any other name must be in ``given`` (node names, checked).
+
+    Both schedulers get the same memory rule: ``memory_budget_ratio`` times the input order's peak (each in its own
+    accounting; torch's is measured by a first run), or by default torch's own default limit (peak + max(1 GiB,
+    5 %)). Our ``reorder_collectives`` defaults to True: the orders are decided once and given to every rank, so a
+    group's collectives may be reordered safely, as torch's scheduler does. ``knobs`` override both defaults, which
+    apply only to passes that have those knobs."""
+    from commsched.memory import memory_profile
+    from commsched.passes import check_schedule, schedule
+    from commsched.passes.check import as_order
+
+    ours = dict(knobs or {})
+    defaults: dict[str, Any] = {"reorder_collectives": True}
+    if memory_budget_ratio is None:
+        defaults["memory_budget_ratio"] = None
+        defaults["memory_budget_bytes"] = torch_default_budget_bytes(memory_profile(graph).peak_bytes)
+    else:
+        defaults["memory_budget_ratio"] = float(memory_budget_ratio)
+    accepted = pass_knob_names(passes)
+    for k, v in defaults.items():  # only where the chosen passes have the knob
+        if k in accepted:
+            ours.setdefault(k, v)
+    orders: dict[str, np.ndarray] = {}
+    skipped: dict[str, str] = {}
+    for name in variants:
+        if given and name in given:
+            order = as_order(graph, list(given[name]))
+            check_schedule(graph, order, allow_collective_reorder=True)
+            orders[name] = order
+        elif name == "original":
+            orders[name] = np.arange(len(graph), dtype=np.int32)
+        elif name == "overlap":
+            orders[name] = schedule(graph, costs, passes, **ours).order
+        elif name == "torch":
+            from commsched.peers import run_torch_overlap_scheduler
+
+            result = run_torch_overlap_scheduler(gm, graph, costs)
+            if memory_budget_ratio is not None:
+                budget = int(result.torch_baseline_peak_memory_bytes * memory_budget_ratio)
+                result = run_torch_overlap_scheduler(gm, graph, costs, memory_budget=budget)
+            if result.valid:
+                orders[name] = result.order
+            else:
+                skipped[name] = f"torch's order is not valid for this graph: {result.invalid_reason}"
+        else:
+            raise ValueError(
+                f"variant {name!r} has no order: expected one of {sorted(BUILTIN_VARIANTS)} or a given order"
+            )
+    return orders, skipped
+
+
+def predict(graph: Graph, costs: Mapping[str, CostEstimate], orders: Mapping[str, np.ndarray]) -> dict[str, dict]:
+    """Simulated step of every order under every cost source: {variant: {source: {makespan_s, exposed_comm_s,
+    peak_memory_bytes, lower_bound_s}}}."""
+    from commsched.sim import simulate_costs
+
+    out: dict[str, dict] = {}
+    for name, order in orders.items():
+        out[name] = {}
+        for source, c in costs.items():
+            r = simulate_costs(graph, c, order)
+            out[name][source] = {
+                "makespan_s": float(r.makespan_s),
+                "exposed_comm_s": float(r.exposed_comm_s),
+                "peak_memory_bytes": int(r.peak_memory_bytes),
+                "lower_bound_s": float(r.lower_bound_s),
+            }
+    return out
+
+
+def cost_summary(graph: Graph, costs: CostEstimate) -> dict[str, float]:
+    """Total compute and collective seconds of a cost estimate (what the prediction is made of)."""
+    is_coll = graph.coll_type >= 0
+    return {
+        "compute_s": float(costs.node_s[~is_coll].sum()),
+        "collectives_s": float(costs.node_s[is_coll].sum()),
+        "compute_slowdown": float(costs.compute_slowdown),
+    }
