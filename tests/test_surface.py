@@ -1,0 +1,45 @@
+"""The public surface, frozen: top-level API, CLI commands, file format versions, module size budget."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import commsched
+from commsched.cli import app
+from commsched.frontends import json_io
+from commsched.passes import pipeline
+
+SRC = Path(commsched.__file__).parent
+
+
+def test_import_needs_no_torch():
+    code = "import sys, commsched; commsched.load_graph; commsched.schedule; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_top_level_api():
+    for name in commsched.__all__:
+        assert getattr(commsched, name) is not None, name
+    assert {"from_fx", "schedule", "simulate", "estimate", "load_graph", "save_graph", "apply_schedule"} <= set(
+        commsched.__all__
+    )
+
+
+def test_cli_commands():
+    names = {c.name or c.callback.__name__ for c in app.registered_commands}
+    assert names >= {"info", "trace", "estimate", "calibrate", "demo", "simulate", "schedule", "check", "compare",
+                     "rewrite", "sweep"}
+
+
+def test_format_versions():
+    assert (json_io.FORMAT, json_io.VERSION) == ("commsched.graph", 1)
+    assert (pipeline.SCHEDULE_FORMAT, pipeline.SCHEDULE_VERSION) == ("commsched.schedule", 1)
+
+
+def test_module_size_budget():
+    sizes = {p.relative_to(SRC): len(p.read_text().splitlines()) for p in SRC.rglob("*.py")}
+    too_big = {str(k): v for k, v in sizes.items() if v > 600}
+    assert not too_big, f"modules over 600 lines (split by responsibility): {too_big}"
