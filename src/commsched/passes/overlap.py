@@ -56,6 +56,8 @@ class OverlapConfig(PassConfig):
     variants: tuple[tuple[str, bool], ...] = (("feeds", False), ("input", True), ("feeds", True))
     """(compute priority, future-aware memory guard) tried in order until one fits the budget: priority "feeds"
     runs what feeds the earliest collective first, "input" keeps the input order"""
+    stop_within_bound: float = 0.002
+    """stop trying further variants once the best order is this close (relative) to the simulator's lower bound"""
     jackson_rounds: int = 2
     """with reorder_collectives: rounds of Jackson's rule, each learning from the previous round's timing"""
     max_peak_repairs: int = 3
@@ -119,6 +121,8 @@ def overlap(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
             a = schedule_once(p, budget, _NO_CAP, priority=priority, guard=guard)
             fits, res = evaluate(name, p, a)
             last = last or a
+            if best[0] <= base_sim.lower_bound_s * 1e9 * (1.0 + cfg.stop_within_bound):
+                return a
             nb: dict[int, int] = {}
             for k in range(cfg.max_peak_repairs):
                 if fits or res is None:
@@ -144,9 +148,11 @@ def overlap(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
     gp = prepare_graph(g, order, ctx.costs, ctx.extra_src, ctx.extra_dst)
     p = prepare(gp, input_chains(g, order))
     learn = run("input collective order", p)
+    # a schedule within `stop_within_bound` of the lower bound cannot improve much: stop searching
+    bound_ns = base_sim.lower_bound_s * 1e9 * (1.0 + cfg.stop_within_bound)
     if cfg.reorder_collectives:
         for r in range(cfg.jackson_rounds):
-            if learn is None:
+            if learn is None or best[0] <= bound_ns:
                 break
             p = prepare(gp, jackson_chains(g, p, learn))
             learn = run(f"Jackson collective order (round {r + 1})", p)
