@@ -9,6 +9,14 @@ slower, so each wall-clock unit of communication costs it at least ``1 - 1/slowd
 Communication of the busiest group lasts at least that group's standalone comm time ``C``, hence every schedule takes
 at least ``W + (1 - 1/slowdown) * C`` for the work ``W`` of any compute stream.
 
+The heads-and-tails term: on one compute stream, kernel ``j`` cannot start before its head ``r_j`` (the longest
+path reaching it, communication included) and the step cannot end before ``q_j`` after it ends (the longest path
+after it). Every schedule is then at least the optimum of the single-machine relaxation with release times and
+delivery times and preemption, which Jackson's preemptive rule (always run the released kernel with the longest tail)
+computes in O(N log N): it charges the exposed head (e.g. the first all_gather) and tail (the last reduce_scatter)
+that the other terms miss. With several compute streams it bounds the busiest one's kernels only, so it is used for
+one stream.
+
 The critical path follows the simulator's rules: an asynchronous
 collective is available to its successors when issued, its wait only after its standalone duration.
 """
@@ -28,16 +36,23 @@ class LowerBound:
     comm_s: dict[str, float]  # per process group: its collectives back to back
     critical_path_s: float
     interference_s: float = 0.0  # compute work plus the least progress lost while communication is in flight
+    heads_tails_s: float = 0.0  # preemptive single-stream relaxation with release and delivery times
 
     @property
     def value_s(self) -> float:
-        return max(self.compute_s, max(self.comm_s.values(), default=0.0), self.critical_path_s, self.interference_s)
+        return max(
+            self.compute_s,
+            max(self.comm_s.values(), default=0.0),
+            self.critical_path_s,
+            self.interference_s,
+            self.heads_tails_s,
+        )
 
     @property
     def binding(self) -> str:
         """Which term sets the bound: 'compute', 'comm:<group>' or 'critical path'."""
         terms = {"compute": self.compute_s, "critical path": self.critical_path_s,
-                 "compute + interference": self.interference_s}
+                 "compute + interference": self.interference_s, "heads and tails": self.heads_tails_s}
         terms.update({f"comm:{k}": v for k, v in self.comm_s.items()})
         return max(terms, key=terms.__getitem__)
 
@@ -72,6 +87,72 @@ def critical_path_ns(g: Graph, dur_ns: np.ndarray) -> int:
     return best
 
 
+def heads_and_tails(g: Graph, dur_ns: np.ndarray) -> tuple[list[int], list[int]]:
+    """Per node: its head (earliest start, as in :func:`critical_path_ns`) and tail (least time from its end to the
+    end of the step). O(N + E)."""
+    n = len(g)
+    ptr, idx = g.predecessors_csr()
+    sptr, sidx = g.successors_csr()
+    ptr_l, idx_l, sptr_l, sidx_l = ptr.tolist(), idx.tolist(), sptr.tolist(), sidx.tolist()
+    dur = dur_ns.tolist()
+    kinds = g.kinds.tolist()
+    wait_of = g.wait_of.tolist()
+    issue_only = ((g.kinds == OpKind.COLLECTIVE) & ~g.coll_sync).tolist()
+    wait = int(OpKind.WAIT)
+    head = [0] * n
+    avail = [0] * n
+    for i in range(n):
+        m = 0
+        for e in range(ptr_l[i], ptr_l[i + 1]):
+            a = avail[idx_l[e]]
+            if a > m:
+                m = a
+        if kinds[i] == wait:
+            c = wait_of[i]
+            m = max(m, head[c] + dur[c])
+        head[i] = m
+        avail[i] = m if issue_only[i] else m + dur[i]
+    tail = [0] * n  # from the end of the node (for an async collective: from its issue) to the end of the step
+    for i in range(n - 1, -1, -1):
+        best = 0
+        for e in range(sptr_l[i], sptr_l[i + 1]):
+            s = sidx_l[e]
+            # an async collective's tail counts from its issue, which takes no time; others run for dur[s]
+            via = tail[s] if issue_only[s] else dur[s] + tail[s]
+            if issue_only[i] and kinds[s] == wait and wait_of[s] == i:
+                via = dur[i] + tail[s]  # the wait of this collective: after the collective's own time
+            if via > best:
+                best = via
+        tail[i] = best
+    return head, tail
+
+
+def preemptive_jackson_ns(release: list[int], work: list[int], delivery: list[int]) -> int:
+    """Optimum of one machine with release and delivery times and preemption (Jackson's preemptive rule)."""
+    import heapq
+
+    jobs = sorted(range(len(work)), key=lambda j: release[j])
+    t = best = 0
+    k = 0
+    heap: list[tuple[int, int, int]] = []  # (-delivery, job, remaining work)
+    while k < len(jobs) or heap:
+        if not heap:
+            t = max(t, release[jobs[k]])
+        while k < len(jobs) and release[jobs[k]] <= t:
+            j = jobs[k]
+            heapq.heappush(heap, (-delivery[j], j, work[j]))
+            k += 1
+        neg_q, j, rem = heapq.heappop(heap)
+        nxt = release[jobs[k]] if k < len(jobs) else None
+        run = rem if nxt is None else min(rem, nxt - t)
+        t += run
+        if run == rem:
+            best = max(best, t - neg_q)
+        else:
+            heapq.heappush(heap, (neg_q, j, rem - run))
+    return best
+
+
 def lower_bound(g: Graph, dur_ns: np.ndarray, compute_stream: np.ndarray, slowdown: float = 1.0) -> LowerBound:
     """The bound for per-node standalone durations ``dur_ns``, the compute stream of each non-collective node and
     the compute slowdown while communication is in flight."""
@@ -79,10 +160,18 @@ def lower_bound(g: Graph, dur_ns: np.ndarray, compute_stream: np.ndarray, slowdo
     work = np.bincount(compute_stream[~is_coll], weights=dur_ns[~is_coll]) if (~is_coll).any() else np.zeros(1)
     comm = np.bincount(g.coll_group[is_coll], weights=dur_ns[is_coll], minlength=len(g.groups))
     busiest_work = float(work.max(initial=0.0))
+    heads_tails = 0
+    if not len(work) or len(work) == 1 or np.count_nonzero(work) <= 1:
+        head, tail = heads_and_tails(g, dur_ns)
+        kernels = np.flatnonzero(~is_coll & (dur_ns > 0)).tolist()
+        heads_tails = preemptive_jackson_ns(
+            [head[j] for j in kernels], [int(dur_ns[j]) for j in kernels], [tail[j] for j in kernels]
+        )
     busiest_comm = float(comm.max(initial=0.0))
     return LowerBound(
         compute_s=busiest_work * 1e-9,
         comm_s={grp.name: float(comm[k]) * 1e-9 for k, grp in enumerate(g.groups)},
         critical_path_s=critical_path_ns(g, dur_ns) * 1e-9,
         interference_s=(busiest_work + (1.0 - 1.0 / max(1.0, slowdown)) * busiest_comm) * 1e-9,
+        heads_tails_s=heads_tails * 1e-9,
     )
