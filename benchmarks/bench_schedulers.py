@@ -90,7 +90,7 @@ def scaling(layer_counts) -> None:
         walls = []
         for knobs in ({}, {"reorder_collectives": True}):
             best = float("inf")
-            for _ in range(3):
+            for _ in range(5):
                 gc.collect()
                 t0 = time.process_time()  # CPU time of this process: steady on a shared machine
                 schedule(g, costs, "default", **knobs)
