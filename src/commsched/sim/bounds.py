@@ -57,51 +57,19 @@ class LowerBound:
         return max(terms, key=terms.__getitem__)
 
 
-def critical_path_ns(g: Graph, dur_ns: np.ndarray) -> int:
-    """Longest path in ns under the simulator's availability rules (see the module docstring). O(N + E)."""
+def heads(g: Graph, dur_ns: np.ndarray) -> list[int]:
+    """Per node: its earliest start under the simulator's availability rules (successors may use an async
+    collective from its issue on, its wait only after its duration; everything else from its end). O(N + E)."""
     ptr, idx = g.predecessors_csr()
     ptr_l, idx_l = ptr.tolist(), idx.tolist()
     dur = dur_ns.tolist()
     kinds = g.kinds.tolist()
     wait_of = g.wait_of.tolist()
-    # successors may use an async collective from its issue on; everything else from its end
     issue_only = ((g.kinds == OpKind.COLLECTIVE) & ~g.coll_sync).tolist()
     wait = int(OpKind.WAIT)
-    est = [0] * len(g)
+    head = [0] * len(g)
     avail = [0] * len(g)
-    best = 0
     for i in range(len(g)):
-        m = 0
-        for e in range(ptr_l[i], ptr_l[i + 1]):
-            a = avail[idx_l[e]]
-            if a > m:
-                m = a
-        if kinds[i] == wait:
-            c = wait_of[i]
-            m = max(m, est[c] + dur[c])
-        est[i] = m
-        fin = m + dur[i]
-        avail[i] = m if issue_only[i] else fin
-        if fin > best:
-            best = fin
-    return best
-
-
-def heads_and_tails(g: Graph, dur_ns: np.ndarray) -> tuple[list[int], list[int]]:
-    """Per node: its head (earliest start, as in :func:`critical_path_ns`) and tail (least time from its end to the
-    end of the step). O(N + E)."""
-    n = len(g)
-    ptr, idx = g.predecessors_csr()
-    sptr, sidx = g.successors_csr()
-    ptr_l, idx_l, sptr_l, sidx_l = ptr.tolist(), idx.tolist(), sptr.tolist(), sidx.tolist()
-    dur = dur_ns.tolist()
-    kinds = g.kinds.tolist()
-    wait_of = g.wait_of.tolist()
-    issue_only = ((g.kinds == OpKind.COLLECTIVE) & ~g.coll_sync).tolist()
-    wait = int(OpKind.WAIT)
-    head = [0] * n
-    avail = [0] * n
-    for i in range(n):
         m = 0
         for e in range(ptr_l[i], ptr_l[i + 1]):
             a = avail[idx_l[e]]
@@ -112,6 +80,27 @@ def heads_and_tails(g: Graph, dur_ns: np.ndarray) -> tuple[list[int], list[int]]
             m = max(m, head[c] + dur[c])
         head[i] = m
         avail[i] = m if issue_only[i] else m + dur[i]
+    return head
+
+
+def critical_path_ns(g: Graph, dur_ns: np.ndarray) -> int:
+    """Longest path in ns under the simulator's availability rules (see :func:`heads`). O(N + E)."""
+    head = heads(g, dur_ns)
+    dur = dur_ns.tolist()
+    return max((h + d for h, d in zip(head, dur)), default=0)
+
+
+def heads_and_tails(g: Graph, dur_ns: np.ndarray) -> tuple[list[int], list[int]]:
+    """Per node: its head (:func:`heads`) and tail (least time from its end to the end of the step). O(N + E)."""
+    n = len(g)
+    head = heads(g, dur_ns)
+    sptr, sidx = g.successors_csr()
+    sptr_l, sidx_l = sptr.tolist(), sidx.tolist()
+    dur = dur_ns.tolist()
+    kinds = g.kinds.tolist()
+    wait_of = g.wait_of.tolist()
+    issue_only = ((g.kinds == OpKind.COLLECTIVE) & ~g.coll_sync).tolist()
+    wait = int(OpKind.WAIT)
     tail = [0] * n  # from the end of the node (for an async collective: from its issue) to the end of the step
     for i in range(n - 1, -1, -1):
         best = 0
