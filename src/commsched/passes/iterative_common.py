@@ -8,7 +8,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from commsched.ir import Graph, OpKind
-from commsched.passes.registry import PassContext
+from commsched.passes.registry import PassConfig, PassContext
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeMultipliers(PassConfig):
+    """The seeds' knobs that scale runtime estimates before the iterative passes use them (torch's defaults)."""
+
+    comm_runtime_mult: float = 2.0
+    """multiplier on collective runtimes (reorder_sink_runtime_estimations_comm_mult)"""
+    non_comm_runtime_mult: float = 1.0
+    """multiplier on other runtimes (reorder_sink_runtime_estimations_non_comm_mult)"""
 
 
 @dataclass

@@ -20,12 +20,18 @@ import numpy as np
 
 from commsched.ir import Graph
 from commsched.memory import IncrementalMemory, liveness
-from commsched.passes.iterative_common import MovingOrder, coll_exposure, make_view, wait_exposure
-from commsched.passes.registry import PassConfig, PassContext, PassResult, PassStats, register_pass
+from commsched.passes.iterative_common import (
+    MovingOrder,
+    RuntimeMultipliers,
+    coll_exposure,
+    make_view,
+    wait_exposure,
+)
+from commsched.passes.registry import PassContext, PassResult, PassStats, register_pass
 
 
 @dataclass(frozen=True, kw_only=True)
-class ReorderConfig(PassConfig):
+class ReorderConfig(RuntimeMultipliers):
     """Knobs (torch 2.13 ``config_comms`` names without the ``reorder_iterative_`` prefix; torch's defaults)."""
 
     peak_memory_budget: float = 0.2
@@ -38,10 +44,6 @@ class ReorderConfig(PassConfig):
     """let a collective pass another one (torch defaults to True with rank-aligned estimates; we keep SPMD order)"""
     group_with_collectives: bool = False
     """allow a dependent async collective to join the moving group"""
-    comm_runtime_mult: float = 2.0
-    """multiplier on collective runtimes (torch's reorder_sink_runtime_estimations_comm_mult)"""
-    non_comm_runtime_mult: float = 1.0
-    """multiplier on other runtimes"""
     jump_plain_runs: bool = True
     """pass runs of plain nodes in one jump (the same order and stats as one swap at a time, without the quadratic
     cost); False swaps one node at a time, as the seed does"""

@@ -16,12 +16,18 @@ import numpy as np
 
 from commsched.ir import Graph
 from commsched.memory import IncrementalMemory
-from commsched.passes.iterative_common import MovingOrder, coll_exposure, make_view, wait_exposure
-from commsched.passes.registry import PassConfig, PassContext, PassResult, PassStats, register_pass
+from commsched.passes.iterative_common import (
+    MovingOrder,
+    RuntimeMultipliers,
+    coll_exposure,
+    make_view,
+    wait_exposure,
+)
+from commsched.passes.registry import PassContext, PassResult, PassStats, register_pass
 
 
 @dataclass(frozen=True, kw_only=True)
-class SinkWaitsConfig(PassConfig):
+class SinkWaitsConfig(RuntimeMultipliers):
     """Knobs (torch 2.13 ``config_comms`` ``sink_*`` names; torch's defaults except the SPMD-safe ordering)."""
 
     sink_peak_memory_budget: float = 0.2
@@ -34,8 +40,6 @@ class SinkWaitsConfig(PassConfig):
     """let a group holding a collective pass another collective (torch defaults to True; we keep SPMD order)"""
     sink_swap_with_collectives: bool = False
     """let a wait move past an async collective (sink_waits_iterative_swap_with_collectives)"""
-    comm_runtime_mult: float = 2.0
-    non_comm_runtime_mult: float = 1.0
 
 
 @register_pass("sink_waits_iterative", SinkWaitsConfig)
