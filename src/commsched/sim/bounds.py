@@ -51,8 +51,12 @@ class LowerBound:
     @property
     def binding(self) -> str:
         """Which term sets the bound: 'compute', 'comm:<group>' or 'critical path'."""
-        terms = {"compute": self.compute_s, "critical path": self.critical_path_s,
-                 "compute + interference": self.interference_s, "heads and tails": self.heads_tails_s}
+        terms = {
+            "compute": self.compute_s,
+            "critical path": self.critical_path_s,
+            "compute + interference": self.interference_s,
+            "heads and tails": self.heads_tails_s,
+        }
         terms.update({f"comm:{k}": v for k, v in self.comm_s.items()})
         return max(terms, key=terms.__getitem__)
 
@@ -117,28 +121,44 @@ def heads_and_tails(g: Graph, dur_ns: np.ndarray) -> tuple[list[int], list[int]]
 
 
 def preemptive_jackson_ns(release: list[int], work: list[int], delivery: list[int]) -> int:
-    """Optimum of one machine with release and delivery times and preemption (Jackson's preemptive rule)."""
+    """Optimum of one machine with release and delivery times and preemption (Jackson's preemptive rule: always
+    run the released job with the longest delivery time). O(N log N)."""
     import heapq
 
-    jobs = sorted(range(len(work)), key=lambda j: release[j])
+    order = np.argsort(np.asarray(release, np.int64), kind="stable").tolist()
+    n = len(order)
     t = best = 0
     k = 0
-    heap: list[tuple[int, int, int]] = []  # (-delivery, job, remaining work)
-    while k < len(jobs) or heap:
-        if not heap:
-            t = max(t, release[jobs[k]])
-        while k < len(jobs) and release[jobs[k]] <= t:
-            j = jobs[k]
-            heapq.heappush(heap, (-delivery[j], j, work[j]))
+    heap: list[tuple[int, int]] = []  # (-delivery, job) of released jobs waiting for the machine
+    rem = list(work)
+    cur = -1  # the job on the machine
+    while k < n or heap or cur >= 0:
+        if cur < 0:
+            if heap:
+                cur = heapq.heappop(heap)[1]
+            else:
+                t = max(t, release[order[k]])
+                while k < n and release[order[k]] <= t:
+                    heapq.heappush(heap, (-delivery[order[k]], order[k]))
+                    k += 1
+                continue
+        nxt = release[order[k]] if k < n else None
+        if nxt is None or t + rem[cur] <= nxt:
+            t += rem[cur]
+            rem[cur] = 0
+            best = max(best, t + delivery[cur])
+            cur = -1
+            continue
+        rem[cur] -= nxt - t
+        t = nxt
+        while k < n and release[order[k]] <= t:
+            j = order[k]
             k += 1
-        neg_q, j, rem = heapq.heappop(heap)
-        nxt = release[jobs[k]] if k < len(jobs) else None
-        run = rem if nxt is None else min(rem, nxt - t)
-        t += run
-        if run == rem:
-            best = max(best, t - neg_q)
-        else:
-            heapq.heappush(heap, (neg_q, j, rem - run))
+            if delivery[j] > delivery[cur]:
+                heapq.heappush(heap, (-delivery[cur], cur))  # preempted: the new job is more urgent
+                cur = j
+            else:
+                heapq.heappush(heap, (-delivery[j], j))
     return best
 
 
@@ -150,6 +170,7 @@ def lower_bound(g: Graph, dur_ns: np.ndarray, compute_stream: np.ndarray, slowdo
     comm = np.bincount(g.coll_group[is_coll], weights=dur_ns[is_coll], minlength=len(g.groups))
     busiest_work = float(work.max(initial=0.0))
     heads_tails = 0
+    head = None
     if not len(work) or len(work) == 1 or np.count_nonzero(work) <= 1:
         head, tail = heads_and_tails(g, dur_ns)
         kernels = np.flatnonzero(~is_coll & (dur_ns > 0)).tolist()
@@ -160,7 +181,12 @@ def lower_bound(g: Graph, dur_ns: np.ndarray, compute_stream: np.ndarray, slowdo
     return LowerBound(
         compute_s=busiest_work * 1e-9,
         comm_s={grp.name: float(comm[k]) * 1e-9 for k, grp in enumerate(g.groups)},
-        critical_path_s=critical_path_ns(g, dur_ns) * 1e-9,
+        critical_path_s=(
+            critical_path_ns(g, dur_ns)
+            if head is None
+            else max((h + d for h, d in zip(head, dur_ns.tolist())), default=0)
+        )
+        * 1e-9,
         interference_s=(busiest_work + (1.0 - 1.0 / max(1.0, slowdown)) * busiest_comm) * 1e-9,
         heads_tails_s=heads_tails * 1e-9,
     )
