@@ -135,8 +135,14 @@ def main() -> None:
     print("| order | slowdown | sync | first call | simulate_costs | event loop | makespan | overlap | exposed comm |")
     print("|---|---|---|---|---|---|---|---|---|")
     for order_name, slowdown, sync_s, t_first, t, te, res in rows:
-        cells = [order_name, slowdown, f"{sync_s * 1e6:.0f} us", f"{t_first * 1e3:.0f} ms", f"{t * 1e3:.0f} ms",
-                 f"{te * 1e3:.0f} ms"]
+        cells = [
+            order_name,
+            slowdown,
+            f"{sync_s * 1e6:.0f} us",
+            f"{t_first * 1e3:.0f} ms",
+            f"{t * 1e3:.0f} ms",
+            f"{te * 1e3:.0f} ms",
+        ]
         cells += [
             f"{res.makespan_s * 1e3:.2f} ms",
             f"{100 * res.overlap_ratio:.1f} %",

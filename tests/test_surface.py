@@ -30,8 +30,19 @@ def test_top_level_api():
 
 def test_cli_commands():
     names = {c.name or c.callback.__name__ for c in app.registered_commands}
-    assert names >= {"info", "trace", "estimate", "calibrate", "demo", "simulate", "schedule", "check", "compare",
-                     "rewrite", "sweep"}
+    assert names >= {
+        "info",
+        "trace",
+        "estimate",
+        "calibrate",
+        "demo",
+        "simulate",
+        "schedule",
+        "check",
+        "compare",
+        "rewrite",
+        "sweep",
+    }
 
 
 def test_format_versions():

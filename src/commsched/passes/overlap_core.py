@@ -160,9 +160,7 @@ def prepare(gp: GraphPrep, chains: dict[int, list[int]]) -> Prep:
                 first = feeds[s]
         bottom[node] = d[node] + best
         feeds[node] = first
-    return Prep(
-        **gp.fields, succ_ptr=sp, succ_idx=si, indeg=indeg.tolist(), bottom=bottom, feeds=feeds, chains=chains
-    )
+    return Prep(**gp.fields, succ_ptr=sp, succ_idx=si, indeg=indeg.tolist(), bottom=bottom, feeds=feeds, chains=chains)
 
 
 def range_max(table: list[list[int]], lo: int, hi: int) -> int:
