@@ -139,6 +139,23 @@ def compare_schedulers(
             tp = run_torch_overlap_scheduler(gm, graph, costs, **(torch_knobs or {}))
             note = "" if tp.valid else f"invalid: {tp.invalid_reason}"
             add("torch OverlapScheduler", tp.order, tp.wall_s, note=note)
+            torch_peak = rows[-1].peak_memory_bytes
+            if torch_peak is not None and tp.valid:
+                # the same memory: ours with torch's peak as its hard budget, so neither wins by spending memory
+                say("overlap at torch's peak")
+                t0 = time.perf_counter()
+                try:
+                    s = schedule(
+                        graph,
+                        costs,
+                        "overlap",
+                        reorder_collectives=True,
+                        memory_budget_ratio=None,
+                        memory_budget_bytes=torch_peak,
+                    )
+                    add("overlap (ours, reorder, torch's peak as budget)", s.order, time.perf_counter() - t0)
+                except Exception as exc:
+                    add("overlap (ours, reorder, torch's peak as budget)", None, None, note=f"failed: {exc}")
         except Exception as exc:
             add("torch OverlapScheduler", None, None, note=f"failed: {type(exc).__name__}: {exc}")
     return CompareResult(rows, lb, base.bound.binding, base.peak_memory_bytes)

@@ -49,3 +49,21 @@ def test_every_pass_on_random_graphs(g, budget, rnd):
             assert memory_profile(g, s.order).peak_bytes <= limit, name
         if name == "overlap":
             assert simulate_costs(g, costs, s.order).makespan_s <= simulate_costs(g, costs, start).makespan_s
+
+
+@settings(max_examples=300)
+@given(graphs(max_nodes=48), st.sampled_from([0.0, 0.05, 0.5]), st.randoms(use_true_random=False))
+def test_overlap_with_reordering_on_random_graphs(g, budget, rnd):
+    """Reordering within groups (Jackson rounds, promotions, moves of the most exposed collective): still a valid
+    order, within the hard budget, never worse than its input, and the same order on a second run (every rank
+    computes it for itself)."""
+    costs = simple_costs(g, comm_bytes_per_s=rnd.choice([1e9, 20e9, 400e9]))
+    start = random_topo_order(g, rnd)
+    base = simulate_costs(g, costs, start)
+    s = schedule(g, costs, ["overlap"], order=start, reorder_collectives=True, memory_budget_ratio=1.0 + budget)
+    check_schedule(g, s.order, start, allow_collective_reorder=True)
+    res = simulate_costs(g, costs, s.order)
+    assert res.peak_memory_bytes <= int(base.peak_memory_bytes * (1.0 + budget))
+    assert res.makespan_ns <= base.makespan_ns
+    again = schedule(g, costs, ["overlap"], order=start, reorder_collectives=True, memory_budget_ratio=1.0 + budget)
+    assert np.array_equal(s.order, again.order)

@@ -32,10 +32,12 @@ from commsched.ir import Graph
 from commsched.passes.check import ScheduleError
 from commsched.passes.overlap_core import (
     delay_past_peak,
+    earlier_placements,
     input_chains,
     jackson_chains,
     prepare,
     prepare_graph,
+    promote_unwaited,
     schedule_once,
     tighten,
 )
@@ -53,13 +55,18 @@ class OverlapConfig(PassConfig):
     """hard peak-memory budget in bytes; with both set, the smaller one applies"""
     reorder_collectives: bool = False
     """let each group's collective order change (Jackson's rule; needs the same costs on every rank)"""
-    variants: tuple[tuple[str, bool], ...] = (("feeds", False), ("input", True), ("feeds", True))
-    """(compute priority, future-aware memory guard) tried in order until one fits the budget: priority "feeds"
-    runs what feeds the earliest collective first, "input" keeps the input order"""
+    variants: tuple[tuple[str, bool], ...] = (("feeds", False), ("feeders", True), ("input", True), ("feeds", True))
+    """(compute priority, future-aware memory guard) tried in order until one fits the budget: priority "feeds" runs
+    what feeds the earliest collective first, "input" keeps the input order, "feeders" keeps it except that what is
+    about to release a collective of the busiest group goes first"""
     stop_within_bound: float = 0.002
     """stop trying further variants once the best order is this close (relative) to the simulator's lower bound"""
     jackson_rounds: int = 2
     """with reorder_collectives: rounds of Jackson's rule, each learning from the previous round's timing"""
+    exposed_moves: int = 2
+    """with reorder_collectives: rounds of moving the most exposed collective earlier in its group's order (each
+    tries a few distances and keeps the best; e.g. the embedding gradient's big reduce_scatter ahead of the last
+    layer's, so the last layer's weight gradients overlap it instead of queueing ahead of it)"""
     max_peak_repairs: int = 3
     """per variant that breaks the budget: times what was produced early across the peak is moved past it"""
 
@@ -88,6 +95,7 @@ def overlap(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
     budget = _budget(cfg, base_peak)
     best: list = [base_sim.makespan_ns, base_peak, order.tolist(), "input order"]
     seen: dict[tuple[int, ...], tuple[int, int]] = {}
+    best_attempt: list = [None, None, None]  # (prep, attempt, simulation) behind the best order
     attempts = 0
 
     def evaluate(label: str, p, a) -> tuple[bool, object]:
@@ -108,26 +116,24 @@ def overlap(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
         )
         if fits and (res.makespan_ns, res.peak_memory_bytes) < (best[0], best[1]):
             best[:] = [res.makespan_ns, res.peak_memory_bytes, cand, label]
+            best_attempt[:] = [p, a, res]
         if not fits:
             stats.refuse("memory budget")
         return fits, res
 
     def run(label: str, p):
-        """The variants in order until one fits, each followed by a few peak repairs (what was produced early
-        across the peak moves past it) when it does not. Returns the attempt to learn from (Jackson's rule)."""
-        last = None
+        """The variants in order until one fits, each followed by a few peak repairs (what was produced early across
+        the peak moves past it) when it does not. Returns the attempt to learn from (Jackson's rule)."""
+        first = None
         for priority, guard in cfg.variants:
             name = f"{label}, {priority} priority{', memory guard' if guard else ''}"
             a = schedule_once(p, budget, _NO_CAP, priority=priority, guard=guard)
             fits, res = evaluate(name, p, a)
-            last = last or a
-            if best[0] <= base_sim.lower_bound_s * 1e9 * (1.0 + cfg.stop_within_bound):
-                return a
+            first = first or a
             nb: dict[int, int] = {}
             for k in range(cfg.max_peak_repairs):
-                if fits or res is None:
+                if fits or res is None or best[0] <= bound_ns:
                     break
-                # first move only prefetched collectives past the peak; then compute run ahead too
                 # move prefetched collectives past the peak first (just enough, the latest-used first); compute run
                 # ahead only when no collective is left to move
                 cand = tighten(p, a)
@@ -141,21 +147,37 @@ def overlap(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
                 nb = nb2
                 a = schedule_once(p, budget, _NO_CAP, nb, priority, guard)
                 fits, res = evaluate(f"{name}, {k + 1} peak repair(s)", p, a)
-            if fits:
+            if fits or best[0] <= bound_ns:
                 return a
-        return last
+        return first
 
+    # a schedule within `stop_within_bound` of the lower bound cannot improve much: stop searching
+    bound_ns = base_sim.lower_bound_s * 1e9 * (1.0 + cfg.stop_within_bound)
     gp = prepare_graph(g, order, ctx.costs, ctx.extra_src, ctx.extra_dst)
     p = prepare(gp, input_chains(g, order))
     learn = run("input collective order", p)
-    # a schedule within `stop_within_bound` of the lower bound cannot improve much: stop searching
-    bound_ns = base_sim.lower_bound_s * 1e9 * (1.0 + cfg.stop_within_bound)
     if cfg.reorder_collectives:
         for r in range(cfg.jackson_rounds):
             if learn is None or best[0] <= bound_ns:
                 break
             p = prepare(gp, jackson_chains(g, p, learn))
             learn = run(f"Jackson collective order (round {r + 1})", p)
+        if best_attempt[0] is not None and best[0] > bound_ns:
+            promoted = promote_unwaited(g, *best_attempt[:2])
+            if promoted is not None:
+                run("Jackson collective order, unwaited collectives promoted", prepare(gp, promoted))
+        for _ in range(cfg.exposed_moves):
+            if best_attempt[0] is None or best[0] <= bound_ns:
+                break
+            before = best[0]
+            for label, chains in earlier_placements(g, *best_attempt[::2]):
+                try:
+                    moved = prepare(gp, chains)
+                except RuntimeError:  # it would have to start before a collective it depends on
+                    continue
+                run(f"Jackson collective order, {label}", moved)
+            if best[0] >= before:
+                break
     makespan_ns, peak, chosen, label = best
     if peak > budget:
         raise ScheduleError(

@@ -19,6 +19,7 @@ from commsched.ir import Graph, OpKind
 from commsched.ir.graph import _csr
 from commsched.ir.transform import kahn_order
 from commsched.memory import liveness, memory_profile
+from commsched.sim.bounds import heads_and_tails
 
 
 @dataclass
@@ -50,6 +51,8 @@ class Prep:
     chains: dict[int, list[int]]  # per group: its collectives in issue (FIFO) order
     slowdown: float
     data_preds: list[list[int]] = field(default_factory=list)  # preds without the FIFO chain edges
+    feeder: list[bool] = field(default_factory=list)  # a short path leads from the node to a busiest-group collective
+    tail: list[int] = field(default_factory=list)  # least time from the node's end to the end of the step
 
 
 def base_arrays(g: Graph, costs: CostEstimate) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -123,8 +126,37 @@ def prepare_graph(
         release_pos=release.tolist(),
         slowdown=float(costs.compute_slowdown),
         data_preds=[pi_l[pp_l[i] : pp_l[i + 1]] for i in range(n)],
+        feeder=feeders(g, dur_ns, order),
+        tail=heads_and_tails(g, dur_ns)[1],
     )
     return GraphPrep(fields, dur_ns, src, dst, pos)
+
+
+def feeders(g: Graph, dur_ns: np.ndarray, order: np.ndarray, reach: float = 0.1) -> list[bool]:
+    """Per node: whether a collective of the busiest process group can be issued within ``reach`` x that group's
+    median collective time of the node's end (through its successors' durations). Running such nodes first keeps
+    the bottleneck stream fed (e.g. a gradient's cast before its reduce_scatter, ahead of the next layer's work)."""
+    n = len(g)
+    is_coll = g.coll_type >= 0
+    if not is_coll.any():
+        return [False] * n
+    comm = np.bincount(g.coll_group[is_coll], weights=dur_ns[is_coll], minlength=len(g.groups)).astype(np.float64)
+    comm[np.bincount(g.coll_group[is_coll], minlength=len(g.groups)) == 0] = -1.0  # groups with no collective
+    busiest = int(np.argmax(comm))
+    target = (is_coll & (g.coll_group == busiest)).tolist()
+    limit = int(reach * float(np.median(dur_ns[is_coll & (g.coll_group == busiest)])))
+    sp, si = (a.tolist() for a in g.successors_csr())
+    dur = dur_ns.tolist()
+    never = 1 << 62
+    to_coll = [never] * n
+    for v in reversed(order.tolist()):
+        best = never
+        for u in si[sp[v] : sp[v + 1]]:
+            d = 0 if target[u] else dur[u] + to_coll[u]
+            if d < best:
+                best = d
+        to_coll[v] = best
+    return [t <= limit for t in to_coll]
 
 
 def prepare(gp: GraphPrep, chains: dict[int, list[int]]) -> Prep:
@@ -210,8 +242,11 @@ def schedule_once(
     if priority == "input":
         # the input order for compute (memory-friendly when the program already interleaves compute and comm well)
         feeds, bottom = pos, [0] * n
+    elif priority == "feeders":
+        # the input order, except that what is about to release a collective of the busiest group goes first
+        feeds, bottom = [0 if f else 1 for f in p.feeder], [0] * n
     elif priority != "feeds":
-        raise ValueError(f"priority={priority!r}: expected 'feeds' or 'input'")
+        raise ValueError(f"priority={priority!r}: expected 'feeds', 'input' or 'feeders'")
     is_coll, is_wait, is_sync, wait_of = p.is_coll, p.is_wait, p.is_sync, p.wait_of
     sp, si, node_storages, storage_bytes = p.succ_ptr, p.succ_idx, p.node_storages, p.storage_bytes
     slow = p.slowdown
@@ -402,33 +437,41 @@ def tighten(p: Prep, a: Attempt) -> list[int]:
     return kahn_order(p.succ_ptr, p.succ_idx, p.indeg, by_key)
 
 
-def need_times(g: Graph, p: Prep, a: Attempt) -> dict[int, int]:
-    """Per collective: when the attempt first used its result (the earliest start of a user of one of its waits)."""
-    need: dict[int, int] = {}
+def first_uses(g: Graph, p: Prep, a: Attempt) -> dict[int, int | None]:
+    """Per collective: when the attempt first used its result — the earliest start of a node that takes time
+    (kernel or collective) reached from one of its waits through zero-time nodes (views, getitems, waits, which
+    the list scheduler runs as soon as they are ready and so say nothing about when the data is needed); None when
+    no such node exists (only the step's output takes it)."""
+    sptr, sidx = g.successors_csr()
+    sp, si = sptr.tolist(), sidx.tolist()
+    dur, is_coll = p.dur_ns, p.is_coll
+    never = 1 << 62
+    need_at = [never] * p.n
+    for v in reversed(a.order):
+        if dur[v] > 0 or is_coll[v]:
+            need_at[v] = a.at[v]
+            continue
+        first = never
+        for u in si[sp[v] : sp[v + 1]]:
+            if need_at[u] < first:
+                first = need_at[u]
+        need_at[v] = first
+    out: dict[int, int | None] = {}
     for c_list in p.chains.values():
         for c in c_list:
-            first_use = None
-            for w in g.waits_of(c).tolist():
-                for u in g.successors(w).tolist():
-                    t_u = a.at[u]
-                    first_use = t_u if first_use is None or t_u < first_use else first_use
-            need[c] = first_use if first_use is not None else a.comm_end[c]
-    return need
-
-
-def just_in_time(p: Prep, a: Attempt, need: dict[int, int], lead: float) -> dict[int, int]:
-    """Earliest issue times that still let each collective finish by its need time with ``lead`` x its duration to
-    spare, walking each group's chain backwards (a collective must also end before the next one has to start)."""
-    out: dict[int, int] = {}
-    for chain in p.chains.values():
-        latest_end = None
-        for c in reversed(chain):
-            d = p.dur_ns[c]
-            due = need[c] if latest_end is None else min(need[c], latest_end)
-            start = due - d - int(lead * d)
-            out[c] = start
-            latest_end = start
+            first_use = min((need_at[w] for w in g.waits_of(c).tolist()), default=never)
+            out[c] = first_use if first_use < never else None
     return out
+
+
+def need_times(g: Graph, p: Prep, a: Attempt, uses: dict[int, int | None] | None = None) -> dict[int, int]:
+    """Per collective: its first use in the attempt (:func:`first_uses`) or, if earlier, the latest end that does
+    not delay the attempt's end given what must follow the collective (a gradient's reduce_scatter that nothing
+    waits for is still due before the step can end)."""
+    uses = first_uses(g, p, a) if uses is None else uses
+    dur = p.dur_ns
+    end = max(max(a.comm_end.values(), default=0), max(t + d for t, d in zip(a.at, dur)))
+    return {c: min(end - (p.tail[c] - dur[c]), end if u is None else u) for c, u in uses.items()}
 
 
 def delay_past_peak(
@@ -510,3 +553,57 @@ def jackson_chains(g: Graph, p: Prep, a: Attempt) -> dict[int, list[int]]:
             t += p.dur_ns[c]
         out[grp] = new
     return out
+
+
+def promote_unwaited(g: Graph, p: Prep, a: Attempt) -> dict[int, list[int]] | None:
+    """Each group's order with every collective whose result nothing waits for (a gradient's reduce_scatter)
+    moved ahead of the collectives that started after its inputs were ready in attempt ``a``, as far as their
+    slack (need time minus end) covers its duration — so it does not queue behind prefetches it need not wait for
+    and end up exposed at the end of the step. None when nothing moves."""
+    uses = first_uses(g, p, a)
+    need = need_times(g, p, a, uses)
+    moved = False
+    out: dict[int, list[int]] = {}
+    for grp, chain in p.chains.items():
+        new = list(chain)
+        slack = {}
+        for c in chain:
+            slack[c] = None if uses[c] is None else need[c] - a.comm_end[c]
+        for u in chain:
+            if slack[u] is not None or p.is_sync[u]:
+                continue
+            release = max([a.at[q] + p.dur_ns[q] for q in p.data_preds[u]] + [0])
+            k = new.index(u)
+            j = k
+            d = p.dur_ns[u]
+            while j > 0:
+                x = new[j - 1]
+                if a.comm_start[x] <= release or p.is_sync[x] or (slack[x] is not None and slack[x] < d):
+                    break
+                j -= 1
+            if j < k:
+                for x in new[j:k]:
+                    if slack[x] is not None:
+                        slack[x] -= d
+                new[j + 1 : k + 1] = new[j:k]
+                new[j] = u
+                moved = True
+        out[grp] = new
+    return out if moved else None
+
+
+def earlier_placements(g: Graph, p: Prep, res, distances: tuple[int, ...] = (1, 2, 4, 8, 16)):
+    """(label, chains) with the collective whose waits stalled the compute stream longest in simulation ``res``
+    moved ``d`` places earlier in its group's order, for each distance ``d`` that fits in the order."""
+    exposed = res.exposed_ns_per_collective
+    c = int(np.argmax(exposed))
+    if exposed[c] <= 0:
+        return
+    grp = int(g.coll_group[c])
+    chain = p.chains[grp]
+    k = chain.index(c)
+    for d in distances:
+        if d > k:
+            break
+        new = [*chain[: k - d], c, *chain[k - d : k], *chain[k + 1 :]]
+        yield f"{g.names[c]} {d} earlier", {**p.chains, grp: new}

@@ -17,6 +17,13 @@ computes in O(N log N): it charges the exposed head (e.g. the first all_gather) 
 that the other terms miss. With several compute streams it bounds the busiest one's kernels only, so it is used for
 one stream.
 
+Interference and exposed ends together: write ``T = B + I`` for the compute stream's busy and idle time. Progress
+during busy time is ``W = |B \\ F| + |B & F| / slowdown`` with ``F`` the time any collective runs, and
+``|B & F| >= |F| - |I| >= C - |I|``, so ``T >= W + (1 - 1/slowdown) * C + |I| / slowdown``. Idle time is forced at
+both ends: in ``[0, a]`` only kernels with head ``< a`` can run, each for at most ``slowdown`` x its time, so at least
+``a - slowdown * (their work)`` of it is idle; the same holds in ``[T - b, T]`` for kernels with tail ``< b``. Both
+windows are disjoint when ``a + b`` is at most another bound on ``T``, and their idle times then add up.
+
 The critical path follows the simulator's rules: an asynchronous
 collective is available to its successors when issued, its wait only after its standalone duration.
 """
@@ -162,6 +169,39 @@ def preemptive_jackson_ns(release: list[int], work: list[int], delivery: list[in
     return best
 
 
+def forced_idle_ns(times: list[int], work: list[int], slowdown: float) -> list[tuple[int, float]]:
+    """``(a, idle)`` pairs with ``idle > 0``: at least ``idle`` ns of ``[0, a]`` pass with no kernel running when kernel
+    ``j`` cannot run before ``times[j]`` and runs at most ``slowdown`` x ``work[j]`` (one candidate ``a`` per distinct
+    time: just when the next kernels become available). O(N log N)."""
+    if not times:
+        return []
+    t = np.asarray(times, np.int64)
+    w = np.asarray(work, np.float64)
+    order = np.argsort(t, kind="stable")
+    t, w = t[order], w[order]
+    before = np.concatenate([[0.0], np.cumsum(w)[:-1]])  # work of the kernels strictly ahead in the sorted order
+    first = np.concatenate([[True], t[1:] != t[:-1]])  # first kernel of each distinct time: all earlier ones are < t
+    idle = t[first] - slowdown * before[first]
+    keep = idle > 0
+    return list(zip(t[first][keep].tolist(), idle[keep].tolist()))
+
+
+def interference_with_idle_ns(
+    work_ns: float, comm_ns: float, slowdown: float, head_idle, tail_idle, other_bound_ns: float
+) -> float:
+    """The interference term plus the idle time forced at both ends of the step (module docstring), for the best
+    pair of windows that fit in ``other_bound_ns``. Pairs: ``forced_idle_ns`` outputs; O(64^2)."""
+    base = work_ns + (1.0 - 1.0 / slowdown) * comm_ns
+    heads = [*sorted(head_idle, key=lambda x: -x[1])[:64], (0, 0.0)]
+    tails = [*sorted(tail_idle, key=lambda x: -x[1])[:64], (0, 0.0)]
+    best = 0.0
+    for a, ia in heads:
+        for b, ib in tails:
+            if a + b <= other_bound_ns and ia + ib > best:
+                best = ia + ib
+    return base + best / slowdown
+
+
 def lower_bound(g: Graph, dur_ns: np.ndarray, compute_stream: np.ndarray, slowdown: float = 1.0) -> LowerBound:
     """The bound for per-node standalone durations ``dur_ns``, the compute stream of each non-collective node and
     the compute slowdown while communication is in flight."""
@@ -170,7 +210,7 @@ def lower_bound(g: Graph, dur_ns: np.ndarray, compute_stream: np.ndarray, slowdo
     comm = np.bincount(g.coll_group[is_coll], weights=dur_ns[is_coll], minlength=len(g.groups))
     busiest_work = float(work.max(initial=0.0))
     heads_tails = 0
-    head = None
+    head = tail = kernels = None
     if not len(work) or len(work) == 1 or np.count_nonzero(work) <= 1:
         head, tail = heads_and_tails(g, dur_ns)
         kernels = np.flatnonzero(~is_coll & (dur_ns > 0)).tolist()
@@ -178,15 +218,26 @@ def lower_bound(g: Graph, dur_ns: np.ndarray, compute_stream: np.ndarray, slowdo
             [head[j] for j in kernels], [int(dur_ns[j]) for j in kernels], [tail[j] for j in kernels]
         )
     busiest_comm = float(comm.max(initial=0.0))
+    slowdown = max(1.0, slowdown)
+    critical = (
+        critical_path_ns(g, dur_ns) if head is None else max((h + d for h, d in zip(head, dur_ns.tolist())), default=0)
+    )
+    interference = busiest_work + (1.0 - 1.0 / slowdown) * busiest_comm
+    if kernels:
+        others = max(busiest_work, busiest_comm, critical, heads_tails, interference)
+        kwork = [int(dur_ns[j]) for j in kernels]
+        interference = interference_with_idle_ns(
+            busiest_work,
+            busiest_comm,
+            slowdown,
+            forced_idle_ns([head[j] for j in kernels], kwork, slowdown),
+            forced_idle_ns([tail[j] for j in kernels], kwork, slowdown),
+            others,
+        )
     return LowerBound(
         compute_s=busiest_work * 1e-9,
         comm_s={grp.name: float(comm[k]) * 1e-9 for k, grp in enumerate(g.groups)},
-        critical_path_s=(
-            critical_path_ns(g, dur_ns)
-            if head is None
-            else max((h + d for h, d in zip(head, dur_ns.tolist())), default=0)
-        )
-        * 1e-9,
-        interference_s=(busiest_work + (1.0 - 1.0 / max(1.0, slowdown)) * busiest_comm) * 1e-9,
+        critical_path_s=critical * 1e-9,
+        interference_s=interference * 1e-9,
         heads_tails_s=heads_tails * 1e-9,
     )
