@@ -68,21 +68,30 @@ def run_one(args: argparse.Namespace, seq_len: int, bandwidth: str) -> dict:
 def table(reports: list[dict]) -> str:
     lines = [
         "| config | order | predicted | measured median (p25-p75) | error | measured min | error vs min "
-        "| speedup (median) | speedup (min) | predicted speedup | bit-identical |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| speedup (median) | speedup (min) | predicted speedup | without comm slowdown: predicted, error, speedup "
+        "| bit-identical |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for rep in reports:
         config = (
             f"{rep['preset']} {rep['parallel']} w{rep['world_size']} seq {rep['seq_len']}x{rep['batch']}, "
             f"{rep['bench']['bandwidth']}, load {rep['bench']['load_before']:.1f}-{rep['bench']['load_after']:.1f}"
         )
+        base = rep["variants"].get("original")
         for name, v in rep["variants"].items():
             m = v["measured"]
+            plain = v["predicted"].get("measured, comm unslowed")
+            alt = "-"
+            if plain is not None and base is not None:
+                alt = (
+                    f"{_ms(plain)}, {(plain / m['median_s'] - 1) * 100:+.1f}%, "
+                    f"{base['predicted']['measured, comm unslowed'] / plain:.3f}x"
+                )
             lines.append(
                 f"| {config} | {name} | {_ms(v['predicted'][rep['costs']])} | {_ms(m['median_s'])} "
                 f"({_ms(m['p25_s'])}-{_ms(m['p75_s'])}) | {v['prediction_error'] * 100:+.1f}% | {_ms(m['min_s'])} "
                 f"| {v['prediction_error_vs_min'] * 100:+.1f}% | {v['speedup_measured']:.3f}x "
-                f"| {v['speedup_measured_min']:.3f}x | {v['speedup_predicted']:.3f}x | {v['bit_identical']} |"
+                f"| {v['speedup_measured_min']:.3f}x | {v['speedup_predicted']:.3f}x | {alt} | {v['bit_identical']} |"
             )
             config = ""
         ours, torch_ = rep["variants"].get("overlap"), rep["variants"].get("torch")
@@ -90,7 +99,7 @@ def table(reports: list[dict]) -> str:
             lines.append(
                 f"| | ours vs torch | | | | | | {torch_['measured']['median_s'] / ours['measured']['median_s']:.3f}x "
                 f"| {torch_['measured']['min_s'] / ours['measured']['min_s']:.3f}x "
-                f"| {torch_['predicted'][rep['costs']] / ours['predicted'][rep['costs']]:.3f}x | |"
+                f"| {torch_['predicted'][rep['costs']] / ours['predicted'][rep['costs']]:.3f}x | | |"
             )
     return "\n".join(lines)
 
@@ -133,6 +142,7 @@ def main() -> None:
         print(
             f"\nseq {rep['seq_len']}, {rep['bench']['bandwidth']}: compute {_ms(totals['compute_s'])}, collectives "
             f"{_ms(totals['collectives_s'])} ({rep['graph']['collectives']}), slowdown x{probe['compute_slowdown']:.2f}"
+            f" compute, x{probe['comm_slowdown']:.2f} comm"
             f" (probe: comm {_ms(probe['comm_s'])} using {_ms(probe['comm_cpu_s'])} CPU, compute "
             f"{_ms(probe['compute_s'])}, both "
             f"{_ms(probe['overlapped_s'])}); profile predictions: "

@@ -101,7 +101,7 @@ def assert_valid_simulation(res) -> None:
 US = 1e-6
 
 
-def layer_costs(g, link_ag, link_ar, slowdown=1.0, sync_s=0.0, lat_ag=0.0):
+def layer_costs(g, link_ag, link_ar, slowdown=1.0, sync_s=0.0, lat_ag=0.0, comm_slowdown=1.0):
     """Hand-picked costs (us) for trace_two_group_layer: mm 4, relu 1, mm_1 3, add 1, all_gather 10, all_reduce 6."""
     times = {"mm": 4, "relu": 1, "mm_1": 3, "add": 1, "all_gather_into_tensor": 10, "all_reduce": 6}
     node_s = np.array([times.get(name, 0) * US for name in g.names])
@@ -110,4 +110,4 @@ def layer_costs(g, link_ag, link_ar, slowdown=1.0, sync_s=0.0, lat_ag=0.0):
     link = np.full(len(g), -1, np.int8)
     link[g.id_of("all_gather_into_tensor")] = link_ag
     link[g.id_of("all_reduce")] = link_ar
-    return CostEstimate(node_s, lat, link, compute_slowdown=slowdown, stream_sync_s=sync_s)
+    return CostEstimate(node_s, lat, link, compute_slowdown=slowdown, stream_sync_s=sync_s, comm_slowdown=comm_slowdown)

@@ -37,10 +37,11 @@ def test_report_has_calibration_predictions_and_measurements(report):
     assert kinds == {"all_gather", "reduce_scatter"}  # FSDP: what the graph issues, measured on the link
     assert all(row[1] == 2 and row[3] > 0 for row in link["collectives"])
     assert 1.0 <= link["interference"]["compute_slowdown"] <= 4.0
+    assert 1.0 <= link["interference"]["comm_slowdown"] <= 4.0
     for v in report["variants"].values():
         assert len(v["measured"]["samples_s"]) == 2
         assert 0 < v["measured"]["min_s"] <= v["measured"]["median_s"] <= v["measured"]["max_s"]
-        assert set(v["predicted"]) == {"measured", "profile"}
+        assert set(v["predicted"]) == {"measured", "profile", "measured, comm unslowed"}
         assert all(p > 0 and math.isfinite(p) for p in v["predicted"].values())
     assert report["variants"]["original"]["speedup_measured"] == 1.0
     assert report["graph"]["collectives"] > 0

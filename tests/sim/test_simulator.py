@@ -70,11 +70,17 @@ INTER, INTRA = LinkClass.INTER_NODE, LinkClass.INTRA_NODE
         ("latency", {"link_ag": INTRA, "link_ar": INTRA, "lat_ag": 2.0}, 18, 9, 14),
         # 1 us sync: the all_gather runs 1-11 and the wait unblocks at 12
         ("sync", {"link_ag": INTER, "link_ar": INTRA, "sync_s": 1 * US}, 16, 7, 11),
+        # comm 2x slower while kernels run: 2.5 of the all_gather's 10 us done by 5, the rest alone until 12.5
+        ("comm slowdown", {"link_ag": INTER, "link_ar": INTRA, "comm_slowdown": 2.0}, 16.5, 7.5, 12.5),
+        # both ways: mm runs 4 x 1.5 = 6 (comm 3 us), relu 1.5 (0.75): 3.75 done by 7.5, the rest until 13.75
+        ("both", {"link_ag": INTER, "link_ar": INTRA, "slowdown": 1.5, "comm_slowdown": 2.0}, 17.75, 6.25, 13.75),
     ],
 )
 def test_hand_derived_exposure_on_traced_layer(layer, case, kw, makespan_us, exposed_ag_us, ag_end_us):
     g = layer
     res = simulate_costs(g, layer_costs(g, **kw))
+    events = simulate_costs(g, layer_costs(g, **kw), engine="events")
+    assert np.array_equal(res.end_ns, events.end_ns), case
     ag = g.id_of("all_gather_into_tensor")
     assert res.makespan_s == pytest.approx(makespan_us * US, abs=1e-12), case
     assert res.exposed_comm_by_collective_s["all_gather_into_tensor"] == pytest.approx(exposed_ag_us * US, abs=1e-12)
@@ -162,6 +168,7 @@ def scenarios(draw):
         coll_link=link,
         compute_slowdown=draw(st.sampled_from([1.0, 1.25, 2.0])),
         stream_sync_s=draw(st.sampled_from([0.0, 1e-6, 2.5e-7])),
+        comm_slowdown=draw(st.sampled_from([1.0, 1.0, 1.5, 3.0])),
     )
     # a random topological order: Kahn with random picks
     seed = draw(st.integers(0, 2**31))

@@ -35,7 +35,8 @@ def print_report(rep: dict[str, Any], network: str | None) -> None:
         f"link probe: the step's {probe['collectives']:.0f} collectives {fmt_seconds(probe['comm_s'])} (CPU "
         f"{fmt_seconds(probe.get('comm_cpu_s', float('nan')))} per rank), compute {fmt_seconds(probe['compute_s'])}, "
         f"issued together {fmt_seconds(probe['overlapped_s'])} (serial {fmt_seconds(probe['serial_s'])}): compute "
-        f"slowdown while communicating x{probe['compute_slowdown']:.2f}"
+        f"slowdown while communicating x{probe['compute_slowdown']:.2f}, communication's while computing "
+        f"x{probe.get('comm_slowdown', 1.0):.2f}"
     )
     totals = rep["cost_totals"][costs]
     console.print(

@@ -30,6 +30,8 @@ class CostEstimate:
     ``coll_link``: :class:`LinkClass` of each collective's bandwidth-bound part, -1 for non-collectives.
     ``compute_slowdown``: factor (>= 1) by which compute runs slower while any collective is in flight (NCCL kernels
     occupy SMs and memory bandwidth).
+    ``comm_slowdown``: factor (>= 1) by which a collective's bandwidth-bound part progresses slower while a kernel
+    runs (1 on GPUs; on a CPU, gloo's threads and the socket work compete with compute for the cores).
     ``stream_sync_s``: overhead of one cross-stream dependency (event record + wait).
     ``fusion_region``: per node, the fusion region (one fused kernel) it belongs to, -1 for unfused nodes; a region's
     time is spread over its members, so sums are right in any order, and passes can keep a region together.
@@ -40,6 +42,7 @@ class CostEstimate:
     coll_link: np.ndarray
     compute_slowdown: float = 1.0
     stream_sync_s: float = 0.0
+    comm_slowdown: float = 1.0
     meta: dict[str, Any] = field(default_factory=dict)
     fusion_region: np.ndarray | None = None
 
@@ -52,6 +55,8 @@ class CostEstimate:
             raise ValueError("CostEstimate.node_s must be finite and >= 0")
         if self.compute_slowdown < 1.0:
             raise ValueError(f"compute_slowdown={self.compute_slowdown} must be >= 1")
+        if self.comm_slowdown < 1.0:
+            raise ValueError(f"comm_slowdown={self.comm_slowdown} must be >= 1")
 
     @classmethod
     def from_times(cls, node_s: np.ndarray, coll_link: np.ndarray | None = None, **kw: Any) -> CostEstimate:

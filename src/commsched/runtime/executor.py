@@ -63,6 +63,9 @@ class RunConfig:
     """timed repetitions of each distinct collective on the link"""
     op_reps: int = 3
     """op-by-op runs to time every compute op"""
+    comm_slowdown: bool = True
+    """let the prediction charge communication's slowdown while compute runs (measured by the interference probe;
+    on a CPU run gloo competes with compute for the cores); False: communication runs at its calibrated speed"""
 
     def __post_init__(self) -> None:
         from commsched.runtime.plan import COST_SOURCES
@@ -153,10 +156,13 @@ def _plan_on_rank0(cfg: RunConfig, gm, graph, rows, interference, op_times) -> t
     hw = hw_mod.get(cfg.hardware)
     table = link_table(rows)
     slowdown = interference["compute_slowdown"]
+    comm_slowdown = interference["comm_slowdown"] if cfg.comm_slowdown else 1.0
     costs = {
-        "measured": run_costs(graph, hw, table, slowdown, op_times),
-        "profile": run_costs(graph, hw, table, slowdown),
+        "measured": run_costs(graph, hw, table, slowdown, op_times, comm_slowdown),
+        "profile": run_costs(graph, hw, table, slowdown, comm_slowdown=comm_slowdown),
     }
+    # the same prediction without communication's slowdown under compute, to show what that term buys
+    no_comm_slowdown = {"measured, comm unslowed": run_costs(graph, hw, table, slowdown, op_times)}
     given = {k: tuple(v) for k, v in (cfg.orders or {}).items()}
     t0 = time.perf_counter()
     orders, skipped = plan_orders(
@@ -175,7 +181,7 @@ def _plan_on_rank0(cfg: RunConfig, gm, graph, rows, interference, op_times) -> t
         "hardware": hw.name,
         "costs": cfg.costs,
         "cost_totals": {k: cost_summary(graph, c) for k, c in costs.items()},
-        "predicted": predict(graph, costs, orders),
+        "predicted": predict(graph, {**costs, **no_comm_slowdown}, orders),
         "moved_nodes": {k: int(np.count_nonzero(o != np.arange(len(o)))) for k, o in orders.items()},
         "skipped": skipped,
         "plan_s": plan_s,

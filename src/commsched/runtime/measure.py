@@ -100,15 +100,18 @@ def measure_interference(
     max_bytes: int = 256 << 20,
     device: torch.device | None = None,
 ) -> dict[str, float]:
-    """How much compute slows while the graph's collectives are in flight, from three timings: the graph's own
+    """How compute and communication slow each other down when they overlap, from three timings: the graph's own
     collectives (in graph order, up to ``max_bytes`` of inputs) issued together and then waited (M), matmuls
-    sized to about 1.5 M (C), and both: the collectives issued, the matmuls, the waits (O). If compute ran ``f``
-    times slower while communication was in flight, O = M + C - M / f when C > M / f, so ``f = M / (C + M - O)``,
-    clipped to [1, 4] (1: perfect overlap; O >= C + M: none). The graph's mix matters: each collective also costs
-    the CPU a fixed amount (gloo's steps, the socket calls), which a single large probe would hide. Interleaved
-    rounds, the best of ``reps`` for each time, then the slowest rank's. Returns the three times, ``serial_s``
-    (M + C), ``comm_bytes``, ``comm_cpu_s`` (the CPU time a rank spent on one M: gloo's threads and the kernel's
-    socket work, which on a CPU run competes with compute) and ``compute_slowdown`` (f)."""
+    sized to about half of M (C), and both: the collectives issued, the matmuls (ending at T1), the waits (ending at
+    O). While the collectives are still in flight when the matmuls end, compute ran ``f = T1 / C`` times slower the
+    whole time; and if communication progressed ``g`` times slower while compute ran, ``O = T1 + M - T1 / g``, so
+    ``g = T1 / (M + T1 - O)``. Both are clipped to [1, 4]. If the collectives finished first (O close to T1),
+    compute was slowed only while they ran and ``f = M / (C + M - O)`` with ``g = 1``. The graph's mix matters:
+    each collective also costs the CPU a fixed amount (gloo's steps, the socket calls), which a single large probe
+    would hide. Interleaved rounds, the best of ``reps`` for each time, then the slowest rank's. Returns the times
+    (``comm_s``, ``compute_s``, ``compute_end_s``, ``overlapped_s``), ``serial_s`` (M + C), ``comm_bytes``,
+    ``comm_cpu_s`` (the CPU time a rank spent on one M: gloo's threads and the kernel's socket work, which on a CPU
+    run competes with compute), ``compute_slowdown`` (f) and ``comm_slowdown`` (g)."""
     device = device or torch.device("cpu")
     fx_nodes = {n.name: n for n in gm.graph.nodes}
     calls = []
@@ -134,47 +137,73 @@ def measure_interference(
         for w in works:
             _wait_all(w)
 
-    def timed(fn: Callable[[], None]) -> float:
+    def timed(fn: Callable[[], float | None]) -> tuple[float, float]:
+        """(wall time of fn, the time since the start that fn reports, or the wall time)."""
         dist.barrier()
         _sync(device)
         t = time.perf_counter()
-        fn()
+        mark = fn()
         _sync(device)
-        return time.perf_counter() - t
+        total = time.perf_counter() - t
+        return total, (mark - t if mark is not None else total)
 
     wait(issue())  # warm-up
     cpu0 = time.process_time()
-    comm = timed(lambda: wait(issue()))
+    comm = timed(lambda: wait(issue()))[0]
     comm_cpu = time.process_time() - cpu0  # this process's CPU (all threads): the communication's own CPU cost
-    t = timed(lambda: matmuls(8))
-    count = torch.tensor([max(1, int(1.5 * comm / max(t / 8, 1e-6)))], dtype=torch.int64)
+    t = timed(lambda: matmuls(8))[0]
+    count = torch.tensor([max(1, int(0.5 * comm / max(t / 8, 1e-6)))], dtype=torch.int64)
     dist.all_reduce(count, op=dist.ReduceOp.MAX)  # ranks must do the same work
     n = int(count.item())
 
-    def both() -> None:
+    def both() -> float:
         works = issue()
         matmuls(n)
+        _sync(device)
+        mark = time.perf_counter()
         wait(works)
+        return mark
 
-    best = [float("inf")] * 3
+    best = [float("inf")] * 4  # comm, compute, overlapped, compute end within the overlapped run
     for _ in range(reps):  # interleaved, so that a burst of load elsewhere spoils one round, not one quantity
-        for k, fn in enumerate((lambda: wait(issue()), lambda: matmuls(n), both)):
-            best[k] = min(best[k], timed(fn))
+        best[0] = min(best[0], timed(lambda: wait(issue()))[0])
+        best[1] = min(best[1], timed(lambda: matmuls(n))[0])
+        total, mark = timed(both)
+        if total < best[2]:
+            best[2], best[3] = total, mark
     out = torch.tensor([*best, comm_cpu], dtype=torch.float64)
-    dist.all_reduce(out, op=dist.ReduceOp.MAX)  # every rank computes the same slowdown from the slowest rank's times
-    comm, compute, overlapped, comm_cpu = out.tolist()
-    hidden = compute + comm - overlapped  # compute time that ran while the collectives were in flight, slowed
-    slowdown = 4.0 if hidden <= comm / 4.0 else min(max(comm / hidden, 1.0), 4.0)
+    dist.all_reduce(out, op=dist.ReduceOp.MAX)  # every rank computes the same factors from the slowest rank's times
+    comm, compute, overlapped, compute_end, comm_cpu = out.tolist()
+    compute_slowdown, comm_slowdown = interference_factors(comm, compute, compute_end, overlapped)
     return {
         "comm_s": comm,
         "compute_s": compute,
+        "compute_end_s": compute_end,
         "overlapped_s": overlapped,
         "serial_s": comm + compute,
         "comm_bytes": float(comm_bytes),
         "collectives": float(len(calls)),
         "comm_cpu_s": comm_cpu,
-        "compute_slowdown": slowdown,
+        "compute_slowdown": compute_slowdown,
+        "comm_slowdown": comm_slowdown,
     }
+
+
+def interference_factors(
+    comm_s: float, compute_s: float, compute_end_s: float, overlapped_s: float
+) -> tuple[float, float]:
+    """(compute slowdown f, comm slowdown g) from the probe's times (see :func:`measure_interference`)."""
+
+    def clip(x: float) -> float:
+        return min(max(x, 1.0), 4.0)
+
+    if overlapped_s - compute_end_s > 0.05 * comm_s:  # the collectives outlasted the compute: both factors show
+        f = clip(compute_end_s / max(compute_s, 1e-9))
+        progressed = comm_s + compute_end_s - overlapped_s  # comm work done while compute ran
+        g = 4.0 if progressed <= compute_end_s / 4.0 else clip(compute_end_s / progressed)
+        return f, g
+    hidden = compute_s + comm_s - overlapped_s  # compute time that ran while the collectives were in flight, slowed
+    return (4.0 if hidden <= comm_s / 4.0 else clip(comm_s / hidden)), 1.0
 
 
 class _OpTimer(torch.fx.Interpreter):

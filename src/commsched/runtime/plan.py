@@ -41,6 +41,7 @@ def run_costs(
     table: MeasuredTable,
     compute_slowdown: float,
     op_times_s: Mapping[str, float] | None = None,
+    comm_slowdown: float = 1.0,
 ) -> CostEstimate:
     """Costs of ``graph`` for an eager run: collectives from ``table``, compute from ``op_times_s`` (node name ->
     seconds) where given, else the profile's roofline without fusion (an FX GraphModule runs op by op)."""
@@ -51,7 +52,9 @@ def run_costs(
         return op_times_s.get(node.name)
 
     costs = estimate_costs(graph, hardware, table=table, estimate=measured if op_times_s else None, fusion=False)
-    return dataclasses.replace(costs, compute_slowdown=max(1.0, float(compute_slowdown)))
+    return dataclasses.replace(
+        costs, compute_slowdown=max(1.0, float(compute_slowdown)), comm_slowdown=max(1.0, float(comm_slowdown))
+    )
 
 
 def pass_knob_names(passes: str | Sequence[str]) -> set[str]:
@@ -174,4 +177,5 @@ def cost_summary(graph: Graph, costs: CostEstimate) -> dict[str, float]:
         "compute_s": float(costs.node_s[~is_coll].sum()),
         "collectives_s": float(costs.node_s[is_coll].sum()),
         "compute_slowdown": float(costs.compute_slowdown),
+        "comm_slowdown": float(costs.comm_slowdown),
     }

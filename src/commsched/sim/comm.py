@@ -3,7 +3,9 @@
 A collective runs in two phases on its group's stream: its latency part (fixed, not shared), then its
 bandwidth-bound part, whose work (nanoseconds at the link's full bandwidth) progresses at rate ``1/k`` while ``k``
 collectives of different groups are in their bandwidth phase on the same :class:`~commsched.cost.LinkClass`
-(processor sharing). Collectives on different link classes do not slow each other.
+(processor sharing). Collectives on different link classes do not slow each other. While ``scale`` > 1 (the
+simulation loops set it to the cost model's ``comm_slowdown`` while a kernel runs) bandwidth work progresses
+``scale`` times slower still.
 
 The engine is advanced lazily: :meth:`CommEngine.advance_to` simulates up to a time, given the collectives issued
 so far. Issues must come in time order and no earlier than the engine's clock.
@@ -45,6 +47,7 @@ class CommEngine:
         self.inflight = 0  # running collectives (either phase): compute is slowed while > 0
         self.pending = 0  # issued and not finished
         self.busy_ns = [0] * num_groups
+        self.scale = 1.0  # bandwidth phases progress at 1 / (sharing * scale); change it only at the engine clock
 
     # ------------------------------------------------------------------ input
     def issue(self, c: int, t: int) -> None:
@@ -69,8 +72,10 @@ class CommEngine:
                 if not self.in_bw[g]:
                     te = self.lat_end[g]
                 else:
-                    k = self.sharing[self.link[c]]
-                    te = self.t + math.ceil(self.rem[g] * k - _EPS) if k > 1 else self.t + math.ceil(self.rem[g] - _EPS)
+                    k = self.sharing[self.link[c]] * self.scale
+                    te = (
+                        self.t + math.ceil(self.rem[g] * k - _EPS) if k != 1 else self.t + math.ceil(self.rem[g] - _EPS)
+                    )
             elif self.qhead[g] < len(self.queue[g]):
                 te = max(self.t, self.ready_at[self.queue[g][self.qhead[g]]])
             else:
@@ -106,7 +111,7 @@ class CommEngine:
         if dt > 0 and self.inflight:
             for g, c in enumerate(self.cur):
                 if c >= 0 and self.in_bw[g]:
-                    self.rem[g] -= dt / self.sharing[self.link[c]]
+                    self.rem[g] -= dt / (self.sharing[self.link[c]] * self.scale)
         self.t = t
 
     def _fire(self, t: int) -> None:

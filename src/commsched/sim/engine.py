@@ -12,6 +12,8 @@ Semantics (times are int nanoseconds):
 * A wait blocks its stream until ``end(collective) + sync_ns``; it costs nothing once that time has passed.
 * Kernels run at rate 1, or ``1/slowdown`` while any collective is in flight (in either phase), integrated over
   time: a kernel only partly overlapped by communication is slowed only for that part.
+* Symmetrically, while any kernel runs, collectives' bandwidth-bound parts progress ``comm_slowdown`` times slower
+  (a CPU run: gloo's threads compete with compute for the cores).
 * Inputs, views, waits and the output take no time.
 * Collectives issued at the same instant from different streams enter their FIFO in stream order.
 
@@ -45,17 +47,26 @@ def run_single_stream(
     end: list[int],
     issue: list[int],
     blocked: list[int],
+    comm_slowdown: float = 1.0,
 ) -> None:
     """Simulate ``order`` on compute stream 0; fills the arrays in place."""
     t = 0
     plain = slowdown == 1.0
+    coupled = comm_slowdown != 1.0
     for i in order:
         k = kinds[i]
         if k in _KERNELS:
             start[i] = t
             d = dur[i]
             if d:
-                t = t + d if plain or not comm.pending else _slowed_end(comm, t, d, slowdown)
+                if coupled and comm.pending:
+                    comm.advance_to(t)  # the engine runs at full speed up to the kernel, slowed during it
+                    comm.scale = comm_slowdown
+                    t = _slowed_end(comm, t, d, slowdown)
+                    comm.advance_to(t)
+                    comm.scale = 1.0
+                else:
+                    t = t + d if plain or not comm.pending else _slowed_end(comm, t, d, slowdown)
             end[i] = t
         elif k == _COLL:
             issue[i] = t
@@ -110,6 +121,7 @@ def run_multi_stream(
     issue: list[int],
     blocked: list[int],
     names: list[str],
+    comm_slowdown: float = 1.0,
 ) -> None:
     """Simulate ``order`` with node ``i`` on compute stream ``stream[i]`` (a global event loop)."""
     progs: list[list[int]] = [[] for _ in range(num_streams)]
@@ -196,6 +208,8 @@ def run_multi_stream(
         if not left:
             break
         slow = comm.inflight > 0
+        # the engine's clock is at t here; the running kernels stay the same until te
+        comm.scale = comm_slowdown if any(r >= 0 for r in running) else 1.0
         te = min(timer, comm.next_event())
         for s in range(num_streams):
             if running[s] >= 0:

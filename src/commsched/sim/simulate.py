@@ -124,13 +124,25 @@ def simulate_costs(
     kinds, wait_of, sync = g.kinds.tolist(), g.wait_of.tolist(), g.coll_sync.tolist()
     if num_streams == 1 and engine == "auto":
         run_single_stream(
-            order_arr.tolist(), kinds, dur.tolist(), wait_of, sync, comm, slowdown, sync_ns, start, end, issue, blocked
+            order_arr.tolist(),
+            kinds,
+            dur.tolist(),
+            wait_of,
+            sync,
+            comm,
+            slowdown,
+            sync_ns,
+            start,
+            end,
+            issue,
+            blocked,
+            float(costs.comm_slowdown),
         )
     else:
         ptr, idx = g.predecessors_csr()
         run_multi_stream(
             order_arr.tolist(), stream.tolist(), num_streams, ptr.tolist(), idx.tolist(), kinds, dur.tolist(), wait_of,
-            sync, comm, slowdown, sync_ns, start, end, issue, blocked, g.names,
+            sync, comm, slowdown, sync_ns, start, end, issue, blocked, g.names, float(costs.comm_slowdown),
         )  # fmt: skip
     names = tuple(f"compute:{s}" for s in range(num_streams)) + tuple(f"comm:{grp.name}" for grp in g.groups)
     node_stream = np.where(is_coll, num_streams + g.coll_group.astype(np.int64), stream)
