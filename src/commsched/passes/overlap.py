@@ -35,6 +35,7 @@ from commsched.passes.overlap_core import (
     earlier_placements,
     input_chains,
     jackson_chains,
+    late_waits,
     prepare,
     prepare_graph,
     promote_unwaited,
@@ -67,6 +68,10 @@ class OverlapConfig(PassConfig):
     """with reorder_collectives: rounds of moving the most exposed collective earlier in its group's order (each
     tries a few distances and keeps the best; e.g. the embedding gradient's big reduce_scatter ahead of the last
     layer's, so the last layer's weight gradients overlap it instead of queueing ahead of it)"""
+    waits: str = "early"
+    """where waits go: "early" (as soon as their collective is predicted done: its inputs are freed sooner) or
+    "late" (just before the first use, when that fits the budget: a collective slower than predicted then stalls
+    compute only where its result is needed; same predicted time)"""
     max_peak_repairs: int = 3
     """per variant that breaks the budget: times what was produced early across the peak is moved past it"""
 
@@ -95,14 +100,14 @@ def overlap(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
     budget = _budget(cfg, base_peak)
     best: list = [base_sim.makespan_ns, base_peak, order.tolist(), "input order"]
     seen: dict[tuple[int, ...], tuple[int, int]] = {}
-    best_attempt: list = [None, None, None]  # (prep, attempt, simulation) behind the best order
+    best_attempt: list = [None, None, None, None]  # (prep, attempt, simulation, variant) behind the best order
     attempts = 0
 
-    def evaluate(label: str, p, a) -> tuple[bool, object]:
-        """Tighten, simulate and record one attempt; returns (fits, its simulation)."""
+    def evaluate(label: str, p, a, variant=None, late=None) -> tuple[bool, object]:
+        """Tighten, simulate and record one attempt (or the order ``late``); returns (fits, its simulation)."""
         nonlocal attempts
         attempts += 1
-        cand = tighten(p, a)
+        cand = tighten(p, a) if late is None else late
         key = tuple(cand)
         if key in seen:
             _, peak = seen[key]
@@ -116,19 +121,19 @@ def overlap(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
         )
         if fits and (res.makespan_ns, res.peak_memory_bytes) < (best[0], best[1]):
             best[:] = [res.makespan_ns, res.peak_memory_bytes, cand, label]
-            best_attempt[:] = [p, a, res]
+            best_attempt[:] = [p, a, res, variant]
         if not fits:
             stats.refuse("memory budget")
         return fits, res
 
-    def run(label: str, p):
+    def run(label: str, p, variants=None):
         """The variants in order until one fits, each followed by a few peak repairs (what was produced early across
         the peak moves past it) when it does not. Returns the attempt to learn from (Jackson's rule)."""
         first = None
-        for priority, guard in cfg.variants:
+        for priority, guard in variants or cfg.variants:
             name = f"{label}, {priority} priority{', memory guard' if guard else ''}"
             a = schedule_once(p, budget, _NO_CAP, priority=priority, guard=guard)
-            fits, res = evaluate(name, p, a)
+            fits, res = evaluate(name, p, a, (priority, guard))
             first = first or a
             nb: dict[int, int] = {}
             for k in range(cfg.max_peak_repairs):
@@ -146,7 +151,7 @@ def overlap(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
                     break
                 nb = nb2
                 a = schedule_once(p, budget, _NO_CAP, nb, priority, guard)
-                fits, res = evaluate(f"{name}, {k + 1} peak repair(s)", p, a)
+                fits, res = evaluate(f"{name}, {k + 1} peak repair(s)", p, a, (priority, guard))
             if fits or best[0] <= bound_ns:
                 return a
         return first
@@ -170,14 +175,24 @@ def overlap(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
             if best_attempt[0] is None or best[0] <= bound_ns:
                 break
             before = best[0]
-            for label, chains in earlier_placements(g, *best_attempt[::2]):
+            variant = [best_attempt[3]]  # the variant that made the best order: the others rarely win here
+            for label, chains in earlier_placements(g, best_attempt[0], best_attempt[2]):
                 try:
                     moved = prepare(gp, chains)
                 except RuntimeError:  # it would have to start before a collective it depends on
                     continue
-                run(f"Jackson collective order, {label}", moved)
+                run(f"Jackson collective order, {label}", moved, variant)
             if best[0] >= before:
                 break
+    if cfg.waits not in ("early", "late"):
+        raise ValueError(f"waits={cfg.waits!r}: expected 'early' or 'late'")
+    if cfg.waits == "late" and best_attempt[0] is not None:
+        late = late_waits(best_attempt[0], best[2])
+        label = f"{best[3]}, late waits"
+        if late != best[2] and evaluate(label, best_attempt[0], None, late=late)[0]:
+            late_ns, late_peak = seen[tuple(late)]
+            if late_ns <= best[0]:  # the same time in the model, more memory: worth it for robustness
+                best[:] = [late_ns, late_peak, late, label]
     makespan_ns, peak, chosen, label = best
     if peak > budget:
         raise ScheduleError(

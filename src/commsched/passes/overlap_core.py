@@ -607,3 +607,21 @@ def earlier_placements(g: Graph, p: Prep, res, distances: tuple[int, ...] = (1, 
             break
         new = [*chain[: k - d], c, *chain[k - d : k], *chain[k + 1 :]]
         yield f"{g.names[c]} {d} earlier", {**p.chains, grp: new}
+
+
+def late_waits(p: Prep, order: list[int]) -> list[int]:
+    """``order`` with every wait moved down to just before the first node that uses it (no earlier than before).
+    In the model nothing changes when the collective is done by then; in reality a collective that runs longer
+    than predicted then stalls the stream only when its result is needed, not wherever its predicted end fell."""
+    n = len(order)
+    place = [0] * n
+    for k, v in enumerate(order):
+        place[v] = k
+    key = [float(place[v]) for v in range(n)]
+    sp, si = p.succ_ptr, p.succ_idx
+    for v in order:
+        if p.is_wait[v]:
+            first = min((place[u] for u in si[sp[v] : sp[v + 1]]), default=place[v])
+            if first > place[v]:
+                key[v] = first - 0.5
+    return kahn_order(sp, si, p.indeg, key)

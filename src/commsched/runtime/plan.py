@@ -105,14 +105,16 @@ def plan_orders(
     Both schedulers get the same memory rule: ``memory_budget_ratio`` times the input order's peak (each in its own
     accounting; torch's is measured by a first run), or by default torch's own default limit (peak + max(1 GiB,
     5 %)). Our ``reorder_collectives`` defaults to True: the orders are decided once and given to every rank, so a
-    group's collectives may be reordered safely, as torch's scheduler does. ``knobs`` override both defaults, which
-    apply only to passes that have those knobs."""
+    group's collectives may be reordered safely, as torch's scheduler does; and ``waits`` defaults to "late" (each
+    wait just before its first use, within the budget): a real collective that runs longer than predicted then
+    stalls compute only where its result is needed. ``knobs`` override these defaults, which apply only to passes
+    that have those knobs."""
     from commsched.memory import memory_profile
     from commsched.passes import check_schedule, schedule
     from commsched.passes.check import as_order
 
     ours = dict(knobs or {})
-    defaults: dict[str, Any] = {"reorder_collectives": True}
+    defaults: dict[str, Any] = {"reorder_collectives": True, "waits": "late"}
     if memory_budget_ratio is None:
         defaults["memory_budget_ratio"] = None
         defaults["memory_budget_bytes"] = torch_default_budget_bytes(memory_profile(graph).peak_bytes)
