@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,6 +120,19 @@ def resolve_costs(graph: Graph, hardware: Any) -> CostEstimate:
     return estimate_costs(graph, hw)
 
 
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Passes build many small lists and tuples and no reference cycles; Python's cyclic collector would rescan the
+    whole heap again and again while they do (superlinear time on 100k-node graphs), so it waits until they return."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def schedule(
     graph: Graph,
     hardware: Any,
@@ -155,7 +170,8 @@ def schedule(
             fn, cfg, pname = spec.fn, build_config(spec.config_cls, knobs, used), p
         ctx = PassContext(costs=costs, config=cfg, extra_src=extra_src, extra_dst=extra_dst, streams=streams)
         t0 = time.perf_counter()
-        result = fn(graph, cur, ctx)
+        with _gc_paused():
+            result = fn(graph, cur, ctx)
         wall = time.perf_counter() - t0
         result.stats.wall_s = wall
         if check:

@@ -96,7 +96,7 @@ def measure_interference(
     gm: torch.fx.GraphModule,
     graph: Graph,
     *,
-    reps: int = 3,
+    reps: int = 5,
     max_bytes: int = 256 << 20,
     device: torch.device | None = None,
 ) -> dict[str, float]:
@@ -108,7 +108,8 @@ def measure_interference(
     ``g = T1 / (M + T1 - O)``. Both are clipped to [1, 4]. If the collectives finished first (O close to T1),
     compute was slowed only while they ran and ``f = M / (C + M - O)`` with ``g = 1``. The graph's mix matters:
     each collective also costs the CPU a fixed amount (gloo's steps, the socket calls), which a single large probe
-    would hide. Interleaved rounds, the best of ``reps`` for each time, then the slowest rank's. Returns the times
+    would hide. ``reps`` interleaved rounds, each timed on the slowest rank and giving both factors; the median
+    factors and median times are returned. Returns the times
     (``comm_s``, ``compute_s``, ``compute_end_s``, ``overlapped_s``), ``serial_s`` (M + C), ``comm_bytes``,
     ``comm_cpu_s`` (the CPU time a rank spent on one M: gloo's threads and the kernel's socket work, which on a CPU
     run competes with compute), ``compute_slowdown`` (f) and ``comm_slowdown`` (g)."""
@@ -164,17 +165,21 @@ def measure_interference(
         wait(works)
         return mark
 
-    best = [float("inf")] * 4  # comm, compute, overlapped, compute end within the overlapped run
+    rows = []  # per round: comm, compute, overlapped, compute end within the overlapped run
     for _ in range(reps):  # interleaved, so that a burst of load elsewhere spoils one round, not one quantity
-        best[0] = min(best[0], timed(lambda: wait(issue()))[0])
-        best[1] = min(best[1], timed(lambda: matmuls(n))[0])
+        comm_r = timed(lambda: wait(issue()))[0]
+        compute_r = timed(lambda: matmuls(n))[0]
         total, mark = timed(both)
-        if total < best[2]:
-            best[2], best[3] = total, mark
-    out = torch.tensor([*best, comm_cpu], dtype=torch.float64)
+        rows.append([comm_r, compute_r, total, mark])
+    out = torch.tensor([*rows, [comm_cpu] * 4], dtype=torch.float64)
     dist.all_reduce(out, op=dist.ReduceOp.MAX)  # every rank computes the same factors from the slowest rank's times
-    comm, compute, overlapped, compute_end, comm_cpu = out.tolist()
-    compute_slowdown, comm_slowdown = interference_factors(comm, compute, compute_end, overlapped)
+    rounds = out[:-1].tolist()
+    comm_cpu = float(out[-1, 0])
+    # each round gives both factors; the median round resists the bursts of load a shared machine has
+    factors = [interference_factors(c, k, e, o) for c, k, o, e in rounds]
+    compute_slowdown = statistics.median(f for f, _ in factors)
+    comm_slowdown = statistics.median(g for _, g in factors)
+    comm, compute, overlapped, compute_end = (statistics.median(r[k] for r in rounds) for k in range(4))
     return {
         "comm_s": comm,
         "compute_s": compute,
