@@ -30,15 +30,13 @@ import numpy as np
 
 from commsched.ir import Graph
 from commsched.passes.check import ScheduleError
+from commsched.passes.overlap_chains import earlier_placements, jackson_chains, promote_unwaited
 from commsched.passes.overlap_core import (
     delay_past_peak,
-    earlier_placements,
     input_chains,
-    jackson_chains,
     late_waits,
     prepare,
     prepare_graph,
-    promote_unwaited,
     schedule_once,
     tighten,
 )
