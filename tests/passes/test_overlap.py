@@ -62,3 +62,29 @@ def test_overlap_on_random_graphs(g, ratio, rnd):
     base = memory_profile(g, start).peak_bytes
     assert memory_profile(g, s.order).peak_bytes <= int(base * ratio)
     assert _makespan_s(g, costs, s.order) <= _makespan_s(g, costs, start) + 1e-12
+
+
+def test_feeders_are_the_casts_right_before_the_busiest_groups_collectives():
+    """The 'feeders' priority's set on a traced FSDP+TP step: what directly produces a collective of the busiest
+    group (the gradient's cast before its reduce_scatter) is in it; the bulk of the compute is not."""
+    from commsched.cost import estimate_costs
+    from commsched.hardware import get
+    from commsched.passes.overlap_core import base_arrays, feeders
+    from commsched.workloads import build
+
+    g = build("llama3-8b", parallel="fsdp+tp", world_size=64, layers=1).graph
+    costs = estimate_costs(g, get("h100-sxm", num_nodes=8))
+    dur, _, _ = base_arrays(g, costs)
+    flag = np.asarray(feeders(g, dur, np.arange(len(g))))
+    is_coll = g.coll_type >= 0
+    comm = np.bincount(g.coll_group[is_coll], weights=dur[is_coll])
+    busiest = int(np.argmax(comm))
+    timed_preds = 0
+    for c in np.flatnonzero(is_coll & (g.coll_group == busiest)).tolist():
+        for q in g.predecessors(c).tolist():
+            if dur[q] > 0:
+                timed_preds += 1
+                assert flag[q], g.names[q]
+    assert timed_preds > 0
+    kernels = (dur > 0) & ~is_coll
+    assert flag[kernels].mean() < 0.3

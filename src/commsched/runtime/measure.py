@@ -152,8 +152,10 @@ def measure_interference(
     cpu0 = time.process_time()
     comm = timed(lambda: wait(issue()))[0]
     comm_cpu = time.process_time() - cpu0  # this process's CPU (all threads): the communication's own CPU cost
-    t = timed(lambda: matmuls(8))[0]
-    count = torch.tensor([max(1, int(0.5 * comm / max(t / 8, 1e-6)))], dtype=torch.int64)
+    # the matmul's time sets the compute phase (half the collectives' time): best of three, so that a burst of load
+    # does not shrink the phase the factors are read from
+    t = min(timed(lambda: matmuls(32))[0] for _ in range(3))
+    count = torch.tensor([max(1, int(0.5 * comm / max(t / 32, 1e-6)))], dtype=torch.int64)
     dist.all_reduce(count, op=dist.ReduceOp.MAX)  # ranks must do the same work
     n = int(count.item())
 
