@@ -106,7 +106,8 @@ def measure_interference(
     O). While the collectives are still in flight when the matmuls end, compute ran ``f = T1 / C`` times slower the
     whole time; and if communication progressed ``g`` times slower while compute ran, ``O = T1 + M - T1 / g``, so
     ``g = T1 / (M + T1 - O)``. Both are clipped to [1, 4]. If the collectives finished first (O close to T1),
-    compute was slowed only while they ran and ``f = M / (C + M - O)`` with ``g = 1``. The graph's mix matters:
+    compute was slowed only while they ran and ``f = M / (C + M - O)``, and that round says nothing of ``g``
+    (the median is over the rounds that do; 1 if none does). The graph's mix matters:
     each collective also costs the CPU a fixed amount (gloo's steps, the socket calls), which a single large probe
     would hide. ``reps`` interleaved rounds, each timed on the slowest rank and giving both factors; the median
     factors and median times are returned. Returns the times
@@ -180,7 +181,8 @@ def measure_interference(
     # each round gives both factors; the median round resists the bursts of load a shared machine has
     factors = [interference_factors(c, k, e, o) for c, k, o, e in rounds]
     compute_slowdown = statistics.median(f for f, _ in factors)
-    comm_slowdown = statistics.median(g for _, g in factors)
+    seen = [g for _, g in factors if g is not None]  # rounds whose compute outlasted the collectives do not show g
+    comm_slowdown = statistics.median(seen) if seen else 1.0
     comm, compute, overlapped, compute_end = (statistics.median(r[k] for r in rounds) for k in range(4))
     return {
         "comm_s": comm,
@@ -198,8 +200,9 @@ def measure_interference(
 
 def interference_factors(
     comm_s: float, compute_s: float, compute_end_s: float, overlapped_s: float
-) -> tuple[float, float]:
-    """(compute slowdown f, comm slowdown g) from the probe's times (see :func:`measure_interference`)."""
+) -> tuple[float, float | None]:
+    """(compute slowdown f, comm slowdown g) from the probe's times (see :func:`measure_interference`); g is None
+    when the compute outlasted the collectives (a loaded machine slowed the matmuls), which hides it."""
 
     def clip(x: float) -> float:
         return min(max(x, 1.0), 4.0)
@@ -210,7 +213,7 @@ def interference_factors(
         g = 4.0 if progressed <= compute_end_s / 4.0 else clip(compute_end_s / progressed)
         return f, g
     hidden = compute_s + comm_s - overlapped_s  # compute time that ran while the collectives were in flight, slowed
-    return (4.0 if hidden <= comm_s / 4.0 else clip(comm_s / hidden)), 1.0
+    return (4.0 if hidden <= comm_s / 4.0 else clip(comm_s / hidden)), None
 
 
 class _OpTimer(torch.fx.Interpreter):
