@@ -87,6 +87,11 @@ def prepare_graph(
 ) -> GraphPrep:
     n = len(g)
     dur_ns, src, dst = base_arrays(g, costs)
+    if costs.comm_slowdown != 1.0:
+        # the list scheduler's model has no kernel-driven comm rate: plan with collectives as slow as when they overlap
+        # compute, which is what a good schedule makes them do (the candidates are still judged by the simulator)
+        coll = g.coll_type >= 0
+        dur_ns = np.where(coll, np.rint(dur_ns * float(costs.comm_slowdown)).astype(np.int64), dur_ns)
     src = np.concatenate([src, extra_src.astype(np.int64)])
     dst = np.concatenate([dst, extra_dst.astype(np.int64)])
     pos = np.empty(n, np.int64)
