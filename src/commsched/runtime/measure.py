@@ -106,14 +106,14 @@ def measure_interference(
     O). While the collectives are still in flight when the matmuls end, compute ran ``f = T1 / C`` times slower the
     whole time; and if communication progressed ``g`` times slower while compute ran, ``O = T1 + M - T1 / g``, so
     ``g = T1 / (M + T1 - O)``. Both are clipped to [1, 4]. If the collectives finished first (O close to T1),
-    compute was slowed only while they ran and ``f = M / (C + M - O)``, and that round says nothing of ``g``
-    (the median is over the rounds that do; 1 if none does). The graph's mix matters:
-    each collective also costs the CPU a fixed amount (gloo's steps, the socket calls), which a single large probe
-    would hide. ``reps`` interleaved rounds, each timed on the slowest rank and giving both factors; the median
-    factors and median times are returned. Returns the times
-    (``comm_s``, ``compute_s``, ``compute_end_s``, ``overlapped_s``), ``serial_s`` (M + C), ``comm_bytes``,
-    ``comm_cpu_s`` (the CPU time a rank spent on one M: gloo's threads and the kernel's socket work, which on a CPU
-    run competes with compute), ``compute_slowdown`` (f) and ``comm_slowdown`` (g)."""
+    compute was slowed only while they ran and ``f = M / (C + M - O)``; that round says nothing of ``g`` (the
+    median is over the rounds that do, 1 if none does) and the next round's matmuls are halved. The graph's mix
+    matters: each collective also costs the CPU a fixed amount (gloo's steps, the socket calls), which a single
+    large probe would hide. ``reps`` interleaved rounds, each timed on the slowest rank and giving both factors;
+    the median factors and median times are returned. Returns the times (``comm_s``, ``compute_s``,
+    ``compute_end_s``, ``overlapped_s``), ``serial_s`` (M + C), ``comm_bytes``, ``comm_cpu_s`` (the CPU time a
+    rank spent on one M: gloo's threads and the kernel's socket work, which on a CPU run competes with compute),
+    ``compute_slowdown`` (f) and ``comm_slowdown`` (g)."""
     device = device or torch.device("cpu")
     fx_nodes = {n.name: n for n in gm.graph.nodes}
     calls = []
@@ -160,26 +160,31 @@ def measure_interference(
     dist.all_reduce(count, op=dist.ReduceOp.MAX)  # ranks must do the same work
     n = int(count.item())
 
-    def both() -> float:
+    def both(k: int) -> float:
         works = issue()
-        matmuls(n)
+        matmuls(k)
         _sync(device)
         mark = time.perf_counter()
         wait(works)
         return mark
 
-    rows = []  # per round: comm, compute, overlapped, compute end within the overlapped run
+    rounds = []  # per round, the slowest rank's: comm, compute, overlapped, compute end within the overlapped run
+    factors = []
     for _ in range(reps):  # interleaved, so that a burst of load elsewhere spoils one round, not one quantity
         comm_r = timed(lambda: wait(issue()))[0]
-        compute_r = timed(lambda: matmuls(n))[0]
-        total, mark = timed(both)
-        rows.append([comm_r, compute_r, total, mark])
-    out = torch.tensor([*rows, [comm_cpu] * 4], dtype=torch.float64)
-    dist.all_reduce(out, op=dist.ReduceOp.MAX)  # every rank computes the same factors from the slowest rank's times
-    rounds = out[:-1].tolist()
-    comm_cpu = float(out[-1, 0])
+        compute_r = timed(lambda k=n: matmuls(k))[0]
+        total, mark = timed(lambda k=n: both(k))
+        row = torch.tensor([comm_r, compute_r, total, mark], dtype=torch.float64)
+        dist.all_reduce(row, op=dist.ReduceOp.MAX)  # every rank decides alike from the same times
+        c, k, o, e = row.tolist()
+        rounds.append([c, k, o, e])
+        factors.append(interference_factors(c, k, e, o))
+        if factors[-1][1] is None and n > 1:
+            n //= 2  # the matmuls outlasted the collectives (load slowed them): a shorter phase shows g next round
+    cpu = torch.tensor([comm_cpu], dtype=torch.float64)
+    dist.all_reduce(cpu, op=dist.ReduceOp.MAX)
+    comm_cpu = float(cpu.item())
     # each round gives both factors; the median round resists the bursts of load a shared machine has
-    factors = [interference_factors(c, k, e, o) for c, k, o, e in rounds]
     compute_slowdown = statistics.median(f for f, _ in factors)
     seen = [g for _, g in factors if g is not None]  # rounds whose compute outlasted the collectives do not show g
     comm_slowdown = statistics.median(seen) if seen else 1.0
