@@ -23,8 +23,9 @@ def test_scheduled_orders_are_bit_identical_to_the_original(report):
     assert set(report["variants"]) == {"original", "overlap", "torch"}, report["skipped"]
     for name, v in report["variants"].items():
         assert v["bit_identical"], f"{name}: outputs differ from the original order's"
-    # the orders really differ: the executor ran reordered graphs, not the same one three times
-    assert report["variants"]["overlap"]["moved_nodes"] > 0
+    # the orders really differ: the executor ran reordered graphs, not the same one three times (ours may keep the
+    # traced order when the probe finds this unshaped loopback too CPU-bound for overlap to pay; torch's still moves)
+    assert max(report["variants"][k]["moved_nodes"] for k in ("overlap", "torch")) > 0
     assert report["variants"]["original"]["moved_nodes"] == 0
     # and the original order computes the model: the unsharded reference, loss and gradient shards
     assert report["reference_max_rel_error"] < 1e-4
