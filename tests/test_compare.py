@@ -31,6 +31,9 @@ def test_compare_rows_on_a_traced_workload():
         assert expected in names
     ours, base = res.row("overlap (ours)"), res.row("input order")
     assert ours.makespan_s <= base.makespan_s
+    # the equal-memory row: ours with torch's peak as its hard budget
+    theirs, same_memory = res.row("torch OverlapScheduler"), res.row("overlap (ours, reorder, torch's peak as budget)")
+    assert same_memory.peak_memory_bytes <= theirs.peak_memory_bytes
     assert ours.peak_memory_bytes <= base.peak_memory_bytes * 1.05 + 1
     for r in res.rows:
         if r.makespan_s is not None:

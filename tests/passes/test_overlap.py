@@ -88,3 +88,32 @@ def test_feeders_are_the_casts_right_before_the_busiest_groups_collectives():
     assert timed_preds > 0
     kernels = (dur > 0) & ~is_coll
     assert flag[kernels].mean() < 0.3
+
+
+def test_late_waits_sit_just_before_first_use_and_cost_no_time():
+    """waits="late" on a traced FSDP step: no slower in simulation (it is kept only then), and every wait directly
+    precedes its first user or keeps its place (never earlier than with the default placement)."""
+    from commsched.cost import estimate_costs
+    from commsched.hardware import get
+    from commsched.workloads import build
+
+    g = build("llama3-8b", parallel="fsdp", world_size=8, layers=2).graph
+    costs = estimate_costs(g, get("h100-sxm"))
+    early = schedule(g, costs, "default", memory_budget_ratio=None)
+    late = schedule(g, costs, "default", memory_budget_ratio=None, waits="late")
+    check_schedule(g, late.order)
+    assert simulate_costs(g, costs, late.order).makespan_ns <= simulate_costs(g, costs, early.order).makespan_ns
+
+    def just_before_first_use(order) -> int:
+        pos = np.empty(len(g), np.int64)
+        pos[order] = np.arange(len(g))
+        count = 0
+        for w in np.flatnonzero(g.wait_of >= 0).tolist():
+            users = g.successors(w)
+            if users.size:
+                first = int(pos[users].min())
+                assert pos[w] < first
+                count += int(pos[w] == first - 1)
+        return count
+
+    assert just_before_first_use(late.order) > just_before_first_use(early.order)

@@ -89,3 +89,18 @@ def test_no_schedule_beats_the_bound(scenario):
     bound = simulate_costs(g, costs).lower_bound_s
     for order in orders:
         assert simulate_costs(g, costs, order).makespan_s >= bound * (1 - 1e-9)
+
+
+def test_forced_idle_raises_the_bound_on_a_traced_multi_node_fsdp_step():
+    """Across 32 nodes the first all_gather (the embedding) cannot be hidden: the bound charges it, above the plain
+    interference term ``W + (1 - 1/s) C``."""
+    from commsched.cost import estimate_costs
+    from commsched.hardware import get
+    from commsched.workloads import build
+
+    g = build("llama3-8b", parallel="fsdp", world_size=256, layers=2).graph
+    costs = estimate_costs(g, get("h100-sxm", num_nodes=32))
+    b = simulate_costs(g, costs).bound
+    plain = b.compute_s + (1 - 1 / costs.compute_slowdown) * max(b.comm_s.values())
+    assert b.interference_s > plain + 1e-3
+    assert b.value_s >= b.interference_s
