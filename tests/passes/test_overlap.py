@@ -117,3 +117,9 @@ def test_late_waits_sit_just_before_first_use_and_cost_no_time():
         return count
 
     assert just_before_first_use(late.order) > just_before_first_use(early.order)
+
+
+def test_unknown_wait_placement_is_refused_before_any_work():
+    g = trace_program("fsdp_mlp", 8)[1]
+    with pytest.raises(ValueError, match="waits='soon'"):
+        schedule(g, simple_costs(g), "default", waits="soon")

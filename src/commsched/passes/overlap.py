@@ -92,6 +92,8 @@ def overlap(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
     that feeds communication first; per-group collective order kept unless reordering is allowed; hard memory
     budget; never worse than the input. O((N+E) log N) per attempt, a handful of attempts."""
     cfg: OverlapConfig = ctx.config  # type: ignore[assignment]
+    if cfg.waits not in ("early", "late"):
+        raise ValueError(f"waits={cfg.waits!r}: expected 'early' or 'late'")
     stats = PassStats("overlap")
     base_sim = simulate_costs(g, ctx.costs, order)
     base_peak = base_sim.peak_memory_bytes
@@ -182,8 +184,6 @@ def overlap(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
                 run(f"Jackson collective order, {label}", moved, variant)
             if best[0] >= before:
                 break
-    if cfg.waits not in ("early", "late"):
-        raise ValueError(f"waits={cfg.waits!r}: expected 'early' or 'late'")
     if cfg.waits == "late" and best_attempt[0] is not None:
         late = late_waits(best_attempt[0], best[2])
         label = f"{best[3]}, late waits"
