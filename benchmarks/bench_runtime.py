@@ -2,7 +2,8 @@
 torch's OverlapScheduler order, and the measured speedups.
 
 Usage (root, iproute2): python benchmarks/bench_runtime.py [--preset llama-tiny] [--parallel fsdp] [--seq-len 256]
-    [--batch 2] [--bandwidth 2gbit] [--iters 10] [--repeat 1] [--costs measured] [--calibrate] [--json out.json]
+    [--batch 2] [--bandwidth 2gbit] [--iters 10] [--repeat 1] [--costs measured] [--compute-nice 10] [--calibrate]
+    [--json out.json]
 
 Each configuration runs ``world_size`` gloo ranks inside a fresh network namespace whose loopback is shaped with tc
 tbf (``commsched.runtime.shaped_network``); the ranks calibrate the link (every distinct collective of the step),
@@ -50,6 +51,7 @@ def run_one(args: argparse.Namespace, seq_len: int, bandwidth: str) -> dict:
         iters=args.iters,
         warmup=args.warmup,
         costs=args.costs,
+        compute_nice=args.compute_nice,
     )
     load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
@@ -117,6 +119,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=1, help="runs of each configuration")
     ap.add_argument("--costs", default="measured", choices=("measured", "profile"))
+    ap.add_argument("--compute-nice", type=int, default=10, help="niceness of each rank's compute thread (0: none)")
     ap.add_argument("--calibrate", action="store_true", help="calibrate cpu-local first (~30 s)")
     ap.add_argument("--json", default=None, help="write every report (all step times) here")
     args = ap.parse_args()

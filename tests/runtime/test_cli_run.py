@@ -61,3 +61,5 @@ def test_run_config_checks_before_any_rank_starts():
         RunConfig(spec=spec, knobs={"no_such_knob": 1})
     with pytest.raises(ValueError, match="iters=0"):
         RunConfig(spec=spec, iters=0)
+    with pytest.raises(ValueError, match="compute_nice=20"):
+        RunConfig(spec=spec, compute_nice=20)

@@ -1,4 +1,5 @@
-"""The interference probe's inversion: times made by the two-way slowdown model give back its factors."""
+"""The interference probe's inversion (times made by the two-way slowdown model give back its factors), and the
+niced compute thread that makes a CPU run share its cores the way that model describes."""
 
 from __future__ import annotations
 
@@ -20,3 +21,36 @@ def test_interference_factors_invert_the_model(times, factors):
     from commsched.runtime.measure import interference_factors
 
     assert interference_factors(*times) == pytest.approx(factors)
+
+
+def test_niced_compute_thread_lowers_only_this_thread_and_restores_it():
+    import os
+    import threading
+
+    from commsched.runtime.executor import _niced_compute_thread
+
+    started, stop = threading.Event(), threading.Event()
+    other: list[int] = []
+
+    def comm_thread() -> None:  # stands for a gloo worker: started before, must keep its priority
+        other.append(threading.get_native_id())
+        started.set()
+        stop.wait()
+
+    t = threading.Thread(target=comm_thread)
+    t.start()
+    started.wait()
+    me = threading.get_native_id()
+    before_me, before_other = os.getpriority(os.PRIO_PROCESS, me), os.getpriority(os.PRIO_PROCESS, other[0])
+    try:
+        with _niced_compute_thread(5):
+            assert os.getpriority(os.PRIO_PROCESS, me) == min(19, before_me + 5)
+            assert os.getpriority(os.PRIO_PROCESS, other[0]) == before_other
+    finally:
+        stop.set()
+        t.join()
+    if os.geteuid() == 0:  # lowering niceness again needs CAP_SYS_NICE; root has it
+        assert os.getpriority(os.PRIO_PROCESS, me) == before_me
+    now = os.getpriority(os.PRIO_PROCESS, me)
+    with _niced_compute_thread(0):  # 0: untouched
+        assert os.getpriority(os.PRIO_PROCESS, me) == now

@@ -92,6 +92,9 @@ def register(app: typer.Typer) -> None:
         ),
         hardware: str = typer.Option("cpu-local", "--hardware", "-H", help="profile of the 'profile' cost source"),
         threads: int = typer.Option(1, "--threads", min=1, help="intra-op threads per rank"),
+        compute_nice: int = typer.Option(
+            10, "--compute-nice", min=0, max=19, help="CPU runs: niceness of compute, so gloo's threads preempt it"
+        ),
         backend: str = typer.Option(None, "--backend", help="gloo | nccl (default: nccl with a GPU per rank)"),
         seed: int = typer.Option(0, "--seed", help="parameters and batch"),
         json_out: Path = typer.Option(None, "--json", help="also write the full report (every step time) as JSON"),
@@ -143,6 +146,7 @@ def register(app: typer.Typer) -> None:
                 knobs=_parse_knobs(knob),
                 memory_budget_ratio=memory_budget_ratio,
                 threads=threads,
+                compute_nice=compute_nice,
             )
             torchrun = launched_by_torchrun()
             if torchrun and bandwidth:

@@ -44,14 +44,24 @@ def _wait_all(out: Any) -> None:
         c10d.wait_tensor(t)
 
 
+def collective_key(graph: Graph, c: int) -> tuple[str, int, int]:
+    """(kind, group size, bytes in the nccl-tests convention) of collective node ``c``."""
+    grp = graph.groups[int(graph.coll_group[c])]
+    return normalize_kind(CollType(int(graph.coll_type[c]))), grp.size, int(graph.comm_bytes[c])
+
+
 def collective_keys(graph: Graph) -> dict[tuple[str, int, int], int]:
-    """(kind, group size, bytes in the nccl-tests convention) -> the first collective node with it."""
+    """Each distinct :func:`collective_key` of ``graph`` -> the first collective node with it."""
     keys: dict[tuple[str, int, int], int] = {}
     for c in graph.collectives.tolist():
-        grp = graph.groups[int(graph.coll_group[c])]
-        key = (normalize_kind(CollType(int(graph.coll_type[c]))), grp.size, int(graph.comm_bytes[c]))
-        keys.setdefault(key, c)
+        keys.setdefault(collective_key(graph, c), c)
     return keys
+
+
+def step_comm_s(graph: Graph, rows: list[tuple[str, int, int, float]]) -> float:
+    """Seconds the step's collectives take one after another, from :func:`measure_graph_collectives`' rows."""
+    per_key = {(k, s, b): t for k, s, b, t in rows}
+    return float(sum(per_key.get(collective_key(graph, c), 0.0) for c in graph.collectives.tolist()))
 
 
 def measure_graph_collectives(
@@ -99,15 +109,18 @@ def measure_interference(
     reps: int = 5,
     max_bytes: int = 256 << 20,
     device: torch.device | None = None,
+    compute_calls: list[tuple[Any, Any, Any]] | None = None,
 ) -> dict[str, float]:
     """How compute and communication slow each other down when they overlap, from three timings: the graph's own
-    collectives (in graph order, up to ``max_bytes`` of inputs) issued together and then waited (M), matmuls
-    sized to about half of M (C), and both: the collectives issued, the matmuls (ending at T1), the waits (ending at
-    O). While the collectives are still in flight when the matmuls end, compute ran ``f = T1 / C`` times slower the
+    collectives (in graph order, up to ``max_bytes`` of inputs) issued together and then waited (M), compute
+    sized to about half of M (C), and both: the collectives issued, the compute (ending at T1), the waits (ending at
+    O). The compute is the step's own kernels, replayed from ``compute_calls`` (see :func:`measure_op_times`;
+    elementwise kernels suffer more from the copies communication makes than a matmul does), else 384x384 matmuls.
+    While the collectives are still in flight when the compute ends, compute ran ``f = T1 / C`` times slower the
     whole time; and if communication progressed ``g`` times slower while compute ran, ``O = T1 + M - T1 / g``, so
     ``g = T1 / (M + T1 - O)``. Both are clipped to [1, 4]. If the collectives finished first (O close to T1),
     compute was slowed only while they ran and ``f = M / (C + M - O)``; that round says nothing of ``g`` (the
-    median is over the rounds that do, 1 if none does) and the next round's matmuls are halved. The graph's mix
+    median is over the rounds that do, 1 if none does) and the next round's compute is halved. The graph's mix
     matters: each collective also costs the CPU a fixed amount (gloo's steps, the socket calls), which a single
     large probe would hide. ``reps`` interleaved rounds, each timed on the slowest rank and giving both factors;
     the median factors and median times are returned. Returns the times (``comm_s``, ``compute_s``,
@@ -126,11 +139,21 @@ def measure_interference(
         kwargs = {k: _materialise(v, device) for k, v in node.kwargs.items()}
         calls.append((node.target, args, kwargs))
         comm_bytes += int(graph.comm_bytes[c])
-    a = torch.randn(384, 384, device=device)
+    if compute_calls:
+        calls_c = list(compute_calls)
 
-    def matmuls(n: int) -> None:
-        for _ in range(n):
-            torch.mm(a, a)
+        def matmuls(n: int) -> None:  # the step's own kernels, in step order, from the start again when needed
+            with torch.no_grad():
+                for i in range(n):
+                    target, args, kwargs = calls_c[i % len(calls_c)]
+                    target(*args, **kwargs)
+
+    else:
+        a = torch.randn(384, 384, device=device)
+
+        def matmuls(n: int) -> None:
+            for _ in range(n):
+                torch.mm(a, a)
 
     def issue() -> list[Any]:
         return [target(*args, **kwargs) for target, args, kwargs in calls]
@@ -153,10 +176,11 @@ def measure_interference(
     cpu0 = time.process_time()
     comm = timed(lambda: wait(issue()))[0]
     comm_cpu = time.process_time() - cpu0  # this process's CPU (all threads): the communication's own CPU cost
-    # the matmul's time sets the compute phase (half the collectives' time): best of three, so that a burst of load
+    # the kernels' time sets the compute phase (half the collectives' time): best of three, so that a burst of load
     # does not shrink the phase the factors are read from
-    t = min(timed(lambda: matmuls(32))[0] for _ in range(3))
-    count = torch.tensor([max(1, int(0.5 * comm / max(t / 32, 1e-6)))], dtype=torch.int64)
+    unit = len(compute_calls) if compute_calls else 32
+    t = min(timed(lambda: matmuls(unit))[0] for _ in range(3))
+    count = torch.tensor([max(1, int(0.5 * comm / max(t / unit, 1e-9)))], dtype=torch.int64)
     dist.all_reduce(count, op=dist.ReduceOp.MAX)  # ranks must do the same work
     n = int(count.item())
 
@@ -223,13 +247,22 @@ def interference_factors(
 
 class _OpTimer(torch.fx.Interpreter):
     """Runs a graph op by op, timing each compute op; collectives and waits run untimed (they are calibrated on
-    their own), so the times are the ops' own, as the simulator's compute stream charges them."""
+    their own), so the times are the ops' own, as the simulator's compute stream charges them. With ``record``,
+    also keeps each timed call (target and its real arguments) until the recorded calls add up to ``record_s``."""
 
-    def __init__(self, gm: torch.fx.GraphModule, skip: set[str], device: torch.device) -> None:
+    def __init__(
+        self,
+        gm: torch.fx.GraphModule,
+        skip: set[str],
+        device: torch.device,
+        record: list[tuple[Any, Any, Any]] | None = None,
+        record_s: float = 0.0,
+    ) -> None:
         super().__init__(gm)
         self.skip, self.device = skip, device
         self.times: dict[str, float] = {}
         self.current = ""
+        self.record, self.record_left_s = record, record_s
 
     def run_node(self, n: torch.fx.Node) -> Any:
         self.current = n.name
@@ -242,7 +275,10 @@ class _OpTimer(torch.fx.Interpreter):
         t0 = time.perf_counter()
         out = target(*args, **kwargs)
         _sync(self.device)
-        self.times[self.current] = time.perf_counter() - t0
+        self.times[self.current] = dt = time.perf_counter() - t0
+        if self.record is not None and self.record_left_s > 0:
+            self.record.append((target, args, kwargs))
+            self.record_left_s -= dt
         return out
 
 
@@ -253,16 +289,20 @@ def measure_op_times(
     *,
     reps: int = 3,
     device: torch.device | None = None,
+    record: list[tuple[Any, Any, Any]] | None = None,
+    record_s: float = 0.0,
 ) -> dict[str, float]:
     """Seconds of every compute node of ``graph`` on this rank: the median of ``reps`` op-by-op runs of ``gm``
     after a warm-up run (the median, like the step times it predicts: on a shared machine the best run is faster
-    than what the steps see). Runs the graph's collectives: call on every rank."""
+    than what the steps see). Runs the graph's collectives: call on every rank. ``record``: a list that receives
+    the step's first compute calls (target, real arguments), about ``record_s`` seconds of them, for
+    :func:`measure_interference` to replay (they hold their arguments alive)."""
     device = device or torch.device("cpu")
     comm = (graph.coll_type >= 0) | (graph.kinds == OpKind.WAIT)
     skip = {graph.names[i] for i in np.flatnonzero(comm).tolist()}
     runs: dict[str, list[float]] = {}
     for r in range(reps + 1):  # the first run warms caches and allocator pools up
-        timer = _OpTimer(gm, skip, device)
+        timer = _OpTimer(gm, skip, device, record if r == reps else None, record_s)
         dist.barrier()
         with torch.no_grad():
             timer.run(*inputs)
