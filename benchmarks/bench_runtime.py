@@ -137,6 +137,8 @@ def main() -> None:
                 rep = run_one(args, seq_len, bandwidth)
                 reports.append(rep)
                 print(f"done: seq {seq_len}, {bandwidth}: {rep['bench']['wall_s']:.0f} s", flush=True)
+                if rep.get("teardown_error"):
+                    print(f"  warning: {rep['teardown_error']}", flush=True)
     print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cores; costs: {args.costs}\n")
     print(table(reports))
     for rep in reports:

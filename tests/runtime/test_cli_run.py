@@ -63,3 +63,19 @@ def test_run_config_checks_before_any_rank_starts():
         RunConfig(spec=spec, iters=0)
     with pytest.raises(ValueError, match="compute_nice=20"):
         RunConfig(spec=spec, compute_nice=20)
+
+
+def test_a_rank_that_dies_tearing_down_keeps_the_results(tmp_path):
+    import json
+
+    import torch.multiprocessing as mp
+
+    from commsched.runtime.launch import _report_after_exit
+
+    exc = mp.ProcessExitedException("process 1 terminated with signal SIGABRT", 1, 42, -6, "SIGABRT")
+    with pytest.raises(RuntimeError, match="a rank died: process 1 terminated"):
+        _report_after_exit(tmp_path, exc)  # no report: the run itself failed
+    (tmp_path / "report.json").write_text(json.dumps({"variants": {"original": {}}}))
+    report = _report_after_exit(tmp_path, exc)  # rank 0 saved it once every rank had finished its steps
+    assert report["variants"] == {"original": {}}
+    assert "after the run completed" in report["teardown_error"] and "SIGABRT" in report["teardown_error"]

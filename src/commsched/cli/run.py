@@ -64,6 +64,8 @@ def print_report(rep: dict[str, Any], network: str | None) -> None:
     console.print(f"simulated peak memory: {peaks}")
     for name, why in rep["skipped"].items():
         console.print(f"[yellow]skipped {name}[/]: {why}")
+    if rep.get("teardown_error"):
+        console.print(f"[yellow]warning[/]: {rep['teardown_error']} (the results above are complete)")
     if rep["reference_max_rel_error"] is not None:
         console.print(f"original order vs the unsharded model: max relative error {rep['reference_max_rel_error']:.1e}")
 

@@ -17,7 +17,7 @@ import os
 import statistics
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -281,12 +281,15 @@ def _spread(samples: list[float]) -> dict[str, float]:
     }
 
 
-def run_rank(cfg: RunConfig, *, backend: str | None = None) -> dict[str, Any] | None:
+def run_rank(
+    cfg: RunConfig, *, backend: str | None = None, on_report: Callable[[dict[str, Any]], None] | None = None
+) -> dict[str, Any] | None:
     """This rank's part of a run; rank 0 returns the report (a JSON-able dict), the others None.
 
     Initialises torch.distributed from the environment (env://: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, as
     torchrun sets them) unless it already is, and then destroys it again. ``backend``: "gloo" or "nccl" (default:
-    NCCL when CUDA is available, else gloo)."""
+    NCCL when CUDA is available, else gloo). ``on_report``: called on rank 0 with the report once every rank has
+    finished, before the process groups are torn down (a teardown that fails cannot lose the results)."""
     import datetime
 
     from commsched.frontends.fx import from_fx
@@ -362,6 +365,8 @@ def run_rank(cfg: RunConfig, *, backend: str | None = None) -> dict[str, Any] | 
         report = None
         if rank == 0:
             report = _report(cfg, backend, world, fields, gathered, rows, interference, trace_s, calib_s)
+        if report is not None and on_report is not None:
+            on_report(report)  # saved before the barrier: no rank starts tearing down until it is
         if own_pg:
             # all ranks tear down together: a rank that closes its sockets while a peer's gloo loop still reads
             # them can make that peer abort

@@ -33,11 +33,25 @@ def _entry(rank: int, world: int, port: int, cfg: RunConfig, net: ShapedNetwork 
         net.enter()  # before any socket: the rendezvous and every gloo connection cross the shaped loopback
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     os.environ["LOCAL_RANK"] = str(rank)
-    report = run_rank(cfg, backend=backend)
-    if report is not None:
+
+    def save(report: dict[str, Any]) -> None:
         tmp = Path(out) / "report.json.tmp"
         tmp.write_text(json.dumps(report))
         tmp.replace(Path(out) / "report.json")
+
+    run_rank(cfg, backend=backend, on_report=save)
+
+
+def _report_after_exit(folder: Path, exc: BaseException) -> dict[str, Any]:
+    """The report of a run in which a rank died (``exc``): rank 0 saves it only once every rank has finished its
+    steps, so if it exists the death came during teardown (gloo can abort a rank whose peer closed its sockets
+    first), and the report says so under ``teardown_error``; otherwise RuntimeError."""
+    path = folder / "report.json"
+    if not path.exists():
+        raise RuntimeError(f"a rank died: {exc}") from None
+    report = json.loads(path.read_text())
+    report["teardown_error"] = f"a rank died after the run completed: {exc}"
+    return report
 
 
 @contextlib.contextmanager
@@ -74,7 +88,7 @@ def run_local(cfg: RunConfig, *, network: ShapedNetwork | None = None, backend: 
         except mp.ProcessRaisedException as exc:
             raise RuntimeError(f"a rank failed:\n{exc}") from None
         except mp.ProcessExitedException as exc:
-            raise RuntimeError(f"a rank died: {exc}") from None
+            return _report_after_exit(Path(d), exc)
         path = Path(d) / "report.json"
         if not path.exists():
             raise RuntimeError("rank 0 finished without writing its report")
