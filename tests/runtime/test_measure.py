@@ -54,3 +54,13 @@ def test_niced_compute_thread_lowers_only_this_thread_and_restores_it():
     now = os.getpriority(os.PRIO_PROCESS, me)
     with _niced_compute_thread(0):  # 0: untouched
         assert os.getpriority(os.PRIO_PROCESS, me) == now
+
+
+def test_replay_records_only_ops_that_leave_their_arguments_alone():
+    import torch
+
+    from commsched.runtime.measure import _mutates
+
+    assert _mutates(torch.ops.aten.add_.Tensor) and _mutates(torch.ops.aten.copy_.default)
+    assert not _mutates(torch.ops.aten.add.Tensor) and not _mutates(torch.ops.aten.mm.default)
+    assert not _mutates(len)  # not an ATen op: nothing to tell, recorded like any call

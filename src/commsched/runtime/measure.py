@@ -245,6 +245,12 @@ def interference_factors(
     return (4.0 if hidden <= comm_s / 4.0 else clip(comm_s / hidden)), None
 
 
+def _mutates(target: Any) -> bool:
+    """True for an ATen op whose schema writes into an argument (``add_``, ``copy_``, out= variants)."""
+    schema = getattr(target, "_schema", None)
+    return bool(schema is not None and schema.is_mutable)
+
+
 class _OpTimer(torch.fx.Interpreter):
     """Runs a graph op by op, timing each compute op; collectives and waits run untimed (they are calibrated on
     their own), so the times are the ops' own, as the simulator's compute stream charges them. With ``record``,
@@ -276,7 +282,8 @@ class _OpTimer(torch.fx.Interpreter):
         out = target(*args, **kwargs)
         _sync(self.device)
         self.times[self.current] = dt = time.perf_counter() - t0
-        if self.record is not None and self.record_left_s > 0:
+        # an op that writes into its arguments is not replayed: they may be the step's real inputs
+        if self.record is not None and self.record_left_s > 0 and not _mutates(target):
             self.record.append((target, args, kwargs))
             self.record_left_s -= dt
         return out
