@@ -119,7 +119,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=1, help="runs of each configuration")
     ap.add_argument("--costs", default="measured", choices=("measured", "profile"))
-    ap.add_argument("--compute-nice", type=int, default=10, help="niceness of each rank's compute thread (0: none)")
+    ap.add_argument("--compute-nice", type=int, default=10, help="niceness increment of compute (0: none)")
     ap.add_argument("--calibrate", action="store_true", help="calibrate cpu-local first (~30 s)")
     ap.add_argument("--json", default=None, help="write every report (all step times) here")
     args = ap.parse_args()

@@ -73,9 +73,14 @@ def test_a_rank_that_dies_tearing_down_keeps_the_results(tmp_path):
     from commsched.runtime.launch import _report_after_exit
 
     exc = mp.ProcessExitedException("process 1 terminated with signal SIGABRT", 1, 42, -6, "SIGABRT")
-    with pytest.raises(RuntimeError, match="a rank died: process 1 terminated"):
+    with pytest.raises(RuntimeError, match=r"a rank died:\n.*process 1 terminated"):
         _report_after_exit(tmp_path, exc)  # no report: the run itself failed
+    raised = mp.ProcessRaisedException("Traceback ... RuntimeError: connection closed by peer", 1, 42)
+    with pytest.raises(RuntimeError, match=r"a rank failed:\n.*connection closed"):
+        _report_after_exit(tmp_path, raised)
     (tmp_path / "report.json").write_text(json.dumps({"variants": {"original": {}}}))
-    report = _report_after_exit(tmp_path, exc)  # rank 0 saved it once every rank had finished its steps
-    assert report["variants"] == {"original": {}}
-    assert "after the run completed" in report["teardown_error"] and "SIGABRT" in report["teardown_error"]
+    for failure in (exc, raised):  # rank 0 saved it after the last gather: every rank had finished its steps
+        report = _report_after_exit(tmp_path, failure)
+        assert report["variants"] == {"original": {}}
+        assert "after the run completed" in report["teardown_error"]
+    assert "SIGABRT" in _report_after_exit(tmp_path, exc)["teardown_error"]

@@ -95,7 +95,7 @@ def register(app: typer.Typer) -> None:
         hardware: str = typer.Option("cpu-local", "--hardware", "-H", help="profile of the 'profile' cost source"),
         threads: int = typer.Option(1, "--threads", min=1, help="intra-op threads per rank"),
         compute_nice: int = typer.Option(
-            10, "--compute-nice", min=0, max=19, help="CPU runs: niceness of compute, so gloo's threads preempt it"
+            10, "--compute-nice", min=0, max=19, help="CPU runs: niceness increment of compute, favouring gloo"
         ),
         backend: str = typer.Option(None, "--backend", help="gloo | nccl (default: nccl with a GPU per rank)"),
         seed: int = typer.Option(0, "--seed", help="parameters and batch"),

@@ -15,9 +15,10 @@ import dataclasses
 import math
 import os
 import statistics
+import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -60,11 +61,12 @@ class RunConfig:
     """gloo worker threads per process group: 1 runs a group's collectives one at a time in issue order, like
     NCCL's stream per communicator and like the schedulers' model; gloo's default (2) runs two at once"""
     compute_nice: int = 10
-    """niceness added to each rank's compute thread on a CPU run, once its process groups (and so gloo's worker
-    threads) exist: a communication thread that wakes then preempts compute at once, as NCCL's kernels run on SMs
-    of their own on a GPU, and the cores' time is shared the way the simulator's two slowdown factors describe.
-    Without it a woken gloo thread may wait a scheduler slice behind the compute of both ranks, and by how much
-    depends on the moment; 0 leaves the thread as it is"""
+    """increment to the niceness of each rank's compute thread on a CPU run (Linux), applied once its process
+    groups (and so gloo's worker threads) exist: the scheduler then favours a communication thread that wakes over
+    compute, much as NCCL's kernels get SMs of their own on a GPU, and the cores' time is shared the way the
+    simulator's two slowdown factors describe. Without it a woken gloo thread may wait a scheduler slice behind
+    the compute of both ranks, and how long depends on the moment. Intra-op threads started later inherit it; on
+    a shared machine, compute also yields to other jobs at the default niceness. 0 leaves the thread as it is"""
     check_reference: bool = True
     """also compare the original order's outputs with the unsharded model (tolerance 1e-4)"""
     calibrate_reps: int = 5
@@ -121,15 +123,21 @@ def gloo_backend(threads: int) -> str:
 
 
 @contextlib.contextmanager
-def _niced_compute_thread(increment: int):
-    """Raise this thread's niceness by ``increment`` (Linux: per thread) for the block; threads started before
-    keep theirs. Lowering it again needs CAP_SYS_NICE: where that is refused the thread stays niced."""
-    if increment <= 0 or not hasattr(os, "setpriority"):
+def _niced_compute_thread(increment: int) -> Iterator[None]:
+    """Raise this thread's niceness by ``increment`` for the block (Linux only, where niceness is per thread);
+    threads started before keep theirs, threads this one starts inside the block inherit it. Lowering it again
+    needs CAP_SYS_NICE: where that is refused the thread stays niced; where raising it is refused, nothing
+    changes."""
+    if increment <= 0 or not sys.platform.startswith("linux"):
         yield
         return
     tid = threading.get_native_id()
     old = os.getpriority(os.PRIO_PROCESS, tid)
-    os.setpriority(os.PRIO_PROCESS, tid, min(19, old + increment))
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, old + increment))
+    except PermissionError:  # a sandbox that forbids it: run as is
+        yield
+        return
     try:
         yield
     finally:

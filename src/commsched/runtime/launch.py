@@ -43,14 +43,17 @@ def _entry(rank: int, world: int, port: int, cfg: RunConfig, net: ShapedNetwork 
 
 
 def _report_after_exit(folder: Path, exc: BaseException) -> dict[str, Any]:
-    """The report of a run in which a rank died (``exc``): rank 0 saves it only once every rank has finished its
-    steps, so if it exists the death came during teardown (gloo can abort a rank whose peer closed its sockets
-    first), and the report says so under ``teardown_error``; otherwise RuntimeError."""
+    """The report of a run in which a rank raised or died (``exc``): rank 0 saves it only after the last gather of
+    results, so if it exists every rank had finished its steps and the failure came during teardown (gloo can abort
+    a rank whose peer closed its sockets first); the report says so under ``teardown_error``. Else RuntimeError."""
+    import torch.multiprocessing as mp
+
     path = folder / "report.json"
     if not path.exists():
-        raise RuntimeError(f"a rank died: {exc}") from None
+        what = "failed" if isinstance(exc, mp.ProcessRaisedException) else "died"
+        raise RuntimeError(f"a rank {what}:\n{exc}") from None
     report = json.loads(path.read_text())
-    report["teardown_error"] = f"a rank died after the run completed: {exc}"
+    report["teardown_error"] = f"a rank failed after the run completed: {exc}"
     return report
 
 
@@ -71,7 +74,8 @@ def _quiet_cpp_warnings():
 def run_local(cfg: RunConfig, *, network: ShapedNetwork | None = None, backend: str | None = None) -> dict[str, Any]:
     """Run ``cfg`` on ``spec.plan.world_size`` local processes (spawned; inside ``network`` when given) and return
     rank 0's report. ``backend``: "gloo" (default without CUDA) or "nccl" (default with one GPU per rank).
-    Raises RuntimeError when a rank fails (its traceback is in the message)."""
+    Raises RuntimeError when a rank fails (its traceback is in the message), unless it failed after every rank had
+    finished its steps (while tearing down): then the report comes back with ``teardown_error`` saying so."""
     import torch
     import torch.multiprocessing as mp
 
@@ -85,9 +89,7 @@ def run_local(cfg: RunConfig, *, network: ShapedNetwork | None = None, backend: 
             mp.start_processes(
                 _entry, args=(world, _free_port(), cfg, network, backend, d), nprocs=world, start_method="spawn"
             )
-        except mp.ProcessRaisedException as exc:
-            raise RuntimeError(f"a rank failed:\n{exc}") from None
-        except mp.ProcessExitedException as exc:
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
             return _report_after_exit(Path(d), exc)
         path = Path(d) / "report.json"
         if not path.exists():

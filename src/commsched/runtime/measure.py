@@ -142,18 +142,37 @@ def measure_interference(
     if compute_calls:
         calls_c = list(compute_calls)
 
-        def matmuls(n: int) -> None:  # the step's own kernels, in step order, from the start again when needed
+        def compute(n: int) -> None:  # the step's own kernels, in step order, from the start again when needed
             with torch.no_grad():
                 for i in range(n):
                     target, args, kwargs = calls_c[i % len(calls_c)]
                     target(*args, **kwargs)
 
+        def calls_for(seconds: float) -> int:
+            """Kernel calls from the start of the replay that take ``seconds`` (best of three passes per call)."""
+            per_call = np.full(len(calls_c), np.inf)
+            with torch.no_grad():
+                for _ in range(3):
+                    for i, (target, args, kwargs) in enumerate(calls_c):
+                        _sync(device)
+                        t0 = time.perf_counter()
+                        target(*args, **kwargs)
+                        _sync(device)
+                        per_call[i] = min(per_call[i], time.perf_counter() - t0)
+            cum = np.cumsum(per_call)
+            laps, rest = divmod(seconds, max(float(cum[-1]), 1e-9))
+            return int(laps) * len(calls_c) + int(np.searchsorted(cum, rest)) + 1
+
     else:
         a = torch.randn(384, 384, device=device)
 
-        def matmuls(n: int) -> None:
+        def compute(n: int) -> None:
             for _ in range(n):
                 torch.mm(a, a)
+
+        def calls_for(seconds: float) -> int:
+            t = min(timed(lambda: compute(32))[0] for _ in range(3))  # best of three: a burst of load would shrink it
+            return int(seconds / max(t / 32, 1e-9))
 
     def issue() -> list[Any]:
         return [target(*args, **kwargs) for target, args, kwargs in calls]
@@ -176,17 +195,14 @@ def measure_interference(
     cpu0 = time.process_time()
     comm = timed(lambda: wait(issue()))[0]
     comm_cpu = time.process_time() - cpu0  # this process's CPU (all threads): the communication's own CPU cost
-    # the kernels' time sets the compute phase (half the collectives' time): best of three, so that a burst of load
-    # does not shrink the phase the factors are read from
-    unit = len(compute_calls) if compute_calls else 32
-    t = min(timed(lambda: matmuls(unit))[0] for _ in range(3))
-    count = torch.tensor([max(1, int(0.5 * comm / max(t / unit, 1e-9)))], dtype=torch.int64)
-    dist.all_reduce(count, op=dist.ReduceOp.MAX)  # ranks must do the same work
+    # the compute phase lasts about half the collectives' time; every rank must do the same work
+    count = torch.tensor([max(1, calls_for(0.5 * comm))], dtype=torch.int64)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
     n = int(count.item())
 
     def both(k: int) -> float:
         works = issue()
-        matmuls(k)
+        compute(k)
         _sync(device)
         mark = time.perf_counter()
         wait(works)
@@ -196,7 +212,7 @@ def measure_interference(
     factors = []
     for _ in range(reps):  # interleaved, so that a burst of load elsewhere spoils one round, not one quantity
         comm_r = timed(lambda: wait(issue()))[0]
-        compute_r = timed(lambda k=n: matmuls(k))[0]
+        compute_r = timed(lambda k=n: compute(k))[0]
         total, mark = timed(lambda k=n: both(k))
         row = torch.tensor([comm_r, compute_r, total, mark], dtype=torch.float64)
         dist.all_reduce(row, op=dist.ReduceOp.MAX)  # every rank decides alike from the same times
@@ -204,7 +220,7 @@ def measure_interference(
         rounds.append([c, k, o, e])
         factors.append(interference_factors(c, k, e, o))
         if factors[-1][1] is None and n > 1:
-            n //= 2  # the matmuls outlasted the collectives (load slowed them): a shorter phase shows g next round
+            n //= 2  # the compute outlasted the collectives (load slowed them): a shorter phase shows g next round
     cpu = torch.tensor([comm_cpu], dtype=torch.float64)
     dist.all_reduce(cpu, op=dist.ReduceOp.MAX)
     comm_cpu = float(cpu.item())
@@ -231,7 +247,7 @@ def interference_factors(
     comm_s: float, compute_s: float, compute_end_s: float, overlapped_s: float
 ) -> tuple[float, float | None]:
     """(compute slowdown f, comm slowdown g) from the probe's times (see :func:`measure_interference`); g is None
-    when the compute outlasted the collectives (a loaded machine slowed the matmuls), which hides it."""
+    when the compute outlasted the collectives (a loaded machine slowed it), which hides it."""
 
     def clip(x: float) -> float:
         return min(max(x, 1.0), 4.0)
@@ -303,17 +319,20 @@ def measure_op_times(
     after a warm-up run (the median, like the step times it predicts: on a shared machine the best run is faster
     than what the steps see). Runs the graph's collectives: call on every rank. ``record``: a list that receives
     the step's first compute calls (target, real arguments), about ``record_s`` seconds of them, for
-    :func:`measure_interference` to replay (they hold their arguments alive)."""
+    :func:`measure_interference` to replay (they hold their arguments alive), from one more, untimed run."""
     device = device or torch.device("cpu")
     comm = (graph.coll_type >= 0) | (graph.kinds == OpKind.WAIT)
     skip = {graph.names[i] for i in np.flatnonzero(comm).tolist()}
     runs: dict[str, list[float]] = {}
-    for r in range(reps + 1):  # the first run warms caches and allocator pools up
-        timer = _OpTimer(gm, skip, device, record if r == reps else None, record_s)
+    # a warm-up run (caches, allocator pools), the timed runs, and a last untimed one that records: the recorded
+    # arguments stay alive, which would change what a timed run's ops allocate
+    last = reps + (1 if record is not None else 0)
+    for r in range(last + 1):
+        timer = _OpTimer(gm, skip, device, record if r > reps else None, record_s)
         dist.barrier()
         with torch.no_grad():
             timer.run(*inputs)
-        if r:
+        if 0 < r <= reps:
             for k, v in timer.times.items():
                 runs.setdefault(k, []).append(v)
     return {k: statistics.median(v) for k, v in runs.items()}
