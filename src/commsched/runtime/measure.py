@@ -149,19 +149,10 @@ def measure_interference(
                     target(*args, **kwargs)
 
         def calls_for(seconds: float) -> int:
-            """Kernel calls from the start of the replay that take ``seconds`` (best of three passes per call)."""
-            per_call = np.full(len(calls_c), np.inf)
-            with torch.no_grad():
-                for _ in range(3):
-                    for i, (target, args, kwargs) in enumerate(calls_c):
-                        _sync(device)
-                        t0 = time.perf_counter()
-                        target(*args, **kwargs)
-                        _sync(device)
-                        per_call[i] = min(per_call[i], time.perf_counter() - t0)
-            cum = np.cumsum(per_call)
-            laps, rest = divmod(seconds, max(float(cum[-1]), 1e-9))
-            return int(laps) * len(calls_c) + int(np.searchsorted(cum, rest)) + 1
+            # by the replay's average call (best of three whole passes): sizing the phase call by call from each
+            # call's best time gave worse predictions (benchmarks/RESULTS.md, real execution, runs K-N)
+            t = min(timed(lambda: compute(len(calls_c)))[0] for _ in range(3))
+            return int(seconds / max(t / len(calls_c), 1e-9))
 
     else:
         a = torch.randn(384, 384, device=device)
