@@ -46,4 +46,5 @@ def test_report_has_calibration_predictions_and_measurements(report):
         assert all(p > 0 and math.isfinite(p) for p in v["predicted"].values())
     assert report["variants"]["original"]["speedup_measured"] == 1.0
     assert report["graph"]["collectives"] > 0
-    assert report["compute_nice"] == 10  # the default: gloo's threads preempt compute on a CPU run
+    assert report["compute_nice"] == 10  # the default: gloo's threads are favoured over compute on a CPU run
+    assert link["interference"]["replayed_calls"] > 0  # the probe's compute is the step's own kernels

@@ -84,3 +84,17 @@ def test_replay_records_only_ops_that_leave_their_arguments_alone():
     assert _mutates(torch.ops.aten.add_.Tensor) and _mutates(torch.ops.aten.copy_.default)
     assert not _mutates(torch.ops.aten.add.Tensor) and not _mutates(torch.ops.aten.mm.default)
     assert not _mutates(len)  # not an ATen op: nothing to tell, recorded like any call
+
+
+def test_step_comm_s_sums_every_collective_of_a_traced_step_by_its_key():
+    from commsched.runtime.measure import collective_key, collective_keys, step_comm_s
+    from commsched.workloads import build
+
+    graph = build("llama-tiny", parallel="fsdp", world_size=2, dtype="float32").graph
+    keys = collective_keys(graph)
+    assert len(keys) < len(graph.collectives)  # the step repeats shapes: one calibration row serves several nodes
+    rows = [(k, s, b, 1e-3 * (i + 1)) for i, (k, s, b) in enumerate(sorted(keys))]
+    per_key = {(k, s, b): t for k, s, b, t in rows}
+    expected = sum(per_key[collective_key(graph, c)] for c in graph.collectives.tolist())
+    assert step_comm_s(graph, rows) == pytest.approx(expected)
+    assert step_comm_s(graph, rows[1:]) < expected  # a key without a row counts nothing

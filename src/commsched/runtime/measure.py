@@ -126,7 +126,8 @@ def measure_interference(
     the median factors and median times are returned. Returns the times (``comm_s``, ``compute_s``,
     ``compute_end_s``, ``overlapped_s``), ``serial_s`` (M + C), ``comm_bytes``, ``comm_cpu_s`` (the CPU time a
     rank spent on one M: gloo's threads and the kernel's socket work, which on a CPU run competes with compute),
-    ``compute_slowdown`` (f) and ``comm_slowdown`` (g)."""
+    ``compute_slowdown`` (f), ``comm_slowdown`` (g) and ``replayed_calls`` (how many recorded kernel calls the
+    compute phase cycles through; 0 with matmuls)."""
     device = device or torch.device("cpu")
     fx_nodes = {n.name: n for n in gm.graph.nodes}
     calls = []
@@ -231,6 +232,7 @@ def measure_interference(
         "comm_cpu_s": comm_cpu,
         "compute_slowdown": compute_slowdown,
         "comm_slowdown": comm_slowdown,
+        "replayed_calls": float(len(compute_calls or ())),
     }
 
 
