@@ -114,8 +114,9 @@ def measure_interference(
     """How compute and communication slow each other down when they overlap, from three timings: the graph's own
     collectives (in graph order, up to ``max_bytes`` of inputs) issued together and then waited (M), compute
     sized to about half of M (C), and both: the collectives issued, the compute (ending at T1), the waits (ending at
-    O). The compute is the step's own kernels, replayed from ``compute_calls`` (see :func:`measure_op_times`;
-    elementwise kernels suffer more from the copies communication makes than a matmul does), else 384x384 matmuls.
+    O). The compute is the step's own kernels, replayed from ``compute_calls`` (see :func:`measure_op_times`),
+    else 384x384 matmuls: on the shaped CPU harness collectives were slowed more while the step's kernels ran than
+    while matmuls did, and only the former predicted real steps (benchmarks/RESULTS.md, real execution).
     While the collectives are still in flight when the compute ends, compute ran ``f = T1 / C`` times slower the
     whole time; and if communication progressed ``g`` times slower while compute ran, ``O = T1 + M - T1 / g``, so
     ``g = T1 / (M + T1 - O)``. Both are clipped to [1, 4]. If the collectives finished first (O close to T1),
