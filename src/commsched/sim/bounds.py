@@ -68,15 +68,20 @@ class LowerBound:
         return max(terms, key=terms.__getitem__)
 
 
+def _node_rules(g: Graph) -> tuple[list[int], list[int], list[bool]]:
+    """Per node as Python lists (the loops below index them): kind, the collective a wait waits for, and whether
+    successors may use the node from its issue on (an asynchronous collective)."""
+    issue_only = (g.kinds == OpKind.COLLECTIVE) & ~g.coll_sync
+    return g.kinds.tolist(), g.wait_of.tolist(), issue_only.tolist()
+
+
 def heads(g: Graph, dur_ns: np.ndarray) -> list[int]:
     """Per node: its earliest start under the simulator's availability rules (successors may use an async
     collective from its issue on, its wait only after its duration; everything else from its end). O(N + E)."""
     ptr, idx = g.predecessors_csr()
     ptr_l, idx_l = ptr.tolist(), idx.tolist()
     dur = dur_ns.tolist()
-    kinds = g.kinds.tolist()
-    wait_of = g.wait_of.tolist()
-    issue_only = ((g.kinds == OpKind.COLLECTIVE) & ~g.coll_sync).tolist()
+    kinds, wait_of, issue_only = _node_rules(g)
     wait = int(OpKind.WAIT)
     head = [0] * len(g)
     avail = [0] * len(g)
@@ -108,9 +113,7 @@ def heads_and_tails(g: Graph, dur_ns: np.ndarray) -> tuple[list[int], list[int]]
     sptr, sidx = g.successors_csr()
     sptr_l, sidx_l = sptr.tolist(), sidx.tolist()
     dur = dur_ns.tolist()
-    kinds = g.kinds.tolist()
-    wait_of = g.wait_of.tolist()
-    issue_only = ((g.kinds == OpKind.COLLECTIVE) & ~g.coll_sync).tolist()
+    kinds, wait_of, issue_only = _node_rules(g)
     wait = int(OpKind.WAIT)
     tail = [0] * n  # from the end of the node (for an async collective: from its issue) to the end of the step
     for i in range(n - 1, -1, -1):
