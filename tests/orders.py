@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from commsched.ir.order import positions
 from commsched.ir.transform import topological_order
-from commsched.passes.check import positions
 
 
 def topo_fix(g, prefer: np.ndarray) -> np.ndarray:

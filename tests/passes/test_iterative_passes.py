@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from commsched.ir import OpKind
+from commsched.ir.order import collective_chains, positions
 from commsched.memory import memory_profile
 from commsched.passes import check_schedule, schedule
-from commsched.passes.check import group_collective_orders, positions
 from costs_helper import simple_costs
 from orders import random_topo_order
 from programs import trace_pressure, trace_program
@@ -78,7 +78,7 @@ def test_iterative_passes_on_random_graphs(g, name, budget, estimates, rnd):
     )
     s = schedule(g, simple_costs(g), [name], order=start, **knobs)
     check_schedule(g, s.order, start)
-    a, b = group_collective_orders(g, start), group_collective_orders(g, s.order)
+    a, b = collective_chains(g, start), collective_chains(g, s.order)
     assert all(np.array_equal(a[k], b[k]) for k in a)
     base = memory_profile(g, start).peak_bytes
     assert memory_profile(g, s.order).peak_bytes <= base + int(base * budget)

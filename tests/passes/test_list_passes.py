@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from commsched.ir import OpKind
+from commsched.ir.order import collective_chains, positions
 from commsched.passes import PASSES, ScheduleError, check_schedule, schedule
-from commsched.passes.check import group_collective_orders, positions
 from costs_helper import simple_costs
 from orders import random_topo_order
 from programs import trace_program
@@ -123,7 +123,7 @@ def test_list_passes_on_random_graphs(g, name, rnd):
     start = random_topo_order(g, rnd)
     s = schedule(g, costs, [name], order=start)
     check_schedule(g, s.order, start)
-    a, b = group_collective_orders(g, start), group_collective_orders(g, s.order)
+    a, b = collective_chains(g, start), collective_chains(g, s.order)
     assert all(np.array_equal(a[k], b[k]) for k in a)
 
 

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from commsched.cost import estimate_costs
 from commsched.hardware import get as get_hardware
 from commsched.ir import CollType, GraphBuilder, OpKind
+from commsched.ir.order import collective_chains
 from commsched.memory import memory_profile
 from commsched.passes import check_schedule, schedule
-from commsched.passes.check import group_collective_orders
 from commsched.passes.multi_stream import contention_ns, evaluate
 from commsched.passes.multi_stream_heft import make_plan, place, rank_priority, upward_ranks
 from commsched.passes.multi_stream_policy import (
@@ -27,6 +27,7 @@ from commsched.passes.multi_stream_policy import (
 )
 from commsched.passes.pipeline import inputs_first
 from commsched.sim import simulate_costs
+from commsched.sim.model import StreamModel
 from commsched.workloads import build
 from costs_helper import simple_costs
 from orders import random_topo_order
@@ -46,7 +47,7 @@ def _predicted_ns(g, costs, order, streams, alpha):
 def _assert_valid_result(g, costs, start, s, knobs):
     """What every multi_stream result satisfies, applied or not."""
     check_schedule(g, s.order, start, streams=s.streams)
-    want, got = group_collective_orders(g, start), group_collective_orders(g, s.order)
+    want, got = collective_chains(g, start), collective_chains(g, s.order)
     assert all(np.array_equal(want[k], got[k]) for k in want)
     row_stats = s.stats[-1]
     if s.streams is None:  # not applied: the input, unchanged, and the stats say why
@@ -152,10 +153,12 @@ def test_earliest_finish_spreads_independent_kernels_only_without_contention():
     dur = np.rint(costs.node_s * 1e9).astype(np.int64)
     plan = make_plan(g, order, dur, node_roles(g), np.zeros(0, np.int32), np.zeros(0, np.int32))
     smap = resolve_stream_map(2, None)
-    free = place(plan, order, smap, 0, 1.0, 0.0)
+    free = place(plan, order, smap, StreamModel(sync_ns=0), 0.0)
     assert sorted(free.stream[1:5].tolist()) == [0, 0, 1, 1]
     assert free.makespan_ns == 20_000
-    shared = place(plan, order, smap, 0, 1.0, 1.0)  # full contention: overlapping buys nothing, so no overlap
+    shared = place(
+        plan, order, smap, StreamModel(sync_ns=0), 1.0
+    )  # full contention: overlapping buys nothing, so no overlap
     assert shared.stream[1:5].tolist() == [0, 0, 0, 0]
     assert shared.makespan_ns == 40_000
     # the verdict charges contention: the spread placement is not faster than one stream at full contention
@@ -204,7 +207,7 @@ def test_hybrid_kernels_hold_a_compute_stream_and_the_interconnect():
     order = np.arange(len(g))
     dur = np.rint(costs.node_s * 1e9).astype(np.int64)
     plan = make_plan(g, order, dur, roles, np.zeros(0, np.int32), np.zeros(0, np.int32))
-    placed = place(plan, order, resolve_stream_map(2, None), 0, 1.0, 0.0)
+    placed = place(plan, order, resolve_stream_map(2, None), StreamModel(), 0.0)
     comm_start, comm_end = placed.end_ns[c] - dur[c], placed.end_ns[c]
     # never beside a collective: the fused kernel starts after the all_reduce's transfer ends
     assert placed.start_ns[h] >= comm_end or placed.end_ns[h] <= comm_start
@@ -213,7 +216,7 @@ def test_hybrid_kernels_hold_a_compute_stream_and_the_interconnect():
     as_compute = make_plan(
         g, order, dur, node_roles(g, hybrid_targets=()), np.zeros(0, np.int32), np.zeros(0, np.int32)
     )
-    assert place(as_compute, order, resolve_stream_map(2, None), 0, 1.0, 0.0).makespan_ns == 30_000 + 5_000
+    assert place(as_compute, order, resolve_stream_map(2, None), StreamModel(), 0.0).makespan_ns == 30_000 + 5_000
 
 
 def test_not_applied_at_a_lower_bound_or_when_not_faster():
@@ -290,7 +293,7 @@ def test_synchronous_collective_is_available_when_it_ends():
     plan = make_plan(g, order, dur, node_roles(g), np.zeros(0, np.int32), np.zeros(0, np.int32))
     smap = resolve_stream_map(1, None)
     assert upward_ranks(plan, order, smap, 1000)[c] == 20_000 + 1000 + 5000
-    placed = place(plan, order, smap, 1000, 1.0, 0.0)
+    placed = place(plan, order, smap, StreamModel(sync_ns=1000), 0.0)
     # issue at 0 from the comm stream, transfer [1 us, 21 us), the kernel on stream 0 after one more sync
     assert placed.end_ns[c] == 21_000
     assert placed.start_ns[k] == 22_000

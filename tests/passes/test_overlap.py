@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from commsched.ir.order import collective_chains
 from commsched.memory import memory_profile
 from commsched.passes import check_schedule, schedule
-from commsched.passes.check import group_collective_orders
 from commsched.passes.exact import solve_exact
 from commsched.sim import simulate_costs
 from costs_helper import simple_costs
@@ -57,7 +57,7 @@ def test_overlap_on_random_graphs(g, ratio, rnd):
     start = random_topo_order(g, rnd)
     s = schedule(g, costs, "default", order=start, memory_budget_ratio=ratio)
     check_schedule(g, s.order, start)
-    a, b = group_collective_orders(g, start), group_collective_orders(g, s.order)
+    a, b = collective_chains(g, start), collective_chains(g, s.order)
     assert all(np.array_equal(a[k], b[k]) for k in a)
     base = memory_profile(g, start).peak_bytes
     assert memory_profile(g, s.order).peak_bytes <= int(base * ratio)
@@ -69,7 +69,7 @@ def test_feeders_are_the_casts_right_before_the_busiest_groups_collectives():
     group (the gradient's cast before its reduce_scatter) is in it; the bulk of the compute is not."""
     from commsched.cost import estimate_costs
     from commsched.hardware import get
-    from commsched.passes.overlap_core import base_arrays, feeders
+    from commsched.passes.overlap_prep import base_arrays, feeders
     from commsched.workloads import build
 
     g = build("llama3-8b", parallel="fsdp+tp", world_size=64, layers=1).graph

@@ -13,9 +13,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from commsched.ir.order import collective_chains
 from commsched.memory import memory_profile
 from commsched.passes import PASSES, check_schedule, schedule
-from commsched.passes.check import group_collective_orders
 from commsched.sim import simulate_costs
 from costs_helper import simple_costs
 from orders import random_topo_order
@@ -35,7 +35,7 @@ def test_every_pass_on_random_graphs(g, budget, rnd):
     costs = simple_costs(g, comm_bytes_per_s=rnd.choice([1e9, 20e9, 400e9]))
     start = random_topo_order(g, rnd)
     base_peak = memory_profile(g, start).peak_bytes
-    want = group_collective_orders(g, start)
+    want = collective_chains(g, start)
     for name in HEURISTIC + (["exact"] if len(g) <= 14 else []):
         knobs = {}
         if name in BUDGET_KNOB:
@@ -44,7 +44,7 @@ def test_every_pass_on_random_graphs(g, budget, rnd):
             knobs = {"time_limit_s": 5.0, "exact_memory_budget_ratio": None}
         s = schedule(g, costs, [name], order=start, **knobs)
         check_schedule(g, s.order, start)
-        got = group_collective_orders(g, s.order)
+        got = collective_chains(g, s.order)
         assert all(np.array_equal(want[k], got[k]) for k in want), name
         if name in BUDGET_KNOB:
             limit = int(base_peak * (1.0 + budget)) if name == "overlap" else base_peak + int(base_peak * budget)

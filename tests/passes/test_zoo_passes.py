@@ -7,8 +7,8 @@ import pytest
 
 from commsched.cost import estimate_costs
 from commsched.hardware import get
+from commsched.ir.order import collective_chains
 from commsched.passes import PASSES, check_schedule, schedule
-from commsched.passes.check import group_collective_orders
 from commsched.sim import simulate_costs
 from commsched.workloads import build
 
@@ -37,7 +37,7 @@ def test_pass_on_zoo_workload(workload, name):
     g, costs = workload
     s = schedule(g, costs, [name])
     check_schedule(g, s.order, streams=s.streams)
-    a, b = group_collective_orders(g, np.arange(len(g), dtype=np.int32)), group_collective_orders(g, s.order)
+    a, b = collective_chains(g, np.arange(len(g), dtype=np.int32)), collective_chains(g, s.order)
     assert all(np.array_equal(a[k], b[k]) for k in a)
     if name in ("overlap", "multi_stream"):
         # never worse than the input in simulation

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from commsched.ir.graph import Graph, GraphError
-from commsched.memory.liveness import check_permutation, liveness, memory_profile
+from commsched.ir.order import as_order
+from commsched.memory.liveness import liveness, memory_profile
 
 _NEG = -(1 << 62)
 
@@ -33,7 +34,7 @@ class IncrementalMemory:
     ):
         self.graph = g
         n = len(g)
-        order = np.arange(n, dtype=np.int64) if order is None else check_permutation(g, np.asarray(order))
+        order = as_order(g, order, dtype=np.int64)
         lv = liveness(g, hold_collective_inputs)
         prof = memory_profile(g, order, hold_collective_inputs=hold_collective_inputs)
         self._order: list[int] = order.tolist()

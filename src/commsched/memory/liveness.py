@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from commsched.ir.graph import Graph, GraphError, OpKind
+from commsched.ir.graph import Graph, OpKind
+from commsched.ir.order import as_order
 
 
 @dataclass(frozen=True, eq=False)
@@ -118,26 +119,6 @@ def liveness(g: Graph, hold_collective_inputs: bool = True) -> Liveness:
     return lv
 
 
-def check_permutation(g: Graph, order: np.ndarray) -> np.ndarray:
-    """``order`` as an int64 array, checked to be a permutation of the node ids; returns it. O(N)."""
-    order = np.asarray(order)
-    n = len(g)
-    if order.ndim != 1 or len(order) != n:
-        raise GraphError(f"order has {order.size} entries; expected one per node ({n})")
-    if not np.issubdtype(order.dtype, np.integer):
-        raise GraphError(f"order must hold integer node ids, got dtype {order.dtype}")
-    order = order.astype(np.int64)
-    if n and (order.min() < 0 or order.max() >= n):
-        raise GraphError(
-            f"order holds node id {int(order.min() if order.min() < 0 else order.max())}: expected 0..{n - 1}"
-        )
-    seen = np.bincount(order, minlength=n)
-    if n and seen.max() > 1:
-        dup = int(np.flatnonzero(seen > 1)[0])
-        raise GraphError(f"order lists node {g.names[dup]!r} {int(seen[dup])} times; expected a permutation")
-    return order
-
-
 @dataclass(frozen=True, eq=False)
 class MemoryProfile:
     """Memory over one order (all byte arrays int64, one entry per position).
@@ -161,7 +142,7 @@ class MemoryProfile:
 def memory_profile(g: Graph, order: np.ndarray | None = None, *, hold_collective_inputs: bool = True) -> MemoryProfile:
     """Memory over ``order`` (node ids; default the graph's own order) under the module's semantics. O(N + E)."""
     n = len(g)
-    order = np.arange(n, dtype=np.int64) if order is None else check_permutation(g, order)
+    order = as_order(g, order, dtype=np.int64)
     lv = liveness(g, hold_collective_inputs)
     pos = np.empty(n, np.int64)
     pos[order] = np.arange(n)

@@ -6,45 +6,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from commsched.ir import Graph, GraphError
+from commsched.ir import Graph
+from commsched.ir.order import ScheduleError, as_order, check_topological, collective_chains
 
-
-class ScheduleError(GraphError):
-    """An invalid order: the message names the nodes involved and the rule broken."""
-
-
-def as_order(g: Graph, order: Sequence[int | str] | np.ndarray | None) -> np.ndarray:
-    """Normalise an order given as node ids or names into an int32 permutation array (checked)."""
-    if order is None:
-        return np.arange(len(g), dtype=np.int32)
-    if isinstance(order, np.ndarray) and order.dtype.kind in "iu":
-        arr = order.astype(np.int32, copy=False)
-    else:
-        arr = np.fromiter((g.id_of(x) for x in order), np.int32, count=len(order))
-    if len(arr) != len(g):
-        raise ScheduleError(f"the order has {len(arr)} entries; expected one per node ({len(g)})")
-    seen = np.zeros(len(g), bool)
-    if np.any((arr < 0) | (arr >= len(g))):
-        bad = int(arr[(arr < 0) | (arr >= len(g))][0])
-        raise ScheduleError(f"the order names node id {bad}, which does not exist")
-    seen[arr] = True
-    if not seen.all():
-        missing = int(np.flatnonzero(~seen)[0])
-        raise ScheduleError(f"node {g.names[missing]!r} is missing from the order (another node appears twice)")
-    return arr
-
-
-def positions(order: np.ndarray) -> np.ndarray:
-    pos = np.empty(len(order), np.int64)
-    pos[order] = np.arange(len(order))
-    return pos
-
-
-def group_collective_orders(g: Graph, order: np.ndarray) -> dict[int, np.ndarray]:
-    """Per process group index: its collectives in the order they are issued."""
-    colls = order[g.coll_type[order] >= 0]
-    groups = g.coll_group[colls]
-    return {int(k): colls[groups == k] for k in np.unique(groups)}
+__all__ = ["ScheduleError", "check_schedule"]
 
 
 def check_schedule(
@@ -67,25 +32,11 @@ def check_schedule(
     Raises ScheduleError naming the nodes. O(N + E) (plus O((N + E) * C / 64) with streams).
     """
     order = as_order(g, order)
-    pos = positions(order)
-    ptr, idx = g.predecessors_csr()
-    dst = np.repeat(np.arange(len(g)), np.diff(ptr))
-    src = idx
-    if extra_src is not None and len(extra_src):
-        src = np.concatenate([src, extra_src])
-        dst = np.concatenate([dst, extra_dst])
-    bad = np.flatnonzero(pos[src] >= pos[dst])
-    if len(bad):
-        e = int(bad[np.argmin(pos[dst[bad]])])
-        s, d = int(src[e]), int(dst[e])
-        raise ScheduleError(
-            f"node {g.names[d]!r} is scheduled at position {pos[d]} before its predecessor {g.names[s]!r} "
-            f"(position {pos[s]}); expected a topological order"
-        )
+    check_topological(g, order, extra_src, extra_dst)
     if not allow_collective_reorder:
         ref = as_order(g, reference)
-        want = group_collective_orders(g, ref)
-        got = group_collective_orders(g, order)
+        want = collective_chains(g, ref)
+        got = collective_chains(g, order)
         for grp, colls in want.items():
             mismatch = np.flatnonzero(got[grp] != colls)
             if len(mismatch):

@@ -27,6 +27,7 @@ schedules. ``commsched.runtime.streams.lower_streams`` turns the result into an 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ from commsched.passes.multi_stream_heft import (
 from commsched.passes.multi_stream_policy import DEFAULT_HYBRID_TARGETS, node_roles, resolve_stream_map
 from commsched.passes.registry import PassConfig, PassContext, PassResult, PassStats, register_pass
 from commsched.sim import SimResult, simulate_costs
+from commsched.sim.model import StreamModel, durations_ns, seconds_to_ns
 
 _KERNELS = (OpKind.COMPUTE, OpKind.OTHER)
 
@@ -152,13 +154,13 @@ def multi_stream(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
         )
         return PassResult(order, stats)
     roles = node_roles(g, cfg.hybrid_targets)
-    dur_ns = np.where(
-        np.isin(g.kinds, (*_KERNELS, OpKind.COLLECTIVE)), np.rint(np.asarray(costs.node_s) * 1e9), 0
-    ).astype(np.int64)
-    plan = make_plan(g, order, dur_ns, roles, ctx.extra_src, ctx.extra_dst)
-    sync_s = costs.stream_sync_s if cfg.stream_sync_s is None else cfg.stream_sync_s
-    sync_ns = round(sync_s * 1e9)
-    slowdown = float(costs.compute_slowdown) if cfg.interference else 1.0
+    plan = make_plan(g, order, durations_ns(g, costs), roles, ctx.extra_src, ctx.extra_dst)
+    model = StreamModel.from_costs(costs)
+    model = dataclasses.replace(
+        model,
+        compute_slowdown=model.compute_slowdown if cfg.interference else 1.0,
+        sync_ns=model.sync_ns if cfg.stream_sync_s is None else seconds_to_ns(cfg.stream_sync_s),
+    )
     inputs = g.kinds == OpKind.INPUT
     maps = {"": smap}
     if cfg.role_streams is None and cfg.compute_streams > 1:
@@ -168,14 +170,14 @@ def multi_stream(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
         # one compute stream and the comm stream: no kernels overlap, so no contention to pay
         maps[", 1 compute stream"] = resolve_stream_map(1, None)
     priorities = {
-        "upward rank": _inputs_first(rank_priority(plan, upward_ranks(plan, order, smap, sync_ns)), inputs),
+        "upward rank": _inputs_first(rank_priority(plan, upward_ranks(plan, order, smap, model.sync_ns)), inputs),
         "input order": _inputs_first(order.astype(np.int64), inputs),
     }
     best: tuple[str, Evaluation] | None = None
     seen: set[bytes] = set()
     for (plabel, priority), (mlabel, mp) in itertools.product(priorities.items(), maps.items()):
         label = plabel + mlabel
-        placed = place(plan, priority, mp, sync_ns, slowdown, alpha)
+        placed = place(plan, priority, mp, model, alpha)
         follow_consumers(plan, placed, priority)
         cand_order = order_by_start(placed.start_ns, priority)
         key = cand_order.tobytes() + placed.stream.tobytes()

@@ -1,16 +1,16 @@
 """The HEFT core of the ``multi_stream`` pass: upward ranks and earliest-finish-time stream choice.
 
-Time inside is int64 nanoseconds. The planning model is the simulator's stream model (:mod:`commsched.sim.engine`)
-without link sharing, evaluated once per node as it is placed:
+Time inside is int64 nanoseconds. The planning model is the stream model (:mod:`commsched.sim.model`) without link
+sharing, evaluated once per node as it is placed:
 
-* a kernel starts when its stream is free and its predecessors are available, a predecessor on another stream
-  (other than a graph input) ``sync_ns`` later; with interference it is stretched while communication is in
-  flight (the simulator's slowdown rule) and by ``compute_interference`` times its overlap with kernels already
-  placed on the other compute streams (concurrent kernels share the SMs; see :func:`_stretched`);
-* a collective is issued from its stream, starts on its group's FIFO comm stream ``sync_ns`` after the issue (and
-  after the group's previous collective), and frees its issuing stream at once (a synchronous one at its end);
-* a wait unblocks ``sync_ns`` after its collective ends; a hybrid kernel also waits until no collective runs and
-  keeps every comm stream busy while it runs.
+* a kernel starts when its stream is free and its predecessors are available (one on another stream, other than a
+  graph input, later by the model's sync); with interference it is stretched while communication is in flight (the
+  model's rate) and by ``compute_interference`` times its overlap with kernels already placed on the other compute
+  streams (concurrent kernels share the SMs; see :func:`_stretched`);
+* a collective is issued from its stream, starts on its group's FIFO comm stream when the model says, and frees its
+  issuing stream at once (a synchronous one when the model releases it);
+* a wait unblocks when the model releases it; a hybrid kernel also waits until no collective runs and keeps every
+  comm stream busy while it runs.
 
 Nodes are placed in priority order (a topological order: by decreasing upward rank, or the input order), each on
 the allowed stream where it finishes first (non-insertion HEFT). The result is a stream per node and the model's
@@ -26,7 +26,9 @@ import numpy as np
 
 from commsched.ir import Graph, OpKind
 from commsched.ir.graph import _csr
+from commsched.ir.order import collective_chains
 from commsched.passes.multi_stream_policy import ROLE_COMM, ROLE_HYBRID, StreamMap
+from commsched.sim.model import StreamModel
 
 _KERNEL = (int(OpKind.COMPUTE), int(OpKind.OTHER))
 _INPUT, _WAIT, _COLL = int(OpKind.INPUT), int(OpKind.WAIT), int(OpKind.COLLECTIVE)
@@ -72,10 +74,8 @@ def make_plan(
         src, pred_ptr, pred_idx = idx.astype(np.int64), ptr, idx
     succ_ptr, succ_idx = _csr(n, dst, src)
     chain_next = np.full(n, -1, np.int64)
-    colls = order[g.coll_type[order] >= 0]
-    for grp in np.unique(g.coll_group[colls]).tolist():
-        seq = colls[g.coll_group[colls] == grp]
-        chain_next[seq[:-1]] = seq[1:]
+    for chain in collective_chains(g, order).values():
+        chain_next[chain[:-1]] = chain[1:]
     pos = np.empty(n, np.int64)
     pos[order] = np.arange(n)
     return Plan(
@@ -174,94 +174,100 @@ class Placement:
     makespan_ns: int
 
 
-def place(
-    p: Plan,
-    priority: np.ndarray,
-    streams: StreamMap,
-    sync_ns: int,
-    slowdown: float,
-    compute_interference: float,
-) -> Placement:
-    """Place every node, in ``priority`` order, on its allowed stream with the earliest finish time (see the module
-    docstring for the model). ``slowdown`` 1 and ``compute_interference`` 0 turn interference off.
-    O((N + E) * S + N * (log N + k)), S allowed streams per node, k intervals overlapping a kernel."""
-    n, kinds, roles, dur, wait_of, group, is_sync = p.n, p.kinds, p.roles, p.dur_ns, p.wait_of, p.group, p.is_sync
-    pp, pi = p.pred_ptr, p.pred_idx
-    allowed = [list(ids) for ids in streams.by_role]
-    num_streams = streams.num_streams
-    stream_free = [0] * num_streams
-    group_free = [0] * max(1, p.num_groups)
-    comm_busy = [_Intervals() for _ in range(max(1, p.num_groups))]
-    kernel_busy = [_Intervals() for _ in range(num_streams)]
-    compute_ids = streams.compute_streams
-    stream_of = [0] * n
-    avail = [0] * n  # when successors may use the node (a collective: its issue)
-    start = [0] * n
-    end = [0] * n  # a collective: the end of its transfer
-    comm_share = 1.0 - 1.0 / slowdown  # wall time lost per unit of overlap with communication
-    for i in priority.tolist():
-        k = kinds[i]
-        role = roles[i]
-        best = None  # (finish, tie, stream, start, end, stream_free_after)
-        last_pred_stream = -1
-        last_pred_t = -1
-        for e in range(pp[i], pp[i + 1]):
-            q = pi[e]
-            if kinds[q] != _INPUT and avail[q] > last_pred_t:
-                last_pred_t, last_pred_stream = avail[q], stream_of[q]
-        for s in allowed[role]:
-            ready = stream_free[s]
-            for e in range(pp[i], pp[i + 1]):
-                q = pi[e]
-                a = avail[q]
-                if stream_of[q] != s and kinds[q] != _INPUT:
-                    a += sync_ns
-                if a > ready:
-                    ready = a
-            if k == _COLL:
-                c_start = max(ready + sync_ns, group_free[group[i]])
-                c_end = c_start + dur[i]
-                free_after = c_end + sync_ns if is_sync[i] else ready
-                cand = (free_after, s != last_pred_stream, s, ready, c_end, free_after)
-            elif k == _WAIT:
-                t = max(ready, end[wait_of[i]] + sync_ns)
-                cand = (t, s != last_pred_stream, s, t, t, t)
-            elif k in _KERNEL and dur[i]:
-                t0 = ready
-                if role == ROLE_HYBRID:
-                    t0 = max(t0, max(group_free))
-                d = dur[i]
-                if comm_share > 0 or compute_interference > 0:
-                    others = [kernel_busy[o] for o in compute_ids if o != s]
-                    d = _stretched(d, t0, comm_busy, comm_share, others, compute_interference)
-                cand = (t0 + d, s != last_pred_stream, s, t0, t0 + d, t0 + d)
-            else:
-                cand = (ready, s != last_pred_stream, s, ready, ready, ready)
+class _Placer:
+    """The state of one placement run: per stream when it is free, per group when its comm stream is free, busy
+    intervals (comm per group, kernels per stream), and per node its stream and model times."""
+
+    def __init__(self, p: Plan, streams: StreamMap, model: StreamModel, compute_interference: float) -> None:
+        self.p, self.model, self.alpha = p, model, compute_interference
+        self.allowed = [list(ids) for ids in streams.by_role]
+        self.compute_ids = streams.compute_streams
+        self.stream_free = [0] * streams.num_streams
+        self.group_free = [0] * max(1, p.num_groups)
+        self.comm_busy = [_Intervals() for _ in range(max(1, p.num_groups))]
+        self.kernel_busy = [_Intervals() for _ in range(streams.num_streams)]
+        self.stream_of = [0] * p.n
+        self.avail = [0] * p.n  # when successors may use the node (a collective: its issue)
+        self.start = [0] * p.n
+        self.end = [0] * p.n  # a collective: the end of its transfer
+        self.comm_share = 1.0 - model.kernel_work_ns(1.0, True)  # wall time lost per unit of overlap with comm
+
+    def last_pred_stream(self, i: int) -> int:
+        """The stream of the predecessor available last (ties on finish time go to it: no sync needed)."""
+        p, last_t, last_s = self.p, -1, -1
+        for q in p.pred_idx[p.pred_ptr[i] : p.pred_ptr[i + 1]]:
+            if p.kinds[q] != _INPUT and self.avail[q] > last_t:
+                last_t, last_s = self.avail[q], self.stream_of[q]
+        return last_s
+
+    def candidate(self, i: int, s: int) -> tuple[int, int, int]:
+        """(finish, start, end) of node ``i`` on stream ``s``; finish is when the stream is free again."""
+        p, model = self.p, self.model
+        k = p.kinds[i]
+        ready = self.stream_free[s]
+        for q in p.pred_idx[p.pred_ptr[i] : p.pred_ptr[i + 1]]:
+            a = model.available_ns(self.avail[q], self.stream_of[q] != s and p.kinds[q] != _INPUT)
+            if a > ready:
+                ready = a
+        if k == _COLL:
+            c_end = model.comm_start_ns(ready, self.group_free[p.group[i]]) + p.dur_ns[i]
+            return (model.wait_release_ns(c_end) if p.is_sync[i] else ready), ready, c_end
+        if k == _WAIT:
+            t = max(ready, model.wait_release_ns(self.end[p.wait_of[i]]))
+            return t, t, t
+        if k in _KERNEL and p.dur_ns[i]:
+            t0 = max(ready, max(self.group_free)) if p.roles[i] == ROLE_HYBRID else ready
+            d = p.dur_ns[i]
+            if self.comm_share > 0 or self.alpha > 0:
+                others = [self.kernel_busy[o] for o in self.compute_ids if o != s]
+                d = _stretched(d, t0, self.comm_busy, self.comm_share, others, self.alpha)
+            return t0 + d, t0, t0 + d
+        return ready, ready, ready
+
+    def place(self, i: int) -> None:
+        """Put node ``i`` on the allowed stream where it finishes first (ties: the last predecessor's, then the
+        lowest stream) and record its times."""
+        p = self.p
+        tie_stream = self.last_pred_stream(i)
+        best = None  # (finish, tie, stream, start, end)
+        for s in self.allowed[p.roles[i]]:
+            finish, t0, t1 = self.candidate(i, s)
+            cand = (finish, s != tie_stream, s, t0, t1)
             if best is None or cand[:3] < best[:3]:
                 best = cand
-        _, _, s, t0, t1, free_after = best
-        stream_of[i], start[i], end[i] = s, t0, t1
-        stream_free[s] = free_after
+        free_after, _, s, t0, t1 = best
+        self.stream_of[i], self.start[i], self.end[i] = s, t0, t1
+        self.stream_free[s] = free_after
+        k = p.kinds[i]
         if k == _COLL:
-            avail[i] = t1 if is_sync[i] else t0  # successors use a synchronous collective when it ends
-            grp = group[i]
-            c_start = t1 - dur[i]
-            group_free[grp] = t1
-            comm_busy[grp].add(c_start, t1)
-        else:
-            avail[i] = t1
-            if k in _KERNEL and t1 > t0:
-                kernel_busy[s].add(t0, t1)
-                if role == ROLE_HYBRID:
-                    for grp in range(len(group_free)):
-                        group_free[grp] = max(group_free[grp], t1)
-    if not allowed[ROLE_COMM]:
+            self.avail[i] = t1 if p.is_sync[i] else t0  # successors use a synchronous collective when it ends
+            grp = p.group[i]
+            self.group_free[grp] = t1
+            self.comm_busy[grp].add(t1 - p.dur_ns[i], t1)
+            return
+        self.avail[i] = t1
+        if k in _KERNEL and t1 > t0:
+            self.kernel_busy[s].add(t0, t1)
+            if p.roles[i] == ROLE_HYBRID:
+                self.group_free = [max(f, t1) for f in self.group_free]
+
+
+def place(
+    p: Plan, priority: np.ndarray, streams: StreamMap, model: StreamModel, compute_interference: float
+) -> Placement:
+    """Place every node, in ``priority`` order, on its allowed stream with the earliest finish time (see the module
+    docstring for the model). A model without compute slowdown and ``compute_interference`` 0 turn interference
+    off. O((N + E) * S + N * (log N + k)), S allowed streams per node, k intervals overlapping a kernel."""
+    if not streams.by_role[ROLE_COMM]:
         raise ValueError("no stream for collectives")
+    placer = _Placer(p, streams, model, compute_interference)
+    for i in priority.tolist():
+        placer.place(i)
     return Placement(
-        stream=np.asarray(stream_of, np.int32),
-        start_ns=np.asarray(start, np.int64),
-        end_ns=np.asarray(end, np.int64),
-        makespan_ns=max(max(end, default=0), max(stream_free, default=0)),
+        stream=np.asarray(placer.stream_of, np.int32),
+        start_ns=np.asarray(placer.start, np.int64),
+        end_ns=np.asarray(placer.end, np.int64),
+        makespan_ns=max(max(placer.end, default=0), max(placer.stream_free, default=0)),
     )
 
 

@@ -31,15 +31,9 @@ import numpy as np
 from commsched.ir import Graph
 from commsched.passes.check import ScheduleError
 from commsched.passes.overlap_chains import earlier_placements, jackson_chains, promote_unwaited
-from commsched.passes.overlap_core import (
-    delay_past_peak,
-    input_chains,
-    late_waits,
-    prepare,
-    prepare_graph,
-    schedule_once,
-    tighten,
-)
+from commsched.passes.overlap_list import schedule_once
+from commsched.passes.overlap_orders import delay_past_peak, late_waits, tighten
+from commsched.passes.overlap_prep import input_chains, prepare, prepare_graph
 from commsched.passes.registry import PassConfig, PassContext, PassResult, PassStats, register_pass
 from commsched.sim import simulate_costs
 
@@ -132,7 +126,7 @@ def overlap(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
         first = None
         for priority, guard in variants or cfg.variants:
             name = f"{label}, {priority} priority{', memory guard' if guard else ''}"
-            a = schedule_once(p, budget, _NO_CAP, priority=priority, guard=guard)
+            a = schedule_once(p, budget, priority=priority, guard=guard)
             fits, res = evaluate(name, p, a, (priority, guard))
             first = first or a
             nb: dict[int, int] = {}
@@ -150,7 +144,7 @@ def overlap(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
                 if nb2 is None:
                     break
                 nb = nb2
-                a = schedule_once(p, budget, _NO_CAP, nb, priority, guard)
+                a = schedule_once(p, budget, nb, priority, guard)
                 fits, res = evaluate(f"{name}, {k + 1} peak repair(s)", p, a, (priority, guard))
             if fits or best[0] <= bound_ns:
                 return a
@@ -202,6 +196,3 @@ def overlap(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
         f"{base_sim.makespan_s:.6f} s, peak {peak} B, {attempts} attempt(s)"
     )
     return PassResult(np.asarray(chosen, np.int32), stats, reorders_collectives=label.startswith("Jackson"))
-
-
-_NO_CAP = 1 << 62

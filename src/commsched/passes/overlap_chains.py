@@ -11,7 +11,8 @@ import heapq
 import numpy as np
 
 from commsched.ir import Graph
-from commsched.passes.overlap_core import Attempt, Prep
+from commsched.passes.overlap_list import Attempt
+from commsched.passes.overlap_prep import Prep
 
 
 def first_uses(g: Graph, p: Prep, a: Attempt) -> dict[int, int | None]:

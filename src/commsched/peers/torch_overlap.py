@@ -334,10 +334,10 @@ def _scheduler_stats(sched: Any) -> dict[str, Any]:
 
 
 def _reordered_group_collectives(graph: Graph, order: np.ndarray) -> bool:
-    from commsched.passes.check import group_collective_orders
+    from commsched.ir.order import collective_chains
 
-    ref = group_collective_orders(graph, np.arange(len(graph), dtype=np.int32))
-    got = group_collective_orders(graph, order)
+    ref = collective_chains(graph, np.arange(len(graph), dtype=np.int32))
+    got = collective_chains(graph, order)
     return any(not np.array_equal(ref[k], got.get(k, ref[k][:0])) for k in ref)
 
 

@@ -109,9 +109,9 @@ def plan_orders(
     wait just before its first use, within the budget): a real collective that runs longer than predicted then
     stalls compute only where its result is needed. ``knobs`` override these defaults, which apply only to passes
     that have those knobs."""
+    from commsched.ir.order import as_order
     from commsched.memory import memory_profile
     from commsched.passes import check_schedule, schedule
-    from commsched.passes.check import as_order
 
     ours = dict(knobs or {})
     defaults: dict[str, Any] = {"reorder_collectives": True, "waits": "late"}

@@ -1,11 +1,11 @@
 """The communication side of the simulator: one FIFO stream per process group, link sharing between groups.
 
 A collective runs in two phases on its group's stream: its latency part (fixed, not shared), then its
-bandwidth-bound part, whose work (nanoseconds at the link's full bandwidth) progresses at rate ``1/k`` while ``k``
-collectives of different groups are in their bandwidth phase on the same :class:`~commsched.cost.LinkClass`
-(processor sharing). Collectives on different link classes do not slow each other. While ``scale`` > 1 (the
-simulation loops set it to the cost model's ``comm_slowdown`` while a kernel runs) bandwidth work progresses
-``scale`` times slower still.
+bandwidth-bound part, whose work (nanoseconds at the link's full bandwidth) progresses at the rate the stream model
+gives (:meth:`commsched.sim.model.StreamModel.comm_divisor`: shared by the collectives of different groups in their
+bandwidth phase on the same :class:`~commsched.cost.LinkClass`, slower while a kernel runs; the simulation loops say
+when one does with :meth:`CommEngine.set_kernel_running`). Collectives on different link classes do not slow each
+other.
 
 The engine is advanced lazily: :meth:`CommEngine.advance_to` simulates up to a time, given the collectives issued
 so far. Issues must come in time order and no earlier than the engine's clock.
@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import math
 
-INF = 1 << 62
-_EPS = 1e-6  # ns of bandwidth work below which a phase counts as done (float progress)
+from commsched.sim.model import EPS_NS, INF_NS, StreamModel
 
 
 class CommEngine:
@@ -29,12 +28,12 @@ class CommEngine:
         lat_ns: list[int],
         bw_ns: list[int],
         link: list[int],
-        sync_ns: int,
+        model: StreamModel,
         start_ns: list[int],
         end_ns: list[int],
     ) -> None:
         self.t = 0
-        self.group, self.lat_ns, self.bw_ns, self.link, self.sync_ns = group, lat_ns, bw_ns, link, sync_ns
+        self.group, self.lat_ns, self.bw_ns, self.link, self.model = group, lat_ns, bw_ns, link, model
         self.start_ns, self.end_ns = start_ns, end_ns  # shared with the caller; end_ns[c] == -1 until done
         self.queue: list[list[int]] = [[] for _ in range(num_groups)]  # issued, not started (FIFO, head at qhead)
         self.qhead = [0] * num_groups
@@ -44,10 +43,11 @@ class CommEngine:
         self.in_bw = [False] * num_groups
         self.rem = [0.0] * num_groups  # bandwidth work left (ns at full bandwidth)
         self.sharing = [0] * (max(link, default=0) + 2)  # collectives in bandwidth phase per link class
+        self.kernel_running = False
+        self.divisor = [1.0] * len(self.sharing)  # per link class: wall ns per ns of bandwidth work (the model's)
         self.inflight = 0  # running collectives (either phase): compute is slowed while > 0
         self.pending = 0  # issued and not finished
         self.busy_ns = [0] * num_groups
-        self.scale = 1.0  # bandwidth phases progress at 1 / (sharing * scale); change it only at the engine clock
 
     # ------------------------------------------------------------------ input
     def issue(self, c: int, t: int) -> None:
@@ -55,27 +55,34 @@ class CommEngine:
         if t > self.t:
             self.advance_to(t)
         g = self.group[c]
-        self.ready_at[c] = t + self.sync_ns
+        self.ready_at[c] = self.model.comm_start_ns(t, 0)  # the FIFO part of the rule is the queue itself
         self.queue[g].append(c)
         self.pending += 1
         if self.cur[g] < 0 and self.qhead[g] == len(self.queue[g]) - 1 and self.ready_at[c] <= self.t:
             self._start_next(g, self.t)
 
+    def set_kernel_running(self, running: bool) -> None:
+        """Whether a kernel runs from the engine's clock on (it changes the bandwidth phases' rate)."""
+        if running != self.kernel_running:
+            self.kernel_running = running
+            self._update_divisors()
+
+    def _update_divisors(self) -> None:
+        rate = self.model.comm_divisor
+        self.divisor = [rate(k, self.kernel_running) for k in self.sharing]
+
     # ------------------------------------------------------------------ clock
     def next_event(self) -> int:
         """Time of the next state change (a phase ends, a queued collective may start); INF if none."""
         if not self.pending:
-            return INF
-        best = INF
+            return INF_NS
+        best = INF_NS
         for g, c in enumerate(self.cur):
             if c >= 0:
                 if not self.in_bw[g]:
                     te = self.lat_end[g]
                 else:
-                    k = self.sharing[self.link[c]] * self.scale
-                    te = (
-                        self.t + math.ceil(self.rem[g] * k - _EPS) if k != 1 else self.t + math.ceil(self.rem[g] - _EPS)
-                    )
+                    te = self.t + math.ceil(self.rem[g] * self.divisor[self.link[c]] - EPS_NS)
             elif self.qhead[g] < len(self.queue[g]):
                 te = max(self.t, self.ready_at[self.queue[g][self.qhead[g]]])
             else:
@@ -99,7 +106,7 @@ class CommEngine:
         """Advance until collective ``c`` has finished (valid only while no one can issue meanwhile); its end."""
         while self.end_ns[c] < 0:
             te = self.next_event()
-            if te >= INF:
+            if te >= INF_NS:
                 raise RuntimeError(f"collective {c} can never finish: it was not issued")
             self._progress(te)
             self._fire(te)
@@ -111,7 +118,7 @@ class CommEngine:
         if dt > 0 and self.inflight:
             for g, c in enumerate(self.cur):
                 if c >= 0 and self.in_bw[g]:
-                    self.rem[g] -= dt / (self.sharing[self.link[c]] * self.scale)
+                    self.rem[g] -= dt / self.divisor[self.link[c]]
         self.t = t
 
     def _fire(self, t: int) -> None:
@@ -126,7 +133,7 @@ class CommEngine:
                         if self.lat_end[g] <= t:
                             self._enter_bw(g, c, t)
                             changed = True
-                    elif self.rem[g] <= _EPS:
+                    elif self.rem[g] <= EPS_NS:
                         self._finish(g, c, t)
                         changed = True
                 elif self.qhead[g] < len(self.queue[g]) and self.ready_at[self.queue[g][self.qhead[g]]] <= t:
@@ -150,11 +157,11 @@ class CommEngine:
             return
         self.in_bw[g] = True
         self.rem[g] = float(self.bw_ns[c])
-        self.sharing[self.link[c]] += 1
+        self._share(self.link[c], +1)
 
     def _finish(self, g: int, c: int, t: int) -> None:
         if self.in_bw[g]:
-            self.sharing[self.link[c]] -= 1
+            self._share(self.link[c], -1)
             self.in_bw[g] = False
         self.end_ns[c] = t
         self.busy_ns[g] += t - self.start_ns[c]
@@ -163,3 +170,8 @@ class CommEngine:
         self.pending -= 1
         if self.qhead[g] < len(self.queue[g]) and self.ready_at[self.queue[g][self.qhead[g]]] <= t:
             self._start_next(g, t)
+
+    def _share(self, link: int, delta: int) -> None:
+        k = self.sharing[link] + delta
+        self.sharing[link] = k
+        self.divisor[link] = self.model.comm_divisor(k, self.kernel_running)

@@ -9,35 +9,14 @@ from typing import Any
 import numpy as np
 
 from commsched.cost.model import CostEstimate
-from commsched.ir.graph import Graph, GraphError, OpKind
-from commsched.memory.liveness import check_permutation, memory_profile
+from commsched.ir.graph import Graph
+from commsched.ir.order import as_order, check_topological
+from commsched.memory.liveness import memory_profile
 from commsched.sim.bounds import lower_bound
 from commsched.sim.comm import CommEngine
-from commsched.sim.engine import run_multi_stream, run_single_stream
+from commsched.sim.engine import Step, Timeline, run_multi_stream, run_single_stream
+from commsched.sim.model import StreamModel, durations_ns, latency_ns
 from commsched.sim.result import SimResult
-
-
-def resolve_order(g: Graph, order: Sequence[str | int] | np.ndarray | None) -> np.ndarray:
-    """``order`` (node names or ids; None: the graph's order) as int64 ids, checked to be a topological
-    permutation. O(N + E)."""
-    if order is None:
-        return np.arange(len(g), dtype=np.int64)
-    if not isinstance(order, np.ndarray):
-        order = [g.id_of(v) for v in order]
-    order = check_permutation(g, np.asarray(order, dtype=np.int64) if len(order) else np.zeros(0, np.int64))
-    pos = np.empty(len(g), np.int64)
-    pos[order] = np.arange(len(g))
-    ptr, idx = g.predecessors_csr()
-    dst = np.repeat(np.arange(len(g)), np.diff(ptr))
-    bad = np.flatnonzero(pos[idx] > pos[dst])
-    if len(bad):
-        p, d = int(idx[bad[0]]), int(dst[bad[0]])
-        raise GraphError(
-            f"order puts node {g.names[d]!r} (position {pos[d]}) before its predecessor {g.names[p]!r} "
-            f"(position {pos[p]}); expected a topological order"
-        )
-    return order
-
 
 # passes simulate many orders of one graph with one CostEstimate: the bounds do not depend on the order
 _BOUNDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -66,6 +45,31 @@ def _resolve_streams(g: Graph, streams: Sequence[int] | np.ndarray | None) -> np
     return arr.astype(np.int64)
 
 
+def _step(g: Graph, costs: CostEstimate, dur: np.ndarray, is_coll: np.ndarray) -> Step:
+    """The simulation loops' input for ``g``: per-node facts, the stream model, a comm engine, an empty timeline."""
+    n = len(g)
+    lat = latency_ns(g, costs, dur)
+    link = np.where(is_coll, np.asarray(costs.coll_link, np.int64), 0)
+    if is_coll.any() and link[is_coll].min() < 0:
+        bad = int(np.flatnonzero(is_coll & (link < 0))[0])
+        raise ValueError(
+            f"CostEstimate.coll_link of collective {g.names[bad]!r} is {int(link[bad])}; expected a LinkClass"
+        )
+    model = StreamModel.from_costs(costs)
+    out = Timeline(start=[0] * n, end=np.where(is_coll, -1, 0).tolist(), issue=[-1] * n, blocked=[0] * n)
+    comm = CommEngine(
+        num_groups=len(g.groups),
+        group=g.coll_group.tolist(),
+        lat_ns=lat.tolist(),
+        bw_ns=(dur - lat).tolist(),
+        link=link.tolist(),
+        model=model,
+        start_ns=out.start,
+        end_ns=out.end,
+    )
+    return Step(g.kinds.tolist(), dur.tolist(), g.wait_of.tolist(), g.coll_sync.tolist(), model, comm, out)
+
+
 def simulate_costs(
     g: Graph,
     costs: CostEstimate,
@@ -89,61 +93,19 @@ def simulate_costs(
     n = len(g)
     if len(costs.node_s) != n:
         raise ValueError(f"CostEstimate has {len(costs.node_s)} entries but the graph has {n} nodes")
-    order_arr = resolve_order(g, order)
+    order_arr = as_order(g, order, dtype=np.int64)
+    check_topological(g, order_arr)
     stream = _resolve_streams(g, streams)
-    timed = np.isin(g.kinds, (OpKind.COMPUTE, OpKind.OTHER, OpKind.COLLECTIVE))
-    dur = np.where(timed, np.rint(np.asarray(costs.node_s, np.float64) * 1e9), 0).astype(np.int64)
+    dur = durations_ns(g, costs)
     is_coll = g.coll_type >= 0
-    lat = np.where(is_coll, np.minimum(np.rint(np.asarray(costs.coll_latency_s) * 1e9).astype(np.int64), dur), 0)
-    link = np.where(is_coll, np.asarray(costs.coll_link, np.int64), 0)
-    if is_coll.any() and link[is_coll].min() < 0:
-        bad = int(np.flatnonzero(is_coll & (link < 0))[0])
-        raise ValueError(
-            f"CostEstimate.coll_link of collective {g.names[bad]!r} is {int(link[bad])}; expected a LinkClass"
-        )
-    sync_ns = round(costs.stream_sync_s * 1e9)
-    slowdown = float(costs.compute_slowdown)
-
-    start = [0] * n
-    end = [0] * n
-    for c in np.flatnonzero(is_coll).tolist():
-        end[c] = -1
-    issue = [-1] * n
-    blocked = [0] * n
-    comm = CommEngine(
-        num_groups=len(g.groups),
-        group=g.coll_group.tolist(),
-        lat_ns=lat.tolist(),
-        bw_ns=(dur - lat).tolist(),
-        link=link.tolist(),
-        sync_ns=sync_ns,
-        start_ns=start,
-        end_ns=end,
-    )
+    step = _step(g, costs, dur, is_coll)
     num_streams = int(stream.max(initial=0)) + 1
-    kinds, wait_of, sync = g.kinds.tolist(), g.wait_of.tolist(), g.coll_sync.tolist()
     if num_streams == 1 and engine == "auto":
-        run_single_stream(
-            order_arr.tolist(),
-            kinds,
-            dur.tolist(),
-            wait_of,
-            sync,
-            comm,
-            slowdown,
-            sync_ns,
-            start,
-            end,
-            issue,
-            blocked,
-            float(costs.comm_slowdown),
-        )
+        run_single_stream(step, order_arr.tolist())
     else:
         ptr, idx = g.predecessors_csr()
-        run_multi_stream(
-            order_arr.tolist(), stream.tolist(), num_streams, ptr.tolist(), idx.tolist(), kinds, dur.tolist(), wait_of,
-            sync, comm, slowdown, sync_ns, start, end, issue, blocked, g.names, float(costs.comm_slowdown),
-        )  # fmt: skip
+        run_multi_stream(step, order_arr.tolist(), stream.tolist(), num_streams, ptr.tolist(), idx.tolist(), g.names)
+    start, end, issue, blocked = step.out.start, step.out.end, step.out.issue, step.out.blocked
     names = tuple(f"compute:{s}" for s in range(num_streams)) + tuple(f"comm:{grp.name}" for grp in g.groups)
     node_stream = np.where(is_coll, num_streams + g.coll_group.astype(np.int64), stream)
     return SimResult(

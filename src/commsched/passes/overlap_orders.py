@@ -1,0 +1,131 @@
+"""Orders derived from one list-scheduling attempt of the ``overlap`` pass without changing its timing: tightened
+(each collective issued as late as its start allows, each wait as soon as its collective is done), waits moved late
+(just before first use), and the constraints that move what was produced early across a memory peak past it.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+
+from commsched.ir import Graph, OpKind
+from commsched.ir.transform import kahn_order
+from commsched.memory import liveness
+from commsched.passes.overlap_list import Attempt
+from commsched.passes.overlap_prep import Prep
+
+
+def tighten(p: Prep, a: Attempt) -> list[int]:
+    """The same timing with less memory: issue each collective at the last point before its communication starts
+    (the FIFO stream could not start it earlier anyway), and run each wait at the first point after its collective
+    ends (no stall, and the collective's inputs are released sooner). O(N log N)."""
+    order = a.order
+    n = len(order)
+    # time at which the compute stream reaches each position (non-decreasing)
+    times = [a.at[v] for v in order]
+    for k in range(1, n):
+        if times[k] < times[k - 1]:
+            times[k] = times[k - 1]
+    key = [float(k) for k in range(n)]  # position keys; moved nodes get fractional keys
+    place = {v: k for k, v in enumerate(order)}
+    last_issue_key = {}
+    for chain in p.chains.values():
+        prev_key = -1.0
+        for c in chain:
+            if p.is_sync[c]:
+                prev_key = key[place[c]]
+                continue
+            k0 = place[c]
+            # latest position from which the collective still starts in time, not before the node's own slot
+            k = bisect.bisect_right(times, p.model.latest_issue_ns(a.comm_start[c]), lo=k0) - 1
+            new_key = max(float(k0), k - 0.5 if k > k0 else float(k0))
+            new_key = max(new_key, prev_key + 1e-6)
+            key[k0] = new_key
+            prev_key = new_key
+            last_issue_key[c] = new_key
+    for w_pos, w in enumerate(order):
+        if not p.is_wait[w]:
+            continue
+        c = p.wait_of[w]
+        # first position at which the wait costs nothing, after its issue
+        k = bisect.bisect_left(times, p.model.wait_release_ns(a.comm_end.get(c, 0)))
+        lo = last_issue_key.get(c, key[place[c]])
+        if k < w_pos:
+            key[w_pos] = max(k - 0.5, lo + 1e-6)
+    # a stable topological sort by the new keys keeps every dependency (views of a moved collective follow it)
+    by_key = [0.0] * n
+    for k, v in enumerate(order):
+        by_key[v] = key[k]
+    return kahn_order(p.succ_ptr, p.succ_idx, p.indeg, by_key)
+
+
+def delay_past_peak(
+    g: Graph,
+    p: Prep,
+    a: Attempt,
+    cand: list[int],
+    peak_position: int,
+    not_before: dict[int, int],
+    include_compute: bool = True,
+    excess_bytes: int | None = None,
+) -> dict[int, int] | None:
+    """Constraints that move what was produced early across a memory peak to after it: owners (collectives
+    prefetched, and with ``include_compute`` compute run ahead) of storages live at the peak whose first real use
+    comes after it — the ones used latest first, just enough of them to cover ``excess_bytes`` (all of them when
+    None). None when there is no such storage (the peak is needed as it is)."""
+    lv = liveness(g)
+    pos = [0] * len(cand)
+    for k, v in enumerate(cand):
+        pos[v] = k
+    peak_node = cand[peak_position]
+    after = a.at[peak_node] + p.dur_ns[peak_node]
+    kinds = g.kinds
+    users_ptr, users_idx = lv.users_ptr, lv.users_idx
+    early: dict[int, list[int]] = {}  # owner -> [bytes held across the peak, first use position]
+    for s in np.flatnonzero(~lv.persistent & (lv.storage_bytes > 0)).tolist():
+        owner = int(lv.owner[s])
+        if pos[owner] > peak_position or owner == peak_node or kinds[owner] == OpKind.INPUT:
+            continue
+        if not include_compute and kinds[owner] != OpKind.COLLECTIVE:
+            continue
+        first_use = None
+        for u in users_idx[users_ptr[s] : users_ptr[s + 1]].tolist():
+            if u == owner or kinds[u] in (OpKind.VIEW, OpKind.WAIT):
+                continue
+            if first_use is None or pos[u] < first_use:
+                first_use = pos[u]
+        if first_use is None or first_use <= peak_position:
+            continue
+        entry = early.setdefault(owner, [0, first_use])
+        entry[0] += int(lv.storage_bytes[s])
+        entry[1] = min(entry[1], first_use)
+    out = dict(not_before)
+    moved = False
+    covered = 0
+    for owner, (nbytes, _) in sorted(early.items(), key=lambda kv: (-kv[1][1], kv[0])):
+        if excess_bytes is not None and covered >= excess_bytes:
+            break
+        if out.get(owner, 0) < after:
+            out[owner] = after
+            moved = True
+            covered += nbytes
+    return out if moved else None
+
+
+def late_waits(p: Prep, order: list[int]) -> list[int]:
+    """``order`` with every wait moved down to just before the first node that uses it (no earlier than before).
+    In the model nothing changes when the collective is done by then; in reality a collective that runs longer
+    than predicted then stalls the stream only when its result is needed, not wherever its predicted end fell."""
+    n = len(order)
+    place = [0] * n
+    for k, v in enumerate(order):
+        place[v] = k
+    key = [float(place[v]) for v in range(n)]
+    sp, si = p.succ_ptr, p.succ_idx
+    for v in order:
+        if p.is_wait[v]:
+            first = min((place[u] for u in si[sp[v] : sp[v + 1]]), default=place[v])
+            if first > place[v]:
+                key[v] = first - 0.5
+    return kahn_order(sp, si, p.indeg, key)

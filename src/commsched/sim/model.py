@@ -1,0 +1,124 @@
+"""The stream model: the timing rules of one step, written once. The simulator (:mod:`commsched.sim.engine`,
+:mod:`commsched.sim.comm`), the ``overlap`` pass's list scheduler and the ``multi_stream`` pass's HEFT planner all
+call these functions; change a rule here and all three see it.
+
+* **Time** is int nanoseconds inside (ties are exact): :func:`durations_ns` converts a :class:`CostEstimate`.
+  Kernels (COMPUTE, OTHER) and collectives take ``rint(node_s * 1e9)``; inputs, views, waits and the output take no
+  time. A collective's latency part is ``min(rint(latency * 1e9), duration)``; the rest is bandwidth-bound.
+* **Streams.** Every node sits on a compute stream, in program order. A collective is issued from its stream and
+  queued on its process group's FIFO comm stream (one per group): it starts at :meth:`StreamModel.comm_start_ns`,
+  no earlier than ``issue + sync_ns`` and not before the group's previous collective ends. A wait unblocks its stream
+  at :meth:`StreamModel.wait_release_ns` (``sync_ns`` after its collective ends). A predecessor on another compute
+  stream is available ``sync_ns`` later (graph inputs exist on every stream).
+* **Interference, compute side.** A kernel progresses at rate ``1 / compute_slowdown`` while any collective is in
+  flight (either phase), at rate 1 otherwise: :meth:`StreamModel.kernel_wall_ns` (wall time for some work) and
+  :meth:`StreamModel.kernel_work_ns` (work done in some wall time) are the only statement of this rule.
+* **Interference, comm side.** A collective's bandwidth-bound part progresses at rate ``1 / divisor`` with
+  :meth:`StreamModel.comm_divisor`: ``k`` collectives of different groups in their bandwidth phase on the same link
+  class share it (processor sharing), and while a kernel runs it is ``comm_slowdown`` times slower still (a CPU run:
+  gloo's threads compete with compute). Planners that do not track running kernels plan collectives at their
+  slowed speed (:meth:`StreamModel.planning_comm_ns`), which is what a good schedule makes them run at.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from commsched.cost.model import CostEstimate
+from commsched.ir.graph import Graph, OpKind
+
+INF_NS = 1 << 62
+"""a time after every event"""
+EPS_NS = 1e-6
+"""ns of (float) work below which a kernel or a bandwidth phase counts as done"""
+
+TIMED_KINDS = (OpKind.COMPUTE, OpKind.OTHER, OpKind.COLLECTIVE)
+"""the node kinds that take time; every other kind is instantaneous"""
+
+
+def seconds_to_ns(seconds: float) -> int:
+    """One interval in seconds as int nanoseconds (how every configured overhead enters the model)."""
+    return round(seconds * 1e9)
+
+
+def durations_ns(g: Graph, costs: CostEstimate) -> np.ndarray:
+    """Per node: its standalone duration in int64 ns (0 for the kinds that take no time). O(N)."""
+    timed = np.isin(g.kinds, TIMED_KINDS)
+    return np.where(timed, np.rint(np.asarray(costs.node_s, np.float64) * 1e9), 0).astype(np.int64)
+
+
+def latency_ns(g: Graph, costs: CostEstimate, dur_ns: np.ndarray) -> np.ndarray:
+    """Per node: the latency (not bandwidth-bound) part of a collective's duration in int64 ns; 0 for others."""
+    lat = np.minimum(np.rint(np.asarray(costs.coll_latency_s) * 1e9).astype(np.int64), dur_ns)
+    return np.where(g.coll_type >= 0, lat, 0)
+
+
+@dataclass(frozen=True)
+class StreamModel:
+    """The rules of the module docstring with one cost estimate's parameters."""
+
+    compute_slowdown: float = 1.0
+    """a kernel runs this many times slower while any collective is in flight"""
+    comm_slowdown: float = 1.0
+    """a collective's bandwidth-bound part runs this many times slower while a kernel runs"""
+    sync_ns: int = 0
+    """one cross-stream dependency (event record + wait)"""
+
+    @classmethod
+    def from_costs(cls, costs: CostEstimate) -> StreamModel:
+        return cls(float(costs.compute_slowdown), float(costs.comm_slowdown), seconds_to_ns(costs.stream_sync_s))
+
+    # ---------------------------------------------------------------- streams and FIFO order
+    def comm_start_ns(self, issue_ns: int, group_free_ns: int) -> int:
+        """When a collective issued at ``issue_ns`` starts on its group's comm stream, which is free from
+        ``group_free_ns`` (the end of the group's previous collective)."""
+        ready = issue_ns + self.sync_ns
+        return ready if ready > group_free_ns else group_free_ns
+
+    def latest_issue_ns(self, comm_start_ns: int) -> int:
+        """The latest issue time at which a collective can still start at ``comm_start_ns``."""
+        return comm_start_ns - self.sync_ns
+
+    def wait_release_ns(self, coll_end_ns: int) -> int:
+        """When a wait on a collective that ends at ``coll_end_ns`` unblocks its stream."""
+        return coll_end_ns + self.sync_ns
+
+    def available_ns(self, avail_ns: int, other_stream: bool) -> int:
+        """When a node available at ``avail_ns`` may be used by a node on another (or the same) compute stream."""
+        return avail_ns + self.sync_ns if other_stream else avail_ns
+
+    # ---------------------------------------------------------------- interference
+    @property
+    def kernels_see_comm(self) -> bool:
+        """Whether a kernel's rate depends on communication in flight (else kernels take their duration)."""
+        return self.compute_slowdown != 1.0
+
+    @property
+    def comm_sees_kernels(self) -> bool:
+        """Whether a bandwidth phase's rate depends on a kernel running."""
+        return self.comm_slowdown != 1.0
+
+    def kernel_wall_ns(self, work_ns: float, comm_in_flight: bool) -> float:
+        """Wall time a kernel needs for ``work_ns`` of its work at the current rate."""
+        return work_ns * self.compute_slowdown if comm_in_flight else work_ns
+
+    def kernel_work_ns(self, wall_ns: float, comm_in_flight: bool) -> float:
+        """Work a kernel does in ``wall_ns`` of wall time at the current rate."""
+        return wall_ns / self.compute_slowdown if comm_in_flight else wall_ns
+
+    def kernel_end_ns(self, t_ns: int, work_ns: float, comm_in_flight: bool) -> int:
+        """End of ``work_ns`` of kernel work started at ``t_ns`` if the rate stays as it is."""
+        return t_ns + math.ceil(self.kernel_wall_ns(work_ns, comm_in_flight) - EPS_NS)
+
+    def comm_divisor(self, sharing: int, kernel_running: bool) -> float:
+        """Wall time per unit of a bandwidth phase's work: ``sharing`` collectives share its link."""
+        return sharing * self.comm_slowdown if kernel_running else float(sharing)
+
+    def planning_comm_ns(self, dur_ns: np.ndarray, is_coll: np.ndarray) -> np.ndarray:
+        """Durations for a planner without kernel-driven comm rates: collectives at their slowed speed."""
+        if self.comm_slowdown == 1.0:
+            return dur_ns
+        return np.where(is_coll, np.rint(dur_ns * self.comm_slowdown).astype(np.int64), dur_ns)
