@@ -153,6 +153,29 @@ def multi_stream(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
             + (", or all compute work at full contention)" if alpha >= 1 else ")")
         )
         return PassResult(order, stats)
+    label, ev = _best_candidate(g, order, ctx, cfg, smap, alpha, budget, stats)
+    base_note = f"input {base.predicted_ns * 1e-9:.6f} s (peak {base_peak} B, budget {budget} B)"
+    if ev is None:
+        stats.notes.append(f"not applied: no candidate fits the memory budget; {base_note}")
+        return PassResult(order, stats)
+    if ev.predicted_ns >= base.predicted_ns:
+        stats.refuse("not faster")
+        stats.notes.append(
+            f"not applied: best candidate ({label}) predicts {ev.predicted_ns * 1e-9:.6f} s, not faster than the "
+            f"{base_note}"
+        )
+        return PassResult(order, stats)
+    stats.notes.append(
+        f"applied {label}: predicted {ev.predicted_ns * 1e-9:.6f} s (simulated {ev.sim.makespan_s:.6f} s + "
+        f"contention {ev.contention_ns * 1e-9:.6f} s) vs {base_note}; peak {ev.peak_bytes} B"
+    )
+    return PassResult(ev.order, stats, streams=ev.streams)
+
+
+def _best_candidate(g, order, ctx: PassContext, cfg: MultiStreamConfig, smap, alpha: float, budget: int, stats):
+    """Place the graph under every (priority, stream map) candidate, simulate each and return (label, evaluation)
+    of the fastest predicted one that fits the budget; (None, None) if none does."""
+    costs = ctx.costs
     roles = node_roles(g, cfg.hybrid_targets)
     plan = make_plan(g, order, durations_ns(g, costs), roles, ctx.extra_src, ctx.extra_dst)
     model = StreamModel.from_costs(costs)
@@ -173,10 +196,9 @@ def multi_stream(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
         "upward rank": _inputs_first(rank_priority(plan, upward_ranks(plan, order, smap, model.sync_ns)), inputs),
         "input order": _inputs_first(order.astype(np.int64), inputs),
     }
-    best: tuple[str, Evaluation] | None = None
+    best: tuple[str | None, Evaluation | None] = (None, None)
     seen: set[bytes] = set()
     for (plabel, priority), (mlabel, mp) in itertools.product(priorities.items(), maps.items()):
-        label = plabel + mlabel
         placed = place(plan, priority, mp, model, alpha)
         follow_consumers(plan, placed, priority)
         cand_order = order_by_start(placed.start_ns, priority)
@@ -185,46 +207,31 @@ def multi_stream(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
             continue
         seen.add(key)
         ev = evaluate(g, costs, cand_order, placed.stream, alpha)
-        fits = ev.peak_bytes <= budget
         if not _keeps_constraints(ev.order, ctx.extra_src, ctx.extra_dst):
             # the simulator only orders what the graph orders; constraints between streams would not hold
             stats.refuse("ordering constraint across streams")
             continue
-        stats.rows.append(
-            {
-                "candidate": label,
-                "model_makespan_s": placed.makespan_ns * 1e-9,
-                "makespan_s": ev.sim.makespan_s,
-                "contention_s": ev.contention_ns * 1e-9,
-                "predicted_s": ev.predicted_ns * 1e-9,
-                "peak_bytes": ev.peak_bytes,
-                "fits": fits,
-                "streams_used": len(np.unique(ev.streams)),
-                "cross_stream_edges": _cross_edges(g, ev.streams),
-            }
-        )
-        if not fits:
+        stats.rows.append(_candidate_row(g, plabel + mlabel, placed, ev, ev.peak_bytes <= budget))
+        if ev.peak_bytes > budget:
             stats.refuse("memory budget")
             continue
-        if best is None or (ev.predicted_ns, ev.peak_bytes) < (best[1].predicted_ns, best[1].peak_bytes):
-            best = (label, ev)
-    base_note = f"input {base.predicted_ns * 1e-9:.6f} s (peak {base_peak} B, budget {budget} B)"
-    if best is None:
-        stats.notes.append(f"not applied: no candidate fits the memory budget; {base_note}")
-        return PassResult(order, stats)
-    label, ev = best
-    if ev.predicted_ns >= base.predicted_ns:
-        stats.refuse("not faster")
-        stats.notes.append(
-            f"not applied: best candidate ({label}) predicts {ev.predicted_ns * 1e-9:.6f} s, not faster than the "
-            f"{base_note}"
-        )
-        return PassResult(order, stats)
-    stats.notes.append(
-        f"applied {label}: predicted {ev.predicted_ns * 1e-9:.6f} s (simulated {ev.sim.makespan_s:.6f} s + "
-        f"contention {ev.contention_ns * 1e-9:.6f} s) vs {base_note}; peak {ev.peak_bytes} B"
-    )
-    return PassResult(ev.order, stats, streams=ev.streams)
+        if best[1] is None or (ev.predicted_ns, ev.peak_bytes) < (best[1].predicted_ns, best[1].peak_bytes):
+            best = (plabel + mlabel, ev)
+    return best
+
+
+def _candidate_row(g: Graph, label: str, placed, ev: Evaluation, fits: bool) -> dict:
+    return {
+        "candidate": label,
+        "model_makespan_s": placed.makespan_ns * 1e-9,
+        "makespan_s": ev.sim.makespan_s,
+        "contention_s": ev.contention_ns * 1e-9,
+        "predicted_s": ev.predicted_ns * 1e-9,
+        "peak_bytes": ev.peak_bytes,
+        "fits": fits,
+        "streams_used": len(np.unique(ev.streams)),
+        "cross_stream_edges": _cross_edges(g, ev.streams),
+    }
 
 
 def _floor_ns(sim: SimResult, alpha: float) -> int:

@@ -31,11 +31,11 @@ import numpy as np
 from commsched.ir import Graph
 from commsched.passes.check import ScheduleError
 from commsched.passes.overlap_chains import earlier_placements, jackson_chains, promote_unwaited
-from commsched.passes.overlap_list import schedule_once
+from commsched.passes.overlap_list import Attempt, schedule_once
 from commsched.passes.overlap_orders import delay_past_peak, late_waits, tighten
-from commsched.passes.overlap_prep import input_chains, prepare, prepare_graph
+from commsched.passes.overlap_prep import Prep, input_chains, prepare, prepare_graph
 from commsched.passes.registry import PassConfig, PassContext, PassResult, PassStats, register_pass
-from commsched.sim import simulate_costs
+from commsched.sim import SimResult, simulate_costs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,6 +79,144 @@ def _budget(cfg: OverlapConfig, base_peak: int) -> int:
     return min(limits) if limits else 1 << 62
 
 
+@dataclass
+class Candidate:
+    """An order the search simulated, and what made it (to learn from, or to move its waits late)."""
+
+    label: str
+    order: list[int]
+    makespan_ns: int
+    peak_bytes: int
+    reorders_collectives: bool = False
+    prep: Prep | None = None
+    attempt: Attempt | None = None
+    sim: SimResult | None = None
+    variant: tuple[str, bool] | None = None
+
+
+class _Search:
+    """One run of the pass: the budget, every order simulated (by content), the best that fits, the stats."""
+
+    def __init__(self, g: Graph, order: np.ndarray, ctx: PassContext, cfg: OverlapConfig) -> None:
+        self.g, self.costs, self.cfg = g, ctx.costs, cfg
+        self.stats = PassStats("overlap")
+        base = simulate_costs(g, ctx.costs, order)
+        self.base_sim, self.base_peak = base, base.peak_memory_bytes
+        self.budget = _budget(cfg, base.peak_memory_bytes)
+        self.best = Candidate("input order", order.tolist(), base.makespan_ns, base.peak_memory_bytes)
+        # a schedule within `stop_within_bound` of the lower bound cannot improve much: stop searching
+        self.good_enough_ns = base.lower_bound_s * 1e9 * (1.0 + cfg.stop_within_bound)
+        self.seen: dict[tuple[int, ...], tuple[int, int]] = {}  # order -> (makespan, peak)
+        self.attempts = 0
+
+    @property
+    def done(self) -> bool:
+        return self.best.makespan_ns <= self.good_enough_ns
+
+    def evaluate(self, cand: Candidate) -> tuple[bool, SimResult | None]:
+        """Simulate ``cand`` (once per distinct order) and keep it if it is the best that fits. Returns (fits, its
+        simulation; None when the order was seen before)."""
+        self.attempts += 1
+        key = tuple(cand.order)
+        if key in self.seen:
+            return self.seen[key][1] <= self.budget, None
+        # judged by the full simulator (link sharing, interference) and the full memory model
+        res = simulate_costs(self.g, self.costs, np.asarray(cand.order, np.int32))
+        cand.makespan_ns, cand.peak_bytes, cand.sim = res.makespan_ns, res.peak_memory_bytes, res
+        self.seen[key] = (res.makespan_ns, res.peak_memory_bytes)
+        fits = res.peak_memory_bytes <= self.budget
+        row = {"attempt": cand.label, "makespan_s": res.makespan_s, "peak_bytes": res.peak_memory_bytes, "fits": fits}
+        self.stats.rows.append(row)
+        if fits and (cand.makespan_ns, cand.peak_bytes) < (self.best.makespan_ns, self.best.peak_bytes):
+            self.best = cand
+        if not fits:
+            self.stats.refuse("memory budget")
+        return fits, res
+
+    def attempt(self, label: str, p: Prep, variant: tuple[str, bool], reorders: bool, nb=None):
+        """One list-scheduling attempt, tightened and evaluated: (attempt, fits, simulation)."""
+        a = schedule_once(p, self.budget, nb, *variant)
+        fits, res = self.evaluate(Candidate(label, tighten(p, a), 0, 0, reorders, p, a, None, variant))
+        return a, fits, res
+
+    def run(self, label: str, p: Prep, reorders: bool = False, variants=None) -> Attempt | None:
+        """The variants in order until one fits (each followed by peak repairs when it does not) or the best is
+        good enough. Returns the attempt to learn from (Jackson's rule)."""
+        first = None
+        for priority, guard in variants or self.cfg.variants:
+            name = f"{label}, {priority} priority{', memory guard' if guard else ''}"
+            a, fits, res = self.attempt(name, p, (priority, guard), reorders)
+            first = first or a
+            if not fits:
+                fits, a = self.repair_peak(name, p, (priority, guard), reorders, a, res)
+            if fits or self.done:
+                return a
+        return first
+
+    def repair_peak(self, name: str, p: Prep, variant, reorders: bool, a: Attempt, res) -> tuple[bool, Attempt]:
+        """Move what was produced early across the peak past it, a few times: prefetched collectives first (just
+        enough, the latest-used first), compute run ahead only when no collective is left to move. Returns whether
+        an attempt fit, and the last attempt."""
+        nb: dict[int, int] = {}
+        for k in range(self.cfg.max_peak_repairs):
+            if res is None or self.done:
+                return False, a
+            cand = tighten(p, a)
+            excess = (res.peak_memory_bytes - self.budget) * 5 // 4
+            peak_at = res.memory.peak_position
+            moved = delay_past_peak(self.g, p, a, cand, peak_at, nb, include_compute=False, excess_bytes=excess)
+            if moved is None:
+                moved = delay_past_peak(self.g, p, a, cand, peak_at, nb, excess_bytes=excess)
+            if moved is None:
+                return False, a
+            nb = moved
+            a, fits, res = self.attempt(f"{name}, {k + 1} peak repair(s)", p, variant, reorders, nb)
+            if fits:
+                return True, a
+        return False, a
+
+    def reorder_collectives(self, gp, learn: Attempt | None, p: Prep) -> None:
+        """Rebuild each group's collective order: Jackson rounds, unwaited collectives promoted, the most exposed
+        collective moved earlier; each kept only if the simulated step got faster."""
+        g, cfg = self.g, self.cfg
+        for r in range(cfg.jackson_rounds):
+            if learn is None or self.done:
+                break
+            p = prepare(gp, jackson_chains(g, p, learn))
+            learn = self.run(f"Jackson collective order (round {r + 1})", p, reorders=True)
+        if self.best.prep is not None and not self.done:
+            promoted = promote_unwaited(g, self.best.prep, self.best.attempt)
+            if promoted is not None:
+                self.run("Jackson collective order, unwaited collectives promoted", prepare(gp, promoted), True)
+        for _ in range(cfg.exposed_moves):
+            if self.best.prep is None or self.done:
+                break
+            before = self.best.makespan_ns
+            variant = [self.best.variant]  # the variant that made the best order: the others rarely win here
+            for label, chains in earlier_placements(g, self.best.prep, self.best.sim):
+                try:
+                    moved = prepare(gp, chains)
+                except RuntimeError:  # it would have to start before a collective it depends on
+                    continue
+                self.run(f"Jackson collective order, {label}", moved, True, variant)
+            if self.best.makespan_ns >= before:
+                break
+
+    def late_waits(self) -> None:
+        """Waits just before their first use, kept when the model predicts no loss: the same time with more
+        memory, but a collective slower than predicted then stalls compute only where its result is needed."""
+        best = self.best
+        late = late_waits(best.prep, best.order)
+        if late == best.order:
+            return
+        cand = Candidate(f"{best.label}, late waits", late, 0, 0, best.reorders_collectives, best.prep)
+        if self.evaluate(cand)[0]:
+            late_ns, late_peak = self.seen[tuple(late)]
+            if late_ns <= best.makespan_ns:
+                cand.makespan_ns, cand.peak_bytes = late_ns, late_peak
+                self.best = cand
+
+
 @register_pass("overlap", OverlapConfig)
 def overlap(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
     """Memory-budgeted latency hiding: collectives issued as early as data, FIFO and a future-aware memory guard
@@ -88,111 +226,23 @@ def overlap(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
     cfg: OverlapConfig = ctx.config  # type: ignore[assignment]
     if cfg.waits not in ("early", "late"):
         raise ValueError(f"waits={cfg.waits!r}: expected 'early' or 'late'")
-    stats = PassStats("overlap")
-    base_sim = simulate_costs(g, ctx.costs, order)
-    base_peak = base_sim.peak_memory_bytes
-    budget = _budget(cfg, base_peak)
-    best: list = [base_sim.makespan_ns, base_peak, order.tolist(), "input order"]
-    seen: dict[tuple[int, ...], tuple[int, int]] = {}
-    best_attempt: list = [None, None, None, None]  # (prep, attempt, simulation, variant) behind the best order
-    attempts = 0
-
-    def evaluate(label: str, p, a, variant=None, late=None) -> tuple[bool, object]:
-        """Tighten, simulate and record one attempt (or the order ``late``); returns (fits, its simulation)."""
-        nonlocal attempts
-        attempts += 1
-        cand = tighten(p, a) if late is None else late
-        key = tuple(cand)
-        if key in seen:
-            _, peak = seen[key]
-            return peak <= budget, None
-        # judge with the full simulator (link sharing, interference) and the full memory model
-        res = simulate_costs(g, ctx.costs, np.asarray(cand, np.int32))
-        seen[key] = (res.makespan_ns, res.peak_memory_bytes)
-        fits = res.peak_memory_bytes <= budget
-        stats.rows.append(
-            {"attempt": label, "makespan_s": res.makespan_s, "peak_bytes": res.peak_memory_bytes, "fits": fits}
-        )
-        if fits and (res.makespan_ns, res.peak_memory_bytes) < (best[0], best[1]):
-            best[:] = [res.makespan_ns, res.peak_memory_bytes, cand, label]
-            best_attempt[:] = [p, a, res, variant]
-        if not fits:
-            stats.refuse("memory budget")
-        return fits, res
-
-    def run(label: str, p, variants=None):
-        """The variants in order until one fits, each followed by a few peak repairs (what was produced early across
-        the peak moves past it) when it does not. Returns the attempt to learn from (Jackson's rule)."""
-        first = None
-        for priority, guard in variants or cfg.variants:
-            name = f"{label}, {priority} priority{', memory guard' if guard else ''}"
-            a = schedule_once(p, budget, priority=priority, guard=guard)
-            fits, res = evaluate(name, p, a, (priority, guard))
-            first = first or a
-            nb: dict[int, int] = {}
-            for k in range(cfg.max_peak_repairs):
-                if fits or res is None or best[0] <= bound_ns:
-                    break
-                # move prefetched collectives past the peak first (just enough, the latest-used first); compute run
-                # ahead only when no collective is left to move
-                cand = tighten(p, a)
-                excess = (res.peak_memory_bytes - budget) * 5 // 4
-                peak_at = res.memory.peak_position
-                nb2 = delay_past_peak(g, p, a, cand, peak_at, nb, include_compute=False, excess_bytes=excess)
-                if nb2 is None:
-                    nb2 = delay_past_peak(g, p, a, cand, peak_at, nb, excess_bytes=excess)
-                if nb2 is None:
-                    break
-                nb = nb2
-                a = schedule_once(p, budget, nb, priority, guard)
-                fits, res = evaluate(f"{name}, {k + 1} peak repair(s)", p, a, (priority, guard))
-            if fits or best[0] <= bound_ns:
-                return a
-        return first
-
-    # a schedule within `stop_within_bound` of the lower bound cannot improve much: stop searching
-    bound_ns = base_sim.lower_bound_s * 1e9 * (1.0 + cfg.stop_within_bound)
+    search = _Search(g, order, ctx, cfg)
     gp = prepare_graph(g, order, ctx.costs, ctx.extra_src, ctx.extra_dst)
     p = prepare(gp, input_chains(g, order))
-    learn = run("input collective order", p)
+    learn = search.run("input collective order", p)
     if cfg.reorder_collectives:
-        for r in range(cfg.jackson_rounds):
-            if learn is None or best[0] <= bound_ns:
-                break
-            p = prepare(gp, jackson_chains(g, p, learn))
-            learn = run(f"Jackson collective order (round {r + 1})", p)
-        if best_attempt[0] is not None and best[0] > bound_ns:
-            promoted = promote_unwaited(g, *best_attempt[:2])
-            if promoted is not None:
-                run("Jackson collective order, unwaited collectives promoted", prepare(gp, promoted))
-        for _ in range(cfg.exposed_moves):
-            if best_attempt[0] is None or best[0] <= bound_ns:
-                break
-            before = best[0]
-            variant = [best_attempt[3]]  # the variant that made the best order: the others rarely win here
-            for label, chains in earlier_placements(g, best_attempt[0], best_attempt[2]):
-                try:
-                    moved = prepare(gp, chains)
-                except RuntimeError:  # it would have to start before a collective it depends on
-                    continue
-                run(f"Jackson collective order, {label}", moved, variant)
-            if best[0] >= before:
-                break
-    if cfg.waits == "late" and best_attempt[0] is not None:
-        late = late_waits(best_attempt[0], best[2])
-        label = f"{best[3]}, late waits"
-        if late != best[2] and evaluate(label, best_attempt[0], None, late=late)[0]:
-            late_ns, late_peak = seen[tuple(late)]
-            if late_ns <= best[0]:  # the same time in the model, more memory: worth it for robustness
-                best[:] = [late_ns, late_peak, late, label]
-    makespan_ns, peak, chosen, label = best
-    if peak > budget:
+        search.reorder_collectives(gp, learn, p)
+    if cfg.waits == "late" and search.best.prep is not None:
+        search.late_waits()
+    best = search.best
+    if best.peak_bytes > search.budget:
         raise ScheduleError(
-            f"overlap: no order found within the memory budget of {budget} bytes; the input order peaks at "
-            f"{base_peak} bytes (raise memory_budget_bytes / memory_budget_ratio)"
+            f"overlap: no order found within the memory budget of {search.budget} bytes; the input order peaks at "
+            f"{search.base_peak} bytes (raise memory_budget_bytes / memory_budget_ratio)"
         )
-    stats.notes.append(
-        f"budget {budget} B (input peak {base_peak} B); chose {label}: {makespan_ns / 1e9:.6f} s vs input "
-        f"{base_sim.makespan_s:.6f} s, peak {peak} B, {attempts} attempt(s)"
+    search.stats.notes.append(
+        f"budget {search.budget} B (input peak {search.base_peak} B); chose {best.label}: "
+        f"{best.makespan_ns / 1e9:.6f} s vs input {search.base_sim.makespan_s:.6f} s, peak {best.peak_bytes} B, "
+        f"{search.attempts} attempt(s)"
     )
-    return PassResult(np.asarray(chosen, np.int32), stats, reorders_collectives=label.startswith("Jackson"))
+    return PassResult(np.asarray(best.order, np.int32), search.stats, reorders_collectives=best.reorders_collectives)
