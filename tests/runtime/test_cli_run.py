@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import re
-
 import pytest
 from typer.testing import CliRunner
 
 from commsched.cli import app
 from commsched.runtime.netns import list_namespaces
+from run_reports import small_run_report
 
 runner = CliRunner()
 
@@ -67,32 +66,6 @@ def test_run_config_checks_before_any_rank_starts():
         RunConfig(spec=spec, compute_nice=20)
 
 
-def _small_report():
-    from commsched.report.run_report import (
-        GraphInfo,
-        InterferenceProbe,
-        LinkCalibration,
-        OrderResult,
-        PhaseTimes,
-        RunReport,
-        StepTimes,
-    )
-
-    probe = InterferenceProbe(**dict.fromkeys(InterferenceProbe.__dataclass_fields__, 1.0))
-    steps = StepTimes(median_s=1.0, p25_s=1.0, p75_s=1.0, min_s=1.0, max_s=1.0, samples_s=(1.0,))
-    original = OrderResult(
-        measured=steps, predicted={"measured": 1.0}, predicted_exposed_comm_s=0.0, lower_bound_s=1.0,
-        peak_memory_bytes=1, bit_identical=True, moved_nodes=0, prediction_error=0.0, prediction_error_vs_min=0.0,
-    )  # fmt: skip
-    return RunReport(
-        workload="w", preset="p", parallel="fsdp", world_size=2, seq_len=1, batch=1, dtype="float32",
-        backend="gloo", threads=1, gloo_threads=1, compute_nice=10, iters=1, warmup=0,
-        graph=GraphInfo(nodes=1, collectives=0, meta="w"), hardware="cpu-local", costs="measured", cost_totals={},
-        link=LinkCalibration(collectives=(), interference=probe), variants={"original": original}, skipped={},
-        reference_max_rel_error=None, timings_s=PhaseTimes(trace=0.0, calibrate=0.0, plan=0.0),
-    )  # fmt: skip
-
-
 def test_a_rank_that_dies_tearing_down_keeps_the_results(tmp_path):
     import torch.multiprocessing as mp
 
@@ -104,33 +77,10 @@ def test_a_rank_that_dies_tearing_down_keeps_the_results(tmp_path):
     raised = mp.ProcessRaisedException("Traceback ... RuntimeError: connection closed by peer", 1, 42)
     with pytest.raises(RuntimeError, match=r"a rank failed:\n.*connection closed"):
         _report_after_exit(tmp_path, raised)
-    saved = _small_report()
+    saved = small_run_report()
     saved.save(tmp_path / "report.json")
     for failure in (exc, raised):  # rank 0 saved it after the last gather: every rank had finished its steps
         report = _report_after_exit(tmp_path, failure)
         assert report.variants == saved.variants
         assert "after the run completed" in report.teardown_error
     assert "SIGABRT" in _report_after_exit(tmp_path, exc).teardown_error
-
-
-def test_run_report_load_names_the_bad_field(tmp_path):
-    import json
-
-    from commsched.report.run_report import RunReport
-
-    data = _small_report().to_dict()
-    assert RunReport.from_dict(json.loads(json.dumps(data))) == _small_report()
-    for broken, message in (
-        ({k: v for k, v in data.items() if k != "link"}, "run report: link: missing"),
-        ({**data, "iters": "ten"}, "run report: iters: expected an integer, got 'ten'"),
-        ({**data, "variants": {"original": {**data["variants"]["original"], "measured": {}}}},
-         "run report: variants.original.measured.median_s: missing"),
-        ({**data, "version": 2}, "version=2: expected 'commsched.run-report' version 1"),
-        ({k: v for k, v in data.items() if k != "format"}, "run report: format: missing"),
-        ({**data, "surprise": 1}, "unknown field(s) ['surprise']"),
-    ):  # fmt: skip
-        with pytest.raises(ValueError, match=re.escape(message)):
-            RunReport.from_dict(broken)
-    (tmp_path / "bad.json").write_text(json.dumps({**data, "iters": "ten"}))
-    with pytest.raises(ValueError, match=r"bad\.json: run report: iters"):
-        RunReport.load(tmp_path / "bad.json")
