@@ -16,6 +16,7 @@ run: the machine is shared, and other jobs' load slows the ranks. ``--calibrate`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -24,6 +25,8 @@ import sys
 import tempfile
 import time
 
+from commsched.report.run_report import RunReport
+
 ORDERS = ("original", "overlap", "torch")
 
 
@@ -31,7 +34,22 @@ def _ms(s: float) -> str:
     return f"{s * 1e3:.1f} ms"
 
 
-def run_one(args: argparse.Namespace, seq_len: int, bandwidth: str) -> dict:
+@dataclasses.dataclass(frozen=True)
+class BenchRun:
+    """One configuration's run report and the machine's state around it (the JSON adds it under ``bench``)."""
+
+    report: RunReport
+    wall_s: float
+    load_before: float
+    load_after: float
+    bandwidth: str
+
+    def to_dict(self) -> dict:
+        bench = {k: v for k, v in dataclasses.asdict(self).items() if k != "report"}
+        return {**self.report.to_dict(), "bench": bench}
+
+
+def run_one(args: argparse.Namespace, seq_len: int, bandwidth: str) -> BenchRun:
     from commsched.runtime import RunConfig, run_local, shaped_network
     from commsched.workloads import resolve
 
@@ -57,51 +75,51 @@ def run_one(args: argparse.Namespace, seq_len: int, bandwidth: str) -> dict:
     t0 = time.perf_counter()
     with shaped_network(bandwidth) as net:
         report = run_local(cfg, network=net)
-        report["network"] = net.describe()
-    report["bench"] = {
-        "wall_s": time.perf_counter() - t0,
-        "load_before": load_before,
-        "load_after": os.getloadavg()[0],
-        "bandwidth": bandwidth,
-    }
-    return report
+    return BenchRun(
+        report=report,
+        wall_s=time.perf_counter() - t0,
+        load_before=load_before,
+        load_after=os.getloadavg()[0],
+        bandwidth=bandwidth,
+    )
 
 
-def table(reports: list[dict]) -> str:
+def table(runs: list[BenchRun]) -> str:
     lines = [
         "| config | order | predicted | measured median (p25-p75) | error | measured min | error vs min "
         "| speedup (median) | speedup (min) | predicted speedup | without comm slowdown: predicted, error, speedup "
         "| bit-identical |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for rep in reports:
+    for run in runs:
+        rep = run.report
         config = (
-            f"{rep['preset']} {rep['parallel']} w{rep['world_size']} seq {rep['seq_len']}x{rep['batch']}, "
-            f"{rep['bench']['bandwidth']}, load {rep['bench']['load_before']:.1f}-{rep['bench']['load_after']:.1f}"
+            f"{rep.preset} {rep.parallel} w{rep.world_size} seq {rep.seq_len}x{rep.batch}, "
+            f"{run.bandwidth}, load {run.load_before:.1f}-{run.load_after:.1f}"
         )
-        base = rep["variants"].get("original")
-        for name, v in rep["variants"].items():
-            m = v["measured"]
-            plain = v["predicted"].get("measured, comm unslowed")
+        base = rep.variants.get("original")
+        for name, v in rep.variants.items():
+            m = v.measured
+            plain = v.predicted.get("measured, comm unslowed")
             alt = "-"
             if plain is not None and base is not None:
                 alt = (
-                    f"{_ms(plain)}, {(plain / m['median_s'] - 1) * 100:+.1f}%, "
-                    f"{base['predicted']['measured, comm unslowed'] / plain:.3f}x"
+                    f"{_ms(plain)}, {(plain / m.median_s - 1) * 100:+.1f}%, "
+                    f"{base.predicted['measured, comm unslowed'] / plain:.3f}x"
                 )
             lines.append(
-                f"| {config} | {name} | {_ms(v['predicted'][rep['costs']])} | {_ms(m['median_s'])} "
-                f"({_ms(m['p25_s'])}-{_ms(m['p75_s'])}) | {v['prediction_error'] * 100:+.1f}% | {_ms(m['min_s'])} "
-                f"| {v['prediction_error_vs_min'] * 100:+.1f}% | {v['speedup_measured']:.3f}x "
-                f"| {v['speedup_measured_min']:.3f}x | {v['speedup_predicted']:.3f}x | {alt} | {v['bit_identical']} |"
+                f"| {config} | {name} | {_ms(v.predicted[rep.costs])} | {_ms(m.median_s)} "
+                f"({_ms(m.p25_s)}-{_ms(m.p75_s)}) | {v.prediction_error * 100:+.1f}% | {_ms(m.min_s)} "
+                f"| {v.prediction_error_vs_min * 100:+.1f}% | {v.speedup_measured:.3f}x "
+                f"| {v.speedup_measured_min:.3f}x | {v.speedup_predicted:.3f}x | {alt} | {v.bit_identical} |"
             )
             config = ""
-        ours, torch_ = rep["variants"].get("overlap"), rep["variants"].get("torch")
+        ours, torch_ = rep.variants.get("overlap"), rep.variants.get("torch")
         if ours and torch_:
             lines.append(
-                f"| | ours vs torch | | | | | | {torch_['measured']['median_s'] / ours['measured']['median_s']:.3f}x "
-                f"| {torch_['measured']['min_s'] / ours['measured']['min_s']:.3f}x "
-                f"| {torch_['predicted'][rep['costs']] / ours['predicted'][rep['costs']]:.3f}x | | |"
+                f"| | ours vs torch | | | | | | {torch_.measured.median_s / ours.measured.median_s:.3f}x "
+                f"| {torch_.measured.min_s / ours.measured.min_s:.3f}x "
+                f"| {torch_.predicted[rep.costs] / ours.predicted[rep.costs]:.3f}x | | |"
             )
     return "\n".join(lines)
 
@@ -130,32 +148,33 @@ def main() -> None:
         cmd = [sys.executable, "-m", "commsched.cli", "calibrate", "--device", "cpu", "-o", f"{folder}/cpu-local.toml"]
         subprocess.run(cmd, check=True)
         os.environ["COMMSCHED_PROFILE_DIR"] = folder  # the spawned ranks inherit it
-    reports = []
+    runs = []
     for _ in range(args.repeat):
         for bandwidth in args.bandwidth:
             for seq_len in args.seq_len:
-                rep = run_one(args, seq_len, bandwidth)
-                reports.append(rep)
-                print(f"done: seq {seq_len}, {bandwidth}: {rep['bench']['wall_s']:.0f} s", flush=True)
-                if rep.get("teardown_error"):
-                    print(f"  warning: {rep['teardown_error']}", flush=True)
+                run = run_one(args, seq_len, bandwidth)
+                runs.append(run)
+                print(f"done: seq {seq_len}, {bandwidth}: {run.wall_s:.0f} s", flush=True)
+                if run.report.teardown_error:
+                    print(f"  warning: {run.report.teardown_error}", flush=True)
     print(f"\nmachine: {platform.machine()}, {os.cpu_count()} cores; costs: {args.costs}\n")
-    print(table(reports))
-    for rep in reports:
-        probe = rep["link"]["interference"]
-        totals = rep["cost_totals"][rep["costs"]]
+    print(table(runs))
+    for run in runs:
+        rep = run.report
+        probe = rep.link.interference
+        totals = rep.cost_totals[rep.costs]
         print(
-            f"\nseq {rep['seq_len']}, {rep['bench']['bandwidth']}: compute {_ms(totals['compute_s'])}, collectives "
-            f"{_ms(totals['collectives_s'])} ({rep['graph']['collectives']}), slowdown x{probe['compute_slowdown']:.2f}"
-            f" compute, x{probe['comm_slowdown']:.2f} comm"
-            f" (probe: comm {_ms(probe['comm_s'])} using {_ms(probe['comm_cpu_s'])} CPU, compute "
-            f"{_ms(probe['compute_s'])}, both "
-            f"{_ms(probe['overlapped_s'])}); profile predictions: "
-            + ", ".join(f"{k} {_ms(v['predicted']['profile'])}" for k, v in rep["variants"].items())
+            f"\nseq {rep.seq_len}, {run.bandwidth}: compute {_ms(totals.compute_s)}, collectives "
+            f"{_ms(totals.collectives_s)} ({rep.graph.collectives}), slowdown x{probe.compute_slowdown:.2f}"
+            f" compute, x{probe.comm_slowdown:.2f} comm"
+            f" (probe: comm {_ms(probe.comm_s)} using {_ms(probe.comm_cpu_s)} CPU, compute "
+            f"{_ms(probe.compute_s)}, both "
+            f"{_ms(probe.overlapped_s)}); profile predictions: "
+            + ", ".join(f"{k} {_ms(v.predicted['profile'])}" for k, v in rep.variants.items())
         )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(reports, f, indent=1)
+            json.dump([run.to_dict() for run in runs], f, indent=1)
 
 
 if __name__ == "__main__":

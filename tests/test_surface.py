@@ -46,8 +46,11 @@ def test_cli_commands():
 
 
 def test_format_versions():
+    from commsched.report import run_report
+
     assert (json_io.FORMAT, json_io.VERSION) == ("commsched.graph", 1)
     assert (pipeline.SCHEDULE_FORMAT, pipeline.SCHEDULE_VERSION) == ("commsched.schedule", 1)
+    assert (run_report.RUN_REPORT_FORMAT, run_report.RUN_REPORT_VERSION) == ("commsched.run-report", 1)
 
 
 def test_module_size_budget():

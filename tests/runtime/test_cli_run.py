@@ -7,6 +7,7 @@ from typer.testing import CliRunner
 
 from commsched.cli import app
 from commsched.runtime.netns import list_namespaces
+from run_reports import small_run_report
 
 runner = CliRunner()
 
@@ -66,8 +67,6 @@ def test_run_config_checks_before_any_rank_starts():
 
 
 def test_a_rank_that_dies_tearing_down_keeps_the_results(tmp_path):
-    import json
-
     import torch.multiprocessing as mp
 
     from commsched.runtime.launch import _report_after_exit
@@ -78,9 +77,10 @@ def test_a_rank_that_dies_tearing_down_keeps_the_results(tmp_path):
     raised = mp.ProcessRaisedException("Traceback ... RuntimeError: connection closed by peer", 1, 42)
     with pytest.raises(RuntimeError, match=r"a rank failed:\n.*connection closed"):
         _report_after_exit(tmp_path, raised)
-    (tmp_path / "report.json").write_text(json.dumps({"variants": {"original": {}}}))
+    saved = small_run_report()
+    saved.save(tmp_path / "report.json")
     for failure in (exc, raised):  # rank 0 saved it after the last gather: every rank had finished its steps
         report = _report_after_exit(tmp_path, failure)
-        assert report["variants"] == {"original": {}}
-        assert "after the run completed" in report["teardown_error"]
-    assert "SIGABRT" in _report_after_exit(tmp_path, exc)["teardown_error"]
+        assert report.variants == saved.variants
+        assert "after the run completed" in report.teardown_error
+    assert "SIGABRT" in _report_after_exit(tmp_path, exc).teardown_error

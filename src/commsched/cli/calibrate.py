@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
 from commsched.cli.common import console, user_errors
 
@@ -104,7 +103,7 @@ def register(app: typer.Typer) -> None:
         """
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-        from commsched.report.units import fmt_bytes, fmt_seconds
+        from commsched.report.terminal_inputs import print_calibrated_profile
 
         with user_errors(), Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                                      console=console, transient=True) as bar:  # fmt: skip
@@ -117,23 +116,4 @@ def register(app: typer.Typer) -> None:
                 )  # fmt: skip
             except RuntimeError as exc:
                 raise ValueError(str(exc)) from None
-        c = hw.compute
-        t = Table(title=f"wrote {path}", show_edge=False)
-        t.add_column("fitted")
-        t.add_column("value", justify="right")
-        t.add_row("launch overhead", fmt_seconds(c.launch_overhead_s))
-        for dtype, peak in c.peak_flops:
-            t.add_row(f"peak {dtype}", f"{peak / 1e9:.1f} GFLOP/s")
-        t.add_row("memory bandwidth", f"{c.hbm_bandwidth_bytes_per_s / 1e9:.1f} GB/s")
-        if c.cache_bytes:
-            t.add_row(
-                f"cache (kernels <= {fmt_bytes(c.cache_bytes)}) bandwidth",
-                f"{c.cache_bandwidth_bytes_per_s / 1e9:.1f} GB/s",
-            )
-        t.add_row("collective bus bandwidth", f"{hw.intra_node.link_bandwidth_bytes_per_s / 1e9:.2f} GB/s")
-        simple = hw.protocols[0]
-        t.add_row(
-            "collective latency",
-            f"{fmt_seconds(simple.base_latency_s)} + {fmt_seconds(simple.intra_hop_latency_s)}/step",
-        )
-        console.print(t)
+        print_calibrated_profile(path, hw, console)

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
 from commsched.cli.common import console, user_errors
 
@@ -34,7 +33,7 @@ def register(app: typer.Typer) -> None:
         from commsched.compare import compare_schedulers
         from commsched.cost import estimate_costs
         from commsched.hardware import get as get_hardware
-        from commsched.report.units import fmt_bytes, fmt_seconds
+        from commsched.report.terminal_experiments import compare_table
 
         with user_errors():
             gm = None
@@ -67,36 +66,6 @@ def register(app: typer.Typer) -> None:
                 from commsched.frontends.json_io import atomic_write_text
 
                 atomic_write_text(json_out, json.dumps(result.to_dict(), indent=1))
-        table = Table(
-            title=f"{target}: {len(graph)} nodes on {hardware} x {nodes} node(s); lower bound "
-            f"{fmt_seconds(result.lower_bound_s)} ({result.bound_binding})",
-            show_edge=False,
-        )
-        for col in (
-            "scheduler",
-            "step time",
-            "vs bound",
-            "exposed comm",
-            "overlap",
-            "peak memory",
-            "pass time",
-            "note",
-        ):
-            table.add_column(col, justify="left" if col in ("scheduler", "note") else "right")
-        for r in result.rows:
-            if r.makespan_s is None:
-                table.add_row(r.scheduler, "-", "-", "-", "-", "-", fmt_seconds(r.wall_s or 0), r.note)
-                continue
-            table.add_row(
-                r.scheduler,
-                fmt_seconds(r.makespan_s),
-                f"+{r.gap_to_bound * 100:.1f}%" if r.gap_to_bound is not None else "",
-                fmt_seconds(r.exposed_comm_s),
-                f"{r.overlap_ratio:.2f}",
-                fmt_bytes(r.peak_memory_bytes),
-                "" if r.wall_s is None else fmt_seconds(r.wall_s),
-                r.note[:60],
-            )
-        console.print(table)
+        console.print(compare_table(result, f"{target}: {len(graph)} nodes on {hardware} x {nodes} node(s)"))
         if json_out:
             console.print(f"wrote [bold]{json_out}[/]")

@@ -28,13 +28,13 @@ def register(app: typer.Typer) -> None:
 
         Example: commsched demo --out-dir demo_out --world-size 64
         """
-        from commsched.cli.info import print_graph_info
         from commsched.cost import estimate_costs
         from commsched.frontends.json_io import save_graph
         from commsched.hardware import get as get_hardware
         from commsched.passes import schedule
         from commsched.report.html import write_comparison_html
-        from commsched.report.terminal import comparison_table
+        from commsched.report.summary import summarize
+        from commsched.report.terminal import print_demo_report
         from commsched.report.trace import write_chrome_trace
         from commsched.sim import simulate_costs
         from commsched.workloads import resolve, trace_spec
@@ -62,10 +62,13 @@ def register(app: typer.Typer) -> None:
             context = {"hardware": f"{hardware} x {nodes} nodes", "world size": world_size}
             write_chrome_trace(results[1][1], out_dir / "trace.json", world_size=world_size)
             write_comparison_html(results, out_dir / "report.html", context=context)
-        print_graph_info(g, title=g.meta.get("workload", "graph"))
-        console.print(comparison_table(results, title=f"one step on {hardware} x {nodes} nodes (simulated)"))
-        for st in (ours.stats[0], ours_reorder.stats[0]):
-            for note in st.notes:
-                console.print(f"  {st.name}: {note}")
+        print_demo_report(
+            summarize(g),
+            results,
+            (ours.stats[0], ours_reorder.stats[0]),
+            console,
+            graph_title=g.meta.get("workload", "graph"),
+            title=f"one step on {hardware} x {nodes} nodes (simulated)",
+        )
         for name in ("graph.json", "scheduled.json", "trace.json", "report.html"):
             console.print(f"wrote [bold]{out_dir / name}[/]")

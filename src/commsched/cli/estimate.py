@@ -5,41 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
 from commsched.cli.common import console, user_errors
-from commsched.report.units import fmt_bytes, fmt_seconds
-
-
-def print_cost_summary(summary: dict, title: str) -> None:
-    hw = f"{summary['hardware']} x {summary['num_nodes']} node(s) of {summary['gpus_per_node']}"
-    totals = Table(title=f"{title} on {hw}", show_edge=False)
-    totals.add_column("")
-    totals.add_column("time", justify="right")
-    totals.add_row("compute (one stream, serial)", fmt_seconds(summary["compute_s"]))
-    totals.add_row("communication (serial)", fmt_seconds(summary["communication_s"]))
-    totals.add_row("[bold]no overlap at all", fmt_seconds(summary["serial_s"]))
-    for cls, t in summary["by_class_s"].items():
-        totals.add_row(f"  {cls}", fmt_seconds(t))
-    totals.add_row("fusion regions", f"{summary['fusion_regions']} ({summary['fused_nodes']} nodes)")
-    console.print(totals)
-    if summary["collectives"]:
-        colls = Table(title="collectives", show_edge=False)
-        for col in ("type", "group", "size", "algorithm", "link", "count", "bytes", "time"):
-            colls.add_column(
-                col, justify="right" if col in ("size", "count", "bytes", "time") else "left", overflow="fold"
-            )
-        for r in summary["collectives"]:
-            colls.add_row(r["type"], r["group"], str(r["group_size"]), r["algorithm"], r["link"], str(r["count"]),
-                          fmt_bytes(r["bytes"]), fmt_seconds(r["time_s"]))  # fmt: skip
-        console.print(colls)
-    top = Table(title="most expensive ops", show_edge=False)
-    for col in ("node", "target", "class", "time", "share"):
-        top.add_column(col, justify="right" if col in ("time", "share") else "left", overflow="fold")
-    for r in summary["top_ops"]:
-        region = f" (region {r['fusion_region']})" if r["fusion_region"] >= 0 else ""
-        top.add_row(r["node"], r["target"], r["class"] + region, fmt_seconds(r["time_s"]), f"{r['share']:.1%}")
-    console.print(top)
 
 
 def register(app: typer.Typer) -> None:
@@ -64,6 +31,7 @@ def register(app: typer.Typer) -> None:
         from commsched.cost import MeasuredTable, estimate_costs, table_from_chrome_trace
         from commsched.cost.summary import cost_summary
         from commsched.frontends.json_io import load_graph
+        from commsched.report.terminal_inputs import print_cost_summary
 
         with user_errors():
             g = load_graph(graph)
@@ -79,4 +47,4 @@ def register(app: typer.Typer) -> None:
         if json_out:
             console.print_json(json.dumps(summary))
         else:
-            print_cost_summary(summary, title=str(graph))
+            print_cost_summary(summary, console, title=str(graph))

@@ -7,22 +7,8 @@ import json
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
 from commsched.cli.common import console, user_errors
-from commsched.report.units import fmt_bytes, fmt_seconds
-
-
-def _bucket_table(plan, max_rows: int) -> Table:
-    table = Table(title=f"buckets on {plan.hardware}", show_edge=False)
-    for col in ("#", "kind", "n", "bytes", "time", "one by one", "closed by", "first member"):
-        table.add_column(col, justify="left" if col in ("kind", "closed by", "first member") else "right")
-    for k, b in enumerate(plan.buckets[:max_rows]):
-        table.add_row(str(k), b.kind, str(len(b.members)), fmt_bytes(b.nbytes), fmt_seconds(b.time_s),
-                      fmt_seconds(b.members_time_s), b.closed_by, b.members[0])  # fmt: skip
-    if len(plan.buckets) > max_rows:
-        table.add_row("...", f"{len(plan.buckets) - max_rows} more", *[""] * 6)
-    return table
 
 
 def register(app: typer.Typer) -> None:
@@ -53,6 +39,8 @@ def register(app: typer.Typer) -> None:
         from commsched.cost import estimate_costs
         from commsched.frontends.json_io import atomic_write_text, save_graph
         from commsched.passes import schedule
+        from commsched.report.rewrite_report import BucketingDecisions, LoweringDecisions, RewriteReport, StepChange
+        from commsched.report.terminal_rewrite import print_bucket_plan, print_rewrite_result
         from commsched.rewrites import bucket_collectives
         from commsched.rewrites.lower_all_reduce import lower_all_reduces
         from commsched.sim import simulate_costs
@@ -67,8 +55,7 @@ def register(app: typer.Typer) -> None:
                           seq_len=seq_len, batch=batch)  # fmt: skip
             sizes = {g["name"]: g["size"] for g in w.meta["groups"].values()}
             graph, gm = w.graph, w.graph_module
-            report: dict = {"workload": w.meta["workload"], "hardware": hw.name}
-            results = []
+            lowering = bucketing = None
 
             def simulate(g):
                 costs = estimate_costs(g, hw)
@@ -79,8 +66,7 @@ def register(app: typer.Typer) -> None:
             if lower:
                 res = lower_all_reduces(gm, hw, graph=graph)
                 gm, graph = res.gm, from_fx(res.gm, group_sizes=sizes)
-                report["lower_all_reduce"] = {"counts": res.counts, "rows": res.rows}
-                results.append(res)
+                lowering = LoweringDecisions(counts=res.counts, rows=res.rows)
             if bucket:
                 if plan_on == "schedule":
                     _, sched, costs = simulate(graph)
@@ -88,28 +74,20 @@ def register(app: typer.Typer) -> None:
                 else:
                     res, plan = bucket_collectives(gm, hw, graph=graph)
                 gm, graph = res.gm, from_fx(res.gm, group_sizes=sizes)
-                report["bucketing"] = {"summary": plan.summary(), "buckets": plan.rows()}
-                console.print(_bucket_table(plan, rows))
-                s = plan.summary()
-                console.print(f"  {s['merged_buckets']} buckets merge {s['collectives_merged']} of {s['collectives']} "
-                              f"collectives; closed by {s['closed_by']}")  # fmt: skip
-                caps = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in s["caps_bytes"].items())
-                console.print(f"  caps (90 % of asymptotic bus bandwidth): {caps}")
+                bucketing = BucketingDecisions(summary=plan.summary(), buckets=plan.rows())
+                print_bucket_plan(plan, console, max_rows=rows)
             after, _, _ = simulate(graph)
             if out is not None:
                 save_graph(graph, out)
-        for res in results:
-            if res.counts:
-                console.print(f"all_reduce lowering: {res.counts}")
-        table = Table(title=f"{w.meta['workload']} on {hw.name} x {hw.num_nodes}, schedule {passes!r}", show_edge=False)
-        for col in ("", "collectives", "step", "exposed comm", "peak memory"):
-            table.add_column(col, justify="left" if not col else "right")
-        for label, g, r in (("before", w.graph, before), ("after", graph, after)):
-            table.add_row(label, str(len(g.collectives)), fmt_seconds(r.makespan_s), fmt_seconds(r.exposed_comm_s),
-                          fmt_bytes(r.peak_memory_bytes))  # fmt: skip
-        console.print(table)
-        console.print(f"  step time {(after.makespan_s / before.makespan_s - 1) * 100:+.1f} %")
-        report["step_s"] = {"before": before.makespan_s, "after": after.makespan_s}
+        report = RewriteReport(
+            workload=w.meta["workload"],
+            hardware=hw.name,
+            lower_all_reduce=lowering,
+            bucketing=bucketing,
+            step_s=StepChange(before=before.makespan_s, after=after.makespan_s),
+        )
+        title = f"{w.meta['workload']} on {hw.name} x {hw.num_nodes}, schedule {passes!r}"
+        print_rewrite_result(report, before, after, console, title=title)
         if stats is not None:
-            atomic_write_text(stats, json.dumps(report, indent=1, default=str))
+            atomic_write_text(stats, json.dumps(report.to_dict(), indent=1, default=str))
             console.print(f"wrote [bold]{stats}[/]")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -16,58 +15,6 @@ def _parse_knobs(items: list[str]) -> dict[str, Any]:
     from commsched.cli.schedule import _parse_knobs as parse
 
     return parse(items)
-
-
-def print_report(rep: dict[str, Any], network: str | None) -> None:
-    """The run report as rich tables (rank 0)."""
-    from rich.table import Table
-
-    from commsched.report.units import fmt_bytes, fmt_seconds
-
-    costs = rep["costs"]
-    console.print(
-        f"[bold]{rep['workload']}[/], seq {rep['seq_len']} x batch {rep['batch']}, {rep['dtype']}; "
-        f"{rep['world_size']} ranks on {rep['backend']}, {rep['threads']} thread(s) each; "
-        f"{network or 'unshaped network'}"
-    )
-    probe = rep["link"]["interference"]
-    console.print(
-        f"link probe: the step's {probe['collectives']:.0f} collectives {fmt_seconds(probe['comm_s'])} (CPU "
-        f"{fmt_seconds(probe.get('comm_cpu_s', float('nan')))} per rank), compute {fmt_seconds(probe['compute_s'])}, "
-        f"issued together {fmt_seconds(probe['overlapped_s'])} (serial {fmt_seconds(probe['serial_s'])}): compute "
-        f"slowdown while communicating x{probe['compute_slowdown']:.2f}, communication's while computing "
-        f"x{probe.get('comm_slowdown', 1.0):.2f}"
-    )
-    totals = rep["cost_totals"][costs]
-    console.print(
-        f"costs ({costs}): compute {fmt_seconds(totals['compute_s'])}, collectives "
-        f"{fmt_seconds(totals['collectives_s'])} over {rep['graph']['collectives']} collectives, "
-        f"{rep['graph']['nodes']} nodes"
-    )
-    table = Table(title=f"{rep['iters']} steps per order (after {rep['warmup']} warm-up)", show_edge=False)
-    for col in ("order", "median ms", "p25-p75", "predicted", "error", "speedup/pred"):
-        table.add_column(col, justify="left" if col == "order" else "right", no_wrap=True)
-    table.add_column("bits", justify="center")  # bit-identical to the original order's outputs
-    for name, v in rep["variants"].items():
-        m = v["measured"]
-        table.add_row(
-            name,
-            f"{m['median_s'] * 1e3:.1f}",
-            f"{m['p25_s'] * 1e3:.1f}-{m['p75_s'] * 1e3:.1f}",
-            f"{v['predicted'][costs] * 1e3:.1f}",
-            f"{v['prediction_error'] * 100:+.1f}%",
-            f"{v.get('speedup_measured', float('nan')):.2f}x/{v.get('speedup_predicted', float('nan')):.2f}x",
-            "[green]yes[/]" if v["bit_identical"] else "[bold red]NO[/]",
-        )
-    console.print(table)
-    peaks = ", ".join(f"{k} {fmt_bytes(v['peak_memory_bytes'])}" for k, v in rep["variants"].items())
-    console.print(f"simulated peak memory: {peaks}")
-    for name, why in rep["skipped"].items():
-        console.print(f"[yellow]skipped {name}[/]: {why}")
-    if rep.get("teardown_error"):
-        console.print(f"[yellow]warning[/]: {rep['teardown_error']} (the results above are complete)")
-    if rep["reference_max_rel_error"] is not None:
-        console.print(f"original order vs the unsharded model: max relative error {rep['reference_max_rel_error']:.1e}")
 
 
 def register(app: typer.Typer) -> None:
@@ -113,6 +60,7 @@ def register(app: typer.Typer) -> None:
 
         Example: torchrun --nnodes 2 --nproc-per-node 8 -m commsched.cli run llama-tiny --world-size 16
         """
+        from commsched.report.terminal_run import print_run_report
         from commsched.runtime.executor import RunConfig, run_rank
         from commsched.runtime.launch import launched_by_torchrun, run_local
         from commsched.runtime.netns import ShapedNetworkUnavailable, shaped_network
@@ -155,14 +103,12 @@ def register(app: typer.Typer) -> None:
                 raise ValueError("--bandwidth shapes local ranks; under torchrun, shape the hosts' network instead")
         if torchrun:
             report = run_rank(cfg, backend=backend)
-            network = None
         else:
             try:
                 ctx = shaped_network(bandwidth, delay=delay) if bandwidth else contextlib.nullcontext()
-                with user_errors(), ctx as net:
-                    network = net.describe() if net is not None else None
-                    with console.status(f"running {world_size} ranks ({', '.join(names)}; {iters} steps each)"):
-                        report = run_local(cfg, network=net, backend=backend)
+                status = f"running {world_size} ranks ({', '.join(names)}; {iters} steps each)"
+                with user_errors(), ctx as net, console.status(status):
+                    report = run_local(cfg, network=net, backend=backend)
             except typer.Exit:
                 raise
             except ShapedNetworkUnavailable as exc:
@@ -173,10 +119,7 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(1) from None
         if report is None:  # a rank other than 0 under torchrun
             return
-        report["network"] = network
-        print_report(report, network)
+        print_run_report(report, console)
         if json_out:
-            from commsched.frontends.json_io import atomic_write_text
-
-            atomic_write_text(json_out, json.dumps(report, indent=1))
+            report.save(json_out)
             console.print(f"wrote [bold]{json_out}[/]")

@@ -42,27 +42,17 @@ def register(app: typer.Typer) -> None:
         Example: commsched schedule graph.json --hardware h100-sxm --passes raise_comms,sink_waits --stats
         -o scheduled.json
         """
-        from rich.table import Table
-
         from commsched.passes import PASSES, PRESETS
+        from commsched.report.terminal import print_pass_list, print_schedule_report
 
         if list_passes:
-            t = Table(title="passes", show_edge=False)
-            t.add_column("name")
-            t.add_column("what it does")
-            for name, spec in sorted(PASSES.items()):
-                t.add_row(name, spec.description)
-            console.print(t)
-            for name, ps in PRESETS.items():
-                console.print(f"preset [bold]{name}[/]: {', '.join(ps) or '(no passes)'}")
+            print_pass_list(PASSES, PRESETS, console)
             return
         if graph is None:
             raise typer.BadParameter("GRAPH is required (or use --list)")
         from commsched.cli.simulate import estimate_on
         from commsched.frontends.json_io import load_graph
         from commsched.passes import schedule as run_schedule
-        from commsched.report.pass_stats import overlap_timeline, print_pass_stats
-        from commsched.report.units import fmt_bytes, fmt_seconds
         from commsched.sim import simulate_costs
 
         with user_errors():
@@ -75,26 +65,9 @@ def register(app: typer.Typer) -> None:
             after = simulate_costs(g, costs, result.order, result.streams)
             if out:
                 result.save(out)
-        if stats:
-            for st in result.stats:
-                print_pass_stats(st, console)
-        if timeline:
-            for line in overlap_timeline(g, result.order, costs, max_lines=400):
-                console.print(line, highlight=False)
-        table = Table(title=f"{graph.name}: {', '.join(result.passes) or 'no passes'}", show_edge=False)
-        for col in ("order", "step time", "exposed comm", "overlap", "peak memory", "pass time"):
-            table.add_column(col, justify="left" if col == "order" else "right")
-        wall = sum(s.wall_s for s in result.stats)
-        for label, r, w in (("input", before, None), ("scheduled", after, wall)):
-            table.add_row(
-                label,
-                fmt_seconds(r.makespan_s),
-                fmt_seconds(r.exposed_comm_s),
-                f"{r.overlap_ratio:.2f}",
-                fmt_bytes(r.peak_memory_bytes),
-                "" if w is None else fmt_seconds(w),
-            )
-        console.print(table)
+        print_schedule_report(
+            result, before, after, console, title=graph.name, costs=costs, stats=stats, timeline=timeline
+        )
         if out:
             console.print(f"wrote [bold]{out}[/]")
 

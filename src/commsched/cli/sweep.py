@@ -7,8 +7,6 @@ import time
 from pathlib import Path
 
 import typer
-from rich.markup import escape
-from rich.table import Table
 
 from commsched.cli.common import console, err_console, user_errors
 
@@ -27,43 +25,6 @@ def parse_list(text: str, what: str, *, as_int: bool = False) -> list:
         except ValueError:
             raise ValueError(f"{what}: {s!r} is not an integer (expected e.g. 8,64,512)") from None
     return out
-
-
-def _sec(s: float) -> str:
-    """Seconds in 3 significant digits and a unit (at most 7 characters)."""
-    for scale, unit in ((1.0, "s"), (1e3, "ms"), (1e6, "us")):
-        if abs(s) * scale >= 1 or unit == "us":
-            return f"{s * scale:.3g} {unit}"
-    return ""
-
-
-def sweep_table(rows, title: str) -> Table:
-    """One row per configuration; fits an 80-column terminal."""
-    from rich import box
-
-    from commsched.report.units import fmt_bytes
-
-    table = Table(title=title, box=box.SIMPLE_HEAD, padding=0, show_edge=False)
-    columns = ("parallel", "world", "hardware", "step\ntraced", "step\nsched.", "speed\nup", "exposed\ncomm")
-    columns += ("over-\nlap", "peak\nmemory", "lower\nbound")
-    for col in columns:
-        table.add_column(col, justify="left" if col in ("parallel", "hardware") else "right", no_wrap=True)
-    for r in rows:
-        head = [r.parallel, str(r.world_size), r.hardware]
-        if not r.ok:
-            table.add_row(*head, "[red]error[/]", *[""] * 6)
-            continue
-        table.add_row(
-            *head,
-            _sec(r.step_time_input_s),
-            _sec(r.step_time_s),
-            f"{r.speedup:.2f}x",
-            _sec(r.exposed_comm_s),
-            f"{r.overlap_ratio:.2f}",
-            fmt_bytes(r.peak_memory_bytes),
-            _sec(r.lower_bound_s),
-        )
-    return table
 
 
 def register(app: typer.Typer) -> None:
@@ -95,6 +56,7 @@ def register(app: typer.Typer) -> None:
         --layers 4 --out sweep.png --json rows.json --jobs 2
         """
         from commsched.frontends.json_io import atomic_write_text
+        from commsched.report.terminal_experiments import print_sweep
         from commsched.sweep import default_processes, run_sweep, sweep_to_dict
 
         with user_errors():
@@ -137,12 +99,7 @@ def register(app: typer.Typer) -> None:
                 write_sweep_plot(rows, out)
 
         title = f"{preset} ({layers or 'all'} layers, {mode}), schedule {schedule}"
-        console.print(sweep_table(rows, title))
-        for r in rows:
-            if not r.ok:
-                where = f"{r.parallel} world {r.world_size} on {r.hardware}"
-                console.print(f"[red]error[/] {escape(where)}: {escape(r.error or '')}", highlight=False)
-        console.print(f"{len(ok)}/{len(rows)} configurations in {wall_s:.1f} s")
+        print_sweep(rows, console, title=title, wall_s=wall_s)
         for p in ((json_path,) if json_path else ()) + ((out,) if out and ok else ()):
             console.print(f"wrote [bold]{p}[/]")
         if not ok:

@@ -5,45 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
 from commsched.cli.common import console, user_errors
-
-
-def print_zoo_list() -> None:
-    from commsched.workloads import MODES, PARALLELISMS, PRESETS
-    from commsched.workloads.mesh import INFERENCE_PARALLELISMS
-
-    presets = Table(title="presets", show_edge=False)
-    for col in ("name", "params", "layers", "dim", "heads/kv", "ffn", "vocab", "experts"):
-        presets.add_column(col, justify="left" if col == "name" else "right", no_wrap=True)
-    for p in PRESETS.values():
-        n = p.total_params()
-        presets.add_row(
-            p.name,
-            f"{n / 1e9:.1f}B" if n >= 1e8 else f"{n / 1e6:.1f}M",
-            str(p.n_layers),
-            str(p.dim),
-            f"{p.n_heads}/{p.n_kv_heads}",
-            str(p.ffn_dim),
-            str(p.vocab_size),
-            f"{p.n_experts}, top {p.top_k}" if p.is_moe else "-",
-        )
-    console.print(presets)
-    par = Table(title="parallelisms (--parallel)", show_edge=False)
-    par.add_column("name")
-    par.add_column("modes")
-    par.add_column("what")
-    for name, what in PARALLELISMS.items():
-        modes = ", ".join(MODES) if name in INFERENCE_PARALLELISMS else "train"
-        par.add_row(name, modes, what)
-    console.print(par)
-    modes = Table(title="modes (--mode)", show_edge=False)
-    modes.add_column("name")
-    modes.add_column("what")
-    for name, what in MODES.items():
-        modes.add_row(name, what)
-    console.print(modes)
 
 
 def register(app: typer.Typer) -> None:
@@ -68,11 +31,16 @@ def register(app: typer.Typer) -> None:
 
         Example: commsched trace llama3-8b --parallel fsdp --world-size 64 --layers 4 -o graph.json
         """
+        from commsched.report.terminal_inputs import print_graph_info, print_zoo_list
+
         if list_:
-            print_zoo_list()
+            from commsched.workloads import MODES, PARALLELISMS, PRESETS
+            from commsched.workloads.mesh import INFERENCE_PARALLELISMS
+
+            print_zoo_list(PRESETS.values(), PARALLELISMS, MODES, console, inference=INFERENCE_PARALLELISMS)
             return
-        from commsched.cli.info import print_graph_info
         from commsched.frontends.json_io import save_graph
+        from commsched.report.summary import summarize
         from commsched.workloads import resolve, trace_spec
 
         with user_errors():
@@ -97,4 +65,4 @@ def register(app: typer.Typer) -> None:
                 save_graph(w.graph, out)
         if out is not None:
             console.print(f"wrote [bold]{out}[/] ({len(w.graph)} nodes)")
-        print_graph_info(w.graph, title=w.meta["workload"])
+        print_graph_info(summarize(w.graph), console, title=w.meta["workload"])

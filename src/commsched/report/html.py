@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from commsched.report.gantt import gantt_png
+from commsched.report.tables import EXPOSED_COLUMNS, STREAM_COLUMNS, comparison_rows, exposed_rows, stream_rows
 from commsched.report.units import fmt_bytes, fmt_seconds
 from commsched.sim.result import SimResult
 
@@ -37,6 +38,24 @@ def _table(headers: list[str], rows: list[list[Any]], numeric_from: int = 1) -> 
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _page_head(title: str, context: dict[str, Any]) -> list[str]:
+    """The document's start: its title and a line of ``context`` (key: value) under the heading."""
+    sub = " · ".join(f"{html.escape(str(k))}: {html.escape(str(v))}" for k, v in context.items())
+    return [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
+        f'<h1>{html.escape(title)}</h1><p class="sub">{sub}</p>',
+    ]
+
+
+def _exposed_table(res: SimResult, k: int) -> str:
+    rows = exposed_rows(res, k)
+    if not rows:
+        return "<p>None: all communication is hidden behind computation.</p>"
+    return _table(list(EXPOSED_COLUMNS), rows, numeric_from=3)
+
+
 def render_html(res: SimResult, *, title: str | None = None, context: dict[str, Any] | None = None) -> str:
     """The report as one HTML string. ``context``: extra key/value lines for the header (hardware, world size...)."""
     g = res.graph
@@ -55,22 +74,6 @@ def render_html(res: SimResult, *, title: str | None = None, context: dict[str, 
         for k, v in cards
     )
     ctx = {"nodes": len(g), "collectives": len(g.collectives), "binding bound": res.bound.binding, **(context or {})}
-    sub = " · ".join(f"{html.escape(str(k))}: {html.escape(str(v))}" for k, v in ctx.items())
-    exposed = [
-        [
-            r["name"],
-            r["type"],
-            r["group"],
-            fmt_bytes(r["bytes"]),
-            fmt_seconds(r["duration_s"]),
-            fmt_seconds(r["exposed_s"]),
-        ]
-        for r in res.top_exposed(15)
-    ]
-    streams = [
-        [name, fmt_seconds(int(busy) * 1e-9), f"{100 * u:.1f} %"]
-        for name, busy, u in zip(res.stream_names, res.stream_busy_ns, res.stream_utilization.values(), strict=True)
-    ]
     b = res.bound
     bounds = [
         ["busiest compute stream", fmt_seconds(b.compute_s)],
@@ -79,20 +82,15 @@ def render_html(res: SimResult, *, title: str | None = None, context: dict[str, 
     ]
     bounds += [[f"comm on {k}", fmt_seconds(v)] for k, v in b.comm_s.items()]
     parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
-        f'<h1>{html.escape(title)}</h1><p class="sub">{sub}</p>',
+        *_page_head(title, ctx),
         f'<section id="summary"><h2>Summary</h2><div class="cards">{cards_html}</div></section>',
         '<section id="gantt"><h2>Timeline and memory</h2>',
         f'<img alt="Gantt chart of the streams above the memory curve" src="data:image/png;base64,{png}"></section>',
         '<section id="exposed"><h2>Top exposed collectives</h2>',
-        _table(["collective", "type", "group", "bytes", "duration", "exposed"], exposed, numeric_from=3)
-        if exposed
-        else "<p>None: all communication is hidden behind computation.</p>",
+        _exposed_table(res, 15),
         "</section>",
         '<section id="streams"><h2>Streams</h2>',
-        _table(["stream", "busy", "utilisation"], streams),
+        _table(list(STREAM_COLUMNS), stream_rows(res)),
         "</section>",
         '<section id="bounds"><h2>Lower bound terms</h2>',
         _table(["term", "time"], bounds),
@@ -120,18 +118,7 @@ def render_comparison_html(
     g = results[0][1].graph
     title = title or f"commsched: {g.meta.get('workload', 'simulated step')}"
     first = results[0][1]
-    rows = [
-        [
-            label,
-            fmt_seconds(r.makespan_s),
-            f"{first.makespan_s / r.makespan_s:.3f}x" if r.makespan_s > 0 else "-",
-            f"{r.bound_ratio:.3f}",
-            fmt_seconds(r.exposed_comm_s),
-            f"{100 * r.overlap_ratio:.1f} %",
-            fmt_bytes(r.peak_memory_bytes),
-        ]
-        for label, r in results
-    ]
+    rows = comparison_rows(results, bound=lambda r: f"{r.bound_ratio:.3f}")
     ctx = {
         "nodes": len(g),
         "collectives": len(g.collectives),
@@ -139,12 +126,8 @@ def render_comparison_html(
         "binding bound": first.bound.binding,
         **(context or {}),
     }
-    sub = " · ".join(f"{html.escape(str(k))}: {html.escape(str(v))}" for k, v in ctx.items())
     parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
-        f'<h1>{html.escape(title)}</h1><p class="sub">{sub}</p>',
+        *_page_head(title, ctx),
         '<section id="comparison"><h2>Orders compared</h2>',
         _table(
             ["order", "step time", "speedup", "makespan / bound", "exposed comm", "overlap (HTA)", "peak memory"], rows
@@ -153,24 +136,11 @@ def render_comparison_html(
     ]
     for k, (label, r) in enumerate(results):
         png = base64.b64encode(gantt_png(r, title=label)).decode("ascii")
-        exposed = [
-            [
-                e["name"],
-                e["type"],
-                e["group"],
-                fmt_bytes(e["bytes"]),
-                fmt_seconds(e["duration_s"]),
-                fmt_seconds(e["exposed_s"]),
-            ]
-            for e in r.top_exposed(10)
-        ]
         parts += [
             f'<section id="order-{k}"><h2>{html.escape(label)}: timeline and memory</h2>',
             f'<img alt="Gantt chart of {html.escape(label)}" src="data:image/png;base64,{png}">',
             "<h3>Top exposed collectives</h3>",
-            _table(["collective", "type", "group", "bytes", "duration", "exposed"], exposed, numeric_from=3)
-            if exposed
-            else "<p>None: all communication is hidden behind computation.</p>",
+            _exposed_table(r, 10),
             "</section>",
         ]
     parts.append("</body></html>")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 from rich.console import Console
-from rich.table import Table
 
 from commsched.cost.model import CostEstimate
 from commsched.ir import Graph, OpKind
 from commsched.passes.registry import PassStats
+from commsched.report.tables import new_table
 from commsched.report.units import fmt_seconds
 
 _COLUMNS = (
@@ -29,9 +29,8 @@ def print_pass_stats(stats: PassStats, console: Console, max_rows: int = 40) -> 
     title = f"{stats.name}  ({stats.wall_s * 1e3:.1f} ms)"
     if stats.rows and any(k in stats.rows[0] for k, _ in _COLUMNS):
         cols = [(k, label) for k, label in _COLUMNS if k in stats.rows[0]]
-        table = Table(title=title, show_edge=False)
-        for k, label in cols:
-            table.add_column(label, justify="right" if k.endswith("_s") or k in ("moves", "grouped") else "left")
+        numbers = {k for k, _ in cols if k.endswith("_s") or k in ("moves", "grouped")}
+        table = new_table(title, [label for _, label in cols], left={label for k, label in cols if k not in numbers})
         for row in stats.rows[:max_rows]:
             table.add_row(*(fmt_seconds(row[k]) if k.endswith("_s") else str(row[k]) for k, _ in cols))
         if len(stats.rows) > max_rows:
@@ -41,10 +40,8 @@ def print_pass_stats(stats: PassStats, console: Console, max_rows: int = 40) -> 
         moves = sum(r.get("moves", 0) for r in stats.rows)
         console.print(f"  estimated exposed time hidden: {fmt_seconds(improvement)} after {moves} moves")
     elif stats.rows:
-        table = Table(title=title, show_edge=False)
         keys = list(stats.rows[0])
-        for k in keys:
-            table.add_column(k)
+        table = new_table(title, keys, left=len(keys))
         for row in stats.rows[:max_rows]:
             table.add_row(
                 *(fmt_seconds(v) if k.endswith("_s") and isinstance(v, float) else str(v) for k, v in row.items())

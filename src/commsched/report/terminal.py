@@ -1,13 +1,31 @@
-"""A rich terminal summary of a simulated step."""
+"""Simulated steps in the terminal: one step's summary (``commsched simulate``), orders of one graph compared
+(``commsched demo``), a schedule before and after its passes and the pass list (``commsched schedule``)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
 
+from commsched.report.tables import (
+    EXPOSED_COLUMNS,
+    STREAM_COLUMNS,
+    comparison_rows,
+    exposed_rows,
+    new_table,
+    stream_rows,
+)
 from commsched.report.units import fmt_bytes, fmt_seconds
 from commsched.sim.result import SimResult
+
+if TYPE_CHECKING:
+    from commsched.cost.model import CostEstimate
+    from commsched.passes.pipeline import Schedule
+    from commsched.passes.registry import PassSpec, PassStats
+    from commsched.report.summary import GraphSummary
 
 
 def summary_table(res: SimResult, title: str = "simulated step") -> Table:
@@ -27,27 +45,16 @@ def summary_table(res: SimResult, title: str = "simulated step") -> Table:
 
 
 def streams_table(res: SimResult) -> Table:
-    t = Table(title="streams", show_edge=False)
-    for col in ("stream", "busy", "utilisation"):
-        t.add_column(col, justify="left" if col == "stream" else "right")
-    for name, busy, util in zip(res.stream_names, res.stream_busy_ns, res.stream_utilization.values(), strict=True):
-        t.add_row(name, fmt_seconds(int(busy) * 1e-9), f"{100 * util:.1f} %")
+    t = new_table("streams", STREAM_COLUMNS)
+    for row in stream_rows(res):
+        t.add_row(*row)
     return t
 
 
 def exposed_table(res: SimResult, k: int = 8) -> Table:
-    t = Table(title=f"top {k} exposed collectives", show_edge=False)
-    for col in ("collective", "type", "group", "bytes", "duration", "exposed"):
-        t.add_column(col, justify="left" if col in ("collective", "type", "group") else "right")
-    for row in res.top_exposed(k):
-        t.add_row(
-            row["name"],
-            row["type"],
-            row["group"],
-            fmt_bytes(row["bytes"]),
-            fmt_seconds(row["duration_s"]),
-            fmt_seconds(row["exposed_s"]),
-        )
+    t = new_table(f"top {k} exposed collectives", EXPOSED_COLUMNS, left=3)
+    for row in exposed_rows(res, k):
+        t.add_row(*row)
     if not t.row_count:
         t.add_row("(none: all communication is hidden)", "", "", "", "", "")
     return t
@@ -66,18 +73,73 @@ def print_summary(res: SimResult, console: Console | None = None, title: str | N
 
 def comparison_table(results: list[tuple[str, SimResult]], title: str = "orders compared") -> Table:
     """One row per order: step time, speedup over the first, gap to the bound, exposed comm, overlap, peak memory."""
-    t = Table(title=title, show_edge=False)
-    for col in ("order", "step time", "speedup", "vs bound", "exposed comm", "overlap", "peak memory"):
-        t.add_column(col, justify="left" if col == "order" else "right", no_wrap=True)
-    first = results[0][1]
-    for label, r in results:
-        t.add_row(
+    columns = ("order", "step time", "speedup", "vs bound", "exposed comm", "overlap", "peak memory")
+    t = new_table(title, columns, no_wrap=True)
+    for row in comparison_rows(results, bound=lambda r: f"+{100 * (r.bound_ratio - 1):.1f} %"):
+        t.add_row(*row)
+    return t
+
+
+def print_demo_report(
+    summary: GraphSummary,
+    results: list[tuple[str, SimResult]],
+    stats: Iterable[PassStats],
+    console: Console,
+    *,
+    graph_title: str,
+    title: str,
+) -> None:
+    """The traced graph, its orders compared, and the notes of the passes that made them."""
+    from commsched.report.terminal_inputs import print_graph_info
+
+    print_graph_info(summary, console, title=graph_title)
+    console.print(comparison_table(results, title=title))
+    for st in stats:
+        for note in st.notes:
+            console.print(f"  {st.name}: {note}")
+
+
+def print_pass_list(passes: Mapping[str, PassSpec], presets: Mapping[str, Sequence[str]], console: Console) -> None:
+    """Every registered pass with what it does, then every preset's passes."""
+    t = new_table("passes", ("name", "what it does"), left=2)
+    for name, spec in sorted(passes.items()):
+        t.add_row(name, spec.description)
+    console.print(t)
+    for name, ps in presets.items():
+        console.print(f"preset [bold]{name}[/]: {', '.join(ps) or '(no passes)'}")
+
+
+def print_schedule_report(
+    result: Schedule,
+    before: SimResult,
+    after: SimResult,
+    console: Console,
+    *,
+    title: str,
+    costs: CostEstimate,
+    stats: bool = False,
+    timeline: bool = False,
+) -> None:
+    """A schedule's effect: what each pass did (``stats``), a text timeline of the final order (``timeline``), then
+    the input and the scheduled order side by side."""
+    from commsched.report.pass_stats import overlap_timeline, print_pass_stats
+
+    if stats:
+        for st in result.stats:
+            print_pass_stats(st, console)
+    if timeline:
+        for line in overlap_timeline(before.graph, result.order, costs, max_lines=400):
+            console.print(line, highlight=False)
+    columns = ("order", "step time", "exposed comm", "overlap", "peak memory", "pass time")
+    table = new_table(f"{title}: {', '.join(result.passes) or 'no passes'}", columns)
+    wall = sum(s.wall_s for s in result.stats)
+    for label, r, w in (("input", before, None), ("scheduled", after, wall)):
+        table.add_row(
             label,
             fmt_seconds(r.makespan_s),
-            f"{first.makespan_s / r.makespan_s:.3f}x" if r.makespan_s > 0 else "-",
-            f"+{100 * (r.bound_ratio - 1):.1f} %",
             fmt_seconds(r.exposed_comm_s),
-            f"{100 * r.overlap_ratio:.1f} %",
+            f"{r.overlap_ratio:.2f}",
             fmt_bytes(r.peak_memory_bytes),
+            "" if w is None else fmt_seconds(w),
         )
-    return t
+    console.print(table)

@@ -27,3 +27,11 @@ def fmt_seconds(s: float) -> str:
     if abs(s) >= 1e-3:
         return f"{s * 1e3:.3f} ms"
     return f"{s * 1e6:.1f} us"
+
+
+def fmt_seconds_short(s: float) -> str:
+    """Seconds in 3 significant digits and a unit (at most 7 characters)."""
+    for scale, unit in ((1.0, "s"), (1e3, "ms"), (1e6, "us")):
+        if abs(s) * scale >= 1 or unit == "us":
+            return f"{s * scale:.3g} {unit}"
+    return ""

@@ -26,6 +26,18 @@ import torch
 import torch.distributed as dist
 import torch.fx
 
+from commsched.report.run_report import (
+    CollectiveTiming,
+    CostTotals,
+    GraphInfo,
+    InterferenceProbe,
+    LinkCalibration,
+    OrderResult,
+    PhaseTimes,
+    Prediction,
+    RunReport,
+    StepTimes,
+)
 from commsched.runtime.apply import apply_schedule, copy_graph_module
 from commsched.workloads.program import StepProgram, WorkloadSpec
 
@@ -183,15 +195,31 @@ def _check_same_graph(gm: torch.fx.GraphModule) -> None:
         )
 
 
-def _plan_on_rank0(cfg: RunConfig, gm, graph, rows, interference, op_times) -> tuple[dict, dict]:
-    """Rank 0: build both cost sources, plan the orders, predict. Returns (orders by name, report fields)."""
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What rank 0 plans and hands every rank (picklable): the orders, and its part of the report."""
+
+    orders: dict[str, list[str]]
+    """FX node names of each variant's order"""
+    graph: GraphInfo
+    hardware: str
+    cost_totals: dict[str, CostTotals]
+    predicted: dict[str, dict[str, Prediction]]
+    """by variant, then cost source"""
+    moved_nodes: dict[str, int]
+    skipped: dict[str, str]
+    plan_s: float
+
+
+def _plan_on_rank0(cfg: RunConfig, gm, graph, rows, interference: InterferenceProbe, op_times) -> _Plan:
+    """Rank 0: build both cost sources, plan the orders, predict."""
     from commsched import hardware as hw_mod
     from commsched.runtime.plan import cost_summary, link_table, plan_orders, predict, run_costs
 
     hw = hw_mod.get(cfg.hardware)
     table = link_table(rows)
-    slowdown = interference["compute_slowdown"]
-    comm_slowdown = interference["comm_slowdown"] if cfg.comm_slowdown else 1.0
+    slowdown = interference.compute_slowdown
+    comm_slowdown = interference.comm_slowdown if cfg.comm_slowdown else 1.0
     costs = {
         "measured": run_costs(graph, hw, table, slowdown, op_times, comm_slowdown),
         "profile": run_costs(graph, hw, table, slowdown, comm_slowdown=comm_slowdown),
@@ -211,17 +239,16 @@ def _plan_on_rank0(cfg: RunConfig, gm, graph, rows, interference, op_times) -> t
         given=given,
     )
     plan_s = time.perf_counter() - t0
-    fields = {
-        "graph": {"nodes": len(graph), "collectives": len(graph.collectives), "meta": graph.meta.get("workload")},
-        "hardware": hw.name,
-        "costs": cfg.costs,
-        "cost_totals": {k: cost_summary(graph, c) for k, c in costs.items()},
-        "predicted": predict(graph, {**costs, **no_comm_slowdown}, orders),
-        "moved_nodes": {k: int(np.count_nonzero(o != np.arange(len(o)))) for k, o in orders.items()},
-        "skipped": skipped,
-        "plan_s": plan_s,
-    }
-    return {k: [graph.names[i] for i in o.tolist()] for k, o in orders.items()}, fields
+    return _Plan(
+        orders={k: [graph.names[i] for i in o.tolist()] for k, o in orders.items()},
+        graph=GraphInfo(nodes=len(graph), collectives=len(graph.collectives), meta=graph.meta.get("workload")),
+        hardware=hw.name,
+        cost_totals={k: cost_summary(graph, c) for k, c in costs.items()},
+        predicted=predict(graph, {**costs, **no_comm_slowdown}, orders),
+        moved_nodes={k: int(np.count_nonzero(o != np.arange(len(o)))) for k, o in orders.items()},
+        skipped=skipped,
+        plan_s=plan_s,
+    )
 
 
 def _outputs(out: Any) -> list[torch.Tensor]:
@@ -276,23 +303,28 @@ def _time_variants(
     return times, identical, reference
 
 
-def _spread(samples: list[float]) -> dict[str, float]:
+def _step_times(samples: list[float]) -> StepTimes:
     s = sorted(samples)
     q = np.quantile(np.asarray(s), [0.25, 0.75]) if s else [math.nan, math.nan]
-    return {
-        "median_s": statistics.median(s),
-        "p25_s": float(q[0]),
-        "p75_s": float(q[1]),
-        "min_s": s[0],
-        "max_s": s[-1],
-        "samples_s": s,
-    }
+    return StepTimes(
+        median_s=statistics.median(s), p25_s=float(q[0]), p75_s=float(q[1]), min_s=s[0], max_s=s[-1], samples_s=tuple(s)
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _RankResult:
+    """One rank's measurements, gathered on rank 0."""
+
+    times_s: dict[str, list[float]]
+    """per variant, every timed step on this rank"""
+    identical: dict[str, bool]
+    reference_error: float | None
 
 
 def run_rank(
-    cfg: RunConfig, *, backend: str | None = None, on_report: Callable[[dict[str, Any]], None] | None = None
-) -> dict[str, Any] | None:
-    """This rank's part of a run; rank 0 returns the report (a JSON-able dict), the others None.
+    cfg: RunConfig, *, backend: str | None = None, on_report: Callable[[RunReport], None] | None = None
+) -> RunReport | None:
+    """This rank's part of a run; rank 0 returns the report, the others None.
 
     Initialises torch.distributed from the environment (env://: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, as
     torchrun sets them) unless it already is, and then destroys it again. ``backend``: "gloo" or "nccl" (default:
@@ -359,20 +391,22 @@ def run_rank(
             raise failure
         if isinstance(plan_box[0], str):
             raise RuntimeError(f"rank 0 could not plan the orders: {plan_box[0]}")
-        orders, fields = plan_box[0]
+        plan: _Plan = plan_box[0]
 
         modules = {}
         for name in cfg.variants:
-            if name in orders:
-                modules[name] = apply_schedule(copy_graph_module(gm), orders[name])
+            if name in plan.orders:
+                modules[name] = apply_schedule(copy_graph_module(gm), plan.orders[name])
         times, identical, first = _time_variants(cfg, modules, inputs, device)
         ref_err = _reference_error(cfg, rank, first) if cfg.check_reference else None
 
         gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, {"times": times, "identical": identical, "ref_err": ref_err})
+        dist.all_gather_object(gathered, _RankResult(times, identical, ref_err))
         report = None
         if rank == 0:
-            report = _report(cfg, backend, world, fields, gathered, rows, interference, trace_s, calib_s)
+            link = LinkCalibration(collectives=tuple(CollectiveTiming(*r) for r in rows), interference=interference)
+            phases = PhaseTimes(trace=trace_s, calibrate=calib_s, plan=plan.plan_s)
+            report = _report(cfg, backend, world, plan, gathered, link, phases)
         if report is not None and on_report is not None:
             on_report(report)  # saved before the barrier: no rank starts tearing down until it is
         if own_pg:
@@ -386,55 +420,64 @@ def run_rank(
             dist.destroy_process_group()
 
 
-def _report(cfg, backend, world, fields, gathered, rows, interference, trace_s, calib_s) -> dict[str, Any]:
-    variants: dict[str, Any] = {}
-    for name in cfg.variants:
-        if name not in gathered[0]["times"]:
-            continue
-        per_rank = [g["times"][name] for g in gathered]
-        steps = [max(ts) for ts in zip(*per_rank)]  # a step ends when its slowest rank does
-        variants[name] = {
-            "measured": _spread(steps),
-            "predicted": {src: p["makespan_s"] for src, p in fields["predicted"][name].items()},
-            "predicted_exposed_comm_s": fields["predicted"][name][cfg.costs]["exposed_comm_s"],
-            "lower_bound_s": fields["predicted"][name][cfg.costs]["lower_bound_s"],
-            "peak_memory_bytes": fields["predicted"][name][cfg.costs]["peak_memory_bytes"],
-            "bit_identical": all(g["identical"][name] for g in gathered),
-            "moved_nodes": fields["moved_nodes"][name],
-        }
-    errs = [g["ref_err"] for g in gathered if g["ref_err"] is not None]
-    base = variants.get("original")
-    for v in variants.values():
-        pred = v["predicted"][cfg.costs]
+def _order_result(cfg: RunConfig, name: str, plan: _Plan, gathered: list[_RankResult]) -> OrderResult:
+    """One variant's measurements from every rank, next to rank 0's predictions (speedups are added later)."""
+    per_rank = [g.times_s[name] for g in gathered]
+    measured = _step_times([max(ts) for ts in zip(*per_rank)])  # a step ends when its slowest rank does
+    chosen = plan.predicted[name][cfg.costs]
+    return OrderResult(
+        measured=measured,
+        predicted={src: p.makespan_s for src, p in plan.predicted[name].items()},
+        predicted_exposed_comm_s=chosen.exposed_comm_s,
+        lower_bound_s=chosen.lower_bound_s,
+        peak_memory_bytes=chosen.peak_memory_bytes,
+        bit_identical=all(g.identical[name] for g in gathered),
+        moved_nodes=plan.moved_nodes[name],
         # the calibration keeps medians; the fastest step shows what other jobs on a shared machine cost
-        v["prediction_error"] = pred / v["measured"]["median_s"] - 1.0
-        v["prediction_error_vs_min"] = pred / v["measured"]["min_s"] - 1.0
-        if base is not None:
-            v["speedup_measured"] = base["measured"]["median_s"] / v["measured"]["median_s"]
-            v["speedup_measured_min"] = base["measured"]["min_s"] / v["measured"]["min_s"]
-            v["speedup_predicted"] = base["predicted"][cfg.costs] / pred
+        prediction_error=chosen.makespan_s / measured.median_s - 1.0,
+        prediction_error_vs_min=chosen.makespan_s / measured.min_s - 1.0,
+    )
+
+
+def _with_speedups(v: OrderResult, base: OrderResult, costs: str) -> OrderResult:
+    return dataclasses.replace(
+        v,
+        speedup_measured=base.measured.median_s / v.measured.median_s,
+        speedup_measured_min=base.measured.min_s / v.measured.min_s,
+        speedup_predicted=base.predicted[costs] / v.predicted[costs],
+    )
+
+
+def _report(
+    cfg: RunConfig, backend: str, world: int, plan: _Plan, gathered: list[_RankResult], link, phases
+) -> RunReport:
+    variants = {n: _order_result(cfg, n, plan, gathered) for n in cfg.variants if n in gathered[0].times_s}
+    base = variants.get("original")
+    if base is not None:
+        variants = {n: _with_speedups(v, base, cfg.costs) for n, v in variants.items()}
+    errs = [g.reference_error for g in gathered if g.reference_error is not None]
     spec = cfg.spec
-    return {
-        "workload": fields["graph"]["meta"],
-        "preset": spec.model.name,
-        "parallel": spec.plan.parallel,
-        "world_size": world,
-        "seq_len": spec.seq_len,
-        "batch": spec.batch,
-        "dtype": str(spec.dtype).removeprefix("torch."),
-        "backend": backend,
-        "threads": cfg.threads,
-        "gloo_threads": cfg.gloo_threads,
-        "compute_nice": cfg.compute_nice,
-        "iters": cfg.iters,
-        "warmup": cfg.warmup,
-        "graph": fields["graph"],
-        "hardware": fields["hardware"],
-        "costs": cfg.costs,
-        "cost_totals": fields["cost_totals"],
-        "link": {"collectives": [list(r) for r in rows], "interference": interference},
-        "variants": variants,
-        "skipped": fields["skipped"],
-        "reference_max_rel_error": max(errs) if errs else None,
-        "timings_s": {"trace": trace_s, "calibrate": calib_s, "plan": fields["plan_s"]},
-    }
+    return RunReport(
+        workload=plan.graph.meta,
+        preset=spec.model.name,
+        parallel=spec.plan.parallel,
+        world_size=world,
+        seq_len=spec.seq_len,
+        batch=spec.batch,
+        dtype=str(spec.dtype).removeprefix("torch."),
+        backend=backend,
+        threads=cfg.threads,
+        gloo_threads=cfg.gloo_threads,
+        compute_nice=cfg.compute_nice,
+        iters=cfg.iters,
+        warmup=cfg.warmup,
+        graph=plan.graph,
+        hardware=plan.hardware,
+        costs=cfg.costs,
+        cost_totals=plan.cost_totals,
+        link=link,
+        variants=variants,
+        skipped=plan.skipped,
+        reference_max_rel_error=max(errs) if errs else None,
+        timings_s=phases,
+    )

@@ -4,13 +4,13 @@ or the current process as one rank of a ``torchrun`` launch (env:// rendezvous, 
 from __future__ import annotations
 
 import contextlib
-import json
+import dataclasses
 import os
 import socket
 import tempfile
 from pathlib import Path
-from typing import Any
 
+from commsched.report.run_report import RunReport
 from commsched.runtime.executor import RunConfig, run_rank
 from commsched.runtime.netns import ShapedNetwork
 
@@ -34,27 +34,23 @@ def _entry(rank: int, world: int, port: int, cfg: RunConfig, net: ShapedNetwork 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     os.environ["LOCAL_RANK"] = str(rank)
 
-    def save(report: dict[str, Any]) -> None:
-        tmp = Path(out) / "report.json.tmp"
-        tmp.write_text(json.dumps(report))
-        tmp.replace(Path(out) / "report.json")
+    def save(report: RunReport) -> None:
+        report.save(Path(out) / "report.json")  # atomically: the parent reads it only whole
 
     run_rank(cfg, backend=backend, on_report=save)
 
 
-def _report_after_exit(folder: Path, exc: BaseException) -> dict[str, Any]:
+def _report_after_exit(folder: Path, exc: BaseException) -> RunReport:
     """The report of a run in which a rank raised or died (``exc``): rank 0 saves it only after the last gather of
     results, so if it exists every rank had finished its steps and the failure came during teardown (gloo can abort
-    a rank whose peer closed its sockets first); the report says so under ``teardown_error``. Else RuntimeError."""
+    a rank whose peer closed its sockets first); the report says so in ``teardown_error``. Else RuntimeError."""
     import torch.multiprocessing as mp
 
     path = folder / "report.json"
     if not path.exists():
         what = "failed" if isinstance(exc, mp.ProcessRaisedException) else "died"
         raise RuntimeError(f"a rank {what}:\n{exc}") from None
-    report = json.loads(path.read_text())
-    report["teardown_error"] = f"a rank failed after the run completed: {exc}"
-    return report
+    return dataclasses.replace(RunReport.load(path), teardown_error=f"a rank failed after the run completed: {exc}")
 
 
 @contextlib.contextmanager
@@ -71,11 +67,12 @@ def _quiet_cpp_warnings():
             os.environ["TORCH_CPP_LOG_LEVEL"] = old
 
 
-def run_local(cfg: RunConfig, *, network: ShapedNetwork | None = None, backend: str | None = None) -> dict[str, Any]:
+def run_local(cfg: RunConfig, *, network: ShapedNetwork | None = None, backend: str | None = None) -> RunReport:
     """Run ``cfg`` on ``spec.plan.world_size`` local processes (spawned; inside ``network`` when given) and return
-    rank 0's report. ``backend``: "gloo" (default without CUDA) or "nccl" (default with one GPU per rank).
-    Raises RuntimeError when a rank fails (its traceback is in the message), unless it failed after every rank had
-    finished its steps (while tearing down): then the report comes back with ``teardown_error`` saying so."""
+    rank 0's report, ``network`` described in it. ``backend``: "gloo" (default without CUDA) or "nccl" (default
+    with one GPU per rank). Raises RuntimeError when a rank fails (its traceback is in the message), unless it
+    failed after every rank had finished its steps (while tearing down): then the report comes back with
+    ``teardown_error`` saying so."""
     import torch
     import torch.multiprocessing as mp
 
@@ -90,8 +87,10 @@ def run_local(cfg: RunConfig, *, network: ShapedNetwork | None = None, backend: 
                 _entry, args=(world, _free_port(), cfg, network, backend, d), nprocs=world, start_method="spawn"
             )
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
-            return _report_after_exit(Path(d), exc)
-        path = Path(d) / "report.json"
-        if not path.exists():
-            raise RuntimeError("rank 0 finished without writing its report")
-        return json.loads(path.read_text())
+            report = _report_after_exit(Path(d), exc)
+        else:
+            path = Path(d) / "report.json"
+            if not path.exists():
+                raise RuntimeError("rank 0 finished without writing its report")
+            report = RunReport.load(path)
+    return dataclasses.replace(report, network=network.describe() if network is not None else None)

@@ -18,6 +18,7 @@ import torch.fx
 
 from commsched.cost.collectives import normalize_kind
 from commsched.ir import CollType, Graph, OpKind
+from commsched.report.run_report import InterferenceProbe
 
 c10d = torch.ops._c10d_functional
 
@@ -110,7 +111,7 @@ def measure_interference(
     max_bytes: int = 256 << 20,
     device: torch.device | None = None,
     compute_calls: list[tuple[Any, Any, Any]] | None = None,
-) -> dict[str, float]:
+) -> InterferenceProbe:
     """How compute and communication slow each other down when they overlap, from three timings: the graph's own
     collectives (in graph order, up to ``max_bytes`` of inputs) issued together and then waited (M), compute
     sized to about half of M (C), and both: the collectives issued, the compute (ending at T1), the waits (ending at
@@ -124,11 +125,11 @@ def measure_interference(
     median is over the rounds that do, 1 if none does) and the next round's compute is halved. The graph's mix
     matters: each collective also costs the CPU a fixed amount (gloo's steps, the socket calls), which a single
     large probe would hide. ``reps`` interleaved rounds, each timed on the slowest rank and giving both factors;
-    the median factors and median times are returned. Returns the times (``comm_s``, ``compute_s``,
-    ``compute_end_s``, ``overlapped_s``), ``serial_s`` (M + C), ``comm_bytes``, ``comm_cpu_s`` (the CPU time a
-    rank spent on one M: gloo's threads and the kernel's socket work, which on a CPU run competes with compute),
-    ``compute_slowdown`` (f), ``comm_slowdown`` (g) and ``replayed_calls`` (how many recorded kernel calls the
-    compute phase cycles through; 0 with matmuls)."""
+    the median factors and median times are returned as an :class:`InterferenceProbe`: the times (``comm_s``,
+    ``compute_s``, ``compute_end_s``, ``overlapped_s``), ``serial_s`` (M + C), ``comm_bytes``, ``comm_cpu_s`` (the
+    CPU time a rank spent on one M: gloo's threads and the kernel's socket work, which on a CPU run competes with
+    compute), ``compute_slowdown`` (f), ``comm_slowdown`` (g) and ``replayed_calls`` (how many recorded kernel
+    calls the compute phase cycles through; 0 with matmuls)."""
     device = device or torch.device("cpu")
     fx_nodes = {n.name: n for n in gm.graph.nodes}
     calls = []
@@ -222,19 +223,19 @@ def measure_interference(
     seen = [g for _, g in factors if g is not None]  # rounds whose compute outlasted the collectives do not show g
     comm_slowdown = statistics.median(seen) if seen else 1.0
     comm, compute, overlapped, compute_end = (statistics.median(r[k] for r in rounds) for k in range(4))
-    return {
-        "comm_s": comm,
-        "compute_s": compute,
-        "compute_end_s": compute_end,
-        "overlapped_s": overlapped,
-        "serial_s": comm + compute,
-        "comm_bytes": float(comm_bytes),
-        "collectives": float(len(calls)),
-        "comm_cpu_s": comm_cpu,
-        "compute_slowdown": compute_slowdown,
-        "comm_slowdown": comm_slowdown,
-        "replayed_calls": float(len(compute_calls or ())),
-    }
+    return InterferenceProbe(
+        comm_s=comm,
+        compute_s=compute,
+        compute_end_s=compute_end,
+        overlapped_s=overlapped,
+        serial_s=comm + compute,
+        comm_bytes=float(comm_bytes),
+        collectives=float(len(calls)),
+        comm_cpu_s=comm_cpu,
+        compute_slowdown=compute_slowdown,
+        comm_slowdown=comm_slowdown,
+        replayed_calls=float(len(compute_calls or ())),
+    )
 
 
 def interference_factors(

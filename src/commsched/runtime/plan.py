@@ -18,6 +18,7 @@ from commsched.cost import CostEstimate, estimate_costs
 from commsched.cost.table import MeasuredTable
 from commsched.hardware import Hardware
 from commsched.ir import Graph, OpKind
+from commsched.report.run_report import CostTotals, Prediction
 
 COST_SOURCES = ("profile", "measured")
 BUILTIN_VARIANTS = {
@@ -153,31 +154,32 @@ def plan_orders(
     return orders, skipped
 
 
-def predict(graph: Graph, costs: Mapping[str, CostEstimate], orders: Mapping[str, np.ndarray]) -> dict[str, dict]:
-    """Simulated step of every order under every cost source: {variant: {source: {makespan_s, exposed_comm_s,
-    peak_memory_bytes, lower_bound_s}}}."""
+def predict(
+    graph: Graph, costs: Mapping[str, CostEstimate], orders: Mapping[str, np.ndarray]
+) -> dict[str, dict[str, Prediction]]:
+    """Simulated step of every order under every cost source: {variant: {source: Prediction}}."""
     from commsched.sim import simulate_costs
 
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, Prediction]] = {}
     for name, order in orders.items():
         out[name] = {}
         for source, c in costs.items():
             r = simulate_costs(graph, c, order)
-            out[name][source] = {
-                "makespan_s": float(r.makespan_s),
-                "exposed_comm_s": float(r.exposed_comm_s),
-                "peak_memory_bytes": int(r.peak_memory_bytes),
-                "lower_bound_s": float(r.lower_bound_s),
-            }
+            out[name][source] = Prediction(
+                makespan_s=float(r.makespan_s),
+                exposed_comm_s=float(r.exposed_comm_s),
+                peak_memory_bytes=int(r.peak_memory_bytes),
+                lower_bound_s=float(r.lower_bound_s),
+            )
     return out
 
 
-def cost_summary(graph: Graph, costs: CostEstimate) -> dict[str, float]:
+def cost_summary(graph: Graph, costs: CostEstimate) -> CostTotals:
     """Total compute and collective seconds of a cost estimate (what the prediction is made of)."""
     is_coll = graph.coll_type >= 0
-    return {
-        "compute_s": float(costs.node_s[~is_coll].sum()),
-        "collectives_s": float(costs.node_s[is_coll].sum()),
-        "compute_slowdown": float(costs.compute_slowdown),
-        "comm_slowdown": float(costs.comm_slowdown),
-    }
+    return CostTotals(
+        compute_s=float(costs.node_s[~is_coll].sum()),
+        collectives_s=float(costs.node_s[is_coll].sum()),
+        compute_slowdown=float(costs.compute_slowdown),
+        comm_slowdown=float(costs.comm_slowdown),
+    )

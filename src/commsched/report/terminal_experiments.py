@@ -1,0 +1,79 @@
+"""Experiments in the terminal: every scheduler on one graph (``commsched compare``) and one preset over
+parallelisms x world sizes x hardware profiles (``commsched sweep``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from commsched.report.tables import new_table
+from commsched.report.units import fmt_bytes, fmt_seconds, fmt_seconds_short
+
+if TYPE_CHECKING:
+    from commsched.compare import CompareResult
+    from commsched.sweep import SweepRow
+
+
+def compare_table(result: CompareResult, title: str) -> Table:
+    """One row per scheduler: step time, gap to the lower bound, exposed comm, overlap, peak memory, pass time and
+    a note (why a scheduler did not run, or what it proved). ``title`` is followed by the lower bound."""
+    columns = ("scheduler", "step time", "vs bound", "exposed comm", "overlap", "peak memory", "pass time", "note")
+    table = new_table(
+        f"{title}; lower bound {fmt_seconds(result.lower_bound_s)} ({result.bound_binding})",
+        columns,
+        left=("scheduler", "note"),
+    )
+    for r in result.rows:
+        if r.makespan_s is None:
+            table.add_row(r.scheduler, "-", "-", "-", "-", "-", fmt_seconds(r.wall_s or 0), r.note)
+            continue
+        table.add_row(
+            r.scheduler,
+            fmt_seconds(r.makespan_s),
+            f"+{r.gap_to_bound * 100:.1f}%" if r.gap_to_bound is not None else "",
+            fmt_seconds(r.exposed_comm_s),
+            f"{r.overlap_ratio:.2f}",
+            fmt_bytes(r.peak_memory_bytes),
+            "" if r.wall_s is None else fmt_seconds(r.wall_s),
+            r.note[:60],
+        )
+    return table
+
+
+def sweep_table(rows: Sequence[SweepRow], title: str) -> Table:
+    """One row per configuration; fits an 80-column terminal."""
+    columns = ("parallel", "world", "hardware", "step\ntraced", "step\nsched.", "speed\nup", "exposed\ncomm")
+    columns += ("over-\nlap", "peak\nmemory", "lower\nbound")
+    table = new_table(title, columns, left=("parallel", "hardware"), no_wrap=True, box=box.SIMPLE_HEAD, padding=0)
+    for r in rows:
+        head = [r.parallel, str(r.world_size), r.hardware]
+        if not r.ok:
+            table.add_row(*head, "[red]error[/]", *[""] * 6)
+            continue
+        table.add_row(
+            *head,
+            fmt_seconds_short(r.step_time_input_s),
+            fmt_seconds_short(r.step_time_s),
+            f"{r.speedup:.2f}x",
+            fmt_seconds_short(r.exposed_comm_s),
+            f"{r.overlap_ratio:.2f}",
+            fmt_bytes(r.peak_memory_bytes),
+            fmt_seconds_short(r.lower_bound_s),
+        )
+    return table
+
+
+def print_sweep(rows: Sequence[SweepRow], console: Console, *, title: str, wall_s: float) -> None:
+    """The sweep's table, then why each failed configuration failed, then how many succeeded in how long."""
+    console.print(sweep_table(rows, title))
+    for r in rows:
+        if not r.ok:
+            where = f"{r.parallel} world {r.world_size} on {r.hardware}"
+            console.print(f"[red]error[/] {escape(where)}: {escape(r.error or '')}", highlight=False)
+    ok = sum(1 for r in rows if r.ok)
+    console.print(f"{ok}/{len(rows)} configurations in {wall_s:.1f} s")
