@@ -6,6 +6,8 @@ import dataclasses
 
 import numpy as np
 import pytest
+from tests.costs_helper import simple_costs
+from tests.programs import trace_program
 
 from commsched.ir import OpKind
 from commsched.passes import schedule
@@ -15,8 +17,6 @@ from commsched.passes.overlap_list import schedule_once
 from commsched.passes.overlap_prep import input_chains, prepare, prepare_graph
 from commsched.sim import simulate_costs
 from commsched.sim.model import StreamModel, durations_ns, latency_ns
-from tests.costs_helper import simple_costs
-from tests.programs import trace_program
 
 
 @pytest.fixture(scope="module")
