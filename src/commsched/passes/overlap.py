@@ -1,25 +1,27 @@
 """``overlap``: commsched's memory-budgeted latency-hiding scheduler (the default pass).
 
-A list scheduler that runs the stream model while it schedules (one compute stream, one FIFO comm stream per process
-group, interference while collectives are in flight). At every step it
+A list scheduler (:mod:`commsched.passes.overlap_list`) that runs the stream model (:mod:`commsched.sim.model`: one
+compute stream, one FIFO comm stream per process group, sync, interference while collectives are in flight) while it
+schedules. At every step it
   1. issues each collective that is next in its group's order and whose inputs are done (so communication starts
-     as early as the data and the FIFO allow), within a cap on bytes in flight;
-  2. runs every wait whose collective has already finished (free), unlocking its users;
-  3. runs the ready compute node that feeds the earliest collective, then the one with the longest path to the end
-     of the step (each group's FIFO chain of collectives counts as a path), if its allocation fits the budget;
-  4. otherwise waits for the in-flight collective that finishes first.
-Then it *tightens* the result without changing its timing: each collective is issued at the last point before its
-communication can start (the FIFO stream could not start it earlier, so its buffer is allocated later), and each wait
-runs at the first point after its collective ends (no stall; the collective's inputs are released sooner).
+     as early as the data and the FIFO allow), if it fits the memory guard;
+  2. runs every wait whose collective is already over (free), unlocking its users;
+  3. runs the best ready kernel that fits the budget, by the variant's priority (what feeds the earliest collective
+     and the longest path to the end, the input order, or what feeds the busiest group's next collective);
+  4. otherwise waits for the collective released first.
+Then it *tightens* the result without changing its timing (:mod:`commsched.passes.overlap_orders`): each collective is
+issued at the last point from which it still starts in time (its buffer is allocated later), and each wait runs at
+the first point at which it costs nothing (the collective's inputs are released sooner).
 
 Every group keeps its input collective order (SPMD-safe) unless ``reorder_collectives`` is set, in which case the
 order within each group is rebuilt by Jackson's rule from a first attempt's timing (start the released collective
-whose result is needed first) — deterministic in (graph, costs), so every rank that has the same costs (aligned
-estimates) makes the same choice, the condition torch's own scheduler relies on too.
+whose result is needed first; :mod:`commsched.passes.overlap_chains`) — deterministic in (graph, costs), so every rank
+that has the same costs (aligned estimates) makes the same choice, the condition torch's own scheduler relies on too.
 
-The budget is hard: every candidate is checked with the full memory model and simulated with the full simulator
-(link sharing, interference); over budget, the bytes-in-flight cap shrinks and the scheduler retries. The best order
-that fits and simulates no worse than the input wins; otherwise the input order is returned.
+The simulator judges: every candidate is checked with the full memory model and simulated with the full simulator
+(link sharing, interference). The budget is hard: a variant over budget is retried with what it produced early
+across its peak moved past it. The best order that fits and simulates no worse than the input wins; otherwise the
+input order is returned. The pass's stats list every attempt with its simulated time and whether it fit.
 """
 
 from __future__ import annotations
