@@ -64,7 +64,7 @@ def register(app: typer.Typer) -> None:
                 )
             result.meta.update({"target": target, "hardware": hardware, "num_nodes": nodes, "nodes": len(graph)})
             if json_out:
-                from commsched.frontends.json_io import atomic_write_text
+                from commsched.io import atomic_write_text
 
                 atomic_write_text(json_out, json.dumps(result.to_dict(), indent=1))
         table = Table(

@@ -51,7 +51,8 @@ def register(app: typer.Typer) -> None:
         """
         from commsched import from_fx, hardware
         from commsched.cost import estimate_costs
-        from commsched.frontends.json_io import atomic_write_text, save_graph
+        from commsched.frontends.json_io import save_graph
+        from commsched.io import atomic_write_text
         from commsched.passes import schedule
         from commsched.rewrites import bucket_collectives
         from commsched.rewrites.lower_all_reduce import lower_all_reduces

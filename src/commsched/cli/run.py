@@ -176,7 +176,7 @@ def register(app: typer.Typer) -> None:
         report["network"] = network
         print_report(report, network)
         if json_out:
-            from commsched.frontends.json_io import atomic_write_text
+            from commsched.io import atomic_write_text
 
             atomic_write_text(json_out, json.dumps(report, indent=1))
             console.print(f"wrote [bold]{json_out}[/]")

@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from commsched.report.gantt import write_png
+from commsched.io import atomic_write_bytes
 from commsched.sweep import SweepRow
 
 HARDWARE_COLORS = ("#3b75af", "#ef8636", "#519e3e", "#c53a32", "#8d69b8", "#84584e", "#d57dbf", "#7f7f7f")
@@ -95,4 +95,4 @@ def sweep_png(rows: Sequence[SweepRow], *, title: str | None = None, width_in: f
 
 def write_sweep_plot(rows: Sequence[SweepRow], path: str | Path, **kw) -> Path:
     """Write :func:`sweep_png` to ``path`` atomically (temp file + rename)."""
-    return write_png(sweep_png(rows, **kw), path)
+    return atomic_write_bytes(path, sweep_png(rows, **kw))

@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from commsched.io import atomic_write_text
 from commsched.runtime.executor import RunConfig, run_rank
 from commsched.runtime.netns import ShapedNetwork
 
@@ -35,9 +36,7 @@ def _entry(rank: int, world: int, port: int, cfg: RunConfig, net: ShapedNetwork 
     os.environ["LOCAL_RANK"] = str(rank)
 
     def save(report: dict[str, Any]) -> None:
-        tmp = Path(out) / "report.json.tmp"
-        tmp.write_text(json.dumps(report))
-        tmp.replace(Path(out) / "report.json")
+        atomic_write_text(Path(out) / "report.json", json.dumps(report))
 
     run_rank(cfg, backend=backend, on_report=save)
 
