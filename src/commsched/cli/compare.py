@@ -31,8 +31,8 @@ def register(app: typer.Typer) -> None:
 
         Example: commsched compare llama3-8b --parallel fsdp --world-size 256 --layers 8 --json rows.json
         """
-        from commsched.compare import compare_schedulers
         from commsched.cost import estimate_costs
+        from commsched.experiments.compare import compare_schedulers
         from commsched.hardware import get as get_hardware
         from commsched.report.units import fmt_bytes, fmt_seconds
 
