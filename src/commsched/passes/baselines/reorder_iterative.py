@@ -20,7 +20,7 @@ import numpy as np
 
 from commsched.ir import Graph
 from commsched.memory import IncrementalMemory, liveness
-from commsched.passes.iterative_common import (
+from commsched.passes.baselines.iterative_common import (
     MovingOrder,
     RuntimeMultipliers,
     coll_exposure,

@@ -16,7 +16,7 @@ import numpy as np
 
 from commsched.ir import Graph
 from commsched.memory import IncrementalMemory
-from commsched.passes.iterative_common import (
+from commsched.passes.baselines.iterative_common import (
     MovingOrder,
     RuntimeMultipliers,
     coll_exposure,
