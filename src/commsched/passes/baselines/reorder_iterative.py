@@ -1,15 +1,14 @@
 """``reorder_communication_preserving_peak_memory``: move each async collective earlier, one swap at a time,
 until something stops it; the peak memory never grows past the budget.
 
-For each async collective, left to right, the pass swaps it with the node just before it. A node it depends on
-(directly or through the group) joins a *group* that moves with it, when groupable. The move stops at, in order:
-``unexposed by runtime estimations`` (with ``use_runtime_estimations``: compute already covers the collective plus
-``extra_comm_comp_overlap`` of it), ``collective ordering`` (another collective, unless
+The policy over the skeleton in ``iterative_common``: async collectives move, left to right, towards the start of
+the order. A node the group depends on (directly or through the group) joins the group when groupable: not an async
+collective (unless ``group_with_collectives``) and, without runtime estimations, not gemm-like. The move stops at,
+in order: ``unexposed by runtime estimations``, ``collective ordering`` (another collective, unless
 ``unsafe_collectives_reorder``), ``data dependency`` (a predecessor that cannot be grouped), ``waits exposure`` /
 ``collective exposure`` (with runtime estimations: the swap would expose grouped waits or the other collective more
-than it hides), and ``peak memory`` (the peak would exceed the input peak by more than ``peak_memory_budget``).
-Peak memory is tracked incrementally (``commsched.memory.IncrementalMemory``), exposure incrementally; each swap
-costs O(group size), and with collective ordering kept every node is passed by at most one collective: O(N + E) swaps.
+than it hides), and ``peak memory`` (the peak would exceed ``memory_budget``). With collective ordering kept every
+node is passed by at most one collective: O(N + E) swaps, and runs of plain nodes are passed in one jump.
 """
 
 from __future__ import annotations
@@ -19,29 +18,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from commsched.ir import Graph
-from commsched.memory import IncrementalMemory, liveness
-from commsched.passes.baselines.iterative_common import (
-    MovingOrder,
-    RuntimeMultipliers,
-    coll_exposure,
-    make_view,
-    wait_exposure,
-)
-from commsched.passes.registry import PassContext, PassResult, PassStats, register_pass
+from commsched.memory import liveness
+from commsched.passes.baselines.iterative_common import IterativeConfig, IterativeSwaps
+from commsched.passes.registry import PassContext, PassResult, register_pass
 
 
 @dataclass(frozen=True, kw_only=True)
-class ReorderConfig(RuntimeMultipliers):
+class ReorderConfig(IterativeConfig):
     """Knobs (torch 2.13 ``config_comms`` names without the ``reorder_iterative_`` prefix; torch's defaults)."""
 
-    peak_memory_budget: float = 0.2
-    """allowed peak-memory increase as a fraction of the input order's peak"""
-    extra_comm_comp_overlap: float = 0.5
-    """with runtime estimations: keep moving until compute covers (1 + this) x the collective's time"""
-    use_runtime_estimations: bool = False
-    """stop once the collective is hidden, and weigh the exposure of grouped waits; allows grouping gemm-like ops"""
-    unsafe_collectives_reorder: bool = False
-    """let a collective pass another one (torch defaults to True with rank-aligned estimates; we keep SPMD order)"""
     group_with_collectives: bool = False
     """allow a dependent async collective to join the moving group"""
     jump_plain_runs: bool = True
@@ -52,146 +37,109 @@ class ReorderConfig(RuntimeMultipliers):
 @register_pass("reorder_communication_preserving_peak_memory", ReorderConfig)
 def reorder_communication_preserving_peak_memory(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
     """Move each async collective earlier by swaps with its predecessor (grouping what it depends on), stopping at
-    ordering, data dependency, exposure or peak-memory limits. Peak never exceeds (1 + budget) x input peak."""
-    cfg: ReorderConfig = ctx.config  # type: ignore[assignment]
-    v = make_view(g, ctx, cfg.comm_runtime_mult, cfg.non_comm_runtime_mult)
-    mo = MovingOrder(order)
-    mem = IncrementalMemory(g, order)
-    base_peak = mem.peak_bytes
-    limit = base_peak + int(base_peak * cfg.peak_memory_budget)
-    stats = PassStats("reorder_communication_preserving_peak_memory")
-    lv = liveness(g)
-    sp, si = lv.node_storage_ptr.tolist(), lv.node_storage_idx.tolist()
-    uses = [si[sp[i] : sp[i + 1]] for i in range(len(g))]
-    alloc = lv.alloc_bytes.tolist()
-    collectives = [c for c in order.tolist() if v.is_async_coll[c]]
-    for curr in collectives:
-        comm_time, comp_time = coll_exposure(v, mo, curr)
-        row = {
-            "collective": g.names[curr],
-            "comm_time_s": comm_time,
-            "comp_time_s": comp_time,
-            "initial_exposed_s": comm_time - comp_time,
-            "final_exposed_s": comm_time - comp_time,
-            "limiting_factor": "none",
-            "moves": 0,
-            "grouped": 0,
-            "grouped_info": "",
-        }
-        stats.rows.append(row)
-        group = [curr]  # contiguous in the order, group[0] first
-        in_group = {curr}
-        group_preds: set[int] = set(v.preds[curr])
-        group_waits: dict[int, tuple[float, float]] = {}
-        group_runtime = 0.0
-        group_storages: set[int] = set(uses[curr])
-        candidate = mo.prev(curr)
-        while candidate is not None and not v.is_boundary[candidate]:
-            if not group_waits and cfg.jump_plain_runs:
-                # fast path: jump over a run of plain nodes at once (same result as swapping one at a time)
-                passed, stop, comp_time = _plain_run(
-                    v, mo, mem, uses, alloc, group, group_preds, group_storages, limit, cfg, comm_time, comp_time
-                )
-                if passed:
-                    new_pos = mo.pos[group[0]] - passed
-                    nodes = [*group, *mo.order[new_pos : mo.pos[group[0]]]]
-                    mem.apply_move(group, new_pos)
-                    mo.rotate(new_pos, new_pos + len(nodes), nodes)
-                    row["moves"] += passed
-                    row["comp_time_s"] = comp_time
-                    row["final_exposed_s"] = comm_time - comp_time
-                if stop:
-                    row["limiting_factor"] = stop
-                    break
-                candidate = mo.prev(group[0])
-                if candidate is None or v.is_boundary[candidate]:
-                    break
-            exposed = comm_time - comp_time
-            if cfg.use_runtime_estimations and exposed < -cfg.extra_comm_comp_overlap * comm_time:
-                row["limiting_factor"] = "unexposed by runtime estimations"
-                break
-            if not cfg.unsafe_collectives_reorder and v.is_coll[candidate]:
-                row["limiting_factor"] = "collective ordering"
-                break
-            if candidate in group_preds:
-                groupable = (cfg.group_with_collectives or not v.is_async_coll[candidate]) and (
-                    cfg.use_runtime_estimations or not v.is_gemm_like[candidate]
-                )
-                if not groupable:
-                    row["limiting_factor"] = f"data dependency on {g.names[candidate]}"
-                    break
-                group.insert(0, candidate)
-                in_group.add(candidate)
-                group_preds.update(v.preds[candidate])
-                group_storages.update(uses[candidate])
-                if cfg.use_runtime_estimations and v.is_wait[candidate]:
-                    group_waits[candidate] = wait_exposure(v, mo, candidate)
-                if not v.is_async_coll[candidate]:
-                    group_runtime += v.runtime[candidate]
-                row["grouped"] += 1
-                row["grouped_info"] += f"+{g.names[candidate]}"
-                candidate = mo.prev(candidate)
-                continue
-            c_runtime = v.runtime[candidate]
-            if cfg.use_runtime_estimations:
-                if not v.is_async_coll[candidate]:
-                    if c_runtime > 0 and group_waits:
-                        delta = max(0.0, exposed - c_runtime) - max(0.0, exposed)
-                        for w_comm, w_comp in group_waits.values():
-                            delta += max(0.0, w_comm - w_comp + c_runtime) - max(0.0, w_comm - w_comp)
-                        if delta > 0:
-                            row["limiting_factor"] = "waits exposure"
-                            break
-                        group_waits = {w: (wc, wp - c_runtime) for w, (wc, wp) in group_waits.items()}
-                elif group_runtime > 0:
-                    c_comm, c_comp = coll_exposure(v, mo, candidate)
-                    if max(0.0, c_comm - c_comp + group_runtime) > max(0.0, c_comm - c_comp):
-                        row["limiting_factor"] = "collective exposure"
-                        break
-            new_pos = mo.pos[candidate]
-            if mem.potential_peak_after_move(group, new_pos) > limit:
-                row["limiting_factor"] = "peak memory"
-                break
-            mem.apply_move(group, new_pos)
-            mo.rotate(new_pos, new_pos + len(group) + 1, [*group, candidate])
-            row["moves"] += 1
-            if not v.is_coll[candidate]:
-                comp_time += c_runtime
-            row["comp_time_s"] = comp_time
-            row["final_exposed_s"] = comm_time - comp_time
-            candidate = mo.prev(group[0])
-        if row["limiting_factor"] == "none":
-            row["limiting_factor"] = "start of graph"
-        stats.refuse(row["limiting_factor"].split(" on ")[0])
-    stats.notes.append(f"peak memory {base_peak} -> {mem.peak_bytes} bytes (limit {limit})")
-    return PassResult(np.asarray(mo.order, np.int32), stats, reorders_collectives=cfg.unsafe_collectives_reorder)
+    ordering, data dependency, exposure or peak-memory limits. Peak never exceeds ``memory_budget`` (default 1.2 x
+    the input peak)."""
+    return _RaiseCollectives(g, order, ctx).run()
 
 
-def _plain_run(v, mo, mem, uses, alloc, group, group_preds, group_storages, limit, cfg, comm_time, comp_time):
-    """How many nodes right before ``group`` it can pass in one jump, and why it stopped (None: the next node needs
-    the one-swap path). A plain node is no collective, not a predecessor of the group and shares no storage with it,
-    so passing it changes only the memory around it by the group's net allocation; the peak outside the window is
-    unchanged (and within the limit), so each step's check reduces to the window's maximum. O(run length)."""
-    pos0 = mo.pos[group[0]]
-    before_g = mem.memory_at(pos0) - alloc[group[0]]
-    nxt = pos0 + len(group)
-    after_g = mem.memory_at(nxt) - alloc[mo.order[nxt]] if nxt < len(mo.order) else before_g
-    net = after_g - before_g
-    max_cum = max(mem.memory_at(mo.pos[x]) for x in group) - before_g
-    passed = 0
-    run_max = None
-    p = pos0 - 1
-    while p >= 0:
-        x = mo.order[p]
-        if v.is_boundary[x] or v.is_coll[x] or x in group_preds or group_storages.intersection(uses[x]):
-            return passed, None, comp_time
-        if cfg.use_runtime_estimations and comm_time - comp_time < -cfg.extra_comm_comp_overlap * comm_time:
-            return passed, "unexposed by runtime estimations", comp_time
-        cx = mem.memory_at(p)
-        run_max = cx if run_max is None or cx > run_max else run_max
-        if max(cx - alloc[x] + max_cum, run_max + net) > limit:
-            return passed, "peak memory", comp_time
-        passed += 1
-        comp_time += v.runtime[x]
-        p -= 1
-    return passed, None, comp_time
+class _RaiseCollectives(IterativeSwaps):
+    name = "reorder_communication_preserving_peak_memory"
+    step = -1
+    end_of_order = "start of graph"
+    blocked_reason = "collective ordering"
+    facing_reason = "collective exposure"
+    tracked_reason = "waits exposure"
+    cfg: ReorderConfig
+
+    def __init__(self, g: Graph, order: np.ndarray, ctx: PassContext) -> None:
+        super().__init__(g, order, ctx)
+        lv = liveness(g)
+        ptr, idx = lv.node_storage_ptr.tolist(), lv.node_storage_idx.tolist()
+        self.uses = [idx[ptr[i] : ptr[i + 1]] for i in range(len(g))]  # storages each node touches
+        self.alloc = lv.alloc_bytes.tolist()
+        self.group_storages: set[int] = set()
+        self.jumps = self.cfg.jump_plain_runs
+
+    def nodes_to_move(self) -> list[int]:
+        return [c for c in self.order.tolist() if self.view.is_async_coll[c]]
+
+    def row_names(self, node: int) -> dict[str, str]:
+        return {"collective": self.g.names[node]}
+
+    def start_group(self, node: int) -> None:
+        self.joiners = set(self.view.preds[node])
+        self.group_storages = set(self.uses[node])
+
+    def blocking(self) -> list[bool]:
+        return [False] * len(self.g) if self.cfg.unsafe_collectives_reorder else self.view.is_coll
+
+    def groupable(self, candidate: int) -> bool:
+        v, cfg = self.view, self.cfg
+        return (cfg.group_with_collectives or not v.is_async_coll[candidate]) and (
+            cfg.use_runtime_estimations or not v.is_gemm_like[candidate]
+        )
+
+    def refusal(self, candidate: int) -> str:
+        return f"data dependency on {self.g.names[candidate]}"
+
+    def joined(self, candidate: int) -> None:
+        self.joiners.update(self.view.preds[candidate])
+        self.group_storages.update(self.uses[candidate])
+
+    def tracks(self, node: int) -> bool:
+        return self.view.is_wait[node]
+
+    def faces(self, candidate: int) -> bool:
+        return self.view.is_async_coll[candidate]
+
+    def jump(self, candidate: int) -> tuple[str | None, int | None]:
+        """Pass the run of plain nodes right before the group in one move (the same order and stats as one swap at
+        a time)."""
+        passed, refusal = self._plain_run()
+        if passed:
+            mo, group = self.moving, self.group
+            new_pos = mo.pos[group[0]] - passed
+            nodes = [*group, *mo.order[new_pos : mo.pos[group[0]]]]
+            self.memory.apply_move(group, new_pos)
+            mo.rotate(new_pos, new_pos + len(nodes), nodes)
+            self.row["moves"] += passed
+            self.row["comp_time_s"] = self.comp_time_s
+            self.row["final_exposed_s"] = self.comm_time_s - self.comp_time_s
+            candidate = self.neighbour()
+        return refusal, candidate
+
+    def _plain_run(self) -> tuple[int, str | None]:
+        """How many nodes right before the group it can pass in one jump, and why it stopped (None: the next node
+        needs the one-swap path); adds their compute to ``comp_time_s``. A plain node is no collective, not a
+        predecessor of the group and shares no storage with it, so passing it changes only the memory around it by
+        the group's net allocation; the peak outside the window is unchanged (and within the limit), so each
+        step's check reduces to the window's maximum. O(run length)."""
+        v, mo, mem, alloc, group, cfg = self.view, self.moving, self.memory, self.alloc, self.group, self.cfg
+        joiners, storages, uses, limit = self.joiners, self.group_storages, self.uses, self.limit_bytes  # hot loop
+        comm_time, comp_time = self.comm_time_s, self.comp_time_s
+        pos0 = mo.pos[group[0]]
+        before_group = mem.memory_at(pos0) - alloc[group[0]]
+        after = pos0 + len(group)
+        after_group = mem.memory_at(after) - alloc[mo.order[after]] if after < len(mo.order) else before_group
+        net = after_group - before_group
+        max_cumulative = max(mem.memory_at(mo.pos[x]) for x in group) - before_group
+        passed, refusal = 0, None
+        run_max = None
+        p = pos0 - 1
+        while p >= 0:
+            x = mo.order[p]
+            if v.is_boundary[x] or v.is_coll[x] or x in joiners or storages.intersection(uses[x]):
+                break
+            if cfg.use_runtime_estimations and comm_time - comp_time < -cfg.extra_comm_comp_overlap * comm_time:
+                refusal = "unexposed by runtime estimations"
+                break
+            memory_x = mem.memory_at(p)
+            run_max = memory_x if run_max is None or memory_x > run_max else run_max
+            if max(memory_x - alloc[x] + max_cumulative, run_max + net) > limit:
+                refusal = "peak memory"
+                break
+            passed += 1
+            comp_time += v.runtime[x]
+            p -= 1
+        self.comp_time_s = comp_time
+        return passed, refusal
