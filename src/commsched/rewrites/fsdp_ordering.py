@@ -22,11 +22,11 @@ import torch
 import torch.fx
 
 from commsched.ir import CollType, Graph, GraphError, OpKind
-from commsched.rewrites.fsdp_unsharded_params import _fsdp_op
 from commsched.rewrites.fxutil import (
     RewriteResult,
     copy_graph_module,
     finish,
+    fsdp_op,
     ir_control_edges,
     nodes_by_name,
     stable_toposort,
@@ -52,7 +52,7 @@ def enforce_fsdp_comm_ordering(gm: torch.fx.GraphModule, graph: Graph) -> Rewrit
     edges find the reduce_scatter that reads a ``chunk_cat`` output and keep in-place ops ordered."""
     out = copy_graph_module(gm)
     result = RewriteResult(gm=out, name="enforce_fsdp_comm_ordering")
-    copy_in, split_copy, chunk_cat = (_fsdp_op(n) for n in ("all_gather_copy_in", "split_with_sizes_copy", "chunk_cat"))
+    copy_in, split_copy, chunk_cat = (fsdp_op(n) for n in ("all_gather_copy_in", "split_with_sizes_copy", "chunk_cat"))
     by_name = nodes_by_name(out)
     nodes = list(out.graph.nodes)
     pos = {n: i for i, n in enumerate(nodes)}

@@ -111,6 +111,14 @@ def call(
     return node
 
 
+def fsdp_op(name: str):
+    """The ``torch.ops.fsdp.<name>.default`` op FSDP2 registers (importing its modules registers them)."""
+    import torch.distributed.fsdp._fully_shard._fsdp_collectives
+    import torch.distributed.fsdp._fully_shard._fsdp_param
+
+    return getattr(torch.ops.fsdp, name).default
+
+
 def is_op(node: torch.fx.Node, *targets: Any) -> bool:
     return node.op == "call_function" and node.target in targets
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from commsched.io import atomic_write_text
+from commsched.io import atomic_write_text, free_port
 from commsched.runtime.executor import RunConfig, run_rank
 from commsched.runtime.netns import ShapedNetwork
 
@@ -21,12 +20,6 @@ _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 def launched_by_torchrun() -> bool:
     """True inside a process that torchrun (or any env:// launcher) started as one rank."""
     return "TORCHELASTIC_RUN_ID" in os.environ or all(v in os.environ for v in _TORCHRUN_VARS)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _entry(rank: int, world: int, port: int, cfg: RunConfig, net: ShapedNetwork | None, backend: str, out: str):
@@ -86,7 +79,7 @@ def run_local(cfg: RunConfig, *, network: ShapedNetwork | None = None, backend: 
     with tempfile.TemporaryDirectory(prefix="commsched-run-") as d, _quiet_cpp_warnings():
         try:
             mp.start_processes(
-                _entry, args=(world, _free_port(), cfg, network, backend, d), nprocs=world, start_method="spawn"
+                _entry, args=(world, free_port(), cfg, network, backend, d), nprocs=world, start_method="spawn"
             )
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
             return _report_after_exit(Path(d), exc)

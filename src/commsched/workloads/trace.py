@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable
@@ -66,9 +67,6 @@ def build(
 
 def trace_spec(spec: WorkloadSpec, progress: Callable[[str], None] | None = None) -> Workload:
     """Trace a resolved spec (see :func:`build`); ``progress`` receives a message as each phase starts."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.proxy_tensor import make_fx
-
     from commsched.frontends.fake_pg import fake_process_group
     from commsched.frontends.fx import from_fx
 
@@ -80,14 +78,23 @@ def trace_spec(spec: WorkloadSpec, progress: Callable[[str], None] | None = None
         program.on_layer = lambda i: say(
             f"tracing: forward of layer {i + 1}/{layers}" + (", then backward" if spec.train else "")
         )
-        with FakeTensorMode():
-            inputs = program.empty_inputs()
-            gm = make_fx(program.step)(*inputs)
-        _tidy(gm, program.input_names)
+        gm = trace_step(program)
         say(f"importing {len(gm.graph.nodes)} FX nodes into the commsched graph")
         meta = workload_meta(program, groups)
         graph = from_fx(gm, meta=meta)
     return Workload(graph_module=gm, graph=graph, meta=meta, spec=spec)
+
+
+def trace_step(program: StepProgram, device: torch.device | None = None) -> torch.fx.GraphModule:
+    """``make_fx`` of ``program.step`` on fake tensors (created on ``device`` when given) under the program's
+    process groups, with the placeholders named after its inputs."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with FakeTensorMode(), torch.device(device) if device is not None else contextlib.nullcontext():
+        gm = make_fx(program.step)(*program.empty_inputs())
+    _tidy(gm, program.input_names)
+    return gm
 
 
 def _tidy(gm: torch.fx.GraphModule, input_names: list[str]) -> None:
