@@ -22,19 +22,7 @@ from commsched.workloads.program import StepProgram, WorkloadSpec, resolve
 
 def single_rank_spec(spec: WorkloadSpec) -> WorkloadSpec:
     """The same model, step and shapes with no parallelism (world size 1)."""
-    return resolve(
-        spec.model,
-        parallel="none",
-        world_size=1,
-        seq_len=spec.seq_len,
-        batch=spec.batch,
-        dtype=spec.dtype,
-        mode=spec.mode,
-        kv_len=spec.kv_len,
-        reduce_dtype=spec.reduce_dtype,
-        attention=spec.attention,
-        capacity_factor=spec.capacity_factor,
-    )
+    return resolve(spec.model, parallel="none", world_size=1, **spec.step_options())
 
 
 def reference_outputs(spec: WorkloadSpec, *, seed: int = 0) -> dict[str, Any]:

@@ -33,36 +33,18 @@ class Workload:
 
 
 def build(
-    preset: str,
-    *,
-    parallel: str,
-    world_size: int,
-    layers: int | None = None,
-    seq_len: int | None = None,
-    batch: int | None = None,
-    dtype: str | torch.dtype = "bfloat16",
-    mode: str = "train",
-    **options: Any,
+    preset: str, *, parallel: str, world_size: int, progress: Callable[[str], None] | None = None, **options: Any
 ) -> Workload:
-    """Trace ``preset`` under ``parallel`` at ``world_size`` ranks (as rank 0) into one graph, allocating nothing.
+    """Trace ``preset`` under ``parallel`` at ``world_size`` ranks (as rank 0) into one graph, allocating nothing:
+    :func:`commsched.workloads.resolve` with ``options``, then :func:`trace_spec`.
 
-    ``mode``: ``"train"`` (joint forward + backward), ``"prefill"`` or ``"decode"`` (forward with a KV cache).
-    ``seq_len`` defaults to the preset's, ``batch`` (sequences per data-parallel replica) to 1 (8 for decode).
-    Options: ``kv_len``, ``tp_size``, ``ep_size``, ``fsdp_bucket`` ("param" | "block"), ``reduce_dtype``,
-    ``attention`` ("flash" | "sdpa"), ``capacity_factor``. Raises ValueError for an impossible configuration.
+    Options (see ``resolve``): ``layers``, ``seq_len`` (default: the preset's), ``batch`` (sequences per
+    data-parallel replica; default 1, 8 for decode), ``dtype``, ``mode`` (``"train"``: joint forward + backward,
+    ``"prefill"`` or ``"decode"``: forward with a KV cache), ``kv_len``, ``tp_size``, ``ep_size``, ``fsdp_bucket``
+    ("param" | "block"), ``reduce_dtype``, ``attention`` ("flash" | "sdpa"), ``capacity_factor``. Raises ValueError
+    for an impossible configuration.
     """
-    spec = resolve(
-        preset,
-        parallel=parallel,
-        world_size=world_size,
-        layers=layers,
-        seq_len=seq_len,
-        batch=batch,
-        dtype=dtype,
-        mode=mode,
-        **options,
-    )
-    return trace_spec(spec)
+    return trace_spec(resolve(preset, parallel=parallel, world_size=world_size, **options), progress)
 
 
 def trace_spec(spec: WorkloadSpec, progress: Callable[[str], None] | None = None) -> Workload:

@@ -175,6 +175,16 @@ def wait_exposure(v: IterativeView, mo: MovingOrder, wait: int) -> tuple[float, 
     return 0.0, comp
 
 
+@dataclass(frozen=True)
+class StopReasons:
+    """The limiting factors a policy reports, by rule (the other rules' names are the skeleton's)."""
+
+    end_of_order: str  # the move reached the graph's inputs / output
+    blocked: str  # a node ``blocking`` marks
+    facing: str  # the swap would expose the candidate itself
+    tracked: str  # the swap would expose the tracked grouped nodes more than it hides
+
+
 class IterativeSwaps:
     """One run of an iterative pass: the skeleton (:meth:`run`, :meth:`move`) and the hooks a policy overrides.
 
@@ -184,11 +194,8 @@ class IterativeSwaps:
 
     name: str  # the registered pass name, for the stats
     step: int  # -1: nodes move earlier; +1: later
-    end_of_order: str  # the limiting factor when the move reaches the graph's inputs / output
-    blocked_reason: str  # the refusal at a node that ``blocking`` marks
+    reasons: StopReasons  # the limiting factors the policy reports
     jumps = False  # whether ``jump`` runs first, while no grouped node is tracked
-    facing_reason: str  # the refusal when the swap would expose the candidate itself
-    tracked_reason: str  # the refusal when the swap would expose the tracked grouped nodes more than it hides
 
     def __init__(self, g: Graph, order: np.ndarray, ctx: PassContext) -> None:
         self.g = g
@@ -223,7 +230,7 @@ class IterativeSwaps:
         """Set ``joiners`` (and the policy's own bookkeeping) for a new moving ``node``."""
 
     def blocking(self) -> list[bool]:
-        """Per node: whether it stops every move before any grouping (``blocked_reason``: a collective in the way)."""
+        """Per node: whether it stops every move before any grouping (``reasons.blocked``: a collective in the way)."""
         raise NotImplementedError
 
     def groupable(self, candidate: int) -> bool:
@@ -296,7 +303,7 @@ class IterativeSwaps:
                 row["limiting_factor"] = refusal
                 break
         if row["limiting_factor"] == "none":
-            row["limiting_factor"] = self.end_of_order
+            row["limiting_factor"] = self.reasons.end_of_order
         self.stats.refuse(row["limiting_factor"].split(" on ")[0])
 
     def try_candidate(self, candidate: int) -> str | None:
@@ -310,7 +317,7 @@ class IterativeSwaps:
         if cfg.use_runtime_estimations and exposed < -cfg.extra_comm_comp_overlap * self.comm_time_s:
             return "unexposed by runtime estimations"
         if self.blocks[candidate]:
-            return self.blocked_reason
+            return self.reasons.blocked
         if candidate in self.joiners:
             if not self.groupable(candidate):
                 return self.refusal(candidate)
@@ -359,13 +366,13 @@ class IterativeSwaps:
         if self.faces(candidate) and self.group_runtime_s > 0:
             comm, comp = self.exposure(candidate)
             if max(0.0, comm - comp + self.group_runtime_s) > max(0.0, comm - comp):
-                return self.facing_reason
+                return self.reasons.facing
         runtime = v.runtime[candidate]
         if not v.is_async_coll[candidate] and runtime > 0 and self.tracked:
             delta = max(0.0, exposed - runtime) - max(0.0, exposed)  # loss minus gain
             for comm, comp in self.tracked.values():
                 delta += max(0.0, comm - comp + runtime) - max(0.0, comm - comp)
             if delta > 0 if self.step < 0 else delta < 0:
-                return self.tracked_reason
+                return self.reasons.tracked
             self.tracked = {node: (comm, comp - runtime) for node, (comm, comp) in self.tracked.items()}
         return None

@@ -19,7 +19,7 @@ import numpy as np
 
 from commsched.ir import Graph
 from commsched.memory import liveness
-from commsched.passes.baselines.iterative_common import IterativeConfig, IterativeSwaps
+from commsched.passes.baselines.iterative_common import IterativeConfig, IterativeSwaps, StopReasons
 from commsched.passes.registry import PassContext, PassResult, register_pass
 
 
@@ -43,13 +43,11 @@ def reorder_communication_preserving_peak_memory(g: Graph, order: np.ndarray, ct
 
 
 class _RaiseCollectives(IterativeSwaps):
-    name = "reorder_communication_preserving_peak_memory"
-    step = -1
-    end_of_order = "start of graph"
-    blocked_reason = "collective ordering"
-    facing_reason = "collective exposure"
-    tracked_reason = "waits exposure"
     cfg: ReorderConfig
+    name, step = "reorder_communication_preserving_peak_memory", -1
+    reasons = StopReasons(
+        "start of graph", blocked="collective ordering", facing="collective exposure", tracked="waits exposure"
+    )
 
     def __init__(self, g: Graph, order: np.ndarray, ctx: PassContext) -> None:
         super().__init__(g, order, ctx)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from commsched.ir import Graph
-from commsched.passes.baselines.iterative_common import IterativeConfig, IterativeSwaps
+from commsched.passes.baselines.iterative_common import IterativeConfig, IterativeSwaps, StopReasons
 from commsched.passes.registry import PassContext, PassResult, register_pass
 
 
@@ -38,13 +38,11 @@ def sink_waits_iterative(g: Graph, order: np.ndarray, ctx: PassContext) -> PassR
 
 
 class _SinkWaits(IterativeSwaps):
-    name = "sink_waits_iterative"
-    step = 1
-    end_of_order = "end of graph"
-    blocked_reason = "async collective"
-    facing_reason = "wait exposure"
-    tracked_reason = "collectives exposure"
     cfg: SinkWaitsConfig
+    name, step = "sink_waits_iterative", 1
+    reasons = StopReasons(
+        "end of graph", blocked="async collective", facing="wait exposure", tracked="collectives exposure"
+    )
 
     def __init__(self, g: Graph, order: np.ndarray, ctx: PassContext) -> None:
         super().__init__(g, order, ctx)
