@@ -395,7 +395,7 @@ def _find_cycle(n: int, preds: list[list[int]]) -> list[int] | None:
     return None
 
 
-def check_topological(g: Graph, src: np.ndarray, dst: np.ndarray, what: str) -> None:
+def _check_edges_ascending(g: Graph, src: np.ndarray, dst: np.ndarray, what: str) -> None:
     """Every edge src -> dst must have src < dst; otherwise name the cycle or the out-of-order edge."""
     n = len(g)
     bad_range = np.flatnonzero((src < 0) | (src >= n))
@@ -444,7 +444,7 @@ def _check_nodes(g: Graph) -> None:
         if len(ptr) != n + 1 or ptr[0] != 0 or ptr[-1] != len(idx) or np.any(np.diff(ptr) < 0):
             raise GraphError(f"{what} CSR pointers are malformed; expected {n + 1} non-decreasing offsets")
         dst = np.repeat(np.arange(n), np.diff(ptr))
-        check_topological(g, idx, dst, what)
+        _check_edges_ascending(g, idx, dst, what)
 
     bad = np.flatnonzero(g.flops < 0)
     if len(bad):
