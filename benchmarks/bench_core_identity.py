@@ -96,6 +96,8 @@ def _compare_fn():
 def _schedule(g, costs, passes, knobs):
     import commsched
 
+    if _SINK_KNOBS_UNPREFIXED:  # SinkWaitsConfig dropped its sink_ prefixes
+        knobs = {k.removeprefix("sink_"): v for k, v in knobs.items()}
     return commsched.schedule(g, costs, passes, **knobs)
 
 
@@ -201,6 +203,14 @@ def diff(old_paths: str, new_paths: str) -> int:
     print(f"{len(old)} fingerprints, {bad} differ; pass time new/old = {new_wall / max(old_wall, 1e-9):.3f} "
           f"({new_wall:.2f} s / {old_wall:.2f} s)")  # fmt: skip
     return 1 if bad else 0
+
+
+try:
+    from commsched.passes.baselines.sink_waits_iterative import SinkWaitsConfig
+
+    _SINK_KNOBS_UNPREFIXED = "swap_with_collectives" in {f.name for f in dataclasses.fields(SinkWaitsConfig)}
+except ImportError:
+    _SINK_KNOBS_UNPREFIXED = False
 
 try:  # the refactored API spells some knobs per pass; the old one is flat
     from commsched.passes.registry import KnobNamespace  # noqa: F401

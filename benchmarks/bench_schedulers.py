@@ -27,8 +27,8 @@ def fmt_ms(s):
 
 
 def compare_table(configs) -> None:
-    from commsched.compare import compare_schedulers
     from commsched.cost import estimate_costs
+    from commsched.experiments.compare import compare_schedulers
     from commsched.hardware import get
     from commsched.workloads import build
 

@@ -33,7 +33,7 @@ def main() -> None:
     ap.add_argument("--no-cli", action="store_true", help="skip the fresh-process CLI runs")
     args = ap.parse_args()
 
-    from commsched.sweep import run_sweep
+    from commsched.experiments.sweep import run_sweep
     from commsched.workloads import build
 
     worlds = [int(w) for w in args.world_sizes.split(",")]

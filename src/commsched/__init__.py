@@ -18,7 +18,7 @@ _LAZY = {
     "from_fx": "commsched.frontends.fx",
     "fake_process_group": "commsched.frontends.fake_pg",
     "apply_schedule": "commsched.runtime",
-    "compare_schedulers": "commsched.compare",
+    "compare_schedulers": "commsched.experiments.compare",
 }
 
 

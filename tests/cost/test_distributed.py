@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from commsched.cost import CostEstimate, align_across_ranks, median_across_ranks, table_from_chrome_trace
-from commsched.cost.calibrate import _free_port
+from commsched.io import free_port
 
 WORLD = 3
 pytestmark = pytest.mark.slow  # forks 3 gloo ranks and profiles one: ~8 s on 2 cores
@@ -47,7 +47,7 @@ def gloo_results(tmp_path_factory):
     trace = str(tmp_path_factory.mktemp("trace") / "trace.json")
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_run, args=(r, port, trace, queue)) for r in range(WORLD)]
     for p in procs:
         p.start()

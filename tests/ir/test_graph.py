@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given
 
 from commsched.ir import CollType, GraphBuilder, GraphError, OpKind
+from commsched.ir.transform import eliminate_dead_nodes
 from programs import trace_program
 from strategies import graphs
 
@@ -47,7 +48,7 @@ def test_ancestor_bitsets(g):
 
 @given(graphs(max_nodes=40))
 def test_select_and_dead_node_elimination(g):
-    g2 = g.eliminate_dead_nodes()
+    g2 = eliminate_dead_nodes(g)
     g2.validate()
     # every kept non-input node is used by someone or is side-effecting
     users = np.zeros(len(g2), bool)

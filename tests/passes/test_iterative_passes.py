@@ -11,6 +11,7 @@ from commsched.ir import OpKind
 from commsched.ir.order import collective_chains, positions
 from commsched.memory import memory_profile
 from commsched.passes import check_schedule, schedule
+from commsched.passes.budget import MemoryBudget
 from costs_helper import simple_costs
 from orders import random_topo_order
 from programs import trace_pressure, trace_program
@@ -23,8 +24,9 @@ def test_reorder_stops_at_peak_memory_when_the_budget_binds():
     _, g = trace_pressure()
     ag = next(int(c) for c in g.collectives)
     base = memory_profile(g).peak_bytes
-    free = schedule(g, simple_costs(g), ["reorder_communication_preserving_peak_memory"], peak_memory_budget=10.0)
-    tight = schedule(g, simple_costs(g), ["reorder_communication_preserving_peak_memory"], peak_memory_budget=0.0)
+    name = ["reorder_communication_preserving_peak_memory"]
+    free = schedule(g, simple_costs(g), name, memory_budget=MemoryBudget(ratio=11.0))
+    tight = schedule(g, simple_costs(g), name, memory_budget=MemoryBudget(ratio=1.0))
     # with room, the all_gather climbs above the big matmul; with none, it stops below and says why
     mm = g.index["mm"]
     assert positions(free.order)[ag] < positions(free.order)[mm]
@@ -71,11 +73,7 @@ def test_stats_on_traced_fsdp():
 )
 def test_iterative_passes_on_random_graphs(g, name, budget, estimates, rnd):
     start = random_topo_order(g, rnd)
-    knobs = (
-        {"peak_memory_budget": budget, "use_runtime_estimations": estimates}
-        if name.startswith("reorder")
-        else {"sink_peak_memory_budget": budget, "sink_use_runtime_estimations": estimates}
-    )
+    knobs = {"memory_budget": MemoryBudget(ratio=1.0 + budget), "use_runtime_estimations": estimates}
     s = schedule(g, simple_costs(g), [name], order=start, **knobs)
     check_schedule(g, s.order, start)
     a, b = collective_chains(g, start), collective_chains(g, s.order)
@@ -87,8 +85,7 @@ def test_iterative_passes_on_random_graphs(g, name, budget, estimates, rnd):
 @pytest.mark.parametrize("name", ITERATIVE)
 def test_unsafe_reorder_is_reported_to_the_checker(name):
     _, g = trace_program("fsdp_mlp", 8, layers=2, dim=64)
-    knob = "unsafe_collectives_reorder" if name.startswith("reorder") else "sink_unsafe_collectives_reorder"
-    s = schedule(g, simple_costs(g), [name], **{knob: True})
+    s = schedule(g, simple_costs(g), [name], unsafe_collectives_reorder=True)
     check_schedule(g, s.order, allow_collective_reorder=True)
 
 
@@ -96,7 +93,7 @@ def test_unsafe_reorder_is_reported_to_the_checker(name):
 @given(graphs(max_nodes=60), st.sampled_from([0.0, 0.05, 1.0]), st.booleans(), st.randoms(use_true_random=False))
 def test_jumping_plain_runs_equals_one_swap_at_a_time(g, budget, estimates, rnd):
     start = random_topo_order(g, rnd)
-    kw = {"peak_memory_budget": budget, "use_runtime_estimations": estimates}
+    kw = {"memory_budget": MemoryBudget(ratio=1.0 + budget), "use_runtime_estimations": estimates}
     name = ["reorder_communication_preserving_peak_memory"]
     fast = schedule(g, simple_costs(g), name, order=start, **kw)
     slow = schedule(g, simple_costs(g), name, order=start, jump_plain_runs=False, **kw)
@@ -119,3 +116,14 @@ def test_jumping_equals_swapping_on_a_traced_llama():
     assert np.array_equal(fast.order, slow.order)
     assert [r["moves"] for r in fast.stats[0].rows] == [r["moves"] for r in slow.stats[0].rows]
     assert sum(r["moves"] for r in fast.stats[0].rows) > len(g)  # the seed's moves are quadratic here
+
+
+@pytest.mark.parametrize("name", ITERATIVE)
+def test_memory_budget_knob_takes_every_budget_spelling(name):
+    _, g = trace_pressure()
+    costs = simple_costs(g)
+    default = schedule(g, costs, [name])
+    for spelling in (1.2, "1.2x", MemoryBudget(ratio=1.2)):
+        assert np.array_equal(schedule(g, costs, [name], memory_budget=spelling).order, default.order)
+    with pytest.raises(ValueError, match=r"ratio=0\.2 must be >= 1"):  # torch's fraction is not a ratio
+        schedule(g, costs, [name], memory_budget=0.2)

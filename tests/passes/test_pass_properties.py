@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from commsched.ir.order import collective_chains
 from commsched.memory import memory_profile
 from commsched.passes import PASSES, check_schedule, schedule
+from commsched.passes.budget import MemoryBudget
 from commsched.sim import simulate_costs
 from costs_helper import simple_costs
 from orders import random_topo_order
@@ -23,8 +24,8 @@ from strategies import graphs
 
 HEURISTIC = sorted(p for p in PASSES if p != "exact")
 BUDGET_KNOB = {
-    "reorder_communication_preserving_peak_memory": "peak_memory_budget",
-    "sink_waits_iterative": "sink_peak_memory_budget",
+    "reorder_communication_preserving_peak_memory": "memory_budget",
+    "sink_waits_iterative": "memory_budget",
     "overlap": "memory_budget_ratio",
 }
 
@@ -39,7 +40,7 @@ def test_every_pass_on_random_graphs(g, budget, rnd):
     for name in HEURISTIC + (["exact"] if len(g) <= 14 else []):
         knobs = {}
         if name in BUDGET_KNOB:
-            knobs[BUDGET_KNOB[name]] = 1.0 + budget if name == "overlap" else budget
+            knobs[BUDGET_KNOB[name]] = 1.0 + budget if name == "overlap" else MemoryBudget(ratio=1.0 + budget)
         if name == "exact":
             knobs = {"time_limit_s": 5.0, "exact_memory_budget_ratio": None}
         s = schedule(g, costs, [name], order=start, **knobs)

@@ -225,9 +225,8 @@ def test_user_mutation_of_an_unsharded_parameter_is_an_error():
 def test_fsdp_passes_on_random_fully_shard_models(dims, world, mixed_precision, seed):
     """Random widths (odd ones make FSDP2 pad shards), world sizes and mixed precision: every pass leaves a valid
     graph (lint, IR validation) with the same outputs, and every matmul depends on an all_gather."""
+    from gloo_helpers import fsdp2_passes
     from torch.distributed.device_mesh import init_device_mesh
-
-    from commsched.rewrites.gloo import fsdp2_passes
 
     dims = [16, *dims]
     with fake_process_group(world):

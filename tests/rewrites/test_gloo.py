@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from commsched.rewrites.gloo import compare_on_gloo
+from gloo_helpers import compare_on_gloo
 
 TINY = dict(seq_len=16, batch=2, attention="sdpa")
 CASES = [

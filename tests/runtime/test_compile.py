@@ -14,8 +14,8 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
 
 import commsched
+from commsched.io import free_port
 from commsched.runtime import CommschedPostGradPass, commsched_backend
-from commsched.runtime.launch import _free_port
 from programs import trace_program
 
 DIM, LAYERS = 64, 3
@@ -96,7 +96,7 @@ def test_compiled_step_runs_on_two_gloo_ranks_and_scheduling_changes_no_bit():
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as d:
-        mp.start_processes(_compiled_worker, args=(2, _free_port(), d), nprocs=2, start_method="spawn")
+        mp.start_processes(_compiled_worker, args=(2, free_port(), d), nprocs=2, start_method="spawn")
         per_rank = [torch.load(Path(d) / f"rank{r}.pt", weights_only=True) for r in range(2)]
     for out in per_rank:
         res = out["results"]

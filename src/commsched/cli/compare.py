@@ -30,8 +30,8 @@ def register(app: typer.Typer) -> None:
 
         Example: commsched compare llama3-8b --parallel fsdp --world-size 256 --layers 8 --json rows.json
         """
-        from commsched.compare import compare_schedulers
         from commsched.cost import estimate_costs
+        from commsched.experiments.compare import compare_schedulers
         from commsched.hardware import get as get_hardware
         from commsched.report.terminal_experiments import compare_table
 
@@ -63,7 +63,7 @@ def register(app: typer.Typer) -> None:
                 )
             result.meta.update({"target": target, "hardware": hardware, "num_nodes": nodes, "nodes": len(graph)})
             if json_out:
-                from commsched.frontends.json_io import atomic_write_text
+                from commsched.io import atomic_write_text
 
                 atomic_write_text(json_out, json.dumps(result.to_dict(), indent=1))
         console.print(compare_table(result, f"{target}: {len(graph)} nodes on {hardware} x {nodes} node(s)"))

@@ -37,7 +37,8 @@ def register(app: typer.Typer) -> None:
         """
         from commsched import from_fx, hardware
         from commsched.cost import estimate_costs
-        from commsched.frontends.json_io import atomic_write_text, save_graph
+        from commsched.frontends.json_io import save_graph
+        from commsched.io import atomic_write_text
         from commsched.passes import schedule
         from commsched.report.rewrite_report import BucketingDecisions, LoweringDecisions, RewriteReport, StepChange
         from commsched.report.terminal_rewrite import print_bucket_plan, print_rewrite_result

@@ -55,9 +55,9 @@ def register(app: typer.Typer) -> None:
         Example: commsched sweep llama3-8b --parallel fsdp --world-size 8,64,512 --hardware h100-sxm,b200
         --layers 4 --out sweep.png --json rows.json --jobs 2
         """
-        from commsched.frontends.json_io import atomic_write_text
+        from commsched.experiments.sweep import default_processes, run_sweep, sweep_to_dict
+        from commsched.io import atomic_write_text
         from commsched.report.terminal_experiments import print_sweep
-        from commsched.sweep import default_processes, run_sweep, sweep_to_dict
 
         with user_errors():
             parallels = parse_list(parallel, "--parallel")

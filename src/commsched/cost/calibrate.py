@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import socket
 import statistics
 import time
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from commsched.cost.collectives import bus_factor
 from commsched.cost.compute import attention_shape_efficiency, gemm_shape_efficiency, memory_efficiency, memory_time
 from commsched.cost.table import MeasuredTable
 from commsched.hardware import Hardware
+from commsched.io import free_port
 
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 
@@ -182,12 +182,6 @@ def _measure_cold(timer: Callable, like, op: Callable, budget_s: float, pool_byt
 
 
 # ---------------------------------------------------------------------------------------------------- collectives
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _collective_worker(rank: int, world: int, port: int, backend: str, sizes: list[int], quick: bool, queue) -> None:
     import datetime
     import warnings
@@ -254,7 +248,7 @@ def measure_collectives(
     sizes = [1 << k for k in ((12, 16, 20, 22) if quick else range(12, 25, 2))]
     ctx = mp.get_context("fork" if backend == "gloo" else "spawn")
     queue = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [
         ctx.Process(target=_collective_worker, args=(r, world, port, backend, sizes, quick, queue))
         for r in range(world)

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from commsched.cost.collectives import normalize_kind
+from commsched.io import atomic_write_text
 from commsched.ir import Graph
 
 FORMAT = "commsched.cost-table"
@@ -161,8 +162,6 @@ class MeasuredTable:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write as JSON, or CSV when the path ends in ``.csv`` (atomically)."""
-        from commsched.frontends.json_io import atomic_write_text
-
         path = Path(path)
         if path.suffix.lower() == ".csv":
             buf = io.StringIO()

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+# passes/pipeline.py still imports atomic_write_text from here:
+# alias kept for modules being rewritten on another branch; the lead removes it at merge
+from commsched.io import atomic_write_text
 from commsched.ir import CollType, Graph, GraphBuilder, GraphError, OpKind
 
 FORMAT = "commsched.graph"
@@ -71,20 +73,6 @@ def graph_to_dict(g: Graph) -> dict[str, Any]:
         ],
         "nodes": nodes,
     }
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save_graph(g: Graph, path: str | os.PathLike[str]) -> None:

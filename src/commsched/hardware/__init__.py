@@ -29,6 +29,7 @@ from commsched.hardware.profile import (
     load_profile,
 )
 from commsched.hardware.toml_write import dump_toml
+from commsched.io import atomic_write_text
 
 _cache: dict[tuple[str, float], Hardware] = {}
 
@@ -92,8 +93,6 @@ def get(name: str | os.PathLike[str], *, num_nodes: int = 1, gpus_per_node: int 
 
 def save_profile(hw: Hardware, path: str | os.PathLike[str], *, header: str = "", extra: dict | None = None) -> Path:
     """Write ``hw`` as a TOML profile (atomically); ``header`` becomes leading comment lines."""
-    from commsched.frontends.json_io import atomic_write_text
-
     data = hardware_to_dict(hw)
     if extra:
         data.update(extra)

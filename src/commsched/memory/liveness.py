@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from commsched.ir.graph import Graph, OpKind
+from commsched.ir.graph import Graph, OpKind, csr
 from commsched.ir.order import as_order
 
 
@@ -45,22 +45,12 @@ class Liveness:
     owner: np.ndarray  # int32 [S]
     persistent: np.ndarray  # bool [S]: owned by an INPUT node
     freeable: np.ndarray  # bool [S]: neither persistent nor read by the OUTPUT node
-    users_ptr: np.ndarray
-    users_idx: np.ndarray
-    node_storage_ptr: np.ndarray
-    node_storage_idx: np.ndarray
+    users_ptr: np.ndarray  # int32 [S + 1]
+    users_idx: np.ndarray  # int32
+    node_storage_ptr: np.ndarray  # int32 [N + 1]
+    node_storage_idx: np.ndarray  # int32
     alloc_bytes: np.ndarray  # int64 [N]
     persistent_bytes: int
-
-
-def _group_csr(num_rows: int, rows: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """CSR of unique (row, col) pairs grouped by row, cols sorted within a row."""
-    key = np.unique(rows.astype(np.int64) * (int(cols.max(initial=0)) + 1) + cols.astype(np.int64))
-    width = int(cols.max(initial=0)) + 1
-    r, c = key // width, key % width
-    ptr = np.zeros(num_rows + 1, np.int64)
-    np.cumsum(np.bincount(r, minlength=num_rows), out=ptr[1:])
-    return ptr, c.astype(np.int32)
 
 
 _CACHE_ATTR = "_commsched_liveness"
@@ -90,7 +80,7 @@ def liveness(g: Graph, hold_collective_inputs: bool = True) -> Liveness:
         if extra_s:
             rows.append(np.concatenate(extra_s))
             cols.append(np.concatenate(extra_w))
-    users_ptr, users_idx = _group_csr(num_storages, np.concatenate(rows), np.concatenate(cols))
+    users_ptr, users_idx = csr(num_storages, np.concatenate(cols), np.concatenate(rows))
 
     owner = g.storage_owner.astype(np.int32)
     storage_bytes = g.storage_nbytes.astype(np.int64)
@@ -101,7 +91,7 @@ def liveness(g: Graph, hold_collective_inputs: bool = True) -> Liveness:
     freeable = ~persistent & ~pinned
 
     keep = freeable[user_rows]
-    node_storage_ptr, node_storage_idx = _group_csr(n, users_idx[keep], user_rows[keep])
+    node_storage_ptr, node_storage_idx = csr(n, user_rows[keep], users_idx[keep])
     alloc_bytes = np.bincount(owner[~persistent], weights=storage_bytes[~persistent], minlength=n)
     lv = Liveness(
         storage_bytes=storage_bytes,

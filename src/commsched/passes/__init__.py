@@ -1,10 +1,8 @@
 """Scheduling passes: one pass per module, a registry of names, and the pipeline that runs and checks them."""
 
-from commsched.passes import (  # noqa: F401  (importing registers the passes)
-    exact,
+from commsched.passes import exact, multi_stream, overlap  # noqa: F401  (importing registers the passes)
+from commsched.passes.baselines import (  # noqa: F401  (importing registers the seed passes under torch's names)
     global_comm_order,
-    multi_stream,
-    overlap,
     raise_comms,
     reorder_compute_for_overlap,
     reorder_iterative,

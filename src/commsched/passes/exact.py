@@ -245,7 +245,7 @@ def _add_hint(m, g: Graph, order: np.ndarray, dur: np.ndarray, start, end, comm_
 def _stable_topological(g: Graph, keys: list[tuple], order: np.ndarray) -> np.ndarray:
     """A topological order that follows ``keys`` (then the given order) as closely as possible, keeping each
     group's collectives in ``order``'s sequence."""
-    from commsched.ir.graph import _csr
+    from commsched.ir.graph import csr
     from commsched.ir.transform import kahn_order
 
     n = len(g)
@@ -265,7 +265,7 @@ def _stable_topological(g: Graph, keys: list[tuple], order: np.ndarray) -> np.nd
         last[grp] = c
     src.append(np.asarray(chain_src, np.int64))
     dst.append(np.asarray(chain_dst, np.int64))
-    ptr, idx = _csr(n, np.concatenate(dst), np.concatenate(src))
+    ptr, idx = csr(n, np.concatenate(dst), np.concatenate(src))
     indeg = np.bincount(idx, minlength=n)
     out = kahn_order(ptr, idx, indeg, [(keys[i], int(rank[i])) for i in range(n)])
     return np.asarray(out, np.int32)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from commsched.ir import Graph, OpKind
-from commsched.ir.graph import _csr
+from commsched.ir.graph import csr
 from commsched.ir.order import collective_chains
 from commsched.passes.multi_stream_policy import ROLE_COMM, ROLE_HYBRID, StreamMap
 from commsched.sim.model import StreamModel
@@ -69,10 +69,10 @@ def make_plan(
     if len(extra_src):
         src = np.concatenate([idx.astype(np.int64), extra_src.astype(np.int64)])
         dst = np.concatenate([dst, extra_dst.astype(np.int64)])
-        pred_ptr, pred_idx = _csr(n, src, dst)
+        pred_ptr, pred_idx = csr(n, src, dst)
     else:
         src, pred_ptr, pred_idx = idx.astype(np.int64), ptr, idx
-    succ_ptr, succ_idx = _csr(n, dst, src)
+    succ_ptr, succ_idx = csr(n, dst, src)
     chain_next = np.full(n, -1, np.int64)
     for chain in collective_chains(g, order).values():
         chain_next[chain[:-1]] = chain[1:]

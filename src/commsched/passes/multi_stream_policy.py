@@ -44,10 +44,6 @@ class StreamMap:
     by_role: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 
     @property
-    def comm_stream(self) -> int:
-        return self.by_role[ROLE_COMM][0]
-
-    @property
     def compute_streams(self) -> tuple[int, ...]:
         return tuple(sorted(set(self.by_role[ROLE_COMPUTE]) | set(self.by_role[ROLE_HYBRID])))
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from commsched.cost.model import CostEstimate
 from commsched.ir import Graph, OpKind
-from commsched.ir.graph import _csr
+from commsched.ir.graph import csr
 from commsched.ir.order import collective_chains
 from commsched.ir.transform import kahn_order
 from commsched.memory import liveness, memory_profile
@@ -102,7 +102,7 @@ def prepare_graph(
     while span * 2 <= n:
         rows.append(np.maximum(rows[-1][: len(rows[-1]) - span], rows[-1][span:]))
         span *= 2
-    pp, pi = _csr(n, src, dst)
+    pp, pi = csr(n, src, dst)
     pp_l, pi_l = pp.tolist(), pi.tolist()
     fields = dict(
         n=n,
@@ -165,7 +165,7 @@ def prepare(gp: GraphPrep, chains: dict[int, list[int]]) -> Prep:
     chain_dst = [b for chain in chains.values() for b in chain[1:]]
     all_src = np.concatenate([gp.src, np.asarray(chain_src, np.int64)])
     all_dst = np.concatenate([gp.dst, np.asarray(chain_dst, np.int64)])
-    succ_ptr, succ_idx = _csr(n, all_dst, all_src)
+    succ_ptr, succ_idx = csr(n, all_dst, all_src)
     indeg = np.bincount(succ_idx, minlength=n) if len(succ_idx) else np.zeros(n, np.int64)
     # the collectives' global issue rank: by input position
     colls = sorted((c for chain in chains.values() for c in chain), key=lambda c: pos[c])

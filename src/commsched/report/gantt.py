@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import io
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from commsched.io import atomic_write_bytes
 from commsched.ir.graph import OpKind
 from commsched.sim.result import SimResult
 
@@ -98,20 +97,5 @@ def gantt_png(res: SimResult, *, title: str | None = None, width_in: float = 12.
     return buf.getvalue()
 
 
-def write_png(data: bytes, path: str | Path) -> Path:
-    """Write bytes atomically (temp file + rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
 def write_gantt(res: SimResult, path: str | Path, **kw) -> Path:
-    return write_png(gantt_png(res, **kw), path)
+    return atomic_write_bytes(path, gantt_png(res, **kw))

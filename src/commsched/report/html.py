@@ -8,6 +8,7 @@ import html
 from pathlib import Path
 from typing import Any
 
+from commsched.io import atomic_write_text
 from commsched.report.gantt import gantt_png
 from commsched.report.tables import EXPOSED_COLUMNS, STREAM_COLUMNS, comparison_rows, exposed_rows, stream_rows
 from commsched.report.units import fmt_bytes, fmt_seconds
@@ -101,8 +102,6 @@ def render_html(res: SimResult, *, title: str | None = None, context: dict[str, 
 
 def write_html(res: SimResult, path: str | Path, **kw: Any) -> Path:
     """Write :func:`render_html` to ``path`` atomically; returns the path."""
-    from commsched.frontends.json_io import atomic_write_text
-
     path = Path(path)
     atomic_write_text(path, render_html(res, **kw))
     return path
@@ -149,8 +148,6 @@ def render_comparison_html(
 
 def write_comparison_html(results: list[tuple[str, SimResult]], path: str | Path, **kw: Any) -> Path:
     """Write :func:`render_comparison_html` to ``path`` atomically; returns the path."""
-    from commsched.frontends.json_io import atomic_write_text
-
     path = Path(path)
     atomic_write_text(path, render_comparison_html(results, **kw))
     return path

@@ -202,7 +202,7 @@ class RunReport(JsonRecord):
 
     def save(self, path: str | Path) -> Path:
         """Write the report as JSON atomically (a temp file, then a rename); returns the path."""
-        from commsched.frontends.json_io import atomic_write_text
+        from commsched.io import atomic_write_text
 
         path = Path(path)
         atomic_write_text(path, json.dumps(self.to_dict(), indent=1))

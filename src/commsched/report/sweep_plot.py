@@ -13,8 +13,8 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from commsched.report.gantt import write_png
-from commsched.sweep import SweepRow
+from commsched.experiments.sweep import SweepRow
+from commsched.io import atomic_write_bytes
 
 HARDWARE_COLORS = ("#3b75af", "#ef8636", "#519e3e", "#c53a32", "#8d69b8", "#84584e", "#d57dbf", "#7f7f7f")
 
@@ -34,7 +34,7 @@ def _time_scale(rows: Sequence[SweepRow]) -> tuple[float, str]:
 
 
 def sweep_png(rows: Sequence[SweepRow], *, title: str | None = None, width_in: float | None = None) -> bytes:
-    """A PNG of ``rows`` (from :func:`commsched.sweep.run_sweep`); failed configurations are marked "error".
+    """A PNG of ``rows`` (from :func:`commsched.experiments.sweep.run_sweep`); failed configurations are marked "error".
     Raises ValueError when no row succeeded (there is nothing to draw)."""
     if not any(r.ok for r in rows):
         raise ValueError("no configuration of the sweep succeeded; nothing to plot")
@@ -95,4 +95,4 @@ def sweep_png(rows: Sequence[SweepRow], *, title: str | None = None, width_in: f
 
 def write_sweep_plot(rows: Sequence[SweepRow], path: str | Path, **kw) -> Path:
     """Write :func:`sweep_png` to ``path`` atomically (temp file + rename)."""
-    return write_png(sweep_png(rows, **kw), path)
+    return atomic_write_bytes(path, sweep_png(rows, **kw))

@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from commsched.io import atomic_write_text
 from commsched.ir.graph import CollType, OpKind
 from commsched.sim.result import SimResult
 
@@ -173,8 +174,6 @@ def _memory_counter(res: SimResult) -> list[dict[str, Any]]:
 
 def write_chrome_trace(res: SimResult, path: str | Path, **kw: Any) -> Path:
     """Write :func:`to_chrome_trace` to ``path`` atomically; returns the path."""
-    from commsched.frontends.json_io import atomic_write_text
-
     path = Path(path)
     atomic_write_text(path, json.dumps(to_chrome_trace(res, **kw), separators=(",", ":")))
     return path

@@ -214,7 +214,8 @@ def _first_use(g: Graph, pos: np.ndarray, tail: np.ndarray, coll: int) -> float:
     return best
 
 
-def _resolve_hardware(hardware: Any) -> Hardware:
+def resolve_hardware(hardware: Any) -> Hardware:
+    """A Hardware from a profile name, a Hardware, or a CostEstimate that names its profile in ``meta``."""
     from commsched import hardware as hwmod
     from commsched.cost.model import CostEstimate
 
@@ -264,7 +265,7 @@ def plan_buckets(
     from commsched.cost.model import CostEstimate
 
     g, cfg = graph, config or BucketConfig()
-    hw = _resolve_hardware(hardware if hardware is not None else costs)
+    hw = resolve_hardware(hardware if hardware is not None else costs)
     est = costs if isinstance(costs, CostEstimate) else estimate_costs(g, hw)
     n = len(g)
     if len(est.node_s) != n:

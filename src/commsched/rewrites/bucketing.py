@@ -62,58 +62,46 @@ def _merge(gm: torch.fx.GraphModule, mode, bucket: Bucket, members: list[torch.f
     """Insert the merged collective of ``bucket`` (before the output node); returns (issue nodes, wait-side nodes,
     per-member result nodes)."""
     graph = gm.graph
-    kind = bucket.kind
-    inputs = [m.args[0] for m in members]
-    out_shapes = [list(m.meta["val"].shape) for m in members]
-    issue: list[torch.fx.Node] = []
-    after: list[torch.fx.Node] = []
     results: list[torch.fx.Node] = []
     with graph.inserting_before(graph.output_node()):
-        if kind == "all_gather":
-            world, group = members[0].args[1], members[0].args[2]
-            sizes = [_numel(x) for x in inputs]
-            flats = [_flat_input(graph, mode, x, [-1]) for x in inputs]
-            cat = call(graph, mode, aten.cat.default, (flats,))
-            coll = call(graph, mode, c10d.all_gather_into_tensor.default, (cat, world, group))
-            issue += [*flats, cat, coll]
-            wait = call(graph, mode, c10d.wait_tensor.default, (coll,))
+        issue, sizes = _issue_merged(graph, mode, bucket.kind, members)
+        wait = call(graph, mode, c10d.wait_tensor.default, (issue[-1],))
+        after = [wait]
+        if bucket.kind == "all_gather":  # one row per rank: split every row, so each member gets all ranks' pieces
+            world = members[0].args[1]
             rows = call(graph, mode, aten.view.default, (wait, [world, sum(sizes)]))
             parts = call(graph, mode, aten.split_with_sizes_copy.default, (rows, sizes, 1))
-            after += [wait, rows, parts]
-            for j, shape in enumerate(out_shapes):
-                piece = call(graph, mode, operator.getitem, (parts, j))
-                results.append(call(graph, mode, aten.view.default, (piece, shape)))
-                after += [piece, results[-1]]
-        elif kind == "reduce_scatter":
-            op, world, group = members[0].args[1], members[0].args[2], members[0].args[3]
-            sizes = [_numel(x) // world for x in inputs]
-            chunks = [_flat_input(graph, mode, x, [world, -1]) for x in inputs]
-            cat = call(graph, mode, aten.cat.default, (chunks, 1))
-            flat = call(graph, mode, aten.view.default, (cat, [-1]))
-            coll = call(graph, mode, c10d.reduce_scatter_tensor.default, (flat, op, world, group))
-            issue += [*chunks, cat, flat, coll]
-            wait = call(graph, mode, c10d.wait_tensor.default, (coll,))
-            parts = call(graph, mode, aten.split_with_sizes.default, (wait, sizes))
-            after += [wait, parts]
-            for j, shape in enumerate(out_shapes):
-                piece = call(graph, mode, operator.getitem, (parts, j))
-                results.append(call(graph, mode, aten.view.default, (piece, shape)))
-                after += [piece, results[-1]]
+            after += [rows, parts]
         else:
-            op, group = members[0].args[1], members[0].args[2]
-            sizes = [_numel(x) for x in inputs]
-            flats = [_flat_input(graph, mode, x, [-1]) for x in inputs]
-            cat = call(graph, mode, aten.cat.default, (flats,))
-            coll = call(graph, mode, c10d.all_reduce.default, (cat, op, group))
-            issue += [*flats, cat, coll]
-            wait = call(graph, mode, c10d.wait_tensor.default, (coll,))
             parts = call(graph, mode, aten.split_with_sizes.default, (wait, sizes))
-            after += [wait, parts]
-            for j, shape in enumerate(out_shapes):
-                piece = call(graph, mode, operator.getitem, (parts, j))
-                results.append(call(graph, mode, aten.view.default, (piece, shape)))
-                after += [piece, results[-1]]
+            after.append(parts)
+        for j, member in enumerate(members):
+            piece = call(graph, mode, operator.getitem, (parts, j))
+            results.append(call(graph, mode, aten.view.default, (piece, list(member.meta["val"].shape))))
+            after += [piece, results[-1]]
     return issue, after, results
+
+
+def _issue_merged(graph: torch.fx.Graph, mode, kind: str, members: list[torch.fx.Node]):
+    """The nodes that issue one collective for ``members`` (flat inputs, their concatenation, the collective last)
+    and each member's size in the merged result."""
+    args = members[0].args
+    inputs = [m.args[0] for m in members]
+    if kind == "reduce_scatter":
+        op, world, group = args[1], args[2], args[3]
+        # each rank's chunk of every member side by side, so that rank r receives chunk r of each
+        chunks = [_flat_input(graph, mode, x, [world, -1]) for x in inputs]
+        cat = call(graph, mode, aten.cat.default, (chunks, 1))
+        flat = call(graph, mode, aten.view.default, (cat, [-1]))
+        coll = call(graph, mode, c10d.reduce_scatter_tensor.default, (flat, op, world, group))
+        return [*chunks, cat, flat, coll], [_numel(x) // world for x in inputs]
+    flats = [_flat_input(graph, mode, x, [-1]) for x in inputs]
+    cat = call(graph, mode, aten.cat.default, (flats,))
+    if kind == "all_gather":
+        coll = call(graph, mode, c10d.all_gather_into_tensor.default, (cat, args[1], args[2]))  # (world, group)
+    else:
+        coll = call(graph, mode, c10d.all_reduce.default, (cat, args[1], args[2]))  # (reduce op, group)
+    return [*flats, cat, coll], [_numel(x) for x in inputs]
 
 
 def apply_bucket_plan(

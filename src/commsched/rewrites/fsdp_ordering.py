@@ -22,11 +22,11 @@ import torch
 import torch.fx
 
 from commsched.ir import CollType, Graph, GraphError, OpKind
-from commsched.rewrites.fsdp_unsharded_params import _fsdp_op
 from commsched.rewrites.fxutil import (
     RewriteResult,
     copy_graph_module,
     finish,
+    fsdp_op,
     ir_control_edges,
     nodes_by_name,
     stable_toposort,
@@ -52,73 +52,25 @@ def enforce_fsdp_comm_ordering(gm: torch.fx.GraphModule, graph: Graph) -> Rewrit
     edges find the reduce_scatter that reads a ``chunk_cat`` output and keep in-place ops ordered."""
     out = copy_graph_module(gm)
     result = RewriteResult(gm=out, name="enforce_fsdp_comm_ordering")
-    copy_in, split_copy, chunk_cat = (_fsdp_op(n) for n in ("all_gather_copy_in", "split_with_sizes_copy", "chunk_cat"))
+    copy_in, split_copy, chunk_cat = (fsdp_op(n) for n in ("all_gather_copy_in", "split_with_sizes_copy", "chunk_cat"))
     by_name = nodes_by_name(out)
     nodes = list(out.graph.nodes)
     pos = {n: i for i, n in enumerate(nodes)}
     ag_pairs: list[tuple[list[torch.fx.Node], list[torch.fx.Node]]] = []
     rs_pairs: list[tuple[list[torch.fx.Node], list[torch.fx.Node]]] = []
-
     for node in nodes:
         if node.op != "call_function":
             continue
         if node.target in (c10d.all_gather_into_tensor.default, c10d.all_gather_into_tensor_out.default):
-            before: set[torch.fx.Node] = set()
-            stack = [node]
-            while stack:  # the copy-in block: every computed ancestor
-                for a in stack.pop().all_input_nodes:
-                    if a.op == "call_function" and a not in before:
-                        before.add(a)
-                        stack.append(a)
-            if not any(a.target is copy_in for a in before):
-                result.count("all_gather_without_copy_in")
-                continue
-            if any(a.target is c10d.wait_tensor.default or "c10d" in str(a.target) for a in before):
-                result.count("copy_in_depends_on_communication")
-                continue
-            group_in = before | {node}
-            waits = [u for u in node.users if u.target is c10d.wait_tensor.default]
-            if len(waits) != 1:
-                result.count("all_gather_without_single_wait")
-                continue
-            group_out = {waits[0]}
-            stack = [waits[0]]
-            while stack:  # wait, views and the copy-out
-                for u in stack.pop().users:
-                    if u not in group_out and (u.target in _CHEAP or u.target is split_copy):
-                        if u.target in _CHEAP and not any(x.target is split_copy for x in _descendants(u)):
-                            continue
-                        group_out.add(u)
-                        stack.append(u)
-            for m in list(group_out):
-                _cheap_inputs(m, pos[waits[0]], pos, group_out)
-            ag_pairs.append((sorted(group_in, key=pos.get), sorted(group_out, key=pos.get)))
+            pairs, found = ag_pairs, _all_gather_groups(node, pos, copy_in, split_copy)
         elif node.target is chunk_cat:
-            i = graph.id_of(node.name)
-            rs_ids = [s for s in graph.successors(i).tolist() if graph.coll_type[s] == CollType.REDUCE_SCATTER]
-            if len(rs_ids) != 1:
-                result.count("chunk_cat_without_reduce_scatter")
-                continue
-            rs = by_name[graph.names[rs_ids[0]]]
-            group_in = {node, rs}
-            _cheap_inputs(node, min(pos[a] for a in node.all_input_nodes) if node.all_input_nodes else 0, pos, group_in)
-            _cheap_inputs(rs, pos[node], pos, group_in)
-            waits = [u for u in rs.users if u.target is c10d.wait_tensor.default]
-            if len(waits) != 1:
-                result.count("reduce_scatter_without_single_wait")
-                continue
-            group_out = {waits[0]}
-            stack = [waits[0]]
-            while stack:
-                for u in stack.pop().users:
-                    if (
-                        u not in group_out
-                        and u.op == "call_function"
-                        and graph.kinds[graph.id_of(u.name)] == OpKind.VIEW
-                    ):
-                        group_out.add(u)
-                        stack.append(u)
-            rs_pairs.append((sorted(group_in, key=pos.get), sorted(group_out, key=pos.get)))
+            pairs, found = rs_pairs, _reduce_scatter_groups(node, graph, by_name, pos)
+        else:
+            continue
+        if isinstance(found, str):
+            result.count(found)
+        else:
+            pairs.append(found)
 
     priority: dict[torch.fx.Node, float] = {n: float(i) for i, n in enumerate(nodes)}
     edges: list[tuple[torch.fx.Node, torch.fx.Node]] = []
@@ -146,6 +98,74 @@ def enforce_fsdp_comm_ordering(gm: torch.fx.GraphModule, graph: Graph) -> Rewrit
                    for g in groups]  # fmt: skip
     finish(out)
     return result
+
+
+Groups = tuple[list[torch.fx.Node], list[torch.fx.Node]]
+
+
+def _all_gather_groups(node: torch.fx.Node, pos: dict, copy_in, split_copy) -> Groups | str:
+    """(issue group, wait group) of an all_gather in position order, or why it has none."""
+    before: set[torch.fx.Node] = set()
+    stack = [node]
+    while stack:  # the copy-in block: every computed ancestor
+        for a in stack.pop().all_input_nodes:
+            if a.op == "call_function" and a not in before:
+                before.add(a)
+                stack.append(a)
+    if not any(a.target is copy_in for a in before):
+        return "all_gather_without_copy_in"
+    if any(a.target is c10d.wait_tensor.default or "c10d" in str(a.target) for a in before):
+        return "copy_in_depends_on_communication"
+    wait = _only_wait(node)
+    if wait is None:
+        return "all_gather_without_single_wait"
+
+    def copy_out(u: torch.fx.Node) -> bool:  # views that lead to the copy-out, and the copy-out itself
+        if u.target is split_copy:
+            return True
+        return u.target in _CHEAP and any(x.target is split_copy for x in _descendants(u))
+
+    group_out = _users_closure(wait, copy_out)
+    for m in list(group_out):
+        _cheap_inputs(m, pos[wait], pos, group_out)
+    return sorted(before | {node}, key=pos.get), sorted(group_out, key=pos.get)
+
+
+def _reduce_scatter_groups(node: torch.fx.Node, graph: Graph, by_name: dict, pos: dict) -> Groups | str:
+    """(issue group, wait group) of the reduce_scatter that reads ``chunk_cat`` ``node``, or why it has none."""
+    i = graph.id_of(node.name)
+    rs_ids = [s for s in graph.successors(i).tolist() if graph.coll_type[s] == CollType.REDUCE_SCATTER]
+    if len(rs_ids) != 1:
+        return "chunk_cat_without_reduce_scatter"
+    rs = by_name[graph.names[rs_ids[0]]]
+    group_in = {node, rs}
+    _cheap_inputs(node, min(pos[a] for a in node.all_input_nodes) if node.all_input_nodes else 0, pos, group_in)
+    _cheap_inputs(rs, pos[node], pos, group_in)
+    wait = _only_wait(rs)
+    if wait is None:
+        return "reduce_scatter_without_single_wait"
+
+    def view(u: torch.fx.Node) -> bool:
+        return u.op == "call_function" and graph.kinds[graph.id_of(u.name)] == OpKind.VIEW
+
+    return sorted(group_in, key=pos.get), sorted(_users_closure(wait, view), key=pos.get)
+
+
+def _only_wait(coll: torch.fx.Node) -> torch.fx.Node | None:
+    waits = [u for u in coll.users if u.target is c10d.wait_tensor.default]
+    return waits[0] if len(waits) == 1 else None
+
+
+def _users_closure(start: torch.fx.Node, keep) -> set[torch.fx.Node]:
+    """``start`` and every node reachable from it through users that ``keep`` accepts."""
+    found = {start}
+    stack = [start]
+    while stack:
+        for u in stack.pop().users:
+            if u not in found and keep(u):
+                found.add(u)
+                stack.append(u)
+    return found
 
 
 def _descendants(node: torch.fx.Node, limit: int = 8) -> list[torch.fx.Node]:

@@ -14,8 +14,7 @@ import operator
 import torch
 import torch.fx
 
-from commsched.rewrites.fsdp_unsharded_params import _fsdp_op
-from commsched.rewrites.fxutil import RewriteResult, call, copy_graph_module, fake_mode_of, finish
+from commsched.rewrites.fxutil import RewriteResult, call, copy_graph_module, fake_mode_of, finish, fsdp_op
 
 c10d = torch.ops._c10d_functional
 
@@ -30,7 +29,7 @@ def reinplace_fsdp_all_gather(gm: torch.fx.GraphModule) -> RewriteResult:
     becomes ``all_gather_into_tensor_out(..., out=getitem(copy_in, 1))``; unused ``getitem(copy_in, 1)`` go."""
     out = copy_graph_module(gm)
     result = RewriteResult(gm=out, name="reinplace_fsdp_all_gather")
-    copy_in = _fsdp_op("all_gather_copy_in")
+    copy_in = fsdp_op("all_gather_copy_in")
     graph = out.graph
     pos = {n: i for i, n in enumerate(graph.nodes)}
     mode = None

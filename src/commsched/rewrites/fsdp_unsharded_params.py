@@ -23,16 +23,9 @@ import torch
 import torch.fx
 
 from commsched.ir import GraphError
-from commsched.rewrites.fxutil import RewriteResult, call, copy_graph_module, fake_mode_of, finish
+from commsched.rewrites.fxutil import RewriteResult, call, copy_graph_module, fake_mode_of, finish, fsdp_op
 
 aten = torch.ops.aten
-
-
-def _fsdp_op(name: str):
-    import torch.distributed.fsdp._fully_shard._fsdp_collectives
-    import torch.distributed.fsdp._fully_shard._fsdp_param
-
-    return getattr(torch.ops.fsdp, name).default
 
 
 def _resize_op():
@@ -60,7 +53,7 @@ def remove_unsharded_param_usage(gm: torch.fx.GraphModule) -> RewriteResult:
     """Rewrite a copy of ``gm`` (see the module docstring); rows list every replaced parameter use."""
     out = copy_graph_module(gm)
     result = RewriteResult(gm=out, name="remove_unsharded_param_usage")
-    copy_ = _fsdp_op("copy_")
+    copy_ = fsdp_op("copy_")
     resize = _resize_op()
     nodes = list(out.graph.nodes)
     pos = {n: i for i, n in enumerate(nodes)}
@@ -116,7 +109,7 @@ def _compile_pattern(gm, nodes, pos, copy_, resize, result: RewriteResult) -> No
 
 
 def _eager_pattern(gm, nodes, pos, result: RewriteResult) -> None:
-    split_copy = _fsdp_op("split_with_sizes_copy")
+    split_copy = fsdp_op("split_with_sizes_copy")
     copy_outs = [n for n in nodes if n.op == "call_function" and n.target is split_copy]
     records = gm.meta["fsdp2_copy_outs"]
     if len(copy_outs) != len(records):

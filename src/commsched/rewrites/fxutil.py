@@ -47,12 +47,6 @@ class RewriteResult:
     def changed(self) -> bool:
         return bool(self.replaced)
 
-    def as_pass_stats(self):
-        """The same facts as a :class:`commsched.passes.PassStats` (for ``report.print_pass_stats``)."""
-        from commsched.passes.registry import PassStats
-
-        return PassStats(name=self.name, rows=list(self.rows), refused=dict(self.counts), notes=list(self.notes))
-
 
 def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """A new GraphModule over a copy of ``gm.graph`` (same node names; metadata dicts copied, values shared)."""
@@ -109,6 +103,14 @@ def call(
     node = graph.call_function(target, args, dict(kwargs or {}))
     set_fake_val(node, mode)
     return node
+
+
+def fsdp_op(name: str):
+    """The ``torch.ops.fsdp.<name>.default`` op FSDP2 registers (importing its modules registers them)."""
+    import torch.distributed.fsdp._fully_shard._fsdp_collectives
+    import torch.distributed.fsdp._fully_shard._fsdp_param
+
+    return getattr(torch.ops.fsdp, name).default
 
 
 def is_op(node: torch.fx.Node, *targets: Any) -> bool:

@@ -21,7 +21,7 @@ import torch.fx
 from commsched.cost.collectives import plan_collective
 from commsched.cost.symm_mem import ONE_SHOT_THRESHOLD_BYTES, choose_all_reduce_lowering, one_shot_all_reduce_time_s
 from commsched.ir import Graph, OpKind
-from commsched.rewrites.bucket_plan import _resolve_hardware
+from commsched.rewrites.bucket_plan import resolve_hardware
 from commsched.rewrites.fxutil import RewriteResult, call, copy_graph_module, fake_mode_of, finish, wait_users
 
 aten = torch.ops.aten
@@ -68,7 +68,7 @@ def lower_all_reduces(
     ``gm`` (default: ``from_fx(gm, group_sizes=...)``). Rows say, per all_reduce, what it became and why."""
     from commsched.frontends.fx import from_fx
 
-    hw = _resolve_hardware(hardware)
+    hw = resolve_hardware(hardware)
     g = graph if graph is not None else from_fx(gm, group_sizes=group_sizes)
     out = copy_graph_module(gm)
     result = RewriteResult(gm=out, name="lower_all_reduces")

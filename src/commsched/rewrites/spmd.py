@@ -3,7 +3,7 @@
 Every rank runs the same graph (SPMD) on its own inputs; the ops run rank by rank and a collective combines the
 ranks' values. Reductions add in rank order (``((x0 + x1) + x2) ...``), so two graphs that reduce the same operands
 give bit-identical results here. This is how the rewrites are checked on small random inputs without a process
-group; ``commsched.rewrites.gloo`` checks them on real gloo ranks.
+group; ``tests/rewrites/gloo_helpers.py`` checks them on real gloo ranks.
 
 Semantics per op (``_c10d_functional`` and ``symm_mem``): all_gather concatenates along dim 0 in rank order;
 reduce_scatter reduces then hands rank ``r`` chunk ``r`` of dim 0; all_reduce (and the one-shot symmetric-memory

@@ -167,16 +167,10 @@ def rank_device(backend: str) -> torch.device:
 
 def trace_rank(spec: WorkloadSpec, groups: Mapping[str, Any], rank: int, device: torch.device):
     """(StepProgram, GraphModule) of this rank's step, traced on fake tensors with its real process groups."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    from commsched.workloads.trace import _tidy
+    from commsched.workloads.trace import trace_step
 
     program = StepProgram(spec, groups, rank)
-    with FakeTensorMode(), torch.device(device):
-        gm = make_fx(program.step)(*program.empty_inputs())
-    _tidy(gm, program.input_names)
-    return program, gm
+    return program, trace_step(program, device)
 
 
 def _check_same_graph(gm: torch.fx.GraphModule) -> None:

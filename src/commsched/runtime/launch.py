@@ -6,10 +6,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import socket
 import tempfile
 from pathlib import Path
 
+from commsched.io import free_port
 from commsched.report.run_report import RunReport
 from commsched.runtime.executor import RunConfig, run_rank
 from commsched.runtime.netns import ShapedNetwork
@@ -20,12 +20,6 @@ _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 def launched_by_torchrun() -> bool:
     """True inside a process that torchrun (or any env:// launcher) started as one rank."""
     return "TORCHELASTIC_RUN_ID" in os.environ or all(v in os.environ for v in _TORCHRUN_VARS)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _entry(rank: int, world: int, port: int, cfg: RunConfig, net: ShapedNetwork | None, backend: str, out: str):
@@ -84,7 +78,7 @@ def run_local(cfg: RunConfig, *, network: ShapedNetwork | None = None, backend: 
     with tempfile.TemporaryDirectory(prefix="commsched-run-") as d, _quiet_cpp_warnings():
         try:
             mp.start_processes(
-                _entry, args=(world, _free_port(), cfg, network, backend, d), nprocs=world, start_method="spawn"
+                _entry, args=(world, free_port(), cfg, network, backend, d), nprocs=world, start_method="spawn"
             )
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
             report = _report_after_exit(Path(d), exc)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch.autograd import Function
@@ -55,68 +55,37 @@ def all_to_all(x: torch.Tensor, group: Group) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------- autograd primitives
-class _CopyToTP(Function):
-    """Megatron f: identity forward, all_reduce of the input gradient in backward."""
+def autograd_pair(name: str, forward: Callable, backward: Callable) -> type[Function]:
+    """An autograd Function ``name`` computing ``forward(x, arg)`` whose gradient is ``backward(grad, arg)``: the
+    one shape of every parallel primitive (Megatron's f and g, sequence gather / scatter, MoE all_to_all)."""
 
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return x.view_as(x)
+    def forward_fn(ctx, x, arg):
+        ctx.arg = arg
+        return forward(x, arg)
 
-    @staticmethod
-    def backward(ctx, g):
-        return all_reduce(g, ctx.group), None
+    def backward_fn(ctx, grad):
+        return backward(grad, ctx.arg), None
 
-
-class _ReduceFromTP(Function):
-    """Megatron g: all_reduce forward, identity backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        return all_reduce(x, group)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g, None
+    doc = f"{forward.__name__} forward, {backward.__name__} of the gradient backward"
+    return type(
+        name, (Function,), {"__doc__": doc, "forward": staticmethod(forward_fn), "backward": staticmethod(backward_fn)}
+    )
 
 
-class _GatherSeq(Function):
-    """Sequence parallel: all_gather the token dimension forward, reduce_scatter it backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return all_gather(x, group)
-
-    @staticmethod
-    def backward(ctx, g):
-        return reduce_scatter(g, ctx.group), None
+def identity_view(x: torch.Tensor, _arg: object = None) -> torch.Tensor:
+    """The identity as a new view (an autograd Function's forward must not return its input itself)."""
+    return x.view_as(x)
 
 
-class _ScatterSeq(Function):
-    """Sequence parallel: reduce_scatter the token dimension forward, all_gather it backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return reduce_scatter(x, group)
-
-    @staticmethod
-    def backward(ctx, g):
-        return all_gather(g, ctx.group), None
+def identity(grad: torch.Tensor, _arg: object = None) -> torch.Tensor:
+    return grad
 
 
-class _AllToAll(Function):
-    """MoE dispatch / combine: all_to_all with equal splits; its backward is the reverse all_to_all."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return all_to_all(x, group)
-
-    @staticmethod
-    def backward(ctx, g):
-        return all_to_all(g, ctx.group), None
+_CopyToTP = autograd_pair("_CopyToTP", identity_view, all_reduce)  # Megatron f
+_ReduceFromTP = autograd_pair("_ReduceFromTP", all_reduce, identity)  # Megatron g
+_GatherSeq = autograd_pair("_GatherSeq", all_gather, reduce_scatter)  # sequence parallel: gather the tokens
+_ScatterSeq = autograd_pair("_ScatterSeq", reduce_scatter, all_gather)  # sequence parallel: scatter the tokens
+_AllToAll = autograd_pair("_AllToAll", all_to_all, all_to_all)  # MoE dispatch / combine, equal splits
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

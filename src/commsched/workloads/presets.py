@@ -73,79 +73,47 @@ class ModelConfig:
         return layers * self.block_params() + 2 * self.vocab_size * self.dim + self.dim
 
 
-PRESETS: dict[str, ModelConfig] = {
-    c.name: c
-    for c in (
-        ModelConfig(
-            name="llama3-8b",
-            dim=4096,
-            n_layers=32,
-            n_heads=32,
-            n_kv_heads=8,
-            ffn_dim=14336,
-            vocab_size=128256,
-            description="Llama 3 8B (Meta, 2024)",
-        ),
-        ModelConfig(
-            name="llama3-70b",
-            dim=8192,
-            n_layers=80,
-            n_heads=64,
-            n_kv_heads=8,
-            ffn_dim=28672,
-            vocab_size=128256,
-            description="Llama 3 70B (Meta, 2024)",
-        ),
-        ModelConfig(
-            name="llama3-405b",
-            dim=16384,
-            n_layers=126,
-            n_heads=128,
-            n_kv_heads=8,
-            ffn_dim=53248,
-            vocab_size=128256,
-            description="Llama 3.1 405B (Meta, 2024)",
-        ),
-        ModelConfig(
-            name="mixtral-8x7b",
-            dim=4096,
-            n_layers=32,
-            n_heads=32,
-            n_kv_heads=8,
-            ffn_dim=14336,
-            vocab_size=32000,
-            rope_theta=1e6,
-            n_experts=8,
-            top_k=2,
-            seq_len=4096,
-            description="Mixtral 8x7B (Mistral AI, 2023): 8 experts, top-2",
-        ),
-        ModelConfig(
-            name="llama-tiny",
-            dim=256,
-            n_layers=2,
-            n_heads=16,
-            n_kv_heads=8,
-            ffn_dim=512,
-            vocab_size=1024,
-            seq_len=64,
-            description="a 2-layer Llama for tests and real runs on CPU",
-        ),
-        ModelConfig(
-            name="mixtral-tiny",
-            dim=256,
-            n_layers=2,
-            n_heads=16,
-            n_kv_heads=8,
-            ffn_dim=256,
-            vocab_size=1024,
-            n_experts=8,
-            top_k=2,
-            seq_len=64,
-            description="a 2-layer Mixtral-style MoE (8 experts, top-2) for tests and real runs on CPU",
-        ),
-    )
-}
+def _llama3(name: str, description: str, **dims: int) -> ModelConfig:
+    """A Llama 3 size: every one has 8 KV heads and the same 128256-token vocabulary."""
+    return ModelConfig(name=name, n_kv_heads=8, vocab_size=128256, description=description, **dims)
+
+
+_TINY_DIMS = {"dim": 256, "n_layers": 2, "n_heads": 16, "n_kv_heads": 8, "vocab_size": 1024, "seq_len": 64}
+
+
+def _tiny(name: str, description: str, **dims: int) -> ModelConfig:
+    """A 2-layer model small enough for tests and real runs on CPU."""
+    return ModelConfig(name=name, description=description, **_TINY_DIMS, **dims)
+
+
+_MODELS = (
+    _llama3("llama3-8b", "Llama 3 8B (Meta, 2024)", dim=4096, n_layers=32, n_heads=32, ffn_dim=14336),
+    _llama3("llama3-70b", "Llama 3 70B (Meta, 2024)", dim=8192, n_layers=80, n_heads=64, ffn_dim=28672),
+    _llama3("llama3-405b", "Llama 3.1 405B (Meta, 2024)", dim=16384, n_layers=126, n_heads=128, ffn_dim=53248),
+    ModelConfig(
+        name="mixtral-8x7b",
+        dim=4096,
+        n_layers=32,
+        n_heads=32,
+        n_kv_heads=8,
+        ffn_dim=14336,
+        vocab_size=32000,
+        rope_theta=1e6,
+        n_experts=8,
+        top_k=2,
+        seq_len=4096,
+        description="Mixtral 8x7B (Mistral AI, 2023): 8 experts, top-2",
+    ),
+    _tiny("llama-tiny", "a 2-layer Llama for tests and real runs on CPU", ffn_dim=512),
+    _tiny(
+        "mixtral-tiny",
+        "a 2-layer Mixtral-style MoE (8 experts, top-2) for tests and real runs on CPU",
+        ffn_dim=256,
+        n_experts=8,
+        top_k=2,
+    ),
+)
+PRESETS: dict[str, ModelConfig] = {c.name: c for c in _MODELS}
 
 
 def get_preset(name: str) -> ModelConfig:

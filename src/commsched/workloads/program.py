@@ -68,6 +68,15 @@ class WorkloadSpec:
         """Tokens each TP group processes in the step."""
         return self.batch * (1 if self.mode == "decode" else self.seq_len)
 
+    def step_options(self) -> dict[str, Any]:
+        """The :func:`resolve` options that shape the step itself rather than its parallelism (to resolve the same
+        step under another plan)."""
+        return {name: getattr(self, name) for name in _STEP_OPTIONS}
+
+
+# WorkloadSpec fields that are also resolve options and do not depend on the parallel plan
+_STEP_OPTIONS = ("seq_len", "batch", "dtype", "mode", "kv_len", "reduce_dtype", "attention", "capacity_factor")
+
 
 def resolve(
     preset: str | ModelConfig,

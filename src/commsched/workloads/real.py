@@ -8,7 +8,6 @@ shards of the replica-averaged gradients, its slice of the logits), so a real ru
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,25 +15,14 @@ from typing import Any
 
 import torch
 
+from commsched.io import free_port
 from commsched.workloads.params import init_full_params, shard_for_rank
 from commsched.workloads.program import StepProgram, WorkloadSpec, resolve
 
 
 def single_rank_spec(spec: WorkloadSpec) -> WorkloadSpec:
     """The same model, step and shapes with no parallelism (world size 1)."""
-    return resolve(
-        spec.model,
-        parallel="none",
-        world_size=1,
-        seq_len=spec.seq_len,
-        batch=spec.batch,
-        dtype=spec.dtype,
-        mode=spec.mode,
-        kv_len=spec.kv_len,
-        reduce_dtype=spec.reduce_dtype,
-        attention=spec.attention,
-        capacity_factor=spec.capacity_factor,
-    )
+    return resolve(spec.model, parallel="none", world_size=1, **spec.step_options())
 
 
 def reference_outputs(spec: WorkloadSpec, *, seed: int = 0) -> dict[str, Any]:
@@ -73,12 +61,6 @@ def expected_rank_outputs(spec: WorkloadSpec, rank: int, reference: dict[str, An
     return [padded.view(batch, plan.tp, rows).transpose(0, 1).reshape(plan.tp * batch, rows)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank: int, world_size: int, port: int, specs: Sequence[WorkloadSpec], seed: int, out_dir: str) -> None:
     import torch.distributed as dist
 
@@ -111,8 +93,6 @@ def run_on_gloo(specs: Sequence[WorkloadSpec], *, seed: int = 0) -> list[list[li
             raise ValueError(f"{s.model.name}/{s.plan.parallel}: real CPU runs need attention='sdpa'")
     world = worlds.pop()
     with tempfile.TemporaryDirectory() as d:
-        mp.start_processes(
-            _worker, args=(world, _free_port(), list(specs), seed, d), nprocs=world, start_method="spawn"
-        )
+        mp.start_processes(_worker, args=(world, free_port(), list(specs), seed, d), nprocs=world, start_method="spawn")
         per_rank = [torch.load(Path(d) / f"rank{r}.pt", weights_only=True) for r in range(world)]
     return [[per_rank[r][k] for r in range(world)] for k in range(len(specs))]

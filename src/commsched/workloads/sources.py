@@ -21,7 +21,15 @@ import torch
 from torch.autograd import Function
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from commsched.workloads.collectives import DDPBuckets, Group, all_gather, all_reduce, reduce_scatter
+from commsched.workloads.collectives import (
+    DDPBuckets,
+    Group,
+    all_gather,
+    all_reduce,
+    autograd_pair,
+    identity_view,
+    reduce_scatter,
+)
 from commsched.workloads.params import ParamInfo
 
 
@@ -244,15 +252,9 @@ class _FSDPUnshard(Function):
         return (None, None, *ctx.source._reduce(ctx.pids, list(grads)))
 
 
-class _PreBackward(Function):
-    """Identity whose backward runs ``hook`` first: FSDP2's pre-backward unshard of a unit."""
+def _run_hook(grad: torch.Tensor, hook: Callable[[], None]) -> torch.Tensor:
+    hook()
+    return grad
 
-    @staticmethod
-    def forward(ctx, x, hook):
-        ctx.hook = hook
-        return x.view_as(x)
 
-    @staticmethod
-    def backward(ctx, g):
-        ctx.hook()
-        return g, None
+_PreBackward = autograd_pair("_PreBackward", identity_view, _run_hook)  # FSDP2's pre-backward unshard of a unit

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable
@@ -32,43 +33,22 @@ class Workload:
 
 
 def build(
-    preset: str,
-    *,
-    parallel: str,
-    world_size: int,
-    layers: int | None = None,
-    seq_len: int | None = None,
-    batch: int | None = None,
-    dtype: str | torch.dtype = "bfloat16",
-    mode: str = "train",
-    **options: Any,
+    preset: str, *, parallel: str, world_size: int, progress: Callable[[str], None] | None = None, **options: Any
 ) -> Workload:
-    """Trace ``preset`` under ``parallel`` at ``world_size`` ranks (as rank 0) into one graph, allocating nothing.
+    """Trace ``preset`` under ``parallel`` at ``world_size`` ranks (as rank 0) into one graph, allocating nothing:
+    :func:`commsched.workloads.resolve` with ``options``, then :func:`trace_spec`.
 
-    ``mode``: ``"train"`` (joint forward + backward), ``"prefill"`` or ``"decode"`` (forward with a KV cache).
-    ``seq_len`` defaults to the preset's, ``batch`` (sequences per data-parallel replica) to 1 (8 for decode).
-    Options: ``kv_len``, ``tp_size``, ``ep_size``, ``fsdp_bucket`` ("param" | "block"), ``reduce_dtype``,
-    ``attention`` ("flash" | "sdpa"), ``capacity_factor``. Raises ValueError for an impossible configuration.
+    Options (see ``resolve``): ``layers``, ``seq_len`` (default: the preset's), ``batch`` (sequences per
+    data-parallel replica; default 1, 8 for decode), ``dtype``, ``mode`` (``"train"``: joint forward + backward,
+    ``"prefill"`` or ``"decode"``: forward with a KV cache), ``kv_len``, ``tp_size``, ``ep_size``, ``fsdp_bucket``
+    ("param" | "block"), ``reduce_dtype``, ``attention`` ("flash" | "sdpa"), ``capacity_factor``. Raises ValueError
+    for an impossible configuration.
     """
-    spec = resolve(
-        preset,
-        parallel=parallel,
-        world_size=world_size,
-        layers=layers,
-        seq_len=seq_len,
-        batch=batch,
-        dtype=dtype,
-        mode=mode,
-        **options,
-    )
-    return trace_spec(spec)
+    return trace_spec(resolve(preset, parallel=parallel, world_size=world_size, **options), progress)
 
 
 def trace_spec(spec: WorkloadSpec, progress: Callable[[str], None] | None = None) -> Workload:
     """Trace a resolved spec (see :func:`build`); ``progress`` receives a message as each phase starts."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.proxy_tensor import make_fx
-
     from commsched.frontends.fake_pg import fake_process_group
     from commsched.frontends.fx import from_fx
 
@@ -80,14 +60,23 @@ def trace_spec(spec: WorkloadSpec, progress: Callable[[str], None] | None = None
         program.on_layer = lambda i: say(
             f"tracing: forward of layer {i + 1}/{layers}" + (", then backward" if spec.train else "")
         )
-        with FakeTensorMode():
-            inputs = program.empty_inputs()
-            gm = make_fx(program.step)(*inputs)
-        _tidy(gm, program.input_names)
+        gm = trace_step(program)
         say(f"importing {len(gm.graph.nodes)} FX nodes into the commsched graph")
         meta = workload_meta(program, groups)
         graph = from_fx(gm, meta=meta)
     return Workload(graph_module=gm, graph=graph, meta=meta, spec=spec)
+
+
+def trace_step(program: StepProgram, device: torch.device | None = None) -> torch.fx.GraphModule:
+    """``make_fx`` of ``program.step`` on fake tensors (created on ``device`` when given) under the program's
+    process groups, with the placeholders named after its inputs."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with FakeTensorMode(), torch.device(device) if device is not None else contextlib.nullcontext():
+        gm = make_fx(program.step)(*program.empty_inputs())
+    _tidy(gm, program.input_names)
+    return gm
 
 
 def _tidy(gm: torch.fx.GraphModule, input_names: list[str]) -> None:

@@ -123,14 +123,14 @@ def compare_on_gloo(
     ``attention="sdpa"`` (the flash kernel has no CPU implementation)."""
     import torch.multiprocessing as mp
 
-    from commsched.workloads.real import _free_port
+    from commsched.io import free_port
 
     for _, _, rewrite, _ in cases:
         if rewrite not in REWRITES:
             raise ValueError(f"unknown rewrite {rewrite!r}: expected one of {', '.join(REWRITES)}")
     with tempfile.TemporaryDirectory() as d:
         mp.start_processes(
-            _worker, args=(world_size, _free_port(), list(cases), seed, d), nprocs=world_size, start_method="spawn"
+            _worker, args=(world_size, free_port(), list(cases), seed, d), nprocs=world_size, start_method="spawn"
         )
         per_rank = [torch.load(Path(d) / f"rank{r}.pt", weights_only=True) for r in range(world_size)]
     return [[per_rank[r][k] for r in range(world_size)] for k in range(len(cases))]

@@ -11,14 +11,14 @@ import pytest
 from typer.testing import CliRunner
 
 from commsched import hardware
-from commsched import sweep as sweep_module
 from commsched.cli import app
 from commsched.cost import estimate_costs
+from commsched.experiments import sweep as sweep_module
+from commsched.experiments.sweep import SweepRow, build_options, run_sweep, sweep_to_dict
+from commsched.experiments.sweep import _run_task as real_run_task
 from commsched.passes import schedule
 from commsched.report.sweep_plot import sweep_png, write_sweep_plot
 from commsched.sim import simulate_costs
-from commsched.sweep import SweepRow, build_options, run_sweep, sweep_to_dict
-from commsched.sweep import _run_task as real_run_task
 from commsched.workloads import build
 
 PROFILES = ["h100-sxm", "b200"]
@@ -228,7 +228,7 @@ def test_cli_help_has_an_example():
 
 
 def test_board_hands_out_from_both_ends_and_counts_each_task_once():
-    from commsched.sweep import _Board, _TraceTask
+    from commsched.experiments.sweep import _Board, _TraceTask
 
     tasks = [_TraceTask(i, "llama-tiny", "fsdp", 2**i, ("h100-sxm",), 1, None, None, ()) for i in range(1, 5)]
     board = _Board(tasks, run_here=True)

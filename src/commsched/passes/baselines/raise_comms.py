@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from commsched.ir import Graph
-from commsched.passes.comm_list_scheduler import comm_list_schedule
+from commsched.passes.baselines.comm_list_scheduler import comm_list_schedule
 from commsched.passes.registry import PassContext, PassResult, PassStats, register_pass
 
 

@@ -18,6 +18,7 @@ import heapq
 import numpy as np
 
 from commsched.ir import Graph, OpKind
+from commsched.ir.graph import csr
 from commsched.passes.registry import PassContext
 
 _INF = np.iinfo(np.int64).max
@@ -52,11 +53,8 @@ def comm_list_schedule(
     # ordering constraints: data/control preds, the per-group collective chain, and earlier passes' constraints
     src = np.concatenate([idx, chain_src, ctx.extra_src]).astype(np.int64)
     dst = np.concatenate([np.repeat(np.arange(n), np.diff(ptr)), chain_dst, ctx.extra_dst]).astype(np.int64)
-    from commsched.ir.graph import _csr
-
-    succ_ptr, succ_idx = _csr(n, dst, src)
-    indeg = np.bincount(dst, minlength=n) if len(dst) else np.zeros(n, np.int64)
-    # dedupe: _csr dropped duplicate edges, so recount in-degree from the successor lists
+    succ_ptr, succ_idx = csr(n, dst, src)
+    # dedupe: csr dropped duplicate edges, so recount in-degree from the successor lists
     indeg = np.bincount(succ_idx, minlength=n) if len(succ_idx) else np.zeros(n, np.int64)
 
     score0 = np.full(n, _INF, np.int64)

@@ -7,8 +7,8 @@ import json
 from typer.testing import CliRunner
 
 from commsched.cli import app
-from commsched.compare import compare_schedulers
 from commsched.cost import estimate_costs
+from commsched.experiments.compare import compare_schedulers
 from commsched.hardware import get
 from commsched.workloads import build
 
