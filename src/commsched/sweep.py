@@ -161,10 +161,8 @@ def _evaluate(task: _TraceTask, workload: Any, hardware: str, trace_wall_s: floa
     }
     stage = "hardware"
     try:
-        gpus_per_node = task.gpus_per_node or hw_profiles.get(hardware).gpus_per_node
-        num_nodes = max(1, -(-task.world_size // gpus_per_node))
-        common.update(num_nodes=num_nodes, gpus_per_node=gpus_per_node)
-        hw = hw_profiles.get(hardware, num_nodes=num_nodes, gpus_per_node=gpus_per_node)
+        hw = hw_profiles.for_graph(hardware, world_size=task.world_size, gpus_per_node=task.gpus_per_node)
+        common.update(num_nodes=hw.num_nodes, gpus_per_node=hw.gpus_per_node)
         stage = "estimate"
         t0 = time.perf_counter()
         costs = estimate_costs(g, hw)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from commsched.cost.model import CostEstimate
+from commsched.cost import resolve_costs
 from commsched.ir import Graph, GraphError, OpKind
 from commsched.passes.check import as_order, check_schedule
 from commsched.passes.registry import PASSES, NoConfig, PassContext, PassResult, PassStats, build_config
@@ -107,19 +107,6 @@ def inputs_first(graph: Graph, order: np.ndarray) -> np.ndarray:
     return np.concatenate([order[is_input], order[~is_input]]).astype(np.int32)
 
 
-def resolve_costs(graph: Graph, hardware: Any) -> CostEstimate:
-    """A CostEstimate as given, or estimated from a hardware profile (name or Hardware)."""
-    if isinstance(hardware, CostEstimate):
-        if len(hardware.node_s) != len(graph):
-            raise ValueError(f"the cost estimate has {len(hardware.node_s)} entries; the graph has {len(graph)} nodes")
-        return hardware
-    from commsched.cost import estimate_costs  # the cost model
-    from commsched.hardware import get as get_hardware
-
-    hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
-    return estimate_costs(graph, hw)
-
-
 @contextmanager
 def _gc_paused() -> Iterator[None]:
     """Passes build many small lists and tuples and no reference cycles; Python's cyclic collector would rescan the
@@ -138,17 +125,21 @@ def schedule(
     hardware: Any,
     passes: str | Sequence[str | Callable[..., PassResult]] = "torch",
     *,
+    num_nodes: int | None = None,
+    gpus_per_node: int | None = None,
     order: np.ndarray | Sequence[int | str] | None = None,
     check: bool = True,
     **knobs: Any,
 ) -> Schedule:
     """Run ``passes`` (names, callables, or a preset name) on ``graph`` and return the resulting :class:`Schedule`.
 
-    ``hardware`` is a profile name, a Hardware, or a precomputed CostEstimate. ``knobs`` set pass config fields by
-    name (e.g. ``peak_memory_budget=0.1``); an unknown knob is an error. Every pass result is checked (topological
-    order, per-group collective order) unless ``check=False``.
+    ``hardware`` is a profile name or ``.toml`` path (on ``num_nodes`` nodes of ``gpus_per_node`` GPUs; by default
+    as many nodes as the graph's world size needs), a Hardware, or a precomputed CostEstimate
+    (``commsched.cost.resolve_costs``). ``knobs`` set pass config fields by name (e.g.
+    ``peak_memory_budget=0.1``); an unknown knob is an error. Every pass result is checked (topological order,
+    per-group collective order) unless ``check=False``.
     """
-    costs = resolve_costs(graph, hardware)
+    costs = resolve_costs(graph, hardware, num_nodes=num_nodes, gpus_per_node=gpus_per_node)
     names = PRESETS[passes] if isinstance(passes, str) and passes in PRESETS else passes
     if isinstance(names, str):
         names = [p.strip() for p in names.split(",") if p.strip()]

@@ -188,7 +188,7 @@ def _plan_on_rank0(cfg: RunConfig, gm, graph, rows, interference, op_times) -> t
     from commsched import hardware as hw_mod
     from commsched.runtime.plan import cost_summary, link_table, plan_orders, predict, run_costs
 
-    hw = hw_mod.get(cfg.hardware)
+    hw = hw_mod.for_graph(cfg.hardware, graph)
     table = link_table(rows)
     slowdown = interference["compute_slowdown"]
     comm_slowdown = interference["comm_slowdown"] if cfg.comm_slowdown else 1.0
