@@ -42,3 +42,27 @@ def test_hardware_argument_errors(graph16):
         commsched.schedule(g, estimate_costs(g, "h100-sxm"), num_nodes=2)
     with pytest.raises(FileNotFoundError, match="unknown hardware profile 'h900'"):
         commsched.simulate(g, "h900")
+
+
+def test_pass_and_preset_resolution():
+    from commsched.passes import PRESETS, resolve_passes
+
+    assert resolve_passes("default") == ["overlap"] == resolve_passes(["default"])
+    assert resolve_passes("torch") == resolve_passes(["torch"]) == PRESETS["torch"]  # a preset inside a list too
+    assert resolve_passes("sink_waits, raise_comms") == ["sink_waits", "raise_comms"]
+    assert resolve_passes(["decide_global_ordering_of_comms", "default"]) == [
+        "decide_global_ordering_of_comms",
+        "overlap",
+    ]
+    assert resolve_passes("none") == [] == resolve_passes("")
+    custom = resolve_passes  # any callable is kept as is
+    assert resolve_passes(["default", custom]) == ["overlap", custom]
+    with pytest.raises(ValueError, match=r"unknown pass 'nope'; known passes: \[.*'overlap'.*presets: \[.*'torch'"):
+        resolve_passes("overlap,nope")
+
+
+def test_default_passes_are_ours(graph16):
+    costs = estimate_costs(graph16, "h100-sxm")
+    s = commsched.schedule(graph16, costs)
+    assert s.passes == ["overlap"]
+    assert np.array_equal(s.order, commsched.schedule(graph16, costs, "default").order)

@@ -103,7 +103,7 @@ def compare_schedulers(
         say(name)
         t0 = time.perf_counter()
         try:
-            s = schedule(graph, costs, passes[0] if passes == ["torch"] else passes, **knobs)
+            s = schedule(graph, costs, passes, **knobs)
         except Exception as exc:  # a pass that cannot handle this graph is a row, not a crash
             add(name, None, time.perf_counter() - t0, note=f"failed: {exc}")
             continue

@@ -229,7 +229,7 @@ def _run_task(task: _TraceTask) -> list[SweepRow]:
 def _check_names(preset: str, parallels: Sequence[str], hardware: Sequence[str], schedule: str | None) -> None:
     """Reject names that would fail every configuration, before starting any process."""
     from commsched import hardware as hw_profiles
-    from commsched.passes import PASSES, PRESETS
+    from commsched.passes import resolve_passes
     from commsched.workloads import PARALLELISMS, get_preset
 
     get_preset(preset)  # ValueError naming the known presets
@@ -241,13 +241,11 @@ def _check_names(preset: str, parallels: Sequence[str], hardware: Sequence[str],
             hw_profiles.get(h)
         except FileNotFoundError as exc:
             raise ValueError(str(exc)) from None
-    if schedule is not None and schedule not in PRESETS:
-        for name in (s.strip() for s in schedule.split(",")):
-            if name not in PASSES:
-                raise ValueError(
-                    f"schedule {schedule!r}: unknown pass {name!r}; presets: {', '.join(PRESETS)}; "
-                    f"passes: {', '.join(sorted(PASSES))}"
-                )
+    if schedule is not None:
+        try:
+            resolve_passes(schedule)
+        except ValueError as exc:
+            raise ValueError(f"schedule {schedule!r}: {exc}") from None
 
 
 def _as_list(value: str | Sequence[Any], what: str) -> list[Any]:

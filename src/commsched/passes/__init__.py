@@ -12,7 +12,7 @@ from commsched.passes import (  # noqa: F401  (importing registers the passes)
     sink_waits_iterative,
 )
 from commsched.passes.check import ScheduleError, check_schedule
-from commsched.passes.pipeline import PRESETS, Schedule, load_schedule, schedule
+from commsched.passes.pipeline import PRESETS, Schedule, load_schedule, resolve_passes, schedule
 from commsched.passes.registry import PASSES, PassContext, PassResult, PassStats, register_pass
 
 __all__ = [
@@ -26,5 +26,6 @@ __all__ = [
     "check_schedule",
     "load_schedule",
     "register_pass",
+    "resolve_passes",
     "schedule",
 ]

@@ -35,6 +35,28 @@ PRESETS: dict[str, list[str]] = {
 }
 
 
+PassItem = str | Callable[..., PassResult]
+
+
+def resolve_passes(passes: str | Sequence[PassItem]) -> list[PassItem]:
+    """The pass list ``passes`` names, presets expanded: a preset or pass name, a comma-separated string of them,
+    or a sequence of names and callables (a pass ``fn(graph, order, ctx) -> PassResult``). ValueError naming the
+    first unknown name, with the known passes and presets."""
+    items = passes.split(",") if isinstance(passes, str) else list(passes)
+    resolved: list[PassItem] = []
+    for item in items:
+        name = item.strip() if isinstance(item, str) else item
+        if callable(name):
+            resolved.append(name)
+        elif name in PRESETS:
+            resolved.extend(PRESETS[name])
+        elif name in PASSES:
+            resolved.append(name)
+        elif name != "":  # "a,,b" and "" name nothing
+            raise ValueError(f"unknown pass {name!r}; known passes: {sorted(PASSES)}; presets: {sorted(PRESETS)}")
+    return resolved
+
+
 @dataclass
 class Schedule:
     """An order of the graph's nodes (ids), optional compute streams, and what each pass did."""
@@ -123,7 +145,7 @@ def _gc_paused() -> Iterator[None]:
 def schedule(
     graph: Graph,
     hardware: Any,
-    passes: str | Sequence[str | Callable[..., PassResult]] = "torch",
+    passes: str | Sequence[PassItem] = "default",
     *,
     num_nodes: int | None = None,
     gpus_per_node: int | None = None,
@@ -131,7 +153,8 @@ def schedule(
     check: bool = True,
     **knobs: Any,
 ) -> Schedule:
-    """Run ``passes`` (names, callables, or a preset name) on ``graph`` and return the resulting :class:`Schedule`.
+    """Run ``passes`` (see :func:`resolve_passes`; default: our ``overlap`` pass) on ``graph`` and return the
+    resulting :class:`Schedule`.
 
     ``hardware`` is a profile name or ``.toml`` path (on ``num_nodes`` nodes of ``gpus_per_node`` GPUs; by default
     as many nodes as the graph's world size needs), a Hardware, or a precomputed CostEstimate
@@ -139,10 +162,8 @@ def schedule(
     ``peak_memory_budget=0.1``); an unknown knob is an error. Every pass result is checked (topological order,
     per-group collective order) unless ``check=False``.
     """
+    names = resolve_passes(passes)
     costs = resolve_costs(graph, hardware, num_nodes=num_nodes, gpus_per_node=gpus_per_node)
-    names = PRESETS[passes] if isinstance(passes, str) and passes in PRESETS else passes
-    if isinstance(names, str):
-        names = [p.strip() for p in names.split(",") if p.strip()]
     cur = as_order(graph, order)
     reference = cur.copy()
     extra_src = np.zeros(0, np.int32)
@@ -155,9 +176,7 @@ def schedule(
         if callable(p):
             fn, cfg, pname = p, NoConfig(), getattr(p, "__name__", "custom")
         else:
-            spec = PASSES.get(p)
-            if spec is None:
-                raise ValueError(f"unknown pass {p!r}; known passes: {sorted(PASSES)}; presets: {sorted(PRESETS)}")
+            spec = PASSES[p]
             fn, cfg, pname = spec.fn, build_config(spec.config_cls, knobs, used), p
         ctx = PassContext(costs=costs, config=cfg, extra_src=extra_src, extra_dst=extra_dst, streams=streams)
         t0 = time.perf_counter()

@@ -59,17 +59,11 @@ def run_costs(
 
 def pass_knob_names(passes: str | Sequence[str]) -> set[str]:
     """Every knob the passes (a preset name or a list of pass names) accept; ValueError for an unknown pass."""
-    from commsched.passes import PASSES, PRESETS
+    from commsched.passes import PASSES, resolve_passes
 
-    names = PRESETS[passes] if isinstance(passes, str) and passes in PRESETS else passes
-    if isinstance(names, str):
-        names = [p.strip() for p in names.split(",") if p.strip()]
     accepted: set[str] = set()
-    for name in names:
-        spec = PASSES.get(name)
-        if spec is None:
-            raise ValueError(f"unknown pass {name!r}; known passes: {sorted(PASSES)}; presets: {sorted(PRESETS)}")
-        accepted |= {f.name for f in dataclasses.fields(spec.config_cls)}
+    for name in resolve_passes(passes):
+        accepted |= {f.name for f in dataclasses.fields(PASSES[name].config_cls)}
     return accepted
 
 
