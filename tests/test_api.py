@@ -66,3 +66,85 @@ def test_default_passes_are_ours(graph16):
     s = commsched.schedule(graph16, costs)
     assert s.passes == ["overlap"]
     assert np.array_equal(s.order, commsched.schedule(graph16, costs, "default").order)
+
+
+# ------------------------------------------------------------------------------------------------------------ knobs
+def test_flat_knobs_set_every_pass_that_has_the_field():
+    from commsched.passes import MemoryBudget, check_knobs
+
+    configs = check_knobs(["overlap", "multi_stream"], {"memory_budget": 1.1})
+    assert configs["overlap"].memory_budget == MemoryBudget(ratio=1.1) == configs["multi_stream"].memory_budget
+    assert check_knobs(["overlap", "exact"], {"memory_budget": "40GiB"})["exact"].memory_budget.bytes == 40 << 30
+
+
+def test_a_pass_namespace_sets_one_pass_over_a_flat_knob():
+    from commsched.passes import MemoryBudget, check_knobs
+
+    knobs = {"memory_budget": 1.1, "multi_stream": {"memory_budget": None, "compute_streams": 3}}
+    configs = check_knobs(["overlap", "multi_stream"], knobs)
+    assert configs["overlap"].memory_budget == MemoryBudget(ratio=1.1)
+    assert configs["multi_stream"].memory_budget.unlimited and configs["multi_stream"].compute_streams == 3
+
+
+def test_knob_values_are_converted_to_the_field_types():
+    from commsched.passes import MemoryBudget, check_knobs
+
+    cfg = check_knobs("default", {"memory_budget": 1, "variants": [["input", True]], "reorder_collectives": "true"})
+    assert cfg["overlap"].memory_budget == MemoryBudget(ratio=1.0)  # an int where a ratio goes
+    assert cfg["overlap"].variants == (("input", True),)  # JSON lists become the tuples the field holds
+    assert cfg["overlap"].reorder_collectives is True
+    ms = check_knobs(["multi_stream"], {"role_streams": {"comm": [0]}, "compute_interference": 0})["multi_stream"]
+    assert ms.role_streams == {"comm": (0,)} and ms.compute_interference == 0.0
+    assert isinstance(ms.compute_interference, float)
+
+
+@pytest.mark.parametrize(
+    ("passes", "knobs", "message"),
+    [
+        ("default", {"colour": 1}, r"unknown knob\(s\) \['colour'\] for passes \['overlap'\]: known knobs are "),
+        ("default", {"overlap": {"colour": 1}}, r"unknown knob\(s\) \['overlap.colour'\]: overlap's knobs are "),
+        ("default", {"exact": {"max_nodes": 9}}, r"knob namespace 'exact' .* not in the pipeline \['overlap'\]"),
+        ("default", {"overlap": 3}, "knob overlap=3: a pass namespace takes a dict"),
+        ("default", {"waits": "middle"}, r"knob waits='middle': expected one of 'early', 'late'"),
+        ("default", {"overlap": {"waits": 1}}, r"knob overlap.waits=1: expected one of 'early', 'late'"),
+        ("default", {"reorder_collectives": 2}, r"knob reorder_collectives=2: expected bool \(true or false\)"),
+        ("default", {"jackson_rounds": 2.5}, r"knob jackson_rounds=2.5: expected int"),
+        ("default", {"variants": [["fast", True]]}, r"expected a tuple of \(one of 'feeds', 'feeders', 'input'; bool"),
+        ("default", {"memory_budget": 0.5}, r"knob memory_budget=0.5: memory budget ratio=0.5 must be >= 1"),
+        ("default", {"memory_budget": "lots"}, r"knob memory_budget='lots': expected a memory budget"),
+        (["multi_stream"], {"stream_sync_s": "x"}, r"knob stream_sync_s='x': expected float or None"),
+        (["exact"], {"max_nodes": None}, r"knob max_nodes=None: expected int"),
+        ("nope", {}, r"unknown pass 'nope'"),
+    ],
+)
+def test_bad_knobs_fail_before_any_work(graph16, monkeypatch, passes, knobs, message):
+    from commsched.passes import pipeline
+
+    def no_costs(*args, **kwargs):
+        raise AssertionError("costs were estimated before the knobs were checked")
+
+    monkeypatch.setattr(pipeline, "resolve_costs", no_costs)
+    with pytest.raises(ValueError, match=message):
+        commsched.schedule(graph16, "h100-sxm", passes, **knobs)
+
+
+def test_cli_knobs_flat_and_per_pass(tmp_path, graph16):
+    from typer.testing import CliRunner
+
+    from commsched.cli import app
+    from commsched.cli.common import parse_knobs
+
+    assert parse_knobs(["overlap.waits=late", "memory_budget=1.1", "reorder_collectives=true", "x=a b"]) == {
+        "overlap": {"waits": "late"},
+        "memory_budget": 1.1,
+        "reorder_collectives": True,
+        "x": "a b",
+    }
+    path = tmp_path / "g.json"
+    commsched.save_graph(graph16, path)
+    runner = CliRunner()
+    args = ["schedule", str(path), "-p", "overlap,multi_stream", "-k", "memory_budget=40GiB"]
+    res = runner.invoke(app, [*args, "-k", "multi_stream.memory_budget=null", "-k", "overlap.waits=late"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, [*args, "-k", "overlap.waits=middle"])
+    assert res.exit_code == 2 and "knob overlap.waits='middle': expected one of 'early', 'late'" in res.output

@@ -68,7 +68,7 @@ def compare_schedulers(
     progress: Callable[[str], None] | None = None,
 ) -> CompareResult:
     """Run every scheduler on ``graph`` and simulate each order; see the module docstring."""
-    from commsched.passes import schedule
+    from commsched.passes import MemoryBudget, schedule
     from commsched.sim import simulate_costs
 
     say = progress or (lambda _msg: None)
@@ -150,8 +150,7 @@ def compare_schedulers(
                         costs,
                         "overlap",
                         reorder_collectives=True,
-                        memory_budget_ratio=None,
-                        memory_budget_bytes=torch_peak,
+                        memory_budget=MemoryBudget(bytes=torch_peak),
                     )
                     add("overlap (ours, reorder, torch's peak as budget)", s.order, time.perf_counter() - t0)
                 except Exception as exc:

@@ -35,6 +35,8 @@ def register(app: typer.Typer) -> None:
 
         Example: commsched schedule graph.json --hardware h100-sxm --passes raise_comms,sink_waits --stats
         -o scheduled.json
+
+        Example: commsched schedule graph.json --knob memory_budget=1.0 --knob overlap.waits=late
         """
         from rich.table import Table
 
@@ -55,6 +57,7 @@ def register(app: typer.Typer) -> None:
         from commsched.cost import estimate_costs
         from commsched.frontends.json_io import load_graph
         from commsched.hardware import for_graph
+        from commsched.passes import check_knobs
         from commsched.passes import schedule as run_schedule
         from commsched.report.pass_stats import overlap_timeline, print_pass_stats
         from commsched.report.units import fmt_bytes, fmt_seconds
@@ -63,6 +66,7 @@ def register(app: typer.Typer) -> None:
         with user_errors():
             g = load_graph(graph)
             knobs = parse_knobs(knob)
+            check_knobs(passes, knobs)  # before the costs are estimated
             hw = for_graph(hardware, g, num_nodes=num_nodes, gpus_per_node=gpus_per_node)
             with console.status(f"estimating {len(g)} nodes on {hardware}"):
                 costs = estimate_costs(g, hw)

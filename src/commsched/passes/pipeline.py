@@ -6,7 +6,7 @@ import gc
 import json
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +17,15 @@ import numpy as np
 from commsched.cost import resolve_costs
 from commsched.ir import Graph, GraphError, OpKind
 from commsched.passes.check import as_order, check_schedule
-from commsched.passes.registry import PASSES, NoConfig, PassContext, PassResult, PassStats, build_config
+from commsched.passes.registry import (
+    PASSES,
+    KnobNamespace,
+    NoConfig,
+    PassConfig,
+    PassContext,
+    PassResult,
+    PassStats,
+)
 
 SCHEDULE_FORMAT = "commsched.schedule"
 SCHEDULE_VERSION = 1
@@ -55,6 +63,12 @@ def resolve_passes(passes: str | Sequence[PassItem]) -> list[PassItem]:
         elif name != "":  # "a,,b" and "" name nothing
             raise ValueError(f"unknown pass {name!r}; known passes: {sorted(PASSES)}; presets: {sorted(PRESETS)}")
     return resolved
+
+
+def check_knobs(passes: str | Sequence[PassItem], knobs: Mapping[str, Any]) -> dict[str, PassConfig]:
+    """The config of every registered pass of ``passes``, built from ``knobs`` (:class:`KnobNamespace`): what
+    :func:`schedule` checks before any work. ValueError naming an unknown pass or knob, or a value that does not fit."""
+    return KnobNamespace.of(resolve_passes(passes)).configs(knobs)
 
 
 @dataclass
@@ -158,26 +172,26 @@ def schedule(
 
     ``hardware`` is a profile name or ``.toml`` path (on ``num_nodes`` nodes of ``gpus_per_node`` GPUs; by default
     as many nodes as the graph's world size needs), a Hardware, or a precomputed CostEstimate
-    (``commsched.cost.resolve_costs``). ``knobs`` set pass config fields by name (e.g.
-    ``peak_memory_budget=0.1``); an unknown knob is an error. Every pass result is checked (topological order,
-    per-group collective order) unless ``check=False``.
+    (``commsched.cost.resolve_costs``). ``knobs`` set pass config fields: ``memory_budget=1.1`` on every pass that
+    has the field, ``overlap={"waits": "late"}`` on one pass (:class:`KnobNamespace`); names, types and allowed
+    values are checked before any work. Every pass result is checked (topological order, per-group collective
+    order) unless ``check=False``.
     """
     names = resolve_passes(passes)
+    configs = KnobNamespace.of(names).configs(knobs)
     costs = resolve_costs(graph, hardware, num_nodes=num_nodes, gpus_per_node=gpus_per_node)
     cur = as_order(graph, order)
     reference = cur.copy()
     extra_src = np.zeros(0, np.int32)
     extra_dst = np.zeros(0, np.int32)
     streams: np.ndarray | None = None
-    used: set[str] = set()
     all_stats: list[PassStats] = []
     pass_names: list[str] = []
     for p in names:
         if callable(p):
             fn, cfg, pname = p, NoConfig(), getattr(p, "__name__", "custom")
         else:
-            spec = PASSES[p]
-            fn, cfg, pname = spec.fn, build_config(spec.config_cls, knobs, used), p
+            fn, cfg, pname = PASSES[p].fn, configs[p], p
         ctx = PassContext(costs=costs, config=cfg, extra_src=extra_src, extra_dst=extra_dst, streams=streams)
         t0 = time.perf_counter()
         with _gc_paused():
@@ -204,7 +218,4 @@ def schedule(
             extra_dst = np.concatenate([extra_dst, result.extra_dst]).astype(np.int32)
         all_stats.append(result.stats)
         pass_names.append(pname)
-    unknown = set(knobs) - used
-    if unknown:
-        raise ValueError(f"unknown knob(s) {sorted(unknown)} for passes {pass_names}")
     return Schedule(graph, cur, streams, all_stats, pass_names)

@@ -90,7 +90,8 @@ class RunConfig:
             raise ValueError(f"threads={self.threads}, gloo_threads={self.gloo_threads}: expected >= 1")
         if not 0 <= self.compute_nice <= 19:
             raise ValueError(f"compute_nice={self.compute_nice}: expected 0 to 19 (a niceness increment)")
-        from commsched.runtime.plan import BUILTIN_VARIANTS, check_knobs
+        from commsched.passes import check_knobs
+        from commsched.runtime.plan import BUILTIN_VARIANTS
 
         unknown = [v for v in self.variants if v not in BUILTIN_VARIANTS and v not in (self.orders or {})]
         if unknown:

@@ -57,23 +57,6 @@ def run_costs(
     )
 
 
-def pass_knob_names(passes: str | Sequence[str]) -> set[str]:
-    """Every knob the passes (a preset name or a list of pass names) accept; ValueError for an unknown pass."""
-    from commsched.passes import PASSES, resolve_passes
-
-    accepted: set[str] = set()
-    for name in resolve_passes(passes):
-        accepted |= {f.name for f in dataclasses.fields(PASSES[name].config_cls)}
-    return accepted
-
-
-def check_knobs(passes: str | Sequence[str], knobs: Mapping[str, Any]) -> None:
-    """ValueError naming the knobs ``passes`` do not accept (checked before any rank starts)."""
-    unknown = sorted(set(knobs) - pass_knob_names(passes))
-    if unknown:
-        raise ValueError(f"unknown knob(s) {unknown} for passes {passes!r}")
-
-
 def torch_default_budget_bytes(peak_bytes: int) -> int:
     """torch's OverlapScheduler default memory limit: the input order's peak plus max(1 GiB, 5 %)."""
     return int(peak_bytes + max(1 << 30, 0.05 * peak_bytes))
@@ -104,19 +87,18 @@ def plan_orders(
     stalls compute only where its result is needed. ``knobs`` override these defaults, which apply only to passes
     that have those knobs."""
     from commsched.memory import memory_profile
-    from commsched.passes import check_schedule, schedule
+    from commsched.passes import KnobNamespace, MemoryBudget, check_schedule, resolve_passes, schedule
     from commsched.passes.check import as_order
 
     ours = dict(knobs or {})
-    defaults: dict[str, Any] = {"reorder_collectives": True, "waits": "late"}
     if memory_budget_ratio is None:
-        defaults["memory_budget_ratio"] = None
-        defaults["memory_budget_bytes"] = torch_default_budget_bytes(memory_profile(graph).peak_bytes)
+        budget = MemoryBudget(bytes=torch_default_budget_bytes(memory_profile(graph).peak_bytes))
     else:
-        defaults["memory_budget_ratio"] = float(memory_budget_ratio)
-    accepted = pass_knob_names(passes)
+        budget = MemoryBudget(ratio=float(memory_budget_ratio))
+    defaults: dict[str, Any] = {"reorder_collectives": True, "waits": "late", "memory_budget": budget}
+    namespace = KnobNamespace.of(resolve_passes(passes))
     for k, v in defaults.items():  # only where the chosen passes have the knob
-        if k in accepted:
+        if namespace.has(k):
             ours.setdefault(k, v)
     orders: dict[str, np.ndarray] = {}
     skipped: dict[str, str] = {}
