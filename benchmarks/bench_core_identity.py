@@ -61,7 +61,7 @@ SCHEDULERS = [
     ("global+overlap", ["decide_global_ordering_of_comms", "overlap"], {}, None),
     ("overlap-reorder", ["overlap"], {"reorder_collectives": True}, None),
     ("overlap-late", ["overlap"], {"waits": "late", "reorder_collectives": True}, None),
-    ("overlap-tight", ["overlap"], {"memory_budget_ratio": 1.0}, None),
+    ("overlap-tight", ["overlap"], {"memory_budget_ratio": 1.0}, {"memory_budget": 1.0}),
     ("multi_stream", ["multi_stream"], {}, None),
 ]  # fmt: skip
 

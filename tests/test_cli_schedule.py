@@ -50,9 +50,7 @@ def test_schedule_knobs_and_list(tmp_path):
     save_graph(g, graph)
     res = runner.invoke(app, ["schedule", "--list"])
     assert res.exit_code == 0 and "overlap" in res.output and "preset default" in res.output
-    res = runner.invoke(
-        app, ["schedule", str(graph), "-k", "memory_budget_ratio=1.0", "-k", "reorder_collectives=true"]
-    )
+    res = runner.invoke(app, ["schedule", str(graph), "-k", "memory_budget=1.0", "-k", "reorder_collectives=true"])
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, ["schedule", str(graph), "-k", "colour=1"])
     assert res.exit_code == 2 and "unknown knob" in res.output

@@ -46,11 +46,20 @@ def test_estimate_json(graph_file):
     assert eager["compute_s"] >= out["compute_s"] and eager["fusion_regions"] == 0
 
 
+def test_estimate_infers_the_nodes_from_the_world_size(graph_file):
+    path, _ = graph_file  # 16 ranks: two nodes of 8 GPUs
+    res = runner.invoke(app, ["estimate", str(path), "-H", "h100-sxm", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["num_nodes"] == 2
+    res = runner.invoke(app, ["estimate", str(path), "-H", "h100-sxm", "--gpus-per-node", "4", "--json"])
+    assert (json.loads(res.output)["num_nodes"], json.loads(res.output)["gpus_per_node"]) == (4, 4)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--hardware", "h900"], "unknown hardware profile 'h900'"),
-        (["--hardware", "h100-sxm"], "spans 2 nodes"),  # 16 ranks on one node of 8
+        (["--hardware", "h100-sxm", "--num-nodes", "1"], "spans 2 nodes"),  # 16 ranks on one node of 8
         (["--hardware", "h100-sxm", "--num-nodes", "2", "--table", "/nonexistent.json"], "does not exist"),
     ],
 )

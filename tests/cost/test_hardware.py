@@ -131,3 +131,41 @@ def test_user_profile_shadows_shipped(tmp_path):
 def test_bad_cluster_shape():
     with pytest.raises(ValueError, match="num_nodes=0"):
         hardware.get("h100-sxm", num_nodes=0)
+
+
+def test_nodes_for_world():
+    assert [hardware.nodes_for_world(w, 8) for w in (1, 8, 9, 64, 65)] == [1, 1, 2, 8, 9]
+    assert hardware.nodes_for_world(64, 4) == 16
+    with pytest.raises(ValueError, match="world_size=0"):
+        hardware.nodes_for_world(0, 8)
+
+
+def _graph_with_groups(*groups: tuple[int, int], meta: dict | None = None):
+    """What the world size is read from: the graph's meta and its process groups (size, stride)."""
+    from types import SimpleNamespace
+
+    from commsched.ir import ProcessGroup
+
+    return SimpleNamespace(meta=meta or {}, groups=[ProcessGroup(f"g{k}", *sg) for k, sg in enumerate(groups)])
+
+
+def test_world_size_of_a_graph():
+    assert hardware.world_size_of(_graph_with_groups()) is None
+    assert hardware.world_size_of(_graph_with_groups((16, 1))) == 16
+    assert hardware.world_size_of(_graph_with_groups((8, 1), (4, 8))) == 32  # a 2-D mesh: the outer group spans it
+    assert hardware.world_size_of(_graph_with_groups((8, 1), meta={"world_size": 64})) == 64  # the trace says
+
+
+def test_for_graph_infers_nodes_from_the_world_size():
+    g = _graph_with_groups((8, 1), (4, 8))  # world 32
+    assert hardware.for_graph("h100-sxm", g).num_nodes == 4
+    assert hardware.for_graph("h100-sxm", g, gpus_per_node=4).num_nodes == 8
+    assert hardware.for_graph("h100-sxm", g, num_nodes=6).num_nodes == 6  # given: used as is
+    assert hardware.for_graph("h100-sxm").num_nodes == 1
+    assert hardware.for_graph("h100-sxm", world_size=65).num_nodes == 9
+    assert hardware.for_graph(str(shipped_profile("b200")), g).num_nodes == 4  # a path, like a name
+    given_hw = hardware.get("h100-sxm", num_nodes=2)
+    assert hardware.for_graph(given_hw, g) is given_hw  # a Hardware is used as given...
+    assert hardware.for_graph(given_hw, g, num_nodes=5).num_nodes == 5  # ...reshaped only by what is given
+    with pytest.raises(TypeError, match="expected a profile name"):
+        hardware.for_graph(3, g)

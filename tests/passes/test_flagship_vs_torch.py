@@ -8,7 +8,7 @@ import pytest
 
 from commsched.cost import estimate_costs
 from commsched.hardware import get
-from commsched.passes import check_schedule, schedule
+from commsched.passes import MemoryBudget, check_schedule, schedule
 from commsched.peers import run_torch_overlap_scheduler
 from commsched.sim import simulate_costs
 from commsched.workloads import build
@@ -27,8 +27,7 @@ def test_beats_torch_at_torch_peak(parallel, world):
         costs,
         "default",
         reorder_collectives=True,
-        memory_budget_ratio=None,
-        memory_budget_bytes=theirs.peak_memory_bytes,
+        memory_budget=MemoryBudget(bytes=theirs.peak_memory_bytes),
     )
     check_schedule(g, s.order, allow_collective_reorder=True)
     ours = simulate_costs(g, costs, s.order)

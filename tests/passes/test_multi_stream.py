@@ -56,7 +56,7 @@ def _assert_valid_result(g, costs, start, s, knobs):
         return
     alpha = knobs.get("compute_interference", 1.0) if knobs.get("interference", True) else 0.0
     assert _predicted_ns(g, costs, s.order, s.streams, alpha) < _predicted_ns(g, costs, start, None, 0.0)
-    ratio = knobs.get("memory_budget_ratio", 1.05)
+    ratio = knobs.get("memory_budget", 1.05)
     if ratio is not None:
         assert memory_profile(g, s.order).peak_bytes <= int(memory_profile(g, start).peak_bytes * ratio)
     # collectives all issued from the comm stream; every other node on a compute stream
@@ -72,8 +72,8 @@ KNOB_SETS = [
     {"compute_streams": 3, "compute_interference": 0.0},
     {"compute_streams": 2, "interference": False, "stream_sync_s": 0.0},
     {"compute_streams": 2, "role_streams": {"comm": (0,)}, "compute_interference": 0.3},
-    {"compute_streams": 2, "memory_budget_ratio": None, "compute_interference": 0.0},
-    {"compute_streams": 2, "memory_budget_ratio": 1.0, "compute_interference": 0.5},
+    {"compute_streams": 2, "memory_budget": None, "compute_interference": 0.0},
+    {"compute_streams": 2, "memory_budget": 1.0, "compute_interference": 0.5},
 ]
 
 
@@ -236,12 +236,12 @@ def test_not_applied_at_a_lower_bound_or_when_not_faster():
 def test_memory_budget_is_hard():
     _, g = trace_pressure()
     costs = _costs(g, comm_bytes_per_s=1e9)
-    start = schedule(g, costs, ["overlap"], memory_budget_ratio=1.0).order
+    start = schedule(g, costs, ["overlap"], memory_budget=1.0).order
     base_peak = memory_profile(g, start).peak_bytes
-    loose = schedule(g, costs, ["multi_stream"], order=start, memory_budget_ratio=None, compute_interference=0.0)
+    loose = schedule(g, costs, ["multi_stream"], order=start, memory_budget=None, compute_interference=0.0)
     peaks = [r["peak_bytes"] for r in loose.stats[-1].rows]
     assert max(peaks) > base_peak  # some candidate issues the all_gather across the peak
-    tight = schedule(g, costs, ["multi_stream"], order=start, memory_budget_ratio=1.0, compute_interference=0.0)
+    tight = schedule(g, costs, ["multi_stream"], order=start, memory_budget=1.0, compute_interference=0.0)
     assert memory_profile(g, tight.order).peak_bytes <= base_peak
     assert tight.stats[-1].refused.get("memory budget", 0) >= 1
 
@@ -267,8 +267,8 @@ def test_bad_config_is_a_clear_error():
         schedule(g, costs, ["multi_stream"], role_streams={"gpu": (0,)})
     with pytest.raises(ValueError, match="compute_streams=0"):
         schedule(g, costs, ["multi_stream"], compute_streams=0)
-    with pytest.raises(ValueError, match=r"memory_budget_ratio=0\.5"):
-        schedule(g, costs, ["multi_stream"], memory_budget_ratio=0.5)
+    with pytest.raises(ValueError, match=r"memory_budget=0\.5"):
+        schedule(g, costs, ["multi_stream"], memory_budget=0.5)
     with pytest.raises(ValueError, match="compute_interference=-1"):
         schedule(g, costs, ["multi_stream"], compute_interference=-1.0)
 

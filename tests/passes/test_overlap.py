@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from commsched.ir.order import collective_chains
 from commsched.memory import memory_profile
-from commsched.passes import check_schedule, schedule
+from commsched.passes import MemoryBudget, check_schedule, schedule
 from commsched.passes.exact import solve_exact
 from commsched.sim import simulate_costs
 from costs_helper import simple_costs
@@ -42,12 +42,12 @@ def test_overlap_hard_budget_and_clear_error():
     _, g = trace_pressure()
     costs = simple_costs(g, comm_bytes_per_s=1e9)
     base = memory_profile(g).peak_bytes
-    tight = schedule(g, costs, "default", memory_budget_ratio=1.0)
+    tight = schedule(g, costs, "default", memory_budget=1.0)
     assert memory_profile(g, tight.order).peak_bytes <= base
-    loose = schedule(g, costs, "default", memory_budget_ratio=3.0)
+    loose = schedule(g, costs, "default", memory_budget=3.0)
     assert _makespan_s(g, costs, loose.order) <= _makespan_s(g, costs, tight.order)
     with pytest.raises(ValueError, match="no order found within the memory budget"):
-        schedule(g, costs, "default", memory_budget_bytes=base // 2, memory_budget_ratio=None)
+        schedule(g, costs, "default", memory_budget=MemoryBudget(bytes=base // 2))
 
 
 @settings(max_examples=100)
@@ -55,7 +55,7 @@ def test_overlap_hard_budget_and_clear_error():
 def test_overlap_on_random_graphs(g, ratio, rnd):
     costs = simple_costs(g, comm_bytes_per_s=rnd.choice([1e9, 10e9, 100e9]))
     start = random_topo_order(g, rnd)
-    s = schedule(g, costs, "default", order=start, memory_budget_ratio=ratio)
+    s = schedule(g, costs, "default", order=start, memory_budget=ratio)
     check_schedule(g, s.order, start)
     a, b = collective_chains(g, start), collective_chains(g, s.order)
     assert all(np.array_equal(a[k], b[k]) for k in a)
@@ -99,8 +99,8 @@ def test_late_waits_sit_just_before_first_use_and_cost_no_time():
 
     g = build("llama3-8b", parallel="fsdp", world_size=8, layers=2).graph
     costs = estimate_costs(g, get("h100-sxm"))
-    early = schedule(g, costs, "default", memory_budget_ratio=None)
-    late = schedule(g, costs, "default", memory_budget_ratio=None, waits="late")
+    early = schedule(g, costs, "default", memory_budget=None)
+    late = schedule(g, costs, "default", memory_budget=None, waits="late")
     check_schedule(g, late.order)
     assert simulate_costs(g, costs, late.order).makespan_ns <= simulate_costs(g, costs, early.order).makespan_ns
 

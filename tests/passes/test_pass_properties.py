@@ -26,7 +26,7 @@ HEURISTIC = sorted(p for p in PASSES if p != "exact")
 BUDGET_KNOB = {
     "reorder_communication_preserving_peak_memory": "memory_budget",
     "sink_waits_iterative": "memory_budget",
-    "overlap": "memory_budget_ratio",
+    "overlap": "memory_budget",
 }
 
 
@@ -42,7 +42,7 @@ def test_every_pass_on_random_graphs(g, budget, rnd):
         if name in BUDGET_KNOB:
             knobs[BUDGET_KNOB[name]] = 1.0 + budget if name == "overlap" else MemoryBudget(ratio=1.0 + budget)
         if name == "exact":
-            knobs = {"time_limit_s": 5.0, "exact_memory_budget_ratio": None}
+            knobs = {"time_limit_s": 5.0, "memory_budget": None}
         s = schedule(g, costs, [name], order=start, **knobs)
         check_schedule(g, s.order, start)
         got = collective_chains(g, s.order)
@@ -65,10 +65,10 @@ def test_overlap_with_reordering_on_random_graphs(g, budget, rnd):
     costs = dataclasses.replace(costs, compute_slowdown=rnd.choice([1.0, 1.4]), comm_slowdown=rnd.choice([1.0, 2.0]))
     start = random_topo_order(g, rnd)
     base = simulate_costs(g, costs, start)
-    s = schedule(g, costs, ["overlap"], order=start, reorder_collectives=True, memory_budget_ratio=1.0 + budget)
+    s = schedule(g, costs, ["overlap"], order=start, reorder_collectives=True, memory_budget=1.0 + budget)
     check_schedule(g, s.order, start, allow_collective_reorder=True)
     res = simulate_costs(g, costs, s.order)
     assert res.peak_memory_bytes <= int(base.peak_memory_bytes * (1.0 + budget))
     assert res.makespan_ns <= base.makespan_ns
-    again = schedule(g, costs, ["overlap"], order=start, reorder_collectives=True, memory_budget_ratio=1.0 + budget)
+    again = schedule(g, costs, ["overlap"], order=start, reorder_collectives=True, memory_budget=1.0 + budget)
     assert np.array_equal(s.order, again.order)

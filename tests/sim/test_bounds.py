@@ -84,7 +84,7 @@ def test_no_schedule_beats_the_bound(scenario):
     """The bound holds for the best orders we can find: every scheduler's and many random topological orders."""
     g, costs, seed = scenario
     orders = [random_topo_order(g, random.Random(seed + k)) for k in range(40)]
-    for passes, knobs in ((["overlap"], {"memory_budget_ratio": None}), (["sink_waits"], {}), (["raise_comms"], {})):
+    for passes, knobs in ((["overlap"], {"memory_budget": None}), (["sink_waits"], {}), (["raise_comms"], {})):
         orders.append(schedule(g, costs, passes, **knobs).order)
     bound = simulate_costs(g, costs).lower_bound_s
     for order in orders:

@@ -1,10 +1,12 @@
-"""Helpers shared by CLI commands: console, errors as clean messages."""
+"""Helpers shared by CLI commands: console, errors as clean messages, the options several commands take alike."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 from collections.abc import Iterator
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -24,3 +26,52 @@ def user_errors() -> Iterator[None]:
     except (GraphError, ValueError, FileNotFoundError) as exc:
         err_console.print(f"[bold red]error:[/] {exc}")
         raise typer.Exit(2) from None
+
+
+# The hardware arguments of every command that estimates costs: commsched.hardware.for_graph reads them, as
+# commsched.schedule / simulate / estimate_costs do.
+HardwareOption = Annotated[str, typer.Option("--hardware", "-H", help="hardware profile name or path to a .toml file")]
+NumNodesOption = Annotated[
+    int | None, typer.Option("--num-nodes", min=1, help="nodes in the cluster (default: enough for the world size)")
+]
+GpusPerNodeOption = Annotated[
+    int | None, typer.Option("--gpus-per-node", min=1, help="override the profile's GPUs per node")
+]
+
+# pass knobs, as commsched.schedule takes them (see parse_knobs)
+KnobOption = Annotated[
+    list[str], typer.Option("--knob", "-k", help="pass knob NAME=VALUE, or PASS.NAME=VALUE for one pass (repeatable)")
+]
+
+# a zoo workload, as commsched.workloads.build takes it
+ParallelOption = Annotated[str, typer.Option("--parallel", "-p", help="fsdp, ddp, tp, tp+sp, fsdp+tp, ep, ...")]
+WorldSizeOption = Annotated[int, typer.Option("--world-size", "-w", help="ranks of the (fake) process group")]
+LayersOption = Annotated[
+    int | None, typer.Option("--layers", "-l", min=1, help="transformer blocks (unset: the preset's)")
+]
+ModeOption = Annotated[str, typer.Option("--mode", "-m", help="train, prefill or decode")]
+
+
+def parse_knobs(items: list[str]) -> dict[str, Any]:
+    """``--knob`` values as ``commsched.schedule`` keywords: ``NAME=VALUE`` sets NAME on every pass that has it,
+    ``PASS.NAME=VALUE`` on that pass only (``{PASS: {NAME: VALUE}}``). VALUE is read as JSON when it parses
+    (``true``, ``1.5``, ``null``, ``[1, 2]``), else kept as a string; the passes convert and check it."""
+    knobs: dict[str, Any] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise ValueError(f"--knob {item!r}: expected NAME=VALUE or PASS.NAME=VALUE, e.g. overlap.waits=late")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        pass_name, dot, field = name.rpartition(".")
+        if dot:
+            namespace = knobs.setdefault(pass_name, {})
+            if not isinstance(namespace, dict):
+                raise ValueError(f"--knob {item!r}: {pass_name!r} is also given a value; use {pass_name}.NAME=VALUE")
+            namespace[field] = value
+        else:
+            knobs[name] = value
+    return knobs

@@ -7,19 +7,28 @@ from pathlib import Path
 
 import typer
 
-from commsched.cli.common import console, user_errors
+from commsched.cli.common import (
+    HardwareOption,
+    LayersOption,
+    ModeOption,
+    NumNodesOption,
+    ParallelOption,
+    WorldSizeOption,
+    console,
+    user_errors,
+)
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def compare(
         target: str = typer.Argument(..., help="a graph JSON file, or a zoo preset name (e.g. llama3-8b)"),
-        parallel: str = typer.Option("fsdp", "--parallel", "-p", help="with a preset: the parallelism"),
-        world_size: int = typer.Option(8, "--world-size", "-w", help="with a preset: ranks"),
-        layers: int = typer.Option(4, "--layers", "-l", help="with a preset: transformer blocks"),
-        mode: str = typer.Option("train", "--mode", "-m", help="with a preset: train, prefill or decode"),
-        hardware: str = typer.Option("h100-sxm", "--hardware", "-H", help="hardware profile name or TOML path"),
-        num_nodes: int = typer.Option(None, "--num-nodes", min=1, help="nodes (default: world size / GPUs per node)"),
+        parallel: ParallelOption = "fsdp",
+        world_size: WorldSizeOption = 8,
+        layers: LayersOption = 4,
+        mode: ModeOption = "train",
+        hardware: HardwareOption = "h100-sxm",
+        num_nodes: NumNodesOption = None,
         torch_peer: bool = typer.Option(True, "--torch/--no-torch", help="run torch's OverlapScheduler too (preset)"),
         exact_max_nodes: int = typer.Option(300, help="run the CP-SAT scheduler on graphs up to this many nodes"),
         exact_time_limit: float = typer.Option(20.0, help="CP-SAT time limit in seconds"),
@@ -32,7 +41,7 @@ def register(app: typer.Typer) -> None:
         """
         from commsched.cost import estimate_costs
         from commsched.experiments.compare import compare_schedulers
-        from commsched.hardware import get as get_hardware
+        from commsched.hardware import for_graph
         from commsched.report.terminal_experiments import compare_table
 
         with user_errors():
@@ -41,16 +50,14 @@ def register(app: typer.Typer) -> None:
                 from commsched.frontends.json_io import load_graph
 
                 graph = load_graph(target)
-                world = int(graph.meta.get("world_size", world_size))
             else:
                 from commsched.workloads import build
 
                 with console.status(f"tracing {target} / {parallel} / world {world_size} / {layers} layers"):
                     w = build(target, parallel=parallel, world_size=world_size, layers=layers, mode=mode)
-                graph, gm, world = w.graph, (w.graph_module if torch_peer else None), world_size
-            probe = get_hardware(hardware)
-            nodes = num_nodes or max(1, -(-world // probe.gpus_per_node))
-            hw = get_hardware(hardware, num_nodes=nodes)
+                graph, gm = w.graph, (w.graph_module if torch_peer else None)
+            hw = for_graph(hardware, graph, num_nodes=num_nodes)
+            nodes = hw.num_nodes
             costs = estimate_costs(graph, hw)
             with console.status("scheduling") as status:
                 result = compare_schedulers(

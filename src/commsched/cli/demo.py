@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from commsched.cli.common import console, user_errors
+from commsched.cli.common import HardwareOption, console, user_errors
 
 DEFAULT_PRESET, DEFAULT_PARALLEL, DEFAULT_LAYERS, DEFAULT_WORLD = "llama3-8b", "fsdp", 4, 64
 
@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
         preset: str = typer.Option(DEFAULT_PRESET, "--preset", help="zoo model preset (commsched trace --list)"),
         parallel: str = typer.Option(DEFAULT_PARALLEL, "--parallel", help="zoo parallelism"),
         layers: int = typer.Option(DEFAULT_LAYERS, "--layers", help="transformer blocks to trace"),
-        hardware: str = typer.Option("h100-sxm", "--hardware", "-H", help="hardware profile"),
+        hardware: HardwareOption = "h100-sxm",
     ) -> None:
         """Trace, estimate, simulate, schedule and report the default workload.
 
@@ -30,7 +30,7 @@ def register(app: typer.Typer) -> None:
         """
         from commsched.cost import estimate_costs
         from commsched.frontends.json_io import save_graph
-        from commsched.hardware import get as get_hardware
+        from commsched.hardware import for_graph
         from commsched.passes import schedule
         from commsched.report.html import write_comparison_html
         from commsched.report.summary import summarize
@@ -44,9 +44,8 @@ def register(app: typer.Typer) -> None:
             with console.status(f"tracing {preset} / {parallel} / {layers} layers at world {world_size}") as status:
                 g = trace_spec(spec, progress=lambda msg: status.update(msg)).graph
             save_graph(g, out_dir / "graph.json")
-            gpus = get_hardware(hardware).gpus_per_node
-            nodes = max(1, -(-world_size // gpus))
-            hw = get_hardware(hardware, num_nodes=nodes)
+            hw = for_graph(hardware, g)
+            nodes = hw.num_nodes
             with console.status(f"estimating {len(g)} nodes on {hardware} x {nodes} nodes"):
                 costs = estimate_costs(g, hw)
             with console.status("simulating and scheduling"):

@@ -6,16 +6,16 @@ from pathlib import Path
 
 import typer
 
-from commsched.cli.common import console, user_errors
+from commsched.cli.common import GpusPerNodeOption, HardwareOption, NumNodesOption, console, user_errors
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def estimate(
         graph: Path = typer.Argument(..., help="a graph JSON file (commsched.graph format)"),
-        hardware: str = typer.Option("h100-sxm", "--hardware", "-H", help="profile name or path to a .toml file"),
-        num_nodes: int = typer.Option(1, "--num-nodes", min=1, help="nodes in the cluster"),
-        gpus_per_node: int = typer.Option(None, "--gpus-per-node", min=1, help="override the profile's"),
+        hardware: HardwareOption = "h100-sxm",
+        num_nodes: NumNodesOption = None,
+        gpus_per_node: GpusPerNodeOption = None,
         table: Path = typer.Option(None, "--table", help="measured times (JSON/CSV table or a profiler trace)"),
         no_fusion: bool = typer.Option(False, "--no-fusion", help="charge every op as its own kernel (eager)"),
         top: int = typer.Option(10, "--top", min=0, help="how many of the most expensive ops to list"),
@@ -27,15 +27,15 @@ def register(app: typer.Typer) -> None:
         """
         import json
 
-        from commsched import hardware as hw_mod
         from commsched.cost import MeasuredTable, estimate_costs, table_from_chrome_trace
         from commsched.cost.summary import cost_summary
         from commsched.frontends.json_io import load_graph
+        from commsched.hardware import for_graph
         from commsched.report.terminal_inputs import print_cost_summary
 
         with user_errors():
             g = load_graph(graph)
-            hw = hw_mod.get(hardware, num_nodes=num_nodes, gpus_per_node=gpus_per_node)
+            hw = for_graph(hardware, g, num_nodes=num_nodes, gpus_per_node=gpus_per_node)
             measured = None
             if table is not None:
                 if not table.is_file():

@@ -8,21 +8,30 @@ from pathlib import Path
 
 import typer
 
-from commsched.cli.common import console, user_errors
+from commsched.cli.common import (
+    HardwareOption,
+    LayersOption,
+    ModeOption,
+    NumNodesOption,
+    ParallelOption,
+    WorldSizeOption,
+    console,
+    user_errors,
+)
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def rewrite(
         preset: str = typer.Argument(..., help="model preset, e.g. llama3-8b (see commsched trace --list)"),
-        parallel: str = typer.Option("fsdp", "--parallel", "-p", help="fsdp, ddp, tp, tp+sp, fsdp+tp, ep, ..."),
-        world_size: int = typer.Option(8, "--world-size", "-w", help="ranks of the (fake) process group"),
-        layers: int = typer.Option(4, "--layers", "-l", help="transformer blocks"),
-        mode: str = typer.Option("train", "--mode", "-m", help="train, prefill or decode"),
+        parallel: ParallelOption = "fsdp",
+        world_size: WorldSizeOption = 8,
+        layers: LayersOption = 4,
+        mode: ModeOption = "train",
         seq_len: int = typer.Option(None, "--seq-len", help="sequence length"),
         batch: int = typer.Option(None, "--batch", help="sequences per data-parallel replica"),
-        hardware_name: str = typer.Option("h100-sxm", "--hardware", "-H", help="hardware profile (name or .toml)"),
-        num_nodes: int = typer.Option(None, "--num-nodes", help="nodes (default: enough for the world size)"),
+        hardware_name: HardwareOption = "h100-sxm",
+        num_nodes: NumNodesOption = None,
         bucket: bool = typer.Option(True, "--bucket/--no-bucket", help="merge collectives into buckets"),
         lower: bool = typer.Option(False, "--lower-all-reduce", help="clone + all_reduce_ or one-shot symm-mem"),
         plan_on: str = typer.Option("schedule", "--plan-on", help="order the buckets are planned on: schedule|trace"),
@@ -50,7 +59,7 @@ def register(app: typer.Typer) -> None:
         with user_errors():
             if plan_on not in ("schedule", "trace"):
                 raise ValueError(f"--plan-on {plan_on!r}: expected 'schedule' or 'trace'")
-            hw = hardware.get(hardware_name, num_nodes=num_nodes or max(1, -(-world_size // 8)))
+            hw = hardware.for_graph(hardware_name, num_nodes=num_nodes, world_size=world_size)
             with console.status(f"tracing {preset} / {parallel} at world {world_size}"):
                 w = build(preset, parallel=parallel, world_size=world_size, layers=layers, mode=mode,
                           seq_len=seq_len, batch=batch)  # fmt: skip

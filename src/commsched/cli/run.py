@@ -4,17 +4,10 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any
 
 import typer
 
-from commsched.cli.common import console, err_console, user_errors
-
-
-def _parse_knobs(items: list[str]) -> dict[str, Any]:
-    from commsched.cli.schedule import _parse_knobs as parse
-
-    return parse(items)
+from commsched.cli.common import HardwareOption, KnobOption, console, err_console, parse_knobs, user_errors
 
 
 def register(app: typer.Typer) -> None:
@@ -34,12 +27,12 @@ def register(app: typer.Typer) -> None:
         warmup: int = typer.Option(2, "--warmup", min=0, help="untimed steps per order first"),
         variants: str = typer.Option("original,overlap,torch", "--variants", help="orders to run (comma-separated)"),
         passes: str = typer.Option("default", "--passes", "-p", help="our scheduler: pass preset or list"),
-        knob: list[str] = typer.Option([], "--knob", "-k", help="pass option NAME=VALUE (repeatable)"),
+        knob: KnobOption = [],  # noqa: B006 (typer copies it)
         costs: str = typer.Option("measured", "--costs", help="costs the schedulers see: measured | profile"),
         memory_budget_ratio: float = typer.Option(
             None, "--memory-budget-ratio", help="both schedulers' peak-memory limit / input peak (default: torch's)"
         ),
-        hardware: str = typer.Option("cpu-local", "--hardware", "-H", help="profile of the 'profile' cost source"),
+        hardware: HardwareOption = "cpu-local",
         threads: int = typer.Option(1, "--threads", min=1, help="intra-op threads per rank"),
         compute_nice: int = typer.Option(
             10, "--compute-nice", min=0, max=19, help="CPU runs: niceness increment of compute, favouring gloo"
@@ -93,7 +86,7 @@ def register(app: typer.Typer) -> None:
                 hardware=hardware,
                 costs=costs,
                 passes=passes,
-                knobs=_parse_knobs(knob),
+                knobs=parse_knobs(knob),
                 memory_budget_ratio=memory_budget_ratio,
                 threads=threads,
                 compute_nice=compute_nice,

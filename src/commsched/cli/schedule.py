@@ -2,36 +2,30 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
-from commsched.cli.common import console, user_errors
-
-
-def _parse_knobs(items: list[str]) -> dict:
-    knobs = {}
-    for item in items:
-        if "=" not in item:
-            raise ValueError(f"--knob {item!r}: expected NAME=VALUE, e.g. peak_memory_budget=0.1")
-        k, v = item.split("=", 1)
-        try:
-            knobs[k.strip()] = json.loads(v)
-        except json.JSONDecodeError:
-            knobs[k.strip()] = v
-    return knobs
+from commsched.cli.common import (
+    GpusPerNodeOption,
+    HardwareOption,
+    KnobOption,
+    NumNodesOption,
+    console,
+    parse_knobs,
+    user_errors,
+)
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def schedule(
         graph: Path = typer.Argument(None, help="a graph JSON file (commsched.graph format)"),
-        hardware: str = typer.Option("h100-sxm", "--hardware", "-H", help="hardware profile name or TOML path"),
-        num_nodes: int = typer.Option(1, "--num-nodes", min=1, help="nodes in the cluster"),
-        gpus_per_node: int = typer.Option(None, "--gpus-per-node", min=1, help="override the profile's GPUs per node"),
+        hardware: HardwareOption = "h100-sxm",
+        num_nodes: NumNodesOption = None,
+        gpus_per_node: GpusPerNodeOption = None,
         passes: str = typer.Option("default", "--passes", "-p", help="comma-separated pass names, or a preset"),
-        knob: list[str] = typer.Option([], "--knob", "-k", help="pass option NAME=VALUE (repeatable)"),
+        knob: KnobOption = [],  # noqa: B006 (typer copies it)
         stats: bool = typer.Option(False, "--stats", help="print what each pass did"),
         timeline: bool = typer.Option(False, "--timeline", help="print a text timeline of the final order"),
         out: Path = typer.Option(None, "-o", "--out", help="write the schedule (order of node names) as JSON"),
@@ -41,6 +35,8 @@ def register(app: typer.Typer) -> None:
 
         Example: commsched schedule graph.json --hardware h100-sxm --passes raise_comms,sink_waits --stats
         -o scheduled.json
+
+        Example: commsched schedule graph.json --knob memory_budget=1.0 --knob overlap.waits=late
         """
         from commsched.passes import PASSES, PRESETS
         from commsched.report.terminal import print_pass_list, print_schedule_report
@@ -50,17 +46,22 @@ def register(app: typer.Typer) -> None:
             return
         if graph is None:
             raise typer.BadParameter("GRAPH is required (or use --list)")
-        from commsched.cli.simulate import estimate_on
+        from commsched.cost import estimate_costs
         from commsched.frontends.json_io import load_graph
+        from commsched.hardware import for_graph
+        from commsched.passes import check_knobs
         from commsched.passes import schedule as run_schedule
         from commsched.sim import simulate_costs
 
         with user_errors():
             g = load_graph(graph)
+            knobs = parse_knobs(knob)
+            check_knobs(passes, knobs)  # before the costs are estimated
+            hw = for_graph(hardware, g, num_nodes=num_nodes, gpus_per_node=gpus_per_node)
             with console.status(f"estimating {len(g)} nodes on {hardware}"):
-                costs = estimate_on(g, hardware, num_nodes, gpus_per_node)
+                costs = estimate_costs(g, hw)
             with console.status(f"running {passes}"):
-                result = run_schedule(g, costs, passes, **_parse_knobs(knob))
+                result = run_schedule(g, costs, passes, **knobs)
             before = simulate_costs(g, costs)
             after = simulate_costs(g, costs, result.order, result.streams)
             if out:

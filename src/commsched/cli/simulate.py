@@ -7,18 +7,7 @@ from pathlib import Path
 
 import typer
 
-from commsched.cli.common import console, user_errors
-
-
-def estimate_on(g, hardware: str, num_nodes: int, gpus_per_node: int | None):
-    """Costs of ``g`` on the named hardware profile; a clear error while the cost model is missing."""
-    from commsched import cost
-
-    if not hasattr(cost, "estimate_costs"):
-        raise ValueError("this build has no cost model (commsched.cost.estimate_costs); cannot estimate on hardware")
-    from commsched import hardware as hw
-
-    return cost.estimate_costs(g, hw.get(hardware, num_nodes=num_nodes, gpus_per_node=gpus_per_node))
+from commsched.cli.common import GpusPerNodeOption, HardwareOption, NumNodesOption, console, user_errors
 
 
 def load_order(path: Path) -> list[str]:
@@ -34,9 +23,9 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def simulate(
         graph: Path = typer.Argument(..., help="a graph JSON file (commsched.graph format)"),
-        hardware: str = typer.Option("h100-sxm", "--hardware", "-H", help="hardware profile name or TOML path"),
-        num_nodes: int = typer.Option(1, "--num-nodes", min=1, help="nodes in the cluster"),
-        gpus_per_node: int = typer.Option(None, "--gpus-per-node", min=1, help="override the profile's GPUs per node"),
+        hardware: HardwareOption = "h100-sxm",
+        num_nodes: NumNodesOption = None,
+        gpus_per_node: GpusPerNodeOption = None,
         order: Path = typer.Option(None, "--order", help="JSON list of node names to simulate (default: graph order)"),
         trace: Path = typer.Option(None, "--trace", help="write a Perfetto / Chrome trace (Kineto-shaped JSON)"),
         html: Path = typer.Option(None, "--html", help="write a self-contained HTML report"),
@@ -48,14 +37,18 @@ def register(app: typer.Typer) -> None:
 
         Example: commsched simulate graph.json --hardware h100-sxm --num-nodes 8 --trace out.json --html report.html
         """
+        from commsched.cost import estimate_costs
         from commsched.frontends.json_io import load_graph
+        from commsched.hardware import for_graph
         from commsched.report.terminal import print_summary
         from commsched.sim import simulate_costs
 
         with user_errors():
             g = load_graph(graph)
+            hw = for_graph(hardware, g, num_nodes=num_nodes, gpus_per_node=gpus_per_node)
+            num_nodes = hw.num_nodes
             with console.status(f"estimating {len(g)} nodes on {hardware} x {num_nodes} node(s)"):
-                costs = estimate_on(g, hardware, num_nodes, gpus_per_node)
+                costs = estimate_costs(g, hw)
             with console.status("simulating"):
                 res = simulate_costs(g, costs, load_order(order) if order else None)
             context = {"hardware": hardware, "nodes in cluster": num_nodes}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from commsched.cli.common import console, err_console, user_errors
+from commsched.cli.common import GpusPerNodeOption, LayersOption, ModeOption, console, err_console, user_errors
 
 
 def parse_list(text: str, what: str, *, as_int: bool = False) -> list:
@@ -34,15 +34,15 @@ def register(app: typer.Typer) -> None:
         parallel: str = typer.Option("fsdp", "--parallel", "-p", help="comma-separated parallelisms: fsdp,tp,..."),
         world_size: str = typer.Option("8,64,512", "--world-size", "-w", help="comma-separated world sizes"),
         hardware: str = typer.Option("h100-sxm", "--hardware", "-H", help="comma-separated hardware profiles"),
-        layers: int = typer.Option(None, "--layers", "-l", min=1, help="transformer blocks (default: the preset's)"),
-        mode: str = typer.Option("train", "--mode", "-m", help="train, prefill or decode"),
+        layers: LayersOption = None,
+        mode: ModeOption = "train",
         seq_len: int = typer.Option(None, "--seq-len", min=1, help="sequence length"),
         batch: int = typer.Option(None, "--batch", min=1, help="sequences per data-parallel replica"),
         tp_size: int = typer.Option(None, "--tp-size", min=1, help="tensor-parallel degree (tp*, fsdp+tp*)"),
         ep_size: int = typer.Option(None, "--ep-size", min=1, help="expert-parallel degree (ep)"),
         fsdp_bucket: str = typer.Option("param", "--fsdp-bucket", help="param: one collective per parameter; block"),
         schedule: str = typer.Option("default", "--schedule", "-s", help="pass preset or comma-separated passes"),
-        gpus_per_node: int = typer.Option(None, "--gpus-per-node", min=1, help="override the profiles' GPUs/node"),
+        gpus_per_node: GpusPerNodeOption = None,
         jobs: int = typer.Option(None, "--jobs", "-j", min=1, help="processes tracing at once (default: one per CPU)"),
         out: Path = typer.Option(None, "--out", "-o", help="write a PNG plot of step time and peak memory"),
         json_path: Path = typer.Option(None, "--json", help="write the rows as JSON"),

@@ -6,17 +6,17 @@ from pathlib import Path
 
 import typer
 
-from commsched.cli.common import console, user_errors
+from commsched.cli.common import LayersOption, ModeOption, ParallelOption, WorldSizeOption, console, user_errors
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def trace(
         preset: str = typer.Argument(None, help="model preset (see --list), e.g. llama3-8b"),
-        parallel: str = typer.Option("fsdp", "--parallel", "-p", help="fsdp, ddp, tp, tp+sp, fsdp+tp, ep, ..."),
-        world_size: int = typer.Option(8, "--world-size", "-w", help="ranks of the (fake) process group"),
-        layers: int = typer.Option(None, "--layers", "-l", help="transformer blocks (default: the preset's)"),
-        mode: str = typer.Option("train", "--mode", "-m", help="train, prefill or decode"),
+        parallel: ParallelOption = "fsdp",
+        world_size: WorldSizeOption = 8,
+        layers: LayersOption = None,
+        mode: ModeOption = "train",
         seq_len: int = typer.Option(None, "--seq-len", help="sequence length (decode: KV positions attended)"),
         batch: int = typer.Option(None, "--batch", help="sequences per data-parallel replica"),
         dtype: str = typer.Option("bfloat16", "--dtype", help="compute dtype: bfloat16, float16, float32"),

@@ -33,7 +33,7 @@ from commsched.cost.model import CostEstimate
 from commsched.cost.opclass import OpClass, classify_target
 from commsched.cost.symm_mem import apply_one_shot_costs
 from commsched.cost.table import MeasuredTable
-from commsched.hardware import Hardware
+from commsched.hardware import Hardware, for_graph
 from commsched.ir import CollType, Graph, NodeView, OpKind
 
 EstimateFn = Callable[[NodeView], "float | None"]
@@ -198,19 +198,23 @@ def _fused_times(
 
 def estimate_costs(
     graph: Graph,
-    hardware: Hardware,
+    hardware: str | os.PathLike[str] | Hardware,
     *,
+    num_nodes: int | None = None,
+    gpus_per_node: int | None = None,
     table: MeasuredTable | None = None,
     estimate: EstimateFn | None = None,
     fusion: bool = True,
 ) -> CostEstimate:
     """Per-node costs of ``graph`` on ``hardware`` (see the module docstring for precedence and caching).
 
+    ``hardware``, ``num_nodes``, ``gpus_per_node``: a profile name or ``.toml`` path (sized for the graph's world
+    size unless ``num_nodes`` is given) or a Hardware, as :func:`commsched.hardware.for_graph` reads them.
     ``table``: measured times (default: the profile's own table, if it names one). ``estimate``: a callable
     ``estimate(node) -> seconds | None`` that overrides any node where it returns a number. ``fusion``: charge
     Inductor-style fusion regions as one kernel each (turn off to model eager execution).
     """
-    g, hw = graph, hardware
+    g, hw = graph, for_graph(hardware, graph, num_nodes=num_nodes, gpus_per_node=gpus_per_node)
     n = len(g)
     f = graph_features(g)
     if table is None and hw.table_path:
@@ -290,6 +294,31 @@ def estimate_costs(
     )
 
 
-def estimate(graph: Graph, hardware: Hardware, **kw) -> np.ndarray:
-    """Seconds per node (``estimate_costs(graph, hardware, **kw).node_s``)."""
-    return estimate_costs(graph, hardware, **kw).node_s
+def estimate(
+    graph: Graph,
+    hardware: str | os.PathLike[str] | Hardware,
+    *,
+    num_nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    **kw,
+) -> np.ndarray:
+    """Seconds per node (``estimate_costs(graph, hardware, num_nodes=..., gpus_per_node=..., **kw).node_s``)."""
+    return estimate_costs(graph, hardware, num_nodes=num_nodes, gpus_per_node=gpus_per_node, **kw).node_s
+
+
+def resolve_costs(
+    graph: Graph,
+    hardware: str | os.PathLike[str] | Hardware | CostEstimate,
+    *,
+    num_nodes: int | None = None,
+    gpus_per_node: int | None = None,
+) -> CostEstimate:
+    """A CostEstimate for ``graph``: ``hardware`` itself when it is one (checked against the graph), else
+    :func:`estimate_costs` on the hardware arguments (the ones ``schedule`` and ``simulate`` take)."""
+    if not isinstance(hardware, CostEstimate):
+        return estimate_costs(graph, hardware, num_nodes=num_nodes, gpus_per_node=gpus_per_node)
+    if num_nodes is not None or gpus_per_node is not None:
+        raise ValueError("num_nodes / gpus_per_node shape a hardware profile; a CostEstimate is already estimated")
+    if len(hardware.node_s) != len(graph):
+        raise ValueError(f"the cost estimate has {len(hardware.node_s)} entries; the graph has {len(graph)} nodes")
+    return hardware

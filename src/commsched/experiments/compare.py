@@ -68,7 +68,7 @@ def compare_schedulers(
     progress: Callable[[str], None] | None = None,
 ) -> CompareResult:
     """Run every scheduler on ``graph`` and simulate each order; see the module docstring."""
-    from commsched.passes import schedule
+    from commsched.passes import MemoryBudget, schedule
     from commsched.sim import simulate_costs
 
     say = progress or (lambda _msg: None)
@@ -103,7 +103,7 @@ def compare_schedulers(
         say(name)
         t0 = time.perf_counter()
         try:
-            s = schedule(graph, costs, passes[0] if passes == ["torch"] else passes, **knobs)
+            s = schedule(graph, costs, passes, **knobs)
         except Exception as exc:  # a pass that cannot handle this graph is a row, not a crash
             add(name, None, time.perf_counter() - t0, note=f"failed: {exc}")
             continue
@@ -150,8 +150,7 @@ def compare_schedulers(
                         costs,
                         "overlap",
                         reorder_collectives=True,
-                        memory_budget_ratio=None,
-                        memory_budget_bytes=torch_peak,
+                        memory_budget=MemoryBudget(bytes=torch_peak),
                     )
                     add("overlap (ours, reorder, torch's peak as budget)", s.order, time.perf_counter() - t0)
                 except Exception as exc:

@@ -161,10 +161,8 @@ def _evaluate(task: _TraceTask, workload: Any, hardware: str, trace_wall_s: floa
     }
     stage = "hardware"
     try:
-        gpus_per_node = task.gpus_per_node or hw_profiles.get(hardware).gpus_per_node
-        num_nodes = max(1, -(-task.world_size // gpus_per_node))
-        common.update(num_nodes=num_nodes, gpus_per_node=gpus_per_node)
-        hw = hw_profiles.get(hardware, num_nodes=num_nodes, gpus_per_node=gpus_per_node)
+        hw = hw_profiles.for_graph(hardware, world_size=task.world_size, gpus_per_node=task.gpus_per_node)
+        common.update(num_nodes=hw.num_nodes, gpus_per_node=hw.gpus_per_node)
         stage = "estimate"
         t0 = time.perf_counter()
         costs = estimate_costs(g, hw)
@@ -231,7 +229,7 @@ def _run_task(task: _TraceTask) -> list[SweepRow]:
 def _check_names(preset: str, parallels: Sequence[str], hardware: Sequence[str], schedule: str | None) -> None:
     """Reject names that would fail every configuration, before starting any process."""
     from commsched import hardware as hw_profiles
-    from commsched.passes import PASSES, PRESETS
+    from commsched.passes import resolve_passes
     from commsched.workloads import PARALLELISMS, get_preset
 
     get_preset(preset)  # ValueError naming the known presets
@@ -243,13 +241,11 @@ def _check_names(preset: str, parallels: Sequence[str], hardware: Sequence[str],
             hw_profiles.get(h)
         except FileNotFoundError as exc:
             raise ValueError(str(exc)) from None
-    if schedule is not None and schedule not in PRESETS:
-        for name in (s.strip() for s in schedule.split(",")):
-            if name not in PASSES:
-                raise ValueError(
-                    f"schedule {schedule!r}: unknown pass {name!r}; presets: {', '.join(PRESETS)}; "
-                    f"passes: {', '.join(sorted(PASSES))}"
-                )
+    if schedule is not None:
+        try:
+            resolve_passes(schedule)
+        except ValueError as exc:
+            raise ValueError(f"schedule {schedule!r}: {exc}") from None
 
 
 def _as_list(value: str | Sequence[Any], what: str) -> list[Any]:

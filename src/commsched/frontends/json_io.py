@@ -8,8 +8,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-# passes/pipeline.py still imports atomic_write_text from here:
-# alias kept for modules being rewritten on another branch; the lead removes it at merge
 from commsched.io import atomic_write_text
 from commsched.ir import CollType, Graph, GraphBuilder, GraphError, OpKind
 

@@ -9,13 +9,19 @@
    ``cpu-local``).
 
 So a calibrated ``cpu-local`` replaces the shipped default once written.
+
+``for_graph(hardware, graph, num_nodes=None, gpus_per_node=None)`` is the one way from the hardware arguments of
+``schedule``, ``simulate``, ``estimate_costs`` and the CLI to a :class:`Hardware`: a profile name or path is sized for
+the graph's world size (``nodes_for_world``) unless ``num_nodes`` is given.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from commsched.hardware.profile import (
     ComputeSpec,
@@ -91,6 +97,54 @@ def get(name: str | os.PathLike[str], *, num_nodes: int = 1, gpus_per_node: int 
     return hw.with_nodes(num_nodes, gpus_per_node)
 
 
+def nodes_for_world(world_size: int, gpus_per_node: int) -> int:
+    """Nodes that ``world_size`` ranks fill at ``gpus_per_node`` ranks per node: ceil(world / GPUs per node)."""
+    if world_size < 1 or gpus_per_node < 1:
+        raise ValueError(f"world_size={world_size} and gpus_per_node={gpus_per_node}: expected integers >= 1")
+    return -(-world_size // gpus_per_node)
+
+
+def world_size_of(graph: Any) -> int | None:
+    """The world size a graph was traced at: ``graph.meta["world_size"]`` where the frontend recorded it (zoo
+    traces), else the widest process group span (size x stride: the outer group of a 2-D mesh spans the world);
+    None for a graph without process groups."""
+    meta = getattr(graph, "meta", None)
+    recorded = meta.get("world_size") if isinstance(meta, Mapping) else None
+    if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded >= 1:
+        return recorded
+    spans = [group.size * group.stride for group in getattr(graph, "groups", ())]
+    return max(spans) if spans else None
+
+
+def for_graph(
+    hardware: str | os.PathLike[str] | Hardware,
+    graph: Any = None,
+    *,
+    num_nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    world_size: int | None = None,
+) -> Hardware:
+    """The :class:`Hardware` that ``hardware`` names, shaped for ``graph``.
+
+    A profile name or ``.toml`` path is loaded (:func:`get`) on ``num_nodes`` nodes of ``gpus_per_node`` GPUs (the
+    profile's unless given); without ``num_nodes``, on as many nodes as the world size needs (``world_size``, else
+    the graph's, see :func:`world_size_of`; one node when neither is known). A Hardware is used as given, reshaped
+    only by the ``num_nodes`` / ``gpus_per_node`` that are given.
+    """
+    if isinstance(hardware, Hardware):
+        if num_nodes is None and gpus_per_node is None:
+            return hardware
+        return hardware.with_nodes(hardware.num_nodes if num_nodes is None else num_nodes, gpus_per_node)
+    if not isinstance(hardware, (str, os.PathLike)):
+        raise TypeError(f"hardware: expected a profile name, a .toml path or a Hardware, got {type(hardware).__name__}")
+    profile = get(hardware)
+    if num_nodes is None:
+        world = world_size if world_size is not None else world_size_of(graph) if graph is not None else None
+        gpn = profile.gpus_per_node if gpus_per_node is None else gpus_per_node
+        num_nodes = nodes_for_world(world, gpn) if world is not None else 1
+    return profile.with_nodes(num_nodes, gpus_per_node)
+
+
 def save_profile(hw: Hardware, path: str | os.PathLike[str], *, header: str = "", extra: dict | None = None) -> Path:
     """Write ``hw`` as a TOML profile (atomically); ``header`` becomes leading comment lines."""
     data = hardware_to_dict(hw)
@@ -109,13 +163,16 @@ __all__ = [
     "IntraNode",
     "OpEfficiency",
     "Protocol",
+    "for_graph",
     "get",
     "hardware_from_dict",
     "hardware_to_dict",
     "list_profiles",
     "load_profile",
+    "nodes_for_world",
     "resolve_profile",
     "save_profile",
     "shipped_profile",
     "user_profile_dir",
+    "world_size_of",
 ]

@@ -110,9 +110,6 @@ def csr(n: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return ptr, src.astype(np.int32)
 
 
-_csr = csr  # alias kept for modules being rewritten on another branch; the lead removes it at merge
-
-
 class Graph:
     """An immutable, columnar DAG of one step; see the module docstring for the contract.
 

@@ -9,20 +9,34 @@ from commsched.passes.baselines import (  # noqa: F401  (importing registers the
     sink_waits,
     sink_waits_iterative,
 )
+from commsched.passes.budget import MemoryBudget
 from commsched.passes.check import ScheduleError, check_schedule
-from commsched.passes.pipeline import PRESETS, Schedule, load_schedule, schedule
-from commsched.passes.registry import PASSES, PassContext, PassResult, PassStats, register_pass
+from commsched.passes.pipeline import PRESETS, Schedule, check_knobs, load_schedule, resolve_passes, schedule
+from commsched.passes.registry import (
+    PASSES,
+    KnobNamespace,
+    PassConfig,
+    PassContext,
+    PassResult,
+    PassStats,
+    register_pass,
+)
 
 __all__ = [
     "PASSES",
     "PRESETS",
+    "KnobNamespace",
+    "MemoryBudget",
+    "PassConfig",
     "PassContext",
     "PassResult",
     "PassStats",
     "Schedule",
     "ScheduleError",
+    "check_knobs",
     "check_schedule",
     "load_schedule",
     "register_pass",
+    "resolve_passes",
     "schedule",
 ]

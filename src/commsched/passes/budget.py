@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from dataclasses import dataclass
 
@@ -23,14 +24,19 @@ class MemoryBudget:
     """peak <= this many bytes"""
 
     def __post_init__(self) -> None:
-        if self.ratio is not None and not (isinstance(self.ratio, int | float) and math.isfinite(self.ratio)):
-            raise ValueError(f"memory budget ratio={self.ratio!r}: expected a finite number >= 1")
-        if self.ratio is not None and self.ratio < 1.0:
-            raise ValueError(f"memory budget ratio={self.ratio} must be >= 1 (the input order's peak)")
-        if self.bytes is not None and (isinstance(self.bytes, bool) or not isinstance(self.bytes, int)):
-            raise ValueError(f"memory budget bytes={self.bytes!r}: expected an integer >= 0")
-        if self.bytes is not None and self.bytes < 0:
-            raise ValueError(f"memory budget bytes={self.bytes} must be >= 0")
+        ratio, nbytes = self.ratio, self.bytes
+        if ratio is not None:
+            if isinstance(ratio, bool) or not isinstance(ratio, numbers.Real) or not math.isfinite(ratio):
+                raise ValueError(f"memory budget ratio={ratio!r}: expected a finite number >= 1")
+            if ratio < 1.0:
+                raise ValueError(f"memory budget ratio={ratio} must be >= 1 (the input order's peak)")
+            object.__setattr__(self, "ratio", float(ratio))  # numpy scalars and ints compare and print as floats
+        if nbytes is not None:
+            if isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Integral):
+                raise ValueError(f"memory budget bytes={nbytes!r}: expected an integer >= 0")
+            if nbytes < 0:
+                raise ValueError(f"memory budget bytes={nbytes} must be >= 0")
+            object.__setattr__(self, "bytes", int(nbytes))
 
     @property
     def unlimited(self) -> bool:
@@ -56,19 +62,22 @@ class MemoryBudget:
         """A budget from a knob value (see the class docstring); a one-line ValueError naming ``knob`` otherwise."""
         if isinstance(value, MemoryBudget):
             return value
-        if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "unlimited")):
-            return cls()
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return cls(ratio=float(value))
-        if isinstance(value, str):
-            text = value.strip().lower().replace(" ", "")
-            m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)(x|[kmgt]?i?b)?", text)
-            if m:
-                number, unit = float(m.group(1)), m.group(2) or "x"
-                if unit == "x":
-                    return cls(ratio=number)
-                if unit in _UNITS:
-                    return cls(bytes=int(number * _UNITS[unit]))
+        try:
+            if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "unlimited")):
+                return cls()
+            if isinstance(value, numbers.Real) and not isinstance(value, bool):
+                return cls(ratio=float(value))
+            if isinstance(value, str):
+                text = value.strip().lower().replace(" ", "")
+                m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)(x|[kmgt]?i?b)?", text)
+                if m:
+                    number, unit = float(m.group(1)), m.group(2) or "x"
+                    if unit == "x":
+                        return cls(ratio=number)
+                    if unit in _UNITS:
+                        return cls(bytes=int(number * _UNITS[unit]))
+        except ValueError as exc:  # out of range: say which knob
+            raise ValueError(f"knob {knob}={value!r}: {exc}") from None
         raise ValueError(
             f"knob {knob}={value!r}: expected a memory budget: a ratio of the input peak (1.05 or '1.05x'), "
             "bytes ('40GiB', '123456B') or None"

@@ -24,6 +24,7 @@ import numpy as np
 from commsched.cost.model import CostEstimate
 from commsched.ir import Graph, OpKind
 from commsched.memory import liveness, memory_profile
+from commsched.passes.budget import MemoryBudget
 from commsched.passes.registry import PassConfig, PassContext, PassResult, PassStats, register_pass
 from commsched.sim.model import TIMED_KINDS
 
@@ -36,8 +37,8 @@ class ExactConfig(PassConfig):
 
     time_limit_s: float = 20.0
     """CP-SAT wall-time limit; the best order found so far is returned with its bound"""
-    exact_memory_budget_ratio: float | None = 1.05
-    """peak-memory budget as a multiple of the input order's peak (None: no memory constraint)"""
+    memory_budget: MemoryBudget = MemoryBudget(ratio=1.05)
+    """peak-memory budget: a multiple of the input order's peak and / or bytes (unlimited: no memory constraint)"""
     max_nodes: int = 600
     """refuse larger graphs (CP-SAT grows quickly); schedule windows instead"""
     workers: int = 2
@@ -278,8 +279,9 @@ def exact(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
     if len(g) > cfg.max_nodes:
         raise ValueError(f"exact: the graph has {len(g)} nodes, over max_nodes={cfg.max_nodes}; schedule windows")
     budget = None
-    if cfg.exact_memory_budget_ratio is not None:
-        budget = int(memory_profile(g, order).peak_bytes * cfg.exact_memory_budget_ratio)
+    if not cfg.memory_budget.unlimited:
+        peak = memory_profile(g, order).peak_bytes if cfg.memory_budget.ratio is not None else 0
+        budget = cfg.memory_budget.limit_bytes(peak)
     res = solve_exact(
         g, ctx.costs, order, memory_budget_bytes=budget, time_limit_s=cfg.time_limit_s, workers=cfg.workers, hint=order
     )

@@ -37,6 +37,7 @@ import numpy as np
 from commsched.cost.model import CostEstimate
 from commsched.ir import Graph, OpKind
 from commsched.memory import memory_profile
+from commsched.passes.budget import MemoryBudget
 from commsched.passes.multi_stream_heft import (
     follow_consumers,
     make_plan,
@@ -65,8 +66,8 @@ class MultiStreamConfig(PassConfig):
     stream_sync_s: float | None = None
     """cross-stream sync overhead the planner assumes (None: the cost estimate's); the verdict always uses the
     estimate's"""
-    memory_budget_ratio: float | None = 1.05
-    """hard peak-memory budget as a multiple of the input order's peak (None: no limit)"""
+    memory_budget: MemoryBudget = MemoryBudget(ratio=1.05)
+    """hard peak-memory budget: a multiple of the input order's peak and / or bytes (the smaller applies)"""
     interference: bool = True
     """plan with the compute slowdown under communication and the contention of concurrent kernels, and charge that
     contention in the verdict; off: concurrent kernels on different streams are assumed not to slow each other"""
@@ -137,13 +138,11 @@ def multi_stream(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
         raise ValueError(f"compute_interference={cfg.compute_interference}: expected >= 0")
     if cfg.stream_sync_s is not None and cfg.stream_sync_s < 0:
         raise ValueError(f"stream_sync_s={cfg.stream_sync_s}: expected seconds >= 0")
-    if cfg.memory_budget_ratio is not None and cfg.memory_budget_ratio < 1.0:
-        raise ValueError(f"memory_budget_ratio={cfg.memory_budget_ratio} must be >= 1 (the input order's peak)")
     costs = ctx.costs
     alpha = cfg.compute_interference if cfg.interference else 0.0
     base = evaluate(g, costs, order, ctx.streams, alpha)
     base_peak = memory_profile(g, order).peak_bytes
-    budget = int(base_peak * cfg.memory_budget_ratio) if cfg.memory_budget_ratio is not None else 1 << 62
+    budget = cfg.memory_budget.limit_bytes(base_peak)
 
     floor_ns = _floor_ns(base.sim, alpha)
     if base.predicted_ns <= floor_ns:

@@ -27,10 +27,12 @@ input order is returned. The pass's stats list every attempt with its simulated 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
 from commsched.ir import Graph
+from commsched.passes.budget import MemoryBudget
 from commsched.passes.check import ScheduleError
 from commsched.passes.overlap_chains import earlier_placements, jackson_chains, promote_unwaited
 from commsched.passes.overlap_list import Attempt, schedule_once
@@ -44,13 +46,16 @@ from commsched.sim import SimResult, simulate_costs
 class OverlapConfig(PassConfig):
     """Knobs of the ``overlap`` pass."""
 
-    memory_budget_ratio: float | None = 1.05
-    """hard peak-memory budget as a multiple of the input order's peak (None: no ratio limit)"""
-    memory_budget_bytes: int | None = None
-    """hard peak-memory budget in bytes; with both set, the smaller one applies"""
+    memory_budget: MemoryBudget = MemoryBudget(ratio=1.05)
+    """hard peak-memory budget: a multiple of the input order's peak and / or bytes (the smaller applies)"""
     reorder_collectives: bool = False
     """let each group's collective order change (Jackson's rule; needs the same costs on every rank)"""
-    variants: tuple[tuple[str, bool], ...] = (("feeds", False), ("feeders", True), ("input", True), ("feeds", True))
+    variants: tuple[tuple[Literal["feeds", "feeders", "input"], bool], ...] = (
+        ("feeds", False),
+        ("feeders", True),
+        ("input", True),
+        ("feeds", True),
+    )
     """(compute priority, future-aware memory guard) tried in order until one fits the budget: priority "feeds" runs
     what feeds the earliest collective first, "input" keeps the input order, "feeders" keeps it except that what is
     about to release a collective of the busiest group goes first"""
@@ -62,7 +67,7 @@ class OverlapConfig(PassConfig):
     """with reorder_collectives: rounds of moving the most exposed collective earlier in its group's order (each
     tries a few distances and keeps the best; e.g. the embedding gradient's big reduce_scatter ahead of the last
     layer's, so the last layer's weight gradients overlap it instead of queueing ahead of it)"""
-    waits: str = "early"
+    waits: Literal["early", "late"] = "early"
     """where waits go: "early" (as soon as their collective is predicted done: its inputs are freed sooner) or
     "late" (just before the first use, when that fits the budget: a collective slower than predicted then stalls
     compute only where its result is needed; same predicted time)"""
@@ -71,14 +76,7 @@ class OverlapConfig(PassConfig):
 
 
 def _budget(cfg: OverlapConfig, base_peak: int) -> int:
-    limits = []
-    if cfg.memory_budget_ratio is not None:
-        if cfg.memory_budget_ratio < 1.0:
-            raise ValueError(f"memory_budget_ratio={cfg.memory_budget_ratio} must be >= 1 (the input order's peak)")
-        limits.append(int(base_peak * cfg.memory_budget_ratio))
-    if cfg.memory_budget_bytes is not None:
-        limits.append(int(cfg.memory_budget_bytes))
-    return min(limits) if limits else 1 << 62
+    return cfg.memory_budget.limit_bytes(base_peak)
 
 
 @dataclass

@@ -6,7 +6,7 @@ import gc
 import json
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,10 +14,18 @@ from typing import Any
 
 import numpy as np
 
-from commsched.cost.model import CostEstimate
+from commsched.cost import resolve_costs
 from commsched.ir import Graph, GraphError, OpKind
 from commsched.passes.check import as_order, check_schedule
-from commsched.passes.registry import PASSES, NoConfig, PassContext, PassResult, PassStats, build_config
+from commsched.passes.registry import (
+    PASSES,
+    KnobNamespace,
+    NoConfig,
+    PassConfig,
+    PassContext,
+    PassResult,
+    PassStats,
+)
 
 SCHEDULE_FORMAT = "commsched.schedule"
 SCHEDULE_VERSION = 1
@@ -33,6 +41,34 @@ PRESETS: dict[str, list[str]] = {
     ],
     "classic": ["sink_waits", "raise_comms", "reorder_compute_for_overlap"],
 }
+
+
+PassItem = str | Callable[..., PassResult]
+
+
+def resolve_passes(passes: str | Sequence[PassItem]) -> list[PassItem]:
+    """The pass list ``passes`` names, presets expanded: a preset or pass name, a comma-separated string of them,
+    or a sequence of names and callables (a pass ``fn(graph, order, ctx) -> PassResult``). ValueError naming the
+    first unknown name, with the known passes and presets."""
+    items = passes.split(",") if isinstance(passes, str) else list(passes)
+    resolved: list[PassItem] = []
+    for item in items:
+        name = item.strip() if isinstance(item, str) else item
+        if callable(name):
+            resolved.append(name)
+        elif name in PRESETS:
+            resolved.extend(PRESETS[name])
+        elif name in PASSES:
+            resolved.append(name)
+        elif name != "":  # "a,,b" and "" name nothing
+            raise ValueError(f"unknown pass {name!r}; known passes: {sorted(PASSES)}; presets: {sorted(PRESETS)}")
+    return resolved
+
+
+def check_knobs(passes: str | Sequence[PassItem], knobs: Mapping[str, Any]) -> dict[str, PassConfig]:
+    """The config of every registered pass of ``passes``, built from ``knobs`` (:class:`KnobNamespace`): what
+    :func:`schedule` checks before any work. ValueError naming an unknown pass or knob, or a value that does not fit."""
+    return KnobNamespace.of(resolve_passes(passes)).configs(knobs)
 
 
 @dataclass
@@ -62,7 +98,7 @@ class Schedule:
         return d
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        from commsched.frontends.json_io import atomic_write_text
+        from commsched.io import atomic_write_text
 
         atomic_write_text(path, json.dumps(self.to_dict()))
 
@@ -107,19 +143,6 @@ def inputs_first(graph: Graph, order: np.ndarray) -> np.ndarray:
     return np.concatenate([order[is_input], order[~is_input]]).astype(np.int32)
 
 
-def resolve_costs(graph: Graph, hardware: Any) -> CostEstimate:
-    """A CostEstimate as given, or estimated from a hardware profile (name or Hardware)."""
-    if isinstance(hardware, CostEstimate):
-        if len(hardware.node_s) != len(graph):
-            raise ValueError(f"the cost estimate has {len(hardware.node_s)} entries; the graph has {len(graph)} nodes")
-        return hardware
-    from commsched.cost import estimate_costs  # the cost model
-    from commsched.hardware import get as get_hardware
-
-    hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
-    return estimate_costs(graph, hw)
-
-
 @contextmanager
 def _gc_paused() -> Iterator[None]:
     """Passes build many small lists and tuples and no reference cycles; Python's cyclic collector would rescan the
@@ -136,38 +159,39 @@ def _gc_paused() -> Iterator[None]:
 def schedule(
     graph: Graph,
     hardware: Any,
-    passes: str | Sequence[str | Callable[..., PassResult]] = "torch",
+    passes: str | Sequence[PassItem] = "default",
     *,
+    num_nodes: int | None = None,
+    gpus_per_node: int | None = None,
     order: np.ndarray | Sequence[int | str] | None = None,
     check: bool = True,
     **knobs: Any,
 ) -> Schedule:
-    """Run ``passes`` (names, callables, or a preset name) on ``graph`` and return the resulting :class:`Schedule`.
+    """Run ``passes`` (see :func:`resolve_passes`; default: our ``overlap`` pass) on ``graph`` and return the
+    resulting :class:`Schedule`.
 
-    ``hardware`` is a profile name, a Hardware, or a precomputed CostEstimate. ``knobs`` set pass config fields by
-    name (e.g. ``peak_memory_budget=0.1``); an unknown knob is an error. Every pass result is checked (topological
-    order, per-group collective order) unless ``check=False``.
+    ``hardware`` is a profile name or ``.toml`` path (on ``num_nodes`` nodes of ``gpus_per_node`` GPUs; by default
+    as many nodes as the graph's world size needs), a Hardware, or a precomputed CostEstimate
+    (``commsched.cost.resolve_costs``). ``knobs`` set pass config fields: ``memory_budget=1.1`` on every pass that
+    has the field, ``overlap={"waits": "late"}`` on one pass (:class:`KnobNamespace`); names, types and allowed
+    values are checked before any work. Every pass result is checked (topological order, per-group collective
+    order) unless ``check=False``.
     """
-    costs = resolve_costs(graph, hardware)
-    names = PRESETS[passes] if isinstance(passes, str) and passes in PRESETS else passes
-    if isinstance(names, str):
-        names = [p.strip() for p in names.split(",") if p.strip()]
+    names = resolve_passes(passes)
+    configs = KnobNamespace.of(names).configs(knobs)
+    costs = resolve_costs(graph, hardware, num_nodes=num_nodes, gpus_per_node=gpus_per_node)
     cur = as_order(graph, order)
     reference = cur.copy()
     extra_src = np.zeros(0, np.int32)
     extra_dst = np.zeros(0, np.int32)
     streams: np.ndarray | None = None
-    used: set[str] = set()
     all_stats: list[PassStats] = []
     pass_names: list[str] = []
     for p in names:
         if callable(p):
             fn, cfg, pname = p, NoConfig(), getattr(p, "__name__", "custom")
         else:
-            spec = PASSES.get(p)
-            if spec is None:
-                raise ValueError(f"unknown pass {p!r}; known passes: {sorted(PASSES)}; presets: {sorted(PRESETS)}")
-            fn, cfg, pname = spec.fn, build_config(spec.config_cls, knobs, used), p
+            fn, cfg, pname = PASSES[p].fn, configs[p], p
         ctx = PassContext(costs=costs, config=cfg, extra_src=extra_src, extra_dst=extra_dst, streams=streams)
         t0 = time.perf_counter()
         with _gc_paused():
@@ -194,7 +218,4 @@ def schedule(
             extra_dst = np.concatenate([extra_dst, result.extra_dst]).astype(np.int32)
         all_stats.append(result.stats)
         pass_names.append(pname)
-    unknown = set(knobs) - used
-    if unknown:
-        raise ValueError(f"unknown knob(s) {sorted(unknown)} for passes {pass_names}")
     return Schedule(graph, cur, streams, all_stats, pass_names)

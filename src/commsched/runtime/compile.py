@@ -33,27 +33,25 @@ def schedule_fx(
     hardware: str | Any = "cpu-local",
     *,
     passes: str | Sequence[str] = "default",
-    num_nodes: int = 1,
+    num_nodes: int | None = None,
+    gpus_per_node: int | None = None,
     costs: CostsFn | None = None,
     **knobs: Any,
 ):
     """Import ``gm``, schedule it and reorder it in place; return the :class:`commsched.passes.Schedule`.
 
     ``gm`` needs FakeTensor ``meta['val']`` on its nodes (make_fx, AOTAutograd and Inductor graphs have it) and its
-    process groups registered (real or fake). ``hardware``: profile name, path or Hardware; ``costs``: a callable
-    overriding it. ``knobs`` go to the passes."""
-    from commsched import hardware as hw_mod
-    from commsched.cost import estimate_costs
+    process groups registered (real or fake). ``hardware``, ``num_nodes``, ``gpus_per_node``: as
+    ``commsched.schedule`` takes them (nodes inferred from the process groups unless given); ``costs``: a callable
+    overriding them. ``knobs`` go to the passes."""
     from commsched.frontends.fx import from_fx
     from commsched.passes import schedule
 
     graph = from_fx(gm)
     if costs is not None:
-        est = costs(graph)
+        result = schedule(graph, costs(graph), passes, **knobs)
     else:
-        hw = hw_mod.get(hardware, num_nodes=num_nodes) if isinstance(hardware, str) else hardware
-        est = estimate_costs(graph, hw)
-    result = schedule(graph, est, passes, **knobs)
+        result = schedule(graph, hardware, passes, num_nodes=num_nodes, gpus_per_node=gpus_per_node, **knobs)
     apply_schedule(gm, result)
     return result
 
@@ -62,7 +60,8 @@ def commsched_backend(
     hardware: str | Any = "cpu-local",
     *,
     passes: str | Sequence[str] = "default",
-    num_nodes: int = 1,
+    num_nodes: int | None = None,
+    gpus_per_node: int | None = None,
     costs: CostsFn | None = None,
     on_schedule: Callable[[str, Any], None] | None = None,
     verify: bool = False,
@@ -81,7 +80,9 @@ def commsched_backend(
     def compiler(kind: str) -> Callable:
         def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
             original = copy_graph_module(gm) if verify else None
-            result = schedule_fx(gm, hardware, passes=passes, num_nodes=num_nodes, costs=costs, **knobs)
+            result = schedule_fx(
+                gm, hardware, passes=passes, num_nodes=num_nodes, gpus_per_node=gpus_per_node, costs=costs, **knobs
+            )
             if on_schedule is not None:
                 on_schedule(kind, result)
             if original is None:
@@ -129,19 +130,29 @@ class CommschedPostGradPass(_custom_graph_pass_base()):
         hardware: str = "cpu-local",
         *,
         passes: str | Sequence[str] = "default",
-        num_nodes: int = 1,
+        num_nodes: int | None = None,
+        gpus_per_node: int | None = None,
         **knobs: Any,
     ) -> None:
         if not isinstance(hardware, str):
             raise ValueError("CommschedPostGradPass takes a profile name or path (it is part of the cache key)")
-        self.hardware, self.passes, self.num_nodes, self.knobs = hardware, passes, num_nodes, dict(knobs)
+        self.hardware, self.passes, self.knobs = hardware, passes, dict(knobs)
+        self.num_nodes, self.gpus_per_node = num_nodes, gpus_per_node
         self.last = None
 
     def __call__(self, graph: torch.fx.Graph) -> None:
-        self.last = schedule_fx(graph, self.hardware, passes=self.passes, num_nodes=self.num_nodes, **self.knobs)
+        self.last = schedule_fx(
+            graph,
+            self.hardware,
+            passes=self.passes,
+            num_nodes=self.num_nodes,
+            gpus_per_node=self.gpus_per_node,
+            **self.knobs,
+        )
 
     def uuid(self) -> str:
         from commsched import __version__
 
-        key = [__version__, self.hardware, self.passes, self.num_nodes, sorted(self.knobs.items())]
+        shape = [self.num_nodes, self.gpus_per_node]
+        key = [__version__, self.hardware, self.passes, shape, sorted(self.knobs.items())]
         return hashlib.sha256(json.dumps(key, default=str).encode()).hexdigest()

@@ -102,7 +102,8 @@ class RunConfig:
             raise ValueError(f"threads={self.threads}, gloo_threads={self.gloo_threads}: expected >= 1")
         if not 0 <= self.compute_nice <= 19:
             raise ValueError(f"compute_nice={self.compute_nice}: expected 0 to 19 (a niceness increment)")
-        from commsched.runtime.plan import BUILTIN_VARIANTS, check_knobs
+        from commsched.passes import check_knobs
+        from commsched.runtime.plan import BUILTIN_VARIANTS
 
         unknown = [v for v in self.variants if v not in BUILTIN_VARIANTS and v not in (self.orders or {})]
         if unknown:
@@ -210,7 +211,7 @@ def _plan_on_rank0(cfg: RunConfig, gm, graph, rows, interference: InterferencePr
     from commsched import hardware as hw_mod
     from commsched.runtime.plan import cost_summary, link_table, plan_orders, predict, run_costs
 
-    hw = hw_mod.get(cfg.hardware)
+    hw = hw_mod.for_graph(cfg.hardware, graph)
     table = link_table(rows)
     slowdown = interference.compute_slowdown
     comm_slowdown = interference.comm_slowdown if cfg.comm_slowdown else 1.0

@@ -58,29 +58,6 @@ def run_costs(
     )
 
 
-def pass_knob_names(passes: str | Sequence[str]) -> set[str]:
-    """Every knob the passes (a preset name or a list of pass names) accept; ValueError for an unknown pass."""
-    from commsched.passes import PASSES, PRESETS
-
-    names = PRESETS[passes] if isinstance(passes, str) and passes in PRESETS else passes
-    if isinstance(names, str):
-        names = [p.strip() for p in names.split(",") if p.strip()]
-    accepted: set[str] = set()
-    for name in names:
-        spec = PASSES.get(name)
-        if spec is None:
-            raise ValueError(f"unknown pass {name!r}; known passes: {sorted(PASSES)}; presets: {sorted(PRESETS)}")
-        accepted |= {f.name for f in dataclasses.fields(spec.config_cls)}
-    return accepted
-
-
-def check_knobs(passes: str | Sequence[str], knobs: Mapping[str, Any]) -> None:
-    """ValueError naming the knobs ``passes`` do not accept (checked before any rank starts)."""
-    unknown = sorted(set(knobs) - pass_knob_names(passes))
-    if unknown:
-        raise ValueError(f"unknown knob(s) {unknown} for passes {passes!r}")
-
-
 def torch_default_budget_bytes(peak_bytes: int) -> int:
     """torch's OverlapScheduler default memory limit: the input order's peak plus max(1 GiB, 5 %)."""
     return int(peak_bytes + max(1 << 30, 0.05 * peak_bytes))
@@ -112,18 +89,17 @@ def plan_orders(
     that have those knobs."""
     from commsched.ir.order import as_order
     from commsched.memory import memory_profile
-    from commsched.passes import check_schedule, schedule
+    from commsched.passes import KnobNamespace, MemoryBudget, check_schedule, resolve_passes, schedule
 
     ours = dict(knobs or {})
-    defaults: dict[str, Any] = {"reorder_collectives": True, "waits": "late"}
     if memory_budget_ratio is None:
-        defaults["memory_budget_ratio"] = None
-        defaults["memory_budget_bytes"] = torch_default_budget_bytes(memory_profile(graph).peak_bytes)
+        budget = MemoryBudget(bytes=torch_default_budget_bytes(memory_profile(graph).peak_bytes))
     else:
-        defaults["memory_budget_ratio"] = float(memory_budget_ratio)
-    accepted = pass_knob_names(passes)
+        budget = MemoryBudget(ratio=float(memory_budget_ratio))
+    defaults: dict[str, Any] = {"reorder_collectives": True, "waits": "late", "memory_budget": budget}
+    namespace = KnobNamespace.of(resolve_passes(passes))
     for k, v in defaults.items():  # only where the chosen passes have the knob
-        if k in accepted:
+        if namespace.has(k):
             ours.setdefault(k, v)
     orders: dict[str, np.ndarray] = {}
     skipped: dict[str, str] = {}

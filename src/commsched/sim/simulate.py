@@ -130,18 +130,14 @@ def simulate(
     hardware: Any,
     order: Sequence[str | int] | np.ndarray | None = None,
     streams: Sequence[int] | np.ndarray | None = None,
-    **hardware_kw: Any,
+    *,
+    num_nodes: int | None = None,
+    gpus_per_node: int | None = None,
 ) -> SimResult:
-    """Estimate ``g`` on ``hardware`` (a profile or its name, passed to ``commsched.cost.estimate_costs``) and
-    simulate it; see :func:`simulate_costs`. Extra keywords go to ``commsched.hardware.get`` when ``hardware`` is a
-    name (e.g. ``num_nodes=8``)."""
-    from commsched import cost
+    """Estimate ``g`` on ``hardware`` and simulate it; see :func:`simulate_costs`. ``hardware``, ``num_nodes``,
+    ``gpus_per_node`` as ``commsched.schedule`` takes them: a profile name or ``.toml`` path (nodes inferred from
+    the graph's world size unless given), a Hardware, or a CostEstimate (``commsched.cost.resolve_costs``)."""
+    from commsched.cost import resolve_costs
 
-    estimate = getattr(cost, "estimate_costs", None)
-    if estimate is None:
-        raise RuntimeError("commsched.cost.estimate_costs is not available yet; use simulate_costs with a CostEstimate")
-    if isinstance(hardware, str):
-        from commsched import hardware as hw
-
-        hardware = hw.get(hardware, **hardware_kw)
-    return simulate_costs(g, estimate(g, hardware), order, streams)
+    costs = resolve_costs(g, hardware, num_nodes=num_nodes, gpus_per_node=gpus_per_node)
+    return simulate_costs(g, costs, order, streams)
