@@ -57,3 +57,27 @@ def test_module_size_budget():
     sizes = {p.relative_to(SRC): len(p.read_text().splitlines()) for p in SRC.rglob("*.py")}
     too_big = {str(k): v for k, v in sizes.items() if v > 600}
     assert not too_big, f"modules over 600 lines (split by responsibility): {too_big}"
+
+
+def test_function_size_budget_in_the_core():
+    """The scheduler and the simulator read at a glance: no function in passes/ or sim/ over 80 lines."""
+    import ast
+
+    too_long = {}
+    for path in [*SRC.joinpath("passes").rglob("*.py"), *SRC.joinpath("sim").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 80:
+                    too_long[f"{path.relative_to(SRC)}:{node.lineno} {node.name}"] = lines
+    assert not too_long, f"functions over 80 lines (split into named steps): {too_long}"
+
+
+def test_the_graph_imports_nothing_above_it():
+    """ir/graph.py is the core data structure: it imports no other commsched module (no import cycles)."""
+    import ast
+
+    tree = ast.parse(SRC.joinpath("ir", "graph.py").read_text())
+    imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+    imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    assert not [m for m in imported if m.startswith("commsched")], imported
