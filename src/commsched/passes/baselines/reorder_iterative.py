@@ -93,6 +93,12 @@ class _RaiseCollectives(IterativeSwaps):
     def jump(self, candidate: int) -> tuple[str | None, int | None]:
         """Pass the run of plain nodes right before the group in one move (the same order and stats as one swap at
         a time)."""
+        if (
+            self.view.is_coll[candidate]
+            or candidate in self.joiners
+            or self.group_storages.intersection(self.uses[candidate])
+        ):
+            return None, candidate  # no plain node to pass (the common case, kept cheap): the one-swap rules decide
         passed, refusal = self._plain_run()
         if passed:
             mo, group = self.moving, self.group
