@@ -201,7 +201,7 @@ def test_zoo_step_runs_the_multi_stream_schedule_with_the_same_results(preset, p
     g = w.graph
     # no memory budget: the point is running the streams, not whether a candidate fits 1.05x this order's peak
     costs = estimate_costs(g, get_hardware("h100-sxm"))
-    s = schedule(g, costs, ["overlap", "multi_stream"], compute_interference=0.0, memory_budget_ratio=None)
+    s = schedule(g, costs, ["overlap", "multi_stream"], compute_interference=0.0, memory_budget=None)
     assert s.streams is not None, s.stats[-1].notes
     low = lower_streams(w.graph_module, s)
     low.graph.lint()

@@ -224,8 +224,6 @@ def overlap(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
     that feeds communication first; per-group collective order kept unless reordering is allowed; hard memory
     budget; never worse than the input. O((N+E) log N) per attempt, a handful of attempts."""
     cfg: OverlapConfig = ctx.config  # type: ignore[assignment]
-    if cfg.waits not in ("early", "late"):
-        raise ValueError(f"waits={cfg.waits!r}: expected 'early' or 'late'")
     search = _Search(g, order, ctx, cfg)
     gp = prepare_graph(g, order, ctx.costs, ctx.extra_src, ctx.extra_dst)
     p = prepare(gp, input_chains(g, order))
@@ -238,7 +236,7 @@ def overlap(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
     if best.peak_bytes > search.budget:
         raise ScheduleError(
             f"overlap: no order found within the memory budget of {search.budget} bytes; the input order peaks at "
-            f"{search.base_peak} bytes (raise memory_budget_bytes / memory_budget_ratio)"
+            f"{search.base_peak} bytes (raise the memory_budget knob)"
         )
     search.stats.notes.append(
         f"budget {search.budget} B (input peak {search.base_peak} B); chose {best.label}: "

@@ -85,11 +85,11 @@ def plan_orders(
     5 %)). Our ``reorder_collectives`` defaults to True: the orders are decided once and given to every rank, so a
     group's collectives may be reordered safely, as torch's scheduler does; and ``waits`` defaults to "late" (each
     wait just before its first use, within the budget): a real collective that runs longer than predicted then
-    stalls compute only where its result is needed. ``knobs`` override these defaults, which apply only to passes
-    that have those knobs."""
+    stalls compute only where its result is needed. ``knobs`` override these defaults, which apply only to our passes
+    (not the seed baselines) that have those knobs."""
     from commsched.ir.order import as_order
     from commsched.memory import memory_profile
-    from commsched.passes import KnobNamespace, MemoryBudget, check_schedule, resolve_passes, schedule
+    from commsched.passes import PASSES, KnobNamespace, MemoryBudget, check_schedule, resolve_passes, schedule
 
     ours = dict(knobs or {})
     if memory_budget_ratio is None:
@@ -98,9 +98,12 @@ def plan_orders(
         budget = MemoryBudget(ratio=float(memory_budget_ratio))
     defaults: dict[str, Any] = {"reorder_collectives": True, "waits": "late", "memory_budget": budget}
     namespace = KnobNamespace.of(resolve_passes(passes))
-    for k, v in defaults.items():  # only where the chosen passes have the knob
-        if namespace.has(k):
-            ours.setdefault(k, v)
+    for name in namespace.passes:  # ours only (the seed baselines keep torch's defaults), where the user set nothing
+        if PASSES[name].fn.__module__.startswith("commsched.passes.baselines"):
+            continue
+        own = {k: v for k, v in defaults.items() if k in namespace.fields(name) and k not in ours}
+        if own:
+            ours[name] = {**own, **ours.get(name, {})}
     orders: dict[str, np.ndarray] = {}
     skipped: dict[str, str] = {}
     for name in variants:
