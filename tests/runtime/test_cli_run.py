@@ -31,7 +31,7 @@ def test_help_has_an_example():
         (["llama-tiny", "--knob", "oops"], "NAME=VALUE"),
         (["llama-tiny", "--knob", "no_such_knob=1"], "unknown knob(s) ['no_such_knob']"),
         (["llama-tiny", "--passes", "no_such_pass"], "unknown pass 'no_such_pass'"),
-        (["llama-tiny", "--memory-budget-ratio", "0.5"], "memory_budget_ratio=0.5"),
+        (["llama-tiny", "--memory-budget", "0.5"], "memory budget ratio=0.5 must be >= 1"),
     ],
 )
 def test_bad_input_exits_2(args, message):

@@ -29,8 +29,10 @@ def register(app: typer.Typer) -> None:
         passes: str = typer.Option("default", "--passes", "-p", help="our scheduler: pass preset or list"),
         knob: KnobOption = [],  # noqa: B006 (typer copies it)
         costs: str = typer.Option("measured", "--costs", help="costs the schedulers see: measured | profile"),
-        memory_budget_ratio: float = typer.Option(
-            None, "--memory-budget-ratio", help="both schedulers' peak-memory limit / input peak (default: torch's)"
+        memory_budget: str = typer.Option(
+            None,
+            "--memory-budget",
+            help="both schedulers' peak-memory limit: 1.1 (x input peak) or 40GiB (default: torch's)",
         ),
         hardware: HardwareOption = "cpu-local",
         threads: int = typer.Option(1, "--threads", min=1, help="intra-op threads per rank"),
@@ -87,7 +89,7 @@ def register(app: typer.Typer) -> None:
                 costs=costs,
                 passes=passes,
                 knobs=parse_knobs(knob),
-                memory_budget_ratio=memory_budget_ratio,
+                memory_budget=memory_budget,
                 threads=threads,
                 compute_nice=compute_nice,
             )

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.fx
 
+from commsched.passes.budget import MemoryBudget
 from commsched.report.run_report import (
     CollectiveTiming,
     CostTotals,
@@ -65,8 +66,9 @@ class RunConfig:
     """our scheduler: a pass preset or pass list"""
     knobs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """pass options (``commsched.passes.schedule(**knobs)``); see ``plan_orders`` for the defaults"""
-    memory_budget_ratio: float | None = None
-    """memory limit of both schedulers as a multiple of the input order's peak (None: torch's default rule)"""
+    memory_budget: MemoryBudget | float | str | None = None
+    """memory limit of both schedulers (a MemoryBudget or its knob spelling: ``1.1`` is 1.1 x the input order's peak,
+    ``"40GiB"`` absolute); None: torch's default rule"""
     threads: int = 1
     """intra-op threads per rank (1: deterministic reductions, and ranks do not fight over cores)"""
     gloo_threads: int = 1
@@ -113,8 +115,8 @@ class RunConfig:
 
         if "overlap" in self.variants:
             check_knobs(self.passes, self.knobs)
-        if self.memory_budget_ratio is not None and self.memory_budget_ratio < 1.0:
-            raise ValueError(f"memory_budget_ratio={self.memory_budget_ratio}: expected >= 1 (the input order's peak)")
+        if self.memory_budget is not None:
+            object.__setattr__(self, "memory_budget", MemoryBudget.parse(self.memory_budget, "memory_budget"))
 
 
 def gloo_backend(threads: int) -> str:
@@ -230,7 +232,7 @@ def _plan_on_rank0(cfg: RunConfig, gm, graph, rows, interference: InterferencePr
         cfg.variants,
         passes=cfg.passes,
         knobs=cfg.knobs,
-        memory_budget_ratio=cfg.memory_budget_ratio,
+        memory_budget=cfg.memory_budget,
         given=given,
     )
     plan_s = time.perf_counter() - t0

@@ -18,6 +18,7 @@ from commsched.cost import CostEstimate, estimate_costs
 from commsched.cost.table import MeasuredTable
 from commsched.hardware import Hardware
 from commsched.ir import Graph, OpKind
+from commsched.passes.budget import MemoryBudget
 from commsched.report.run_report import CostTotals, Prediction
 
 COST_SOURCES = ("profile", "measured")
@@ -71,7 +72,7 @@ def plan_orders(
     *,
     passes: str | Sequence[str] = "default",
     knobs: Mapping[str, Any] | None = None,
-    memory_budget_ratio: float | None = None,
+    memory_budget: MemoryBudget | None = None,
     given: Mapping[str, Sequence[str]] | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """The order of every variant (node ids of ``graph``) and, for variants that could not be planned, why.
@@ -80,7 +81,7 @@ def plan_orders(
     ``torch``: torch's OverlapScheduler on ``gm`` with the same costs (skipped, with the reason, when its order is
     invalid for our graph); any other name must be in ``given`` (node names, checked).
 
-    Both schedulers get the same memory rule: ``memory_budget_ratio`` times the input order's peak (each in its own
+    Both schedulers get the same memory rule: ``memory_budget`` (a ratio applies to each one's input peak in its own
     accounting; torch's is measured by a first run), or by default torch's own default limit (peak + max(1 GiB,
     5 %)). Our ``reorder_collectives`` defaults to True: the orders are decided once and given to every rank, so a
     group's collectives may be reordered safely, as torch's scheduler does; and ``waits`` defaults to "late" (each
@@ -89,13 +90,13 @@ def plan_orders(
     (not the seed baselines) that have those knobs."""
     from commsched.ir.order import as_order
     from commsched.memory import memory_profile
-    from commsched.passes import PASSES, KnobNamespace, MemoryBudget, check_schedule, resolve_passes, schedule
+    from commsched.passes import PASSES, KnobNamespace, check_schedule, resolve_passes, schedule
 
     ours = dict(knobs or {})
-    if memory_budget_ratio is None:
+    if memory_budget is None:
         budget = MemoryBudget(bytes=torch_default_budget_bytes(memory_profile(graph).peak_bytes))
     else:
-        budget = MemoryBudget(ratio=float(memory_budget_ratio))
+        budget = memory_budget
     defaults: dict[str, Any] = {"reorder_collectives": True, "waits": "late", "memory_budget": budget}
     namespace = KnobNamespace.of(resolve_passes(passes))
     for name in namespace.passes:  # ours only (the seed baselines keep torch's defaults), where the user set nothing
@@ -119,9 +120,9 @@ def plan_orders(
             from commsched.peers import run_torch_overlap_scheduler
 
             result = run_torch_overlap_scheduler(gm, graph, costs)
-            if memory_budget_ratio is not None:
-                budget = int(result.torch_baseline_peak_memory_bytes * memory_budget_ratio)
-                result = run_torch_overlap_scheduler(gm, graph, costs, memory_budget=budget)
+            if memory_budget is not None:
+                limit = memory_budget.limit_bytes(result.torch_baseline_peak_memory_bytes)
+                result = run_torch_overlap_scheduler(gm, graph, costs, memory_budget=limit)
             if result.valid:
                 orders[name] = result.order
             else:
