@@ -67,9 +67,12 @@ class ListScheduler:
         for node in range(self.p.n):
             if self.indeg[node] == 0:
                 self.make_ready(node)
-        while len(self.attempt.order) < self.p.n:
-            self.release_deferred()
-            if self.issue_what_fits() | self.run_free_waits():
+        order, n = self.attempt.order, self.p.n
+        while len(order) < n:
+            if self.deferred:
+                self.release_deferred()
+            issued = self.issue_what_fits() if self.issuable else False
+            if (self.waits and self.waits[0][0] <= self.t and self.run_free_waits()) or issued:
                 continue
             if self.ready and self.run_compute():
                 continue
@@ -129,17 +132,22 @@ class ListScheduler:
     def run_compute(self) -> bool:
         """Run the best of the first few ready kernels that fits the budget (any, if no wait is pending), advancing
         the clock by its time under interference. Whether one ran."""
-        picked, skipped = -1, []
-        while self.ready and len(skipped) < _PEEK:
-            entry = heapq.heappop(self.ready)
-            if self.fits(entry[3]) or not self.waits:
-                picked = entry[3]
-                break
-            skipped.append(entry)
-        for entry in skipped:
-            heapq.heappush(self.ready, entry)
-        if picked < 0:
-            return False
+        ready = self.ready
+        entry = heapq.heappop(ready)
+        if self.waits and not self.fits(entry[3]):
+            picked, skipped = -1, [entry]
+            while ready and len(skipped) < _PEEK:
+                entry = heapq.heappop(ready)
+                if self.fits(entry[3]):
+                    picked = entry[3]
+                    break
+                skipped.append(entry)
+            for skip in skipped:
+                heapq.heappush(ready, skip)
+            if picked < 0:
+                return False
+        else:
+            picked = entry[3]
         self.commit(picked)  # at its start time; then the stream advances by its (slowed) duration
         self.t = self.kernel_end(self.t, self.p.dur_ns[picked])
         return True

@@ -44,7 +44,9 @@ class CommEngine:
         self.rem = [0.0] * num_groups  # bandwidth work left (ns at full bandwidth)
         self.sharing = [0] * (max(link, default=0) + 2)  # collectives in bandwidth phase per link class
         self.kernel_running = False
-        self.divisor = [1.0] * len(self.sharing)  # per link class: wall ns per ns of bandwidth work (the model's)
+        # per link class: wall ns per ns of bandwidth work (the model's rate), while no kernel runs and while one does
+        self._divisors = ([1.0] * len(self.sharing), [1.0] * len(self.sharing))
+        self.divisor = self._divisors[False]
         self.inflight = 0  # running collectives (either phase): compute is slowed while > 0
         self.pending = 0  # issued and not finished
         self.busy_ns = [0] * num_groups
@@ -63,13 +65,8 @@ class CommEngine:
 
     def set_kernel_running(self, running: bool) -> None:
         """Whether a kernel runs from the engine's clock on (it changes the bandwidth phases' rate)."""
-        if running != self.kernel_running:
-            self.kernel_running = running
-            self._update_divisors()
-
-    def _update_divisors(self) -> None:
-        rate = self.model.comm_divisor
-        self.divisor = [rate(k, self.kernel_running) for k in self.sharing]
+        self.kernel_running = running
+        self.divisor = self._divisors[running]
 
     # ------------------------------------------------------------------ clock
     def next_event(self) -> int:
@@ -174,4 +171,5 @@ class CommEngine:
     def _share(self, link: int, delta: int) -> None:
         k = self.sharing[link] + delta
         self.sharing[link] = k
-        self.divisor[link] = self.model.comm_divisor(k, self.kernel_running)
+        self._divisors[False][link] = self.model.comm_divisor(k, False)
+        self._divisors[True][link] = self.model.comm_divisor(k, True)

@@ -140,20 +140,6 @@ class _EventLoop:
         self.ptr[s] += 1
         self.left -= 1
 
-    def ready_ns(self, s: int, i: int) -> int:
-        """When node ``i`` may start on stream ``s`` as far as its stream and predecessors go; -1: not yet known."""
-        ready = self.free_at[s]
-        kinds, avail, stream, model = self.step.kinds, self.avail, self.stream, self.step.model
-        for e in range(self.pred_ptr[i], self.pred_ptr[i + 1]):
-            p = self.pred_idx[e]
-            a = avail[p]
-            if a < 0:
-                return -1
-            a = model.available_ns(a, stream[p] != s and kinds[p] != _INPUT)  # inputs exist on every stream
-            if a > ready:
-                ready = a
-        return ready
-
     def release_held(self, s: int) -> bool:
         """Unblock stream ``s`` from its synchronous collective if the model releases it by now. Whether it did."""
         c, out, t = self.held[s], self.step.out, self.t
@@ -172,17 +158,25 @@ class _EventLoop:
 
     def try_start(self, s: int) -> bool:
         """Start stream ``s``'s next node if it can start now. Whether the stream made progress."""
-        step, t = self.step, self.t
+        step, t, avail, stream = self.step, self.t, self.avail, self.stream
+        kinds, model = step.kinds, step.model
         i = self.progs[s][self.ptr[s]]
-        ready = self.ready_ns(s, i)
-        if ready < 0:
-            return False
-        k = step.kinds[i]
+        ready = self.free_at[s]  # when its stream and its predecessors allow it
+        for e in range(self.pred_ptr[i], self.pred_ptr[i + 1]):
+            p = self.pred_idx[e]
+            a = avail[p]
+            if a < 0:
+                return False
+            if stream[p] != s and kinds[p] != _INPUT:  # graph inputs exist on every stream
+                a = model.available_ns(a, True)
+            if a > ready:
+                ready = a
+        k = kinds[i]
         if k == _WAIT:
             cend = step.out.end[step.wait_of[i]]
             if cend < 0:
                 return False
-            release = step.model.wait_release_ns(cend)
+            release = model.wait_release_ns(cend)
             if release > t:
                 self.timer = min(self.timer, max(ready, release))
                 return False
@@ -200,9 +194,9 @@ class _EventLoop:
             if step.sync[i]:
                 self.held[s] = i
                 return True
-            self.avail[i] = t
+            avail[i] = t
         else:
-            step.out.start[i] = step.out.end[i] = self.avail[i] = t
+            step.out.start[i] = step.out.end[i] = avail[i] = t
             if k == _WAIT:
                 step.out.blocked[i] = t - max(ready, self.free_at[s])
         self.free_at[s] = t
@@ -211,47 +205,47 @@ class _EventLoop:
 
     def start_what_can(self) -> None:
         """Release, issue and start on every stream until nothing more can happen at the current time."""
+        running, held, ptr, progs = self.running, self.held, self.ptr, self.progs
+        streams = range(len(progs))
         progressed = True
         while progressed:
             progressed = False
-            for s in range(len(self.progs)):
-                if self.running[s] >= 0:
+            for s in streams:
+                if running[s] >= 0:
                     continue
-                if self.held[s] >= 0:
+                if held[s] >= 0:
                     if not self.release_held(s):
                         continue
                     progressed = True
-                if self.ptr[s] < len(self.progs[s]) and self.try_start(s):
+                if ptr[s] < len(progs[s]) and self.try_start(s):
                     progressed = True
 
-    def next_time(self, names: list[str]) -> int:
-        """The next event: a kernel ends, the comm engine changes state, a blocked stream may proceed."""
-        comm, model = self.step.comm, self.step.model
+    def advance_time(self, names: list[str]) -> None:
+        """Move to the next event (a kernel ends, the comm engine changes state, a blocked stream may proceed):
+        progress the running kernels and retire those that end, then the comm engine."""
+        comm, model, running, rem, t = self.step.comm, self.step.model, self.running, self.rem, self.t
         slow = comm.inflight > 0
         # the engine's clock is at t here; the running kernels stay the same until the next event
-        comm.set_kernel_running(any(r >= 0 for r in self.running))
+        comm.set_kernel_running(max(running) >= 0)
         te = min(self.timer, comm.next_event())
-        for s, i in enumerate(self.running):
+        for s, i in enumerate(running):
             if i >= 0:
-                te = min(te, model.kernel_end_ns(self.t, self.rem[s], slow))
+                te = min(te, model.kernel_end_ns(t, rem[s], slow))
         if te >= INF_NS:
             stuck = [names[p[self.ptr[s]]] for s, p in enumerate(self.progs) if self.ptr[s] < len(p)]
             raise GraphError(
                 f"the schedule deadlocks: streams are stuck at nodes {stuck} (check the stream assignment)"
             )
-        return te
-
-    def run_kernels_to(self, te: int) -> None:
-        """Progress the running kernels to ``te``; retire those that end."""
-        slow = self.step.comm.inflight > 0
-        done = self.step.model.kernel_work_ns(te - self.t, slow)
-        for s, i in enumerate(self.running):
+        done = model.kernel_work_ns(te - t, slow)
+        for s, i in enumerate(running):
             if i >= 0:
-                self.rem[s] -= done
-                if self.rem[s] <= EPS_NS:
+                rem[s] -= done
+                if rem[s] <= EPS_NS:
                     self.step.out.end[i] = self.avail[i] = self.free_at[s] = te
-                    self.running[s] = -1
+                    running[s] = -1
                     self.advance(s)
+        comm.advance_to(te)
+        self.t = te
 
 
 def run_multi_stream(
@@ -265,7 +259,4 @@ def run_multi_stream(
         loop.start_what_can()
         if not loop.left:
             break
-        te = loop.next_time(names)
-        loop.run_kernels_to(te)
-        step.comm.advance_to(te)
-        loop.t = te
+        loop.advance_time(names)
