@@ -7,28 +7,20 @@ from pathlib import Path
 
 import typer
 
-from commsched.cli.common import (
-    HardwareOption,
-    LayersOption,
-    ModeOption,
-    NumNodesOption,
-    ParallelOption,
-    WorldSizeOption,
-    console,
-    user_errors,
-)
+from commsched.cli import common as opt
+from commsched.cli.common import console, user_errors
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def compare(
         target: str = typer.Argument(..., help="a graph JSON file, or a zoo preset name (e.g. llama3-8b)"),
-        parallel: ParallelOption = "fsdp",
-        world_size: WorldSizeOption = 8,
-        layers: LayersOption = 4,
-        mode: ModeOption = "train",
-        hardware: HardwareOption = "h100-sxm",
-        num_nodes: NumNodesOption = None,
+        parallel: opt.ParallelOption = "fsdp",
+        world_size: opt.WorldSizeOption = 8,
+        layers: opt.LayersOption = 4,
+        mode: opt.ModeOption = "train",
+        hardware: opt.HardwareOption = "h100-sxm",
+        num_nodes: opt.NumNodesOption = None,
         torch_peer: bool = typer.Option(True, "--torch/--no-torch", help="run torch's OverlapScheduler too (preset)"),
         exact_max_nodes: int = typer.Option(300, help="run the CP-SAT scheduler on graphs up to this many nodes"),
         exact_time_limit: float = typer.Option(20.0, help="CP-SAT time limit in seconds"),

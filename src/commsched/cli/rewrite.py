@@ -8,30 +8,22 @@ from pathlib import Path
 
 import typer
 
-from commsched.cli.common import (
-    HardwareOption,
-    LayersOption,
-    ModeOption,
-    NumNodesOption,
-    ParallelOption,
-    WorldSizeOption,
-    console,
-    user_errors,
-)
+from commsched.cli import common as opt
+from commsched.cli.common import console, user_errors
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def rewrite(
         preset: str = typer.Argument(..., help="model preset, e.g. llama3-8b (see commsched trace --list)"),
-        parallel: ParallelOption = "fsdp",
-        world_size: WorldSizeOption = 8,
-        layers: LayersOption = 4,
-        mode: ModeOption = "train",
+        parallel: opt.ParallelOption = "fsdp",
+        world_size: opt.WorldSizeOption = 8,
+        layers: opt.LayersOption = 4,
+        mode: opt.ModeOption = "train",
         seq_len: int = typer.Option(None, "--seq-len", help="sequence length"),
         batch: int = typer.Option(None, "--batch", help="sequences per data-parallel replica"),
-        hardware_name: HardwareOption = "h100-sxm",
-        num_nodes: NumNodesOption = None,
+        hardware_name: opt.HardwareOption = "h100-sxm",
+        num_nodes: opt.NumNodesOption = None,
         bucket: bool = typer.Option(True, "--bucket/--no-bucket", help="merge collectives into buckets"),
         lower: bool = typer.Option(False, "--lower-all-reduce", help="clone + all_reduce_ or one-shot symm-mem"),
         plan_on: str = typer.Option("schedule", "--plan-on", help="order the buckets are planned on: schedule|trace"),
