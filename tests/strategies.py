@@ -14,13 +14,18 @@ ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @st.composite
-def graphs(draw, min_nodes: int = 2, max_nodes: int = 40, max_groups: int = 3, p_collective: float = 0.25) -> Graph:
-    """A random valid Graph: inputs, compute/other/view ops, async collectives with their waits, one output."""
+def graphs(
+    draw, min_nodes: int = 2, max_nodes: int = 40, max_groups: int = 3, p_collective: float = 0.25, p_sync: float = 0.0
+) -> Graph:
+    """A random valid Graph: inputs, compute/other/view ops, collectives with their waits, one output. With
+    ``p_sync`` > 0, that share of the collectives is synchronous (no wait; its output is ready when it ends), and a
+    synchronous collective may also carry a control dependency on an earlier collective of its group."""
     b = GraphBuilder({"source": "hypothesis"})
     num_groups = draw(st.integers(1, max_groups))
     groups = [b.group(f"g{k}", draw(st.sampled_from([2, 4, 8, 64, 1024]))) for k in range(num_groups)]
     live: list[int] = []  # nodes with a buffer that later nodes may read
     pending_waits: list[tuple[int, int]] = []  # (collective, earliest position) waiting for their wait node
+    group_colls: dict[int, list[int]] = {}  # per group: its collectives so far
 
     def buffer(dtype: str | None = None):
         dtype = dtype or draw(st.sampled_from(DTYPES))
@@ -58,6 +63,7 @@ def graphs(draw, min_nodes: int = 2, max_nodes: int = 40, max_groups: int = 3, p
             src = srcs[0]
             grp = draw(st.sampled_from(groups))
             ctype = draw(st.sampled_from(list(CollType)))
+            sync = p_sync > 0 and draw(st.floats(0, 1)) < p_sync
             shape, dtype, nbytes, _ = b.node_buffer(src, 0)
             size = b.groups[grp].size
             out_bytes = (
@@ -80,8 +86,16 @@ def graphs(draw, min_nodes: int = 2, max_nodes: int = 40, max_groups: int = 3, p
                 "sum" if ctype in (CollType.ALL_REDUCE, CollType.REDUCE_SCATTER) else None,
                 nbytes,
                 out_bytes,
+                sync=sync,
             )
-            pending_waits.append((c, len(b)))
+            if sync:
+                same_group = [x for x in group_colls.get(grp, []) if x not in srcs]
+                if same_group and draw(st.booleans()):
+                    b.add_dep(c, draw(st.sampled_from(same_group)))  # e.g. an in-place write ordered after a read
+                live.append(c)
+            else:
+                pending_waits.append((c, len(b)))
+            group_colls.setdefault(grp, []).append(c)
         elif op == "view":
             shape, dtype, nbytes, storage = b.node_buffer(srcs[0], 0)
             live.append(

@@ -72,3 +72,18 @@ def test_overlap_with_reordering_on_random_graphs(g, budget, rnd):
     assert res.makespan_ns <= base.makespan_ns
     again = schedule(g, costs, ["overlap"], order=start, reorder_collectives=True, memory_budget=1.0 + budget)
     assert np.array_equal(s.order, again.order)
+
+
+@settings(max_examples=200)
+@given(graphs(max_nodes=40, p_sync=0.5), st.randoms(use_true_random=False))
+def test_overlap_reordering_with_synchronous_collectives_is_cycle_free(g, rnd):
+    """Synchronous collectives with control dependencies on earlier collectives of their group: each group's
+    rebuilt order is made consistent with the graph (no "ordering constraints have a cycle"), the result is a valid
+    schedule, never worse than its input and the same on every run."""
+    costs = simple_costs(g, comm_bytes_per_s=rnd.choice([1e9, 20e9, 400e9]))
+    start = random_topo_order(g, rnd)
+    s = schedule(g, costs, ["overlap"], order=start, reorder_collectives=True)
+    check_schedule(g, s.order, start, allow_collective_reorder=True)
+    assert simulate_costs(g, costs, s.order).makespan_ns <= simulate_costs(g, costs, start).makespan_ns
+    again = schedule(g, costs, ["overlap"], order=start, reorder_collectives=True)
+    assert np.array_equal(s.order, again.order)

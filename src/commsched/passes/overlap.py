@@ -34,10 +34,10 @@ import numpy as np
 from commsched.ir import Graph
 from commsched.passes.budget import MemoryBudget
 from commsched.passes.check import ScheduleError
-from commsched.passes.overlap_chains import earlier_placements, jackson_chains, promote_unwaited
+from commsched.passes.overlap_chains import consistent_chains, earlier_placements, jackson_chains, promote_unwaited
 from commsched.passes.overlap_list import Attempt, schedule_once
 from commsched.passes.overlap_orders import delay_past_peak, late_waits, tighten
-from commsched.passes.overlap_prep import Prep, input_chains, prepare, prepare_graph
+from commsched.passes.overlap_prep import GraphPrep, Prep, input_chains, prepare, prepare_graph
 from commsched.passes.registry import PassConfig, PassContext, PassResult, PassStats, register_pass
 from commsched.sim import SimResult, simulate_costs
 
@@ -182,12 +182,13 @@ class _Search:
         for r in range(cfg.jackson_rounds):
             if learn is None or self.done:
                 break
-            p = prepare(gp, jackson_chains(g, p, learn))
+            p = _prepare_consistent(gp, jackson_chains(g, p, learn))
             learn = self.run(f"Jackson collective order (round {r + 1})", p, reorders=True)
         if self.best.prep is not None and not self.done:
             promoted = promote_unwaited(g, self.best.prep, self.best.attempt)
             if promoted is not None:
-                self.run("Jackson collective order, unwaited collectives promoted", prepare(gp, promoted), True)
+                moved = _prepare_consistent(gp, promoted)
+                self.run("Jackson collective order, unwaited collectives promoted", moved, True)
         for _ in range(cfg.exposed_moves):
             if self.best.prep is None or self.done:
                 break
@@ -215,6 +216,15 @@ class _Search:
             if late_ns <= best.makespan_ns:
                 cand.makespan_ns, cand.peak_bytes = late_ns, late_peak
                 self.best = cand
+
+
+def _prepare_consistent(gp: GraphPrep, chains: dict[int, list[int]]) -> Prep:
+    """:func:`prepare` for rebuilt collective orders; orders that cross a dependency (each group's order is built on
+    its own) are first made consistent with the graph (:func:`consistent_chains`)."""
+    try:
+        return prepare(gp, chains)
+    except RuntimeError:
+        return prepare(gp, consistent_chains(gp, chains))
 
 
 @register_pass("overlap", OverlapConfig)
