@@ -9,6 +9,7 @@ from commsched.cost import CostEstimate, collective_time_s, estimate, estimate_c
 from commsched.frontends.json_io import load_graph, save_graph
 from commsched.ir import CollType, Graph, GraphBuilder, GraphError, OpKind, ProcessGroup
 from commsched.memory import IncrementalMemory, memory_profile
+from commsched.optimize import Optimized, optimize
 from commsched.passes import PASSES, PRESETS, Schedule, ScheduleError, check_schedule, load_schedule, schedule
 from commsched.sim import SimResult, simulate, simulate_costs
 
@@ -41,6 +42,7 @@ __all__ = [
     "GraphError",
     "IncrementalMemory",
     "OpKind",
+    "Optimized",
     "ProcessGroup",
     "Schedule",
     "ScheduleError",
@@ -57,6 +59,7 @@ __all__ = [
     "load_graph",
     "load_schedule",
     "memory_profile",
+    "optimize",
     "save_graph",
     "schedule",
     "simulate",

@@ -146,7 +146,7 @@ def _returns_view(target: Any) -> bool:
 
 
 class _FxImporter:
-    def __init__(self, gm: torch.fx.GraphModule | torch.fx.Graph, group_sizes: Mapping[str, int] | None) -> None:
+    def __init__(self, gm: torch.fx.GraphModule | torch.fx.Graph, group_sizes: Mapping[str, Any] | None) -> None:
         self.graph = gm.graph if isinstance(gm, torch.fx.GraphModule) else gm
         self.group_sizes = dict(group_sizes or {})
         self.b = GraphBuilder()
@@ -203,7 +203,8 @@ class _FxImporter:
             name = group.group_name
         else:
             name = str(group)
-        size, stride = self.group_sizes.get(name), 1
+        given = self.group_sizes.get(name)
+        size, stride = given if isinstance(given, tuple) else (given, 1)
         ranks = None
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             try:
@@ -438,13 +439,14 @@ class _FxImporter:
 def from_fx(
     gm: torch.fx.GraphModule | torch.fx.Graph,
     *,
-    group_sizes: Mapping[str, int] | None = None,
+    group_sizes: Mapping[str, int | tuple[int, int]] | None = None,
     meta: Mapping[str, Any] | None = None,
 ) -> Graph:
     """Import an FX graph. Node names are kept; node ids follow the FX node order.
 
-    ``group_sizes`` gives the size of process groups that are not registered in this process (e.g. a graph
-    loaded from disk); registered groups (a real or fake process group) are resolved automatically.
+    ``group_sizes`` gives the size (or ``(size, stride)``) of process groups that are not registered in this process
+    (e.g. a graph loaded from disk, or a rewritten copy of a traced one); registered groups (a real or fake process
+    group) are resolved automatically.
     Raises GraphError naming the FX node when metadata is missing or a collective cannot be understood.
     """
     importer = _FxImporter(gm, group_sizes)
