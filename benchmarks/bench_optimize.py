@@ -1,0 +1,112 @@
+"""``commsched.optimize`` against torch's three overlap configurations, in the same run, with the same costs.
+
+Usage: python benchmarks/bench_optimize.py [--quick]
+Per traced zoo step (h100-sxm, nodes = world / 8): the traced order; torch 2.13's ``schedule_overlap_bucketing``
+plain, with collective bucketing, and with FSDP pre-bucketing + bucketing (all fed our per-node costs; bucketed
+collectives it creates are costed by our collective model when the result is re-imported); ours reorder-only (the
+``overlap`` pass with ``reorder_collectives``); and ``optimize``. Every program is simulated by our simulator with our
+cost model; "bound" is the simulator's lower bound of that program. When torch's best configuration peaks above
+``optimize``'s default budget (1.05 x the traced peak), ``optimize`` also runs with torch's best's peak as its budget,
+so the ratio compares at equal memory. Prints a markdown table for RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+CASES = [  # (preset, parallel, world, layers, seq_len or None)
+    ("llama3-8b", "fsdp", 8, 4, None),
+    ("llama3-8b", "fsdp", 64, 4, None),
+    ("llama3-8b", "fsdp", 256, 4, None),
+    ("llama3-8b", "fsdp", 512, 4, 2048),
+    ("llama3-8b", "fsdp+tp", 64, 4, None),
+    ("llama3-8b", "tp", 8, 4, None),
+    ("llama3-8b", "ddp", 64, 4, 2048),
+    ("mixtral-8x7b", "ep", 8, 2, 2048),
+]
+QUICK = CASES[:2]
+
+
+def _simulate_fx(gm, sizes, hw, meta):
+    """Re-import a (possibly rewritten) module in its node order, cost it on ``hw`` and simulate that order."""
+    from commsched import from_fx, simulate_costs
+    from commsched.cost import estimate_costs
+
+    g = from_fx(gm, group_sizes=sizes, meta=meta)
+    return g, simulate_costs(g, estimate_costs(g, hw))
+
+
+def case_rows(preset, parallel, world, layers, seq_len) -> tuple[str, list[tuple]]:
+    import commsched
+    from commsched.cost import estimate_costs
+    from commsched.hardware import for_graph
+    from commsched.passes import MemoryBudget
+    from commsched.peers import run_torch_overlap_scheduler
+    from commsched.workloads import build
+
+    w = build(preset, parallel=parallel, world_size=world, layers=layers, seq_len=seq_len)
+    g, gm = w.graph, w.graph_module
+    hw = for_graph("h100-sxm", g)
+    costs = estimate_costs(g, hw)
+    sizes = {grp.name: (grp.size, grp.stride) for grp in g.groups}
+    base = commsched.simulate_costs(g, costs)
+    rows = [("traced order", len(g.collectives), base, None)]
+    for label, knobs in (
+        ("torch plain", {"bucket": False}),
+        ("torch bucketing", {"bucket": True, "pre_bucketing_fsdp_collectives": False}),
+        ("torch pre-bucketing + bucketing", {"bucket": True}),
+    ):
+        try:
+            r = run_torch_overlap_scheduler(gm, g, costs, **knobs)
+        except Exception as exc:  # a configuration torch cannot run here is a row, not a crash
+            rows.append((f"{label} (failed: {type(exc).__name__})", None, None, None))
+            continue
+        g2, sim = _simulate_fx(r.gm, sizes, hw, g.meta)
+        rows.append((label, len(g2.collectives), sim, r.wall_s))
+    t0 = time.perf_counter()
+    s = commsched.schedule(g, costs, "default", reorder_collectives=True)
+    rows.append(("ours reorder-only", len(g.collectives), commsched.simulate_costs(g, costs, s.order),
+                 time.perf_counter() - t0))  # fmt: skip
+    o = commsched.optimize(gm, hw, group_sizes=sizes)
+    rows.append(("optimize", len(o.graph.collectives), o.after, o.wall_s))
+    torch_rows = [r for r in rows if r[0].startswith("torch") and r[2] is not None]
+    best_torch = min(torch_rows, key=lambda r: r[2].makespan_s)
+    if best_torch[2].peak_memory_bytes > o.budget_bytes:  # compare at equal memory too
+        budget = MemoryBudget(bytes=best_torch[2].peak_memory_bytes)
+        o2 = commsched.optimize(gm, hw, group_sizes=sizes, memory_budget=budget)
+        rows.append(("optimize, torch's best's peak as budget", len(o2.graph.collectives), o2.after, o2.wall_s))
+    title = f"{preset} / {parallel} / world {world} / {layers} layers" + (f" / seq {seq_len}" if seq_len else "")
+    return f"{title} — {len(g)} nodes, h100-sxm x {hw.num_nodes} nodes; optimize kept: {o.label}", rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="the first two cases only")
+    args = ap.parse_args()
+    ratios = []
+    for case in QUICK if args.quick else CASES:
+        title, rows = case_rows(*case)
+        print(f"\n#### {title}\n")
+        print("| program | collectives | step (ms) | bound (ms) | peak (GiB) | wall (s) |")
+        print("|---|---|---|---|---|---|")
+        for label, n, sim, wall in rows:
+            if sim is None:
+                print(f"| {label} | - | - | - | - | - |")
+                continue
+            w = "-" if wall is None else f"{wall:.2f}"
+            print(f"| {label} | {n} | {sim.makespan_s * 1e3:.2f} | {sim.lower_bound_s * 1e3:.2f} | "
+                  f"{sim.peak_memory_bytes / 2**30:.2f} | {w} |")  # fmt: skip
+        torch_best = min((r[2].makespan_s for r in rows if r[0].startswith("torch") and r[2] is not None), default=None)
+        ours = min(r[2].makespan_s for r in rows if r[0].startswith("optimize"))  # at most torch's best's peak
+        if torch_best:
+            ratios.append(ours / torch_best)
+            print(f"\noptimize / torch's best: {ours / torch_best:.3f}")
+    if ratios:
+        geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+        print(f"\ngeomean optimize / torch's best over {len(ratios)} steps: {geo:.3f} (max {max(ratios):.3f})")
+
+
+if __name__ == "__main__":
+    main()
