@@ -67,3 +67,24 @@ def test_never_worse_never_over_budget_on_shapes_not_tuned_for(seed):
     assert o.after.peak_memory_bytes <= int(o.before.peak_memory_bytes * budget)
     regraph = from_fx(o.gm, group_sizes=_sizes(w))
     assert len(regraph) == len(o.graph)
+
+
+def test_cli_writes_the_kept_program_and_every_verdict(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from commsched import load_graph, load_schedule
+    from commsched.cli import app
+
+    out = tmp_path / "opt"
+    args = ["optimize", "llama-tiny", "--parallel", "fsdp", "--world-size", "16", "--layers", "1", "-o", str(out)]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    report = json.loads((out / "optimize.json").read_text())
+    assert sum(t["verdict"] == "kept" for t in report["tried"]) == 1 and report["step_s"] <= report["traced_step_s"]
+    g = load_graph(out / "graph.json")
+    assert len(load_schedule(g, out / "scheduled.json").order) == len(g)
+    assert "traceEvents" in json.loads((out / "trace.json").read_text())
+    bad = CliRunner().invoke(app, ["optimize", "llama-tiny", "--memory-budget", "0.5"])
+    assert bad.exit_code == 2 and "memory budget ratio=0.5 must be >= 1" in bad.output

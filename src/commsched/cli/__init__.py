@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "commsched.cli.simulate",
     "commsched.cli.schedule",
     "commsched.cli.compare",
+    "commsched.cli.optimize",
     "commsched.cli.rewrite",
     "commsched.cli.sweep",
     "commsched.cli.run",

@@ -20,12 +20,12 @@ import numpy as np
 from commsched.cost import CostEstimate, estimate_costs
 from commsched.hardware import for_graph
 from commsched.ir import Graph
-from commsched.passes import MemoryBudget, Schedule, schedule
+from commsched.passes import MemoryBudget, Schedule, ScheduleError, schedule
 from commsched.sim import SimResult, simulate_costs
 
 SATURATIONS = (0.9, 0.99)
-"""bucket caps tried: where a collective reaches this fraction of its asymptotic bus bandwidth (bigger: fewer,
-larger collectives)"""
+"""bucket caps tried ("cap 0.9" in a variant's label): where a collective reaches this fraction of its asymptotic
+bus bandwidth (bigger: fewer, larger collectives)"""
 
 
 @dataclass
@@ -71,6 +71,23 @@ class Optimized:
     @property
     def speedup(self) -> float:
         return self.before.makespan_s / self.after.makespan_s if self.after.makespan_s > 0 else 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the kept variant, before / after, the budget and every variant with its verdict."""
+        from dataclasses import asdict
+
+        return {
+            "kept": self.label,
+            "traced_step_s": self.before.makespan_s,
+            "step_s": self.after.makespan_s,
+            "speedup": self.speedup,
+            "lower_bound_s": self.after.lower_bound_s,
+            "peak_memory_bytes": self.after.peak_memory_bytes,
+            "budget_bytes": self.budget_bytes,
+            "collectives": {"traced": len(self.before.graph.collectives), "kept": len(self.graph.collectives)},
+            "wall_s": self.wall_s,
+            "tried": [asdict(t) for t in self.tried],
+        }
 
     def summary(self) -> str:
         return (
@@ -133,6 +150,8 @@ def _scheduled(label: str, g: Graph, costs: CostEstimate, knobs: dict, gm: Any =
     """``g`` scheduled by ``overlap`` and simulated; a failure (e.g. no order within the budget) is a verdict."""
     try:
         s = schedule(g, costs, "default", **knobs)
+    except ScheduleError:  # its own traced order is over the budget and no schedule brings it under
+        return Tried(label, len(g.collectives), verdict="over the memory budget (no order fits)")
     except Exception as exc:  # one variant that cannot be scheduled must not sink the search
         return Tried(label, len(g.collectives), verdict=f"failed: {exc}")
     return _Variant(label, g, costs, s, simulate_costs(g, costs, s.order), gm)
@@ -150,8 +169,7 @@ def _bucketed(gm: Any, g: Graph, hw: Any, costs: CostEstimate, knobs: dict, sche
     for plan_on, order in (("traced order", None), ("scheduled order", scheduled_order)):
         for saturation in SATURATIONS:
             for refusals in (True, False):
-                label = f"bucketed (cap at {saturation:g} of peak bus bandwidth{', overlap-aware' if refusals else ''}"
-                label += f", planned on the {plan_on}), scheduled"
+                label = f"bucketed (cap {saturation:g}{', overlap-aware' if refusals else ''}, planned on {plan_on})"
                 cfg = BucketConfig(saturation=saturation, overlap_aware=refusals)
                 result, plan = bucket_collectives(gm, hw, graph=g, order=order, config=cfg, costs=costs)
                 key = tuple(b.members for b in plan.buckets if b.merged)

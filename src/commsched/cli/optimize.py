@@ -1,0 +1,71 @@
+"""``commsched optimize``: the whole program (order and collectives) of a graph file or a zoo step."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from commsched.cli import common as opt
+from commsched.cli.common import console, user_errors
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def optimize(
+        target: str = typer.Argument(
+            ..., help="a zoo preset name (e.g. llama3-8b), or a graph JSON file (reorder only)"
+        ),
+        parallel: opt.ParallelOption = "fsdp",
+        world_size: opt.WorldSizeOption = 8,
+        layers: opt.LayersOption = 4,
+        mode: opt.ModeOption = "train",
+        seq_len: int = typer.Option(None, "--seq-len", help="sequence length (default: the preset's)"),
+        hardware: opt.HardwareOption = "h100-sxm",
+        num_nodes: opt.NumNodesOption = None,
+        memory_budget: str = typer.Option("1.05", "--memory-budget", help="peak limit: 1.05 (x traced peak) or 40GiB"),
+        out_dir: Path = typer.Option(
+            None, "--out-dir", "-o", help="write graph.json, scheduled.json, trace.json, optimize.json"
+        ),
+    ) -> None:
+        """Try program variants (the traced program, its schedule, its collectives bucketed at several
+        granularities), schedule and simulate each alike, keep the fastest within the memory budget.
+
+        Example: commsched optimize llama3-8b --parallel fsdp --world-size 64 --layers 2 --seq-len 2048 -o opt_out
+        """
+        from commsched.optimize import optimize as run_optimize
+        from commsched.report.terminal_optimize import print_optimized
+
+        with user_errors():
+            if Path(target).exists():
+                from commsched.frontends.json_io import load_graph
+
+                program, groups = load_graph(target), None
+            else:
+                from commsched.workloads import build
+
+                with console.status(f"tracing {target} / {parallel} / world {world_size} / {layers} layers"):
+                    w = build(target, parallel=parallel, world_size=world_size, layers=layers, mode=mode,
+                              seq_len=seq_len)  # fmt: skip
+                program, groups = w.graph_module, {grp.name: (grp.size, grp.stride) for grp in w.graph.groups}
+            with console.status("optimizing: scheduling and simulating every program variant"):
+                o = run_optimize(program, hardware, num_nodes=num_nodes, memory_budget=memory_budget,
+                                 group_sizes=groups)  # fmt: skip
+            if out_dir is not None:
+                _write(o, out_dir)
+        print_optimized(o, console, f"{target}: {len(o.before.graph)} nodes on {hardware}")
+        if out_dir is not None:
+            console.print(f"wrote [bold]{out_dir}[/] (graph.json, scheduled.json, trace.json, optimize.json)")
+
+
+def _write(o, out_dir: Path) -> None:
+    from commsched.frontends.json_io import save_graph
+    from commsched.io import atomic_write_text
+    from commsched.report.trace import write_chrome_trace
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_graph(o.graph, out_dir / "graph.json")
+    o.schedule.save(out_dir / "scheduled.json")
+    write_chrome_trace(o.after, out_dir / "trace.json")
+    atomic_write_text(out_dir / "optimize.json", json.dumps(o.to_dict(), indent=1))

@@ -1,0 +1,28 @@
+"""``commsched optimize`` in the terminal: every program variant tried, its simulated step and its verdict."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+
+from commsched.report.tables import new_table
+from commsched.report.units import fmt_bytes, fmt_seconds
+
+if TYPE_CHECKING:
+    from commsched.optimize import Optimized
+
+
+def print_optimized(o: Optimized, console: Console, title: str) -> None:
+    """One row per variant (the kept one in bold), then the summary line."""
+    table = new_table(
+        title, ("variant", "collectives", "step time", "peak memory", "verdict"), left={"variant", "verdict"}
+    )
+    for t in o.tried:
+        style = "bold" if t.verdict == "kept" else None
+        step = "-" if t.makespan_s is None else fmt_seconds(t.makespan_s)
+        peak = "-" if t.peak_memory_bytes is None else fmt_bytes(t.peak_memory_bytes)
+        n = "-" if t.collectives is None else str(t.collectives)
+        table.add_row(t.label, n, step, peak, t.verdict, style=style)
+    console.print(table)
+    console.print(o.summary(), highlight=False)
