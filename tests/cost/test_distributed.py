@@ -38,6 +38,7 @@ def _run(rank: int, port: int, trace_path: str, queue) -> None:
         if rank == 0:
             profiler.export_chrome_trace(trace_path)
         queue.put((rank, aligned.node_s.tolist(), aligned.meta.get("aligned_ranks")))
+        dist.barrier()  # nobody tears down while a peer still talks (gloo aborts a rank whose peer closed first)
     finally:
         dist.destroy_process_group()
 

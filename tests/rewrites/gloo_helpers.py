@@ -110,6 +110,7 @@ def _worker(rank: int, world: int, port: int, cases: Sequence[Case], seed: int, 
                 after = [t.detach().clone() for t in new(*inputs)]
             results.append((before, after))
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+        dist.barrier()  # nobody tears down while a peer still talks (gloo aborts a rank whose peer closed first)
     finally:
         dist.destroy_process_group()
 
@@ -129,8 +130,14 @@ def compare_on_gloo(
         if rewrite not in REWRITES:
             raise ValueError(f"unknown rewrite {rewrite!r}: expected one of {', '.join(REWRITES)}")
     with tempfile.TemporaryDirectory() as d:
-        mp.start_processes(
-            _worker, args=(world_size, free_port(), list(cases), seed, d), nprocs=world_size, start_method="spawn"
-        )
+        try:
+            mp.start_processes(
+                _worker, args=(world_size, free_port(), list(cases), seed, d), nprocs=world_size, start_method="spawn"
+            )
+        except mp.ProcessExitedException:
+            # gloo can still abort a rank while tearing down, after every rank saved its results; a failure before
+            # that leaves a file missing, and this raises
+            if not all((Path(d) / f"rank{r}.pt").exists() for r in range(world_size)):
+                raise
         per_rank = [torch.load(Path(d) / f"rank{r}.pt", weights_only=True) for r in range(world_size)]
     return [[per_rank[r][k] for r in range(world_size)] for k in range(len(cases))]
