@@ -1,12 +1,13 @@
 """The search behind :func:`commsched.optimize`: program variants, each scheduled and simulated alike.
 
 Variants (first landing step of issue 16): the traced program in its traced order; the traced program scheduled by
-``overlap``; and, when a GraphModule is given, the traced program with its collectives bucketed by
-:func:`commsched.rewrites.bucket_collectives` at several granularities (the cap at a few fractions of the asymptotic
-bus bandwidth, with and without the planner's overlap refusals), planned on the traced order and on the scheduled
-one, then scheduled by ``overlap``. Every variant is costed by the same model on the same hardware and simulated by
-the same simulator; the memory budget is absolute (a multiple of the traced program's peak), so a bucketed program
-cannot win by spending memory. Identical bucket plans are tried once.
+``overlap``; and, when a GraphModule is given, the traced program with its collectives bucketed by the bucket
+planner at several granularities (the cap at a few fractions of the asymptotic bus bandwidth, with and without the
+planner's overlap refusals), planned on the traced order and on the scheduled one, then scheduled by ``overlap``
+(with collective reordering only for the fastest few, which costs several times the plain schedule). Every variant
+is costed by the same model on the same hardware and simulated by the same simulator; the memory budget is absolute
+(a multiple of the traced program's peak), so a bucketed program cannot win by spending memory. Identical bucket
+plans are tried once.
 """
 
 from __future__ import annotations
@@ -106,13 +107,16 @@ def optimize(
     memory_budget: MemoryBudget | float | str | None = 1.05,
     reorder_collectives: bool = True,
     group_sizes: dict[str, int] | None = None,
+    finalists: int = 3,
 ) -> Optimized:
     """Optimize one step: a ``torch.fx.GraphModule`` (traced with ``_c10d_functional`` collectives; import it inside
     its (fake) process group or give ``group_sizes``) or a commsched ``Graph`` (reordering only: rewrites need the
     FX module). ``hardware``: a profile name, TOML path or ``Hardware`` (nodes inferred from the world size unless
     given). ``memory_budget``: a cap relative to the traced program's peak (or absolute), for every variant.
     ``reorder_collectives``: let ``overlap`` reorder each group's collectives (needs the same costs on every rank,
-    which the analytic model gives). Never worse than the traced order; see the module docstring for the search."""
+    which the analytic model gives; it costs a few times more scheduling, so bucketed programs are first scheduled
+    without it and only the ``finalists`` fastest are scheduled again with it). Never worse than the traced order;
+    see the module docstring for the search."""
     t0 = time.perf_counter()
     gm, g = _import(program, group_sizes)
     hw = for_graph(hardware, g, num_nodes=num_nodes, gpus_per_node=gpus_per_node)
@@ -124,7 +128,13 @@ def optimize(
     variants: list[_Variant | Tried] = [traced, _scheduled("traced program, scheduled", g, costs, knobs)]
     if gm is not None:
         scheduled = variants[1] if isinstance(variants[1], _Variant) else traced
-        variants += _bucketed(gm, g, hw, costs, knobs, scheduled.schedule.order)
+        quick = {**knobs, "reorder_collectives": False}
+        bucketed = _bucketed(gm, g, hw, costs, quick, scheduled.schedule.order)
+        variants += bucketed
+        if reorder_collectives:  # prune: only the fastest bucketed programs get the (costlier) reordering search
+            built = sorted((v for v in bucketed if isinstance(v, _Variant)), key=lambda v: v.sim.makespan_ns)
+            for v in built[:finalists]:
+                variants.append(_scheduled(f"{v.label}, collectives reordered", v.graph, v.costs, knobs, v.gm))
     best, tried = _judge(variants, limit)
     out_gm = None
     if gm is not None:
@@ -161,7 +171,7 @@ def _bucketed(gm: Any, g: Graph, hw: Any, costs: CostEstimate, knobs: dict, sche
     """Every distinct bucket plan of ``gm`` (granularity x refusals x the order it is planned on), applied,
     re-imported, costed on ``hw`` and scheduled."""
     from commsched.frontends.fx import from_fx
-    from commsched.rewrites import BucketConfig, bucket_collectives
+    from commsched.rewrites import BucketConfig, apply_bucket_plan, plan_buckets
 
     sizes = {grp.name: (grp.size, grp.stride) for grp in g.groups}
     out: list[_Variant | Tried] = []
@@ -171,13 +181,14 @@ def _bucketed(gm: Any, g: Graph, hw: Any, costs: CostEstimate, knobs: dict, sche
             for refusals in (True, False):
                 label = f"bucketed (cap {saturation:g}{', overlap-aware' if refusals else ''}, planned on {plan_on})"
                 cfg = BucketConfig(saturation=saturation, overlap_aware=refusals)
-                result, plan = bucket_collectives(gm, hw, graph=g, order=order, config=cfg, costs=costs)
+                plan = plan_buckets(g, costs, order, hardware=hw, config=cfg)
                 key = tuple(b.members for b in plan.buckets if b.merged)
                 if not key or key in seen:
                     verdict = "no merge" if not key else f"the same plan as: {seen[key]}"
                     out.append(Tried(label, None, verdict=verdict))
                     continue
                 seen[key] = label
+                result = apply_bucket_plan(gm, g, plan, order)  # only distinct plans are applied (FX work)
                 g2 = from_fx(result.gm, group_sizes=sizes, meta=g.meta)
                 out.append(_scheduled(label, g2, estimate_costs(g2, hw), knobs, result.gm))
     return out
