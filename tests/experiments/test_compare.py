@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from commsched.cli import app
 from commsched.cost import estimate_costs
-from commsched.experiments.compare import compare_schedulers
+from commsched.experiments.compare import PROGRAM_CONFIGS, compare_schedulers
 from commsched.hardware import get
 from commsched.workloads import build
 
@@ -35,9 +35,16 @@ def test_compare_rows_on_a_traced_workload():
     theirs, same_memory = res.row("torch OverlapScheduler"), res.row("overlap (ours, reorder, torch's peak as budget)")
     assert same_memory.peak_memory_bytes <= theirs.peak_memory_bytes
     assert ours.peak_memory_bytes <= base.peak_memory_bytes * 1.05 + 1
+    programs = {"optimize (ours)", *(name for name, _ in PROGRAM_CONFIGS)}  # other programs, other bounds
     for r in res.rows:
-        if r.makespan_s is not None:
+        if r.makespan_s is not None and r.scheduler not in programs:
             assert r.makespan_s >= res.lower_bound_s * (1 - 1e-9), r.scheduler
+    # the program-changing rows: torch's bucketing configurations and optimize, each with its program's bound
+    for name in programs:
+        assert "collectives" in res.row(name).note or res.row(name).note.startswith("failed"), name
+    opt = res.row("optimize (ours)")
+    assert opt.makespan_s <= min(ours.makespan_s, res.row("overlap (ours, reorder_collectives)").makespan_s)
+    assert opt.peak_memory_bytes <= base.peak_memory_bytes * 1.05 + 1
     if len(w.graph) <= 300:
         exact = res.row("exact (CP-SAT)")
         assert exact.makespan_s is not None or exact.note

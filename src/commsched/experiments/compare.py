@@ -1,6 +1,9 @@
 """Side-by-side comparison of schedulers on one graph: the input order, each seed pass, our ``overlap`` scheduler,
 the CP-SAT optimum where feasible and torch's own OverlapScheduler (when the FX GraphModule is available), every
-order simulated by the same simulator with the same costs, so the table compares schedulers, not cost models."""
+order simulated by the same simulator with the same costs, so the table compares schedulers, not cost models. With
+the GraphModule (and ``programs``), also the schedulers that change the program: torch with collective bucketing,
+torch with FSDP pre-bucketing + bucketing, and ``commsched.optimize``, each rewritten program costed by the same model
+on the same hardware."""
 
 from __future__ import annotations
 
@@ -66,8 +69,10 @@ def compare_schedulers(
     exact_time_limit_s: float = 20.0,
     torch_knobs: dict[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
+    programs: bool = True,
 ) -> CompareResult:
-    """Run every scheduler on ``graph`` and simulate each order; see the module docstring."""
+    """Run every scheduler on ``graph`` and simulate each order; see the module docstring. ``programs``: also the
+    program-changing rows (needs ``gm`` and ``costs`` estimated from a hardware profile)."""
     from commsched.passes import MemoryBudget, schedule
     from commsched.sim import simulate_costs
 
@@ -157,4 +162,52 @@ def compare_schedulers(
                     add("overlap (ours, reorder, torch's peak as budget)", None, None, note=f"failed: {exc}")
         except Exception as exc:
             add("torch OverlapScheduler", None, None, note=f"failed: {type(exc).__name__}: {exc}")
+        if programs:
+            rows.extend(program_rows(graph, costs, gm, lb, torch_knobs or {}, say))
     return CompareResult(rows, lb, base.bound.binding, base.peak_memory_bytes)
+
+
+PROGRAM_CONFIGS = (
+    ("torch OverlapScheduler, bucketing", {"bucket": True, "pre_bucketing_fsdp_collectives": False}),
+    ("torch OverlapScheduler, pre-bucketing + bucketing", {"bucket": True}),
+)
+"""torch's configurations that change the program (its collectives), besides the plain scheduler above"""
+
+
+def program_rows(graph: Graph, costs: CostEstimate, gm: Any, lower_bound_s: float, torch_knobs: dict, say) -> list:
+    """Rows for the schedulers that change the program: torch's bucketing configurations and ``optimize``. Each
+    rewritten program is re-imported, costed on the hardware ``costs`` was estimated for (our collective model for
+    the merged collectives) and simulated; the note gives its collectives and its own lower bound ("vs bound" is
+    against the traced program's)."""
+    from commsched.cost import estimate_costs
+    from commsched.frontends.fx import from_fx
+    from commsched.optimize import optimize
+    from commsched.peers import run_torch_overlap_scheduler
+    from commsched.rewrites.bucket_plan import resolve_hardware
+    from commsched.sim import simulate_costs
+
+    try:
+        hw = resolve_hardware(costs)
+    except ValueError as exc:  # hand-made costs: nothing to cost a rewritten program with
+        return [CompareRow(name, note=f"skipped: {exc}") for name, _ in PROGRAM_CONFIGS]
+    sizes = {grp.name: (grp.size, grp.stride) for grp in graph.groups}
+
+    def row(name: str, g, sim, wall: float | None) -> CompareRow:
+        note = f"{len(g.collectives)} collectives; this program's bound {sim.lower_bound_s * 1e3:.3f} ms"
+        gap = sim.makespan_s / lower_bound_s - 1.0 if lower_bound_s > 0 else None
+        return CompareRow(name, sim.makespan_s, sim.exposed_comm_s, sim.overlap_ratio, sim.peak_memory_bytes, wall,
+                          gap, note)  # fmt: skip
+
+    out = []
+    for name, knobs in PROGRAM_CONFIGS:
+        say(name)
+        try:
+            r = run_torch_overlap_scheduler(gm, graph, costs, **knobs, **torch_knobs)
+            g2 = from_fx(r.gm, group_sizes=sizes, meta=graph.meta)
+            out.append(row(name, g2, simulate_costs(g2, estimate_costs(g2, hw)), r.wall_s))
+        except Exception as exc:  # a configuration torch cannot run on this graph is a row, not a crash
+            out.append(CompareRow(name, note=f"failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"))
+    say("optimize (ours)")
+    o = optimize(gm, hw, group_sizes=sizes)
+    out.append(row("optimize (ours)", o.graph, o.after, o.wall_s))
+    return out
