@@ -50,7 +50,7 @@ def case_rows(preset, parallel, world, layers, seq_len) -> tuple[str, list[tuple
     g, gm = w.graph, w.graph_module
     hw = for_graph("h100-sxm", g)
     costs = estimate_costs(g, hw)
-    sizes = {grp.name: (grp.size, grp.stride) for grp in g.groups}
+    sizes = g.group_sizes()
     base = commsched.simulate_costs(g, costs)
     rows = [("traced order", len(g.collectives), base, None)]
     for label, knobs in (

@@ -15,10 +15,6 @@ from commsched.sim import simulate_costs
 from commsched.workloads import build
 
 
-def _sizes(w):
-    return {grp.name: (grp.size, grp.stride) for grp in w.graph.groups}
-
-
 @pytest.fixture(scope="module")
 def fsdp_two_nodes():
     """llama3-8b FSDP on 64 ranks (8 nodes of 8), 2 layers: per-parameter collectives across nodes."""
@@ -27,7 +23,7 @@ def fsdp_two_nodes():
 
 def test_optimize_keeps_the_fastest_program_within_budget(fsdp_two_nodes):
     w = fsdp_two_nodes
-    o = commsched.optimize(w.graph_module, "h100-sxm", group_sizes=_sizes(w))
+    o = commsched.optimize(w.graph_module, "h100-sxm", group_sizes=w.graph.group_sizes())
     check_schedule(o.graph, o.schedule.order, allow_collective_reorder=True)
     again = simulate_costs(o.graph, o.costs, o.schedule.order)
     assert again.makespan_ns == o.after.makespan_ns
@@ -65,7 +61,7 @@ def test_never_worse_never_over_budget_on_shapes_not_tuned_for(seed):
     o = commsched.optimize(w.graph_module, rnd.choice(["h100-sxm", "a100-sxm-80g", "b200"]), memory_budget=budget)
     assert o.after.makespan_ns <= o.before.makespan_ns
     assert o.after.peak_memory_bytes <= int(o.before.peak_memory_bytes * budget)
-    regraph = from_fx(o.gm, group_sizes=_sizes(w))
+    regraph = from_fx(o.gm, group_sizes=w.graph.group_sizes())
     assert len(regraph) == len(o.graph)
 
 

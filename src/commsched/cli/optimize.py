@@ -48,7 +48,7 @@ def register(app: typer.Typer) -> None:
                 with console.status(f"tracing {target} / {parallel} / world {world_size} / {layers} layers"):
                     w = build(target, parallel=parallel, world_size=world_size, layers=layers, mode=mode,
                               seq_len=seq_len)  # fmt: skip
-                program, groups = w.graph_module, {grp.name: (grp.size, grp.stride) for grp in w.graph.groups}
+                program, groups = w.graph_module, w.graph.group_sizes()
             with console.status("optimizing: scheduling and simulating every program variant"):
                 o = run_optimize(program, hardware, num_nodes=num_nodes, memory_budget=memory_budget,
                                  group_sizes=groups)  # fmt: skip

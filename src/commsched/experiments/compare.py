@@ -190,7 +190,7 @@ def program_rows(graph: Graph, costs: CostEstimate, gm: Any, lower_bound_s: floa
         hw = resolve_hardware(costs)
     except ValueError as exc:  # hand-made costs: nothing to cost a rewritten program with
         return [CompareRow(name, note=f"skipped: {exc}") for name, _ in PROGRAM_CONFIGS]
-    sizes = {grp.name: (grp.size, grp.stride) for grp in graph.groups}
+    sizes = graph.group_sizes()
 
     def row(name: str, g, sim, wall: float | None) -> CompareRow:
         note = f"{len(g.collectives)} collectives; this program's bound {sim.lower_bound_s * 1e3:.3f} ms"

@@ -251,6 +251,11 @@ class Graph:
         """Ids of the collective nodes, in id order."""
         return np.flatnonzero(self.coll_type >= 0).astype(np.int32)
 
+    def group_sizes(self) -> dict[str, tuple[int, int]]:
+        """``{group name: (size, stride)}``: what ``from_fx(gm, group_sizes=...)`` needs to import a rewritten copy of
+        this graph's module outside its process group with the same groups."""
+        return {grp.name: (grp.size, grp.stride) for grp in self.groups}
+
     @cached_property
     def _pred_csr(self) -> tuple[np.ndarray, np.ndarray]:
         n = len(self)

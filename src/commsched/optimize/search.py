@@ -173,7 +173,7 @@ def _bucketed(gm: Any, g: Graph, hw: Any, costs: CostEstimate, knobs: dict, sche
     from commsched.frontends.fx import from_fx
     from commsched.rewrites import BucketConfig, apply_bucket_plan, plan_buckets
 
-    sizes = {grp.name: (grp.size, grp.stride) for grp in g.groups}
+    sizes = g.group_sizes()
     out: list[_Variant | Tried] = []
     seen: dict[tuple, str] = {}
     for plan_on, order in (("traced order", None), ("scheduled order", scheduled_order)):

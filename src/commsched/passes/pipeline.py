@@ -16,7 +16,8 @@ import numpy as np
 
 from commsched.cost import resolve_costs
 from commsched.ir import Graph, GraphError, OpKind
-from commsched.passes.check import as_order, check_schedule
+from commsched.ir.order import as_order
+from commsched.passes.check import check_schedule
 from commsched.passes.registry import (
     PASSES,
     KnobNamespace,

@@ -93,6 +93,11 @@ class PassSpec:
     config_cls: type[PassConfig]
     description: str
 
+    @property
+    def baseline(self) -> bool:
+        """A reproduction of torch's seed passes (``passes/baselines/``), kept to compare against, not ours."""
+        return self.fn.__module__.startswith("commsched.passes.baselines.")
+
 
 PASSES: dict[str, PassSpec] = {}
 

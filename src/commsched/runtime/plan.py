@@ -100,7 +100,7 @@ def plan_orders(
     defaults: dict[str, Any] = {"reorder_collectives": True, "waits": "late", "memory_budget": budget}
     namespace = KnobNamespace.of(resolve_passes(passes))
     for name in namespace.passes:  # ours only (the seed baselines keep torch's defaults), where the user set nothing
-        if PASSES[name].fn.__module__.startswith("commsched.passes.baselines"):
+        if PASSES[name].baseline:
             continue
         own = {k: v for k, v in defaults.items() if k in namespace.fields(name) and k not in ours}
         if own:
