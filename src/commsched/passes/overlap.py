@@ -40,6 +40,7 @@ from commsched.passes.overlap_orders import delay_past_peak, late_waits, tighten
 from commsched.passes.overlap_prep import GraphPrep, Prep, input_chains, prepare, prepare_graph
 from commsched.passes.registry import PassConfig, PassContext, PassResult, PassStats, register_pass
 from commsched.sim import SimResult, simulate_costs
+from commsched.sim.model import INF_NS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,6 +109,7 @@ class _Search:
         self.good_enough_ns = base.lower_bound_s * 1e9 * (1.0 + cfg.stop_within_bound)
         self.seen: dict[tuple[int, ...], tuple[int, int]] = {}  # order -> (makespan, peak)
         self.attempts = 0
+        self.last_ns = INF_NS
 
     @property
     def done(self) -> bool:
@@ -119,11 +121,13 @@ class _Search:
         self.attempts += 1
         key = tuple(cand.order)
         if key in self.seen:
+            self.last_ns = self.seen[key][0]
             return self.seen[key][1] <= self.budget, None
         # judged by the full simulator (link sharing, interference) and the full memory model
         res = simulate_costs(self.g, self.costs, np.asarray(cand.order, np.int32))
         cand.makespan_ns, cand.peak_bytes, cand.sim = res.makespan_ns, res.peak_memory_bytes, res
         self.seen[key] = (res.makespan_ns, res.peak_memory_bytes)
+        self.last_ns = res.makespan_ns  # of the order evaluated last
         fits = res.peak_memory_bytes <= self.budget
         row = {"attempt": cand.label, "makespan_s": res.makespan_s, "peak_bytes": res.peak_memory_bytes, "fits": fits}
         self.stats.rows.append(row)
@@ -142,16 +146,20 @@ class _Search:
     def run(self, label: str, p: Prep, reorders: bool = False, variants=None) -> Attempt | None:
         """The variants in order until one fits (each followed by peak repairs when it does not) or the best is
         good enough. Returns the attempt to learn from (Jackson's rule)."""
-        first = None
+        first = learn = None
+        learn_ns = INF_NS
         for priority, guard in variants or self.cfg.variants:
             name = f"{label}, {priority} priority{', memory guard' if guard else ''}"
             a, fits, res = self.attempt(name, p, (priority, guard), reorders)
             first = first or a
-            if not fits:
+            if not fits and learn is None:  # repairs only until one variant fits: they cost several attempts each
                 fits, a = self.repair_peak(name, p, (priority, guard), reorders, a, res)
-            if fits or self.done:
-                return a
-        return first
+            # every variant is still tried: which priority wins depends on the graph (the simulator decides)
+            if fits and self.last_ns < learn_ns:
+                learn, learn_ns = a, self.last_ns
+            if self.done:
+                break
+        return learn or first
 
     def repair_peak(self, name: str, p: Prep, variant, reorders: bool, a: Attempt, res) -> tuple[bool, Attempt]:
         """Move what was produced early across the peak past it, a few times: prefetched collectives first (just

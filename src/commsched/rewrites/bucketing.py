@@ -30,6 +30,7 @@ import torch
 import torch.fx
 
 from commsched.ir import Graph, GraphError
+from commsched.rewrites.bucket_graph import name_prefix, new_names
 from commsched.rewrites.bucket_plan import BUCKETABLE, Bucket, BucketConfig, BucketPlan, plan_buckets
 from commsched.rewrites.fxutil import (
     RewriteResult,
@@ -52,37 +53,39 @@ def _numel(node: torch.fx.Node) -> int:
     return math.prod(int(s) for s in node.meta["val"].shape)
 
 
-def _flat_input(graph: torch.fx.Graph, mode, x: torch.fx.Node, shape: list[int]) -> torch.fx.Node:
+def _flat_input(graph: torch.fx.Graph, mode, x: torch.fx.Node, shape: list[int], names, j: int) -> torch.fx.Node:
     if not x.meta["val"].is_contiguous():
-        x = call(graph, mode, aten.clone.default, (x,), {"memory_format": torch.contiguous_format})
-    return call(graph, mode, aten.view.default, (x, shape))
+        x = call(graph, mode, aten.clone.default, (x,), {"memory_format": torch.contiguous_format}, names["clone"][j])
+    return call(graph, mode, aten.view.default, (x, shape), name=names["flat"][j])
 
 
-def _merge(gm: torch.fx.GraphModule, mode, bucket: Bucket, members: list[torch.fx.Node]):
-    """Insert the merged collective of ``bucket`` (before the output node); returns (issue nodes, wait-side nodes,
-    per-member result nodes)."""
+def _merge(gm: torch.fx.GraphModule, mode, bucket: Bucket, members: list[torch.fx.Node], names):
+    """Insert the merged collective of ``bucket`` (before the output node), its nodes named by ``names``
+    (:func:`commsched.rewrites.bucket_graph.new_names`); returns (issue nodes, wait-side nodes, per-member
+    result nodes)."""
     graph = gm.graph
     results: list[torch.fx.Node] = []
     with graph.inserting_before(graph.output_node()):
-        issue, sizes = _issue_merged(graph, mode, bucket.kind, members)
-        wait = call(graph, mode, c10d.wait_tensor.default, (issue[-1],))
+        issue, sizes = _issue_merged(graph, mode, bucket.kind, members, names)
+        wait = call(graph, mode, c10d.wait_tensor.default, (issue[-1],), name=names["wait"])
         after = [wait]
         if bucket.kind == "all_gather":  # one row per rank: split every row, so each member gets all ranks' pieces
             world = members[0].args[1]
-            rows = call(graph, mode, aten.view.default, (wait, [world, sum(sizes)]))
-            parts = call(graph, mode, aten.split_with_sizes_copy.default, (rows, sizes, 1))
+            rows = call(graph, mode, aten.view.default, (wait, [world, sum(sizes)]), name=names["rows"])
+            parts = call(graph, mode, aten.split_with_sizes_copy.default, (rows, sizes, 1), name=names["parts"])
             after += [rows, parts]
         else:
-            parts = call(graph, mode, aten.split_with_sizes.default, (wait, sizes))
+            parts = call(graph, mode, aten.split_with_sizes.default, (wait, sizes), name=names["parts"])
             after.append(parts)
         for j, member in enumerate(members):
-            piece = call(graph, mode, operator.getitem, (parts, j))
-            results.append(call(graph, mode, aten.view.default, (piece, list(member.meta["val"].shape))))
+            piece = call(graph, mode, operator.getitem, (parts, j), name=names["piece"][j])
+            shape = list(member.meta["val"].shape)
+            results.append(call(graph, mode, aten.view.default, (piece, shape), name=names["out"][j]))
             after += [piece, results[-1]]
     return issue, after, results
 
 
-def _issue_merged(graph: torch.fx.Graph, mode, kind: str, members: list[torch.fx.Node]):
+def _issue_merged(graph: torch.fx.Graph, mode, kind: str, members: list[torch.fx.Node], names):
     """The nodes that issue one collective for ``members`` (flat inputs, their concatenation, the collective last)
     and each member's size in the merged result."""
     args = members[0].args
@@ -90,17 +93,17 @@ def _issue_merged(graph: torch.fx.Graph, mode, kind: str, members: list[torch.fx
     if kind == "reduce_scatter":
         op, world, group = args[1], args[2], args[3]
         # each rank's chunk of every member side by side, so that rank r receives chunk r of each
-        chunks = [_flat_input(graph, mode, x, [world, -1]) for x in inputs]
-        cat = call(graph, mode, aten.cat.default, (chunks, 1))
-        flat = call(graph, mode, aten.view.default, (cat, [-1]))
-        coll = call(graph, mode, c10d.reduce_scatter_tensor.default, (flat, op, world, group))
+        chunks = [_flat_input(graph, mode, x, [world, -1], names, j) for j, x in enumerate(inputs)]
+        cat = call(graph, mode, aten.cat.default, (chunks, 1), name=names["cat"])
+        flat = call(graph, mode, aten.view.default, (cat, [-1]), name=names["catflat"])
+        coll = call(graph, mode, c10d.reduce_scatter_tensor.default, (flat, op, world, group), name=names["coll"])
         return [*chunks, cat, flat, coll], [_numel(x) // world for x in inputs]
-    flats = [_flat_input(graph, mode, x, [-1]) for x in inputs]
-    cat = call(graph, mode, aten.cat.default, (flats,))
-    if kind == "all_gather":
-        coll = call(graph, mode, c10d.all_gather_into_tensor.default, (cat, args[1], args[2]))  # (world, group)
-    else:
-        coll = call(graph, mode, c10d.all_reduce.default, (cat, args[1], args[2]))  # (reduce op, group)
+    flats = [_flat_input(graph, mode, x, [-1], names, j) for j, x in enumerate(inputs)]
+    cat = call(graph, mode, aten.cat.default, (flats,), name=names["cat"])
+    if kind == "all_gather":  # (world, group)
+        coll = call(graph, mode, c10d.all_gather_into_tensor.default, (cat, args[1], args[2]), name=names["coll"])
+    else:  # (reduce op, group)
+        coll = call(graph, mode, c10d.all_reduce.default, (cat, args[1], args[2]), name=names["coll"])
     return [*flats, cat, coll], [_numel(x) for x in inputs]
 
 
@@ -128,6 +131,7 @@ def apply_bucket_plan(
     priority = order_positions(out, graph, order)
     remap: dict[str, torch.fx.Node] = {}
     removed: list[torch.fx.Node] = []
+    prefix = name_prefix(list(by_name))
     for k, bucket in enumerate(merged):
         members = []
         for name in bucket.members:
@@ -138,7 +142,7 @@ def apply_bucket_plan(
             if others:
                 raise GraphError(f"collective {name!r} is read by {others[0]!r} without a wait_tensor")
             members.append(node)
-        issue, after, results = _merge(out, mode, bucket, members)
+        issue, after, results = _merge(out, mode, bucket, members, new_names(prefix, k, len(members)))
         for node in issue:
             node.meta["bucket"] = k
         p_issue = max(priority[m] for m in members)

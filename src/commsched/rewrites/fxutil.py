@@ -97,10 +97,16 @@ def set_fake_val(node: torch.fx.Node, mode) -> Any:
 
 
 def call(
-    graph: torch.fx.Graph, mode, target: Callable[..., Any], args: tuple, kwargs: Mapping[str, Any] | None = None
+    graph: torch.fx.Graph,
+    mode,
+    target: Callable[..., Any],
+    args: tuple,
+    kwargs: Mapping[str, Any] | None = None,
+    name: str | None = None,
 ) -> torch.fx.Node:
-    """Create a call_function node (at the graph's current insertion point) with its fake value."""
-    node = graph.call_function(target, args, dict(kwargs or {}))
+    """Create a call_function node (at the graph's current insertion point) with its fake value; ``name``: the
+    node's name (unique names not ending in digits are kept as given)."""
+    node = graph.create_node("call_function", target, args, dict(kwargs or {}), name=name)
     set_fake_val(node, mode)
     return node
 
