@@ -25,7 +25,11 @@ def register(app: typer.Typer) -> None:
         delay: str = typer.Option("0ms", "--delay", help="with --bandwidth: netem delay per packet, e.g. 1ms"),
         iters: int = typer.Option(10, "--iters", min=1, help="timed steps per order"),
         warmup: int = typer.Option(2, "--warmup", min=0, help="untimed steps per order first"),
-        variants: str = typer.Option("original,overlap,torch", "--variants", help="orders to run (comma-separated)"),
+        variants: str = typer.Option(
+            "original,overlap,torch",
+            "--variants",
+            help="orders to run (comma-separated); add optimize for commsched.optimize's program on --hardware",
+        ),
         passes: str = typer.Option("default", "--passes", "-p", help="our scheduler: pass preset or list"),
         knob: KnobOption = [],  # noqa: B006 (typer copies it)
         costs: str = typer.Option("measured", "--costs", help="costs the schedulers see: measured | profile"),
@@ -45,7 +49,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run PRESET's training step for real on WORLD_SIZE ranks with the original order, commsched's order and
         torch's OverlapScheduler order; check that every order's outputs are bit-identical; report the measured step
-        time (median, spread) next to the simulator's prediction from calibrated costs.
+        time (median, spread) next to the simulator's prediction from calibrated costs. --variants
+        original,optimize also runs the program commsched.optimize keeps (collectives bucketed); where it merged
+        reductions its outputs must match within 4 x ranks x eps of the dtype (the sums' order may change).
 
         Local ranks are spawned on gloo (NCCL with a GPU per rank); with --bandwidth (root only) they run inside a
         network namespace whose loopback is shaped with tc, torn down afterwards. Under torchrun (env:// rendezvous)

@@ -3,7 +3,8 @@ times next to the predictions. Data only (no torch, no rich): the executor fills
 ``report.terminal_run`` prints it, benchmarks read it back.
 
 The JSON keeps the keys the report had as a plain dict (benchmarks/RESULTS.md and other tools read them), plus
-``format`` / ``version`` first. Times are seconds, sizes bytes.
+``format`` / ``version`` first. Times are seconds, sizes bytes. A variant that ran a rewritten program
+(``optimize``) also has ``program`` and ``outputs``; both are optional keys, left out otherwise.
 """
 
 from __future__ import annotations
@@ -43,6 +44,40 @@ class Prediction(JsonRecord):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class ProgramChange(JsonRecord):
+    """The program a variant ran in place of the traced one (``optimize``: what ``commsched.optimize`` kept)."""
+
+    kept: str
+    """the program variant the search kept (``Optimized.label``)"""
+    nodes: int
+    collectives: int
+    """in the program that ran (the traced step's are in ``RunReport.graph``)"""
+    tried: int
+    """program variants the search simulated"""
+    search_s: float
+    """the search's wall time (on rank 0; every rank runs the same one)"""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OutputCheck(JsonRecord):
+    """A rewritten program's outputs against the original order's first output, on every rank and step."""
+
+    expected: str
+    """"bit-identical" (no reduction merged: every element sums its ranks' terms as the original does) or "within
+    tolerance" (reductions bucketed: the collective may add an element's terms in another order)"""
+    rtol: float
+    """each element within rtol x (|original| + the tensor's max |original|) (``runtime.numerics.reduction_rtol``:
+    4 x ranks x the dtype's eps); 0 when bit-identical is expected"""
+    within: bool
+    """every output within the tolerance (equal, with rtol 0), on every rank and step"""
+    max_abs_diff: float
+    max_rel_diff: float
+    """the largest |difference| of an output tensor over that tensor's largest |value|"""
+    merged_reductions: int
+    """reduce_scatter / all_reduce collectives bucketed into others"""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class OrderResult(JsonRecord):
     """One order (variant) of the step: measured, predicted, and how far apart."""
 
@@ -56,7 +91,7 @@ class OrderResult(JsonRecord):
     bit_identical: bool
     """every output of every step equal, bit for bit, to the original order's first output, on every rank"""
     moved_nodes: int
-    """nodes not at their traced position"""
+    """nodes not at their traced position (a rewritten program: positions whose node is not the traced one)"""
     prediction_error: float
     """predicted / measured median - 1"""
     prediction_error_vs_min: float
@@ -65,6 +100,10 @@ class OrderResult(JsonRecord):
     """original's median / this order's (absent when the original order did not run)"""
     speedup_measured_min: float | None = dataclasses.field(default=None, metadata=OMIT_IF_NONE)
     speedup_predicted: float | None = dataclasses.field(default=None, metadata=OMIT_IF_NONE)
+    program: ProgramChange | None = dataclasses.field(default=None, metadata=OMIT_IF_NONE)
+    """the program that ran, when it is not the traced one (absent: the traced program, reordered or not)"""
+    outputs: OutputCheck | None = dataclasses.field(default=None, metadata=OMIT_IF_NONE)
+    """how a rewritten program's outputs compared (absent: not rewritten, and ``bit_identical`` is the check)"""
 
 
 class CollectiveTiming(NamedTuple):
@@ -110,6 +149,7 @@ class LinkCalibration(JsonRecord):
     """What the ranks measured on the run's link before planning."""
 
     collectives: tuple[CollectiveTiming, ...]
+    """the step's distinct collectives, then those of the ``optimize`` variant's program that the step lacks"""
     interference: InterferenceProbe
 
 
@@ -140,6 +180,8 @@ class PhaseTimes(JsonRecord):
     trace: float
     calibrate: float
     plan: float
+    optimize: float | None = dataclasses.field(default=None, metadata=OMIT_IF_NONE)
+    """the ``optimize`` variant's search, and the calibration of its new collectives and ops (absent: not run)"""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -1,11 +1,11 @@
-"""A real run's report (``commsched run``) in the terminal: the setup, the link probe, the costs, and one row per
-order with its measured step time next to the prediction."""
+"""A real run's report (``commsched run``) in the terminal: the setup, the link probe, the costs, one row per
+order with its measured step time next to the prediction, and what a rewritten program (``optimize``) kept."""
 
 from __future__ import annotations
 
 from rich.console import Console
 
-from commsched.report.run_report import RunReport
+from commsched.report.run_report import OrderResult, RunReport
 from commsched.report.tables import new_table
 from commsched.report.units import fmt_bytes, fmt_seconds
 
@@ -35,6 +35,9 @@ def print_run_report(rep: RunReport, console: Console) -> None:
     console.print(_orders_table(rep))
     peaks = ", ".join(f"{k} {fmt_bytes(v.peak_memory_bytes)}" for k, v in rep.variants.items())
     console.print(f"simulated peak memory: {peaks}")
+    for name, v in rep.variants.items():
+        if v.program is not None:
+            console.print(_program_line(name, v, rep.graph.collectives))
     for name, why in rep.skipped.items():
         console.print(f"[yellow]skipped {name}[/]: {why}")
     if rep.teardown_error:
@@ -58,9 +61,40 @@ def _orders_table(rep: RunReport):
             f"{v.predicted[rep.costs] * 1e3:.1f}",
             f"{v.prediction_error * 100:+.1f}%",
             speedups,
-            "[green]yes[/]" if v.bit_identical else "[bold red]NO[/]",
+            _bits(v),
         )
     return table
+
+
+def _bits(v: OrderResult) -> str:
+    """yes: bit-identical to the original order's outputs; ~: not, but within the tolerance of bucketed
+    reductions; NO: neither."""
+    if v.bit_identical:
+        return "[green]yes[/]"
+    if v.outputs is not None and v.outputs.within and v.outputs.rtol > 0:
+        return "[yellow]~[/]"
+    return "[bold red]NO[/]"
+
+
+def _program_line(name: str, v: OrderResult, traced_collectives: int) -> str:
+    """What a rewritten program is and how its outputs compared with the original order's."""
+    p, out = v.program, v.outputs
+    line = (
+        f"{name} kept {p.kept}: {traced_collectives} -> {p.collectives} collectives, {p.nodes} nodes "
+        f"({p.tried} program variants searched in {fmt_seconds(p.search_s)})"
+    )
+    if out is None:
+        return line
+    if out.max_abs_diff == 0 and v.bit_identical:
+        verdict = "[green]bit-identical[/]"
+    elif out.within and out.rtol > 0:
+        verdict = f"[yellow]within rtol {out.rtol:.1e}[/]"
+    else:
+        verdict = f"[bold red]outside {'rtol ' + format(out.rtol, '.1e') if out.rtol else 'bit-identical'}[/]"
+    return (
+        f"{line}; outputs {verdict} (expected {out.expected}, {out.merged_reductions} reductions merged; max diff "
+        f"{out.max_abs_diff:.1e} abs, {out.max_rel_diff:.1e} rel)"
+    )
 
 
 def _or(value: float | None, default: float) -> float:

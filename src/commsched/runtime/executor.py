@@ -5,7 +5,9 @@ collectives name the real groups and rank-specific constants are its own), check
 targets are rank 0's, calibrates the link and its ops, receives every variant's order from rank 0 (which imports
 its graph, estimates costs, schedules and predicts), applies each order to a copy of its graph, and runs all
 variants on real tensors: warm-up, then ``iters`` rounds in rotating variant order, each step between barriers.
-Every output of every step is compared bit for bit with the original order's first output.
+Every output of every step is compared bit for bit with the original order's first output. The ``optimize``
+variant runs a rewritten program instead of an order (``runtime.optimize_run``); where it bucketed reductions, its
+outputs are compared within a tolerance (``runtime.numerics``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -36,11 +38,16 @@ from commsched.report.run_report import (
     OrderResult,
     PhaseTimes,
     Prediction,
+    ProgramChange,
     RunReport,
     StepTimes,
 )
 from commsched.runtime.apply import apply_schedule, copy_graph_module
+from commsched.runtime.numerics import SAME, OutputDiff, compare_outputs
 from commsched.workloads.program import StepProgram, WorkloadSpec
+
+if TYPE_CHECKING:
+    from commsched.runtime.optimize_run import OptimizedRun
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -49,7 +56,9 @@ class RunConfig:
 
     spec: WorkloadSpec
     variants: tuple[str, ...] = ("original", "overlap", "torch")
-    """orders to run: "original", "overlap" (ours), "torch" (torch's OverlapScheduler) or names in ``orders``"""
+    """orders to run: "original", "overlap" (ours), "torch" (torch's OverlapScheduler), "optimize" (the program
+    ``commsched.optimize`` keeps on the ``hardware`` profile; needs "original", which its outputs are compared
+    with) or names in ``orders``"""
     orders: Mapping[str, tuple[str, ...]] | None = None
     """explicit orders (FX node names) for variants; they override the built-in ones"""
     iters: int = 10
@@ -113,10 +122,22 @@ class RunConfig:
                 f"variants {unknown}: expected {', '.join(BUILTIN_VARIANTS)} or a name given an order in `orders`"
             )
 
+        if self.runs_optimize and "original" not in self.variants:
+            raise ValueError(
+                f"variants={self.variants}: 'optimize' runs a rewritten program whose outputs are compared with the "
+                "original order's: run 'original' too"
+            )
         if "overlap" in self.variants:
             check_knobs(self.passes, self.knobs)
         if self.memory_budget is not None:
             object.__setattr__(self, "memory_budget", MemoryBudget.parse(self.memory_budget, "memory_budget"))
+
+    @property
+    def runs_optimize(self) -> bool:
+        """True when the ``optimize`` variant runs the program ``commsched.optimize`` keeps (not a given order)."""
+        from commsched.runtime.plan import OPTIMIZE
+
+        return OPTIMIZE in self.variants and OPTIMIZE not in (self.orders or {})
 
 
 def gloo_backend(threads: int) -> str:
@@ -176,8 +197,9 @@ def trace_rank(spec: WorkloadSpec, groups: Mapping[str, Any], rank: int, device:
     return program, trace_step(program, device)
 
 
-def _check_same_graph(gm: torch.fx.GraphModule) -> None:
-    """Every rank's graph must have rank 0's node names and targets (SPMD): the orders are by name."""
+def check_same_graph(gm: torch.fx.GraphModule, what: str = "traced step") -> None:
+    """Every rank's graph must have rank 0's node names and targets, in the same order (SPMD): the orders are by
+    name. Call on every rank; raises on every rank whose graph differs, naming ``what`` it is."""
     mine = [(n.name, str(n.target)) for n in gm.graph.nodes]
     box = [mine if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(box, src=0)
@@ -187,8 +209,8 @@ def _check_same_graph(gm: torch.fx.GraphModule) -> None:
     if bad.item():
         first = next(((a, b) for a, b in zip(mine, ref) if a != b), (f"{len(mine)} nodes", f"{len(ref)} nodes"))
         raise RuntimeError(
-            f"rank {dist.get_rank()}'s traced step differs from rank 0's ({first[0]} vs {first[1]}): the schedule "
-            "maps onto every rank by node name, so every rank must trace the same graph"
+            f"rank {dist.get_rank()}'s {what} differs from rank 0's ({first[0]} vs {first[1]}): the schedule "
+            "maps onto every rank by node name, so every rank must have the same graph"
         )
 
 
@@ -206,46 +228,68 @@ class _Plan:
     moved_nodes: dict[str, int]
     skipped: dict[str, str]
     plan_s: float
+    programs: dict[str, ProgramChange] = dataclasses.field(default_factory=dict)
+    """variants that run a rewritten program: what it is"""
 
 
-def _plan_on_rank0(cfg: RunConfig, gm, graph, rows, interference: InterferenceProbe, op_times) -> _Plan:
-    """Rank 0: build both cost sources, plan the orders, predict."""
+def _plan_on_rank0(
+    cfg: RunConfig, gm, graph, rows, interference: InterferenceProbe, op_times, optimized: OptimizedRun | None
+) -> _Plan:
+    """Rank 0: build both cost sources, plan the orders, predict (``optimized``: its program, on the same cost
+    sources with its own collectives' calibration and new ops' times)."""
     from commsched import hardware as hw_mod
-    from commsched.runtime.plan import cost_summary, link_table, plan_orders, predict, run_costs
+    from commsched.runtime.plan import OPTIMIZE, cost_sources, cost_summary, link_table, plan_orders, predict
 
     hw = hw_mod.for_graph(cfg.hardware, graph)
-    table = link_table(rows)
     slowdown = interference.compute_slowdown
     comm_slowdown = interference.comm_slowdown if cfg.comm_slowdown else 1.0
-    costs = {
-        "measured": run_costs(graph, hw, table, slowdown, op_times, comm_slowdown),
-        "profile": run_costs(graph, hw, table, slowdown, comm_slowdown=comm_slowdown),
-    }
-    # the same prediction without communication's slowdown under compute, to show what that term buys
-    no_comm_slowdown = {"measured, comm unslowed": run_costs(graph, hw, table, slowdown, op_times)}
+    every = cost_sources(graph, hw, link_table(rows), op_times, slowdown, comm_slowdown)
+    costs = {k: every[k] for k in ("measured", "profile")}
     given = {k: tuple(v) for k, v in (cfg.orders or {}).items()}
     t0 = time.perf_counter()
     orders, skipped = plan_orders(
         gm,
         graph,
         costs[cfg.costs],
-        cfg.variants,
+        [v for v in cfg.variants if v != OPTIMIZE or not cfg.runs_optimize],
         passes=cfg.passes,
         knobs=cfg.knobs,
         memory_budget=cfg.memory_budget,
         given=given,
     )
     plan_s = time.perf_counter() - t0
-    return _Plan(
+    plan = _Plan(
         orders={k: [graph.names[i] for i in o.tolist()] for k, o in orders.items()},
         graph=GraphInfo(nodes=len(graph), collectives=len(graph.collectives), meta=graph.meta.get("workload")),
         hardware=hw.name,
         cost_totals={k: cost_summary(graph, c) for k, c in costs.items()},
-        predicted=predict(graph, {**costs, **no_comm_slowdown}, orders),
+        predicted=predict(graph, every, orders),
         moved_nodes={k: int(np.count_nonzero(o != np.arange(len(o)))) for k, o in orders.items()},
         skipped=skipped,
         plan_s=plan_s,
     )
+    if optimized is not None:
+        og, order = optimized.optimized.graph, np.asarray(optimized.optimized.schedule.order)
+        table = link_table([*rows, *optimized.rows])
+        opt_costs = cost_sources(og, hw, table, {**optimized.op_times_s, **op_times}, slowdown, comm_slowdown)
+        plan.predicted[OPTIMIZE] = predict(og, opt_costs, {OPTIMIZE: order})[OPTIMIZE]
+        plan.moved_nodes[OPTIMIZE] = optimized.moved_nodes(graph)
+        plan.programs[OPTIMIZE] = optimized.change()
+    return plan
+
+
+def _variant_modules(
+    cfg: RunConfig, gm: torch.fx.GraphModule, plan: _Plan, optimized: OptimizedRun | None
+) -> tuple[dict[str, torch.fx.GraphModule], dict[str, float]]:
+    """The module each variant runs (a copy of ``gm`` in its order, or the optimized program), and the relative
+    tolerance of each rewritten program's outputs (the others must be bit-identical)."""
+    modules, rtols = {}, {}
+    for name in cfg.variants:
+        if name in plan.orders:
+            modules[name] = apply_schedule(copy_graph_module(gm), plan.orders[name])
+        elif name in plan.programs and optimized is not None:
+            modules[name], rtols[name] = optimized.optimized.gm, optimized.rtol
+    return modules, rtols
 
 
 def _outputs(out: Any) -> list[torch.Tensor]:
@@ -275,13 +319,21 @@ def _reference_error(cfg: RunConfig, rank: int, outputs: list[torch.Tensor]) -> 
 
 
 def _time_variants(
-    cfg: RunConfig, modules: dict[str, torch.fx.GraphModule], inputs: list[torch.Tensor], device: torch.device
-) -> tuple[dict[str, list[float]], dict[str, bool], list[torch.Tensor]]:
+    cfg: RunConfig,
+    modules: dict[str, torch.fx.GraphModule],
+    inputs: list[torch.Tensor],
+    device: torch.device,
+    rtols: Mapping[str, float] | None = None,
+) -> tuple[dict[str, list[float]], dict[str, bool], dict[str, OutputDiff], list[torch.Tensor]]:
     """Per variant: step seconds of each timed iteration on this rank, and whether every output of every step was
-    bit-identical to the original order's first output. Also returns that first output."""
+    bit-identical to the original order's first output; for the variants in ``rtols`` (rewritten programs), also
+    how far their outputs were from it, within that relative tolerance (``numerics.compare_outputs``). Also
+    returns that first output."""
     names = list(modules)
     first_name = "original" if "original" in modules else names[0]
     times: dict[str, list[float]] = {v: [] for v in names}
+    rtols = rtols or {}
+    diffs = {v: SAME for v in names if v in rtols}
     with torch.no_grad():
         reference = _outputs(modules[first_name](*inputs))
         identical = {v: True for v in names}
@@ -297,7 +349,9 @@ def _time_variants(
                 if it >= cfg.warmup:
                     times[v].append(dt)
                 identical[v] = identical[v] and _identical(_outputs(out), reference)
-    return times, identical, reference
+                if v in diffs:
+                    diffs[v] = diffs[v].merge(compare_outputs(_outputs(out), reference, rtols[v]))
+    return times, identical, diffs, reference
 
 
 def _step_times(samples: list[float]) -> StepTimes:
@@ -316,6 +370,8 @@ class _RankResult:
     """per variant, every timed step on this rank"""
     identical: dict[str, bool]
     reference_error: float | None
+    diffs: dict[str, OutputDiff] = dataclasses.field(default_factory=dict)
+    """rewritten programs' outputs against the original order's (``numerics.compare_outputs``)"""
 
 
 def run_rank(
@@ -358,7 +414,7 @@ def run_rank(
         # after every process group exists: their communication threads keep the default priority
         niced.enter_context(_niced_compute_thread(cfg.compute_nice if device.type == "cpu" else 0))
         program, gm = trace_rank(cfg.spec, groups, rank, device)
-        _check_same_graph(gm)
+        check_same_graph(gm)
         trace_s = time.perf_counter() - t_start
         inputs = [t.detach().to(device) for t in program.real_inputs(seed=cfg.seed)]
 
@@ -375,12 +431,18 @@ def run_rank(
         dist.all_gather_object(all_ops, op_times)
         op_median = {k: statistics.median(d.get(k, v) for d in all_ops) for k, v in op_times.items()}
         calib_s = time.perf_counter() - t_start - trace_s
+        optimized, optimize_s = None, None
+        if cfg.runs_optimize:  # every rank: the same search on its own step, checked the same, then calibrated
+            from commsched.runtime.optimize_run import build_optimized
+
+            optimized = build_optimized(gm, graph, cfg, inputs, rows, op_median, device)
+            optimize_s = time.perf_counter() - t_start - trace_s - calib_s
 
         plan_box: list[Any] = [None]
         failure: Exception | None = None
         if rank == 0:
             try:
-                plan_box[0] = _plan_on_rank0(cfg, gm, graph, rows, interference, op_median)
+                plan_box[0] = _plan_on_rank0(cfg, gm, graph, rows, interference, op_median, optimized)
             except Exception as exc:  # every rank must leave the broadcast, then all raise
                 failure, plan_box[0] = exc, f"{type(exc).__name__}: {exc}"
         dist.broadcast_object_list(plan_box, src=0)
@@ -390,20 +452,18 @@ def run_rank(
             raise RuntimeError(f"rank 0 could not plan the orders: {plan_box[0]}")
         plan: _Plan = plan_box[0]
 
-        modules = {}
-        for name in cfg.variants:
-            if name in plan.orders:
-                modules[name] = apply_schedule(copy_graph_module(gm), plan.orders[name])
-        times, identical, first = _time_variants(cfg, modules, inputs, device)
+        modules, rtols = _variant_modules(cfg, gm, plan, optimized)
+        times, identical, diffs, first = _time_variants(cfg, modules, inputs, device, rtols)
         ref_err = _reference_error(cfg, rank, first) if cfg.check_reference else None
 
         gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, _RankResult(times, identical, ref_err))
+        dist.all_gather_object(gathered, _RankResult(times, identical, ref_err, diffs))
         report = None
         if rank == 0:
-            link = LinkCalibration(collectives=tuple(CollectiveTiming(*r) for r in rows), interference=interference)
-            phases = PhaseTimes(trace=trace_s, calibrate=calib_s, plan=plan.plan_s)
-            report = _report(cfg, backend, world, plan, gathered, link, phases)
+            timed = [*rows, *(optimized.rows if optimized is not None else [])]  # optimize's: its bucketed sizes
+            link = LinkCalibration(collectives=tuple(CollectiveTiming(*r) for r in timed), interference=interference)
+            phases = PhaseTimes(trace=trace_s, calibrate=calib_s, plan=plan.plan_s, optimize=optimize_s)
+            report = _report(cfg, backend, world, plan, gathered, link, phases, optimized)
         if report is not None and on_report is not None:
             on_report(report)  # saved before the barrier: no rank starts tearing down until it is
         if own_pg:
@@ -417,8 +477,17 @@ def run_rank(
             dist.destroy_process_group()
 
 
-def _order_result(cfg: RunConfig, name: str, plan: _Plan, gathered: list[_RankResult]) -> OrderResult:
-    """One variant's measurements from every rank, next to rank 0's predictions (speedups are added later)."""
+def _order_result(
+    cfg: RunConfig, name: str, plan: _Plan, gathered: list[_RankResult], optimized: OptimizedRun | None = None
+) -> OrderResult:
+    """One variant's measurements from every rank, next to rank 0's predictions (speedups are added later); a
+    rewritten program's (``optimized``) with what it is and how its outputs compared."""
+    outputs = None
+    if name in plan.programs and optimized is not None:
+        diff = SAME
+        for g in gathered:
+            diff = diff.merge(g.diffs[name])
+        outputs = optimized.output_check(diff)
     per_rank = [g.times_s[name] for g in gathered]
     measured = _step_times([max(ts) for ts in zip(*per_rank)])  # a step ends when its slowest rank does
     chosen = plan.predicted[name][cfg.costs]
@@ -433,6 +502,8 @@ def _order_result(cfg: RunConfig, name: str, plan: _Plan, gathered: list[_RankRe
         # the calibration keeps medians; the fastest step shows what other jobs on a shared machine cost
         prediction_error=chosen.makespan_s / measured.median_s - 1.0,
         prediction_error_vs_min=chosen.makespan_s / measured.min_s - 1.0,
+        program=plan.programs.get(name),
+        outputs=outputs,
     )
 
 
@@ -446,9 +517,17 @@ def _with_speedups(v: OrderResult, base: OrderResult, costs: str) -> OrderResult
 
 
 def _report(
-    cfg: RunConfig, backend: str, world: int, plan: _Plan, gathered: list[_RankResult], link, phases
+    cfg: RunConfig,
+    backend: str,
+    world: int,
+    plan: _Plan,
+    gathered: list[_RankResult],
+    link,
+    phases,
+    optimized: OptimizedRun | None = None,
 ) -> RunReport:
-    variants = {n: _order_result(cfg, n, plan, gathered) for n in cfg.variants if n in gathered[0].times_s}
+    ran = [n for n in cfg.variants if n in gathered[0].times_s]
+    variants = {n: _order_result(cfg, n, plan, gathered, optimized) for n in ran}
     base = variants.get("original")
     if base is not None:
         variants = {n: _with_speedups(v, base, cfg.costs) for n, v in variants.items()}

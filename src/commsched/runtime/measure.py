@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import numpy as np
@@ -72,17 +72,21 @@ def measure_graph_collectives(
     reps: int = 5,
     rounds: int = 3,
     device: torch.device | None = None,
+    skip: Collection[tuple[str, int, int]] = (),
 ) -> list[tuple[str, int, int, float]]:
     """Time each distinct collective of ``graph`` by running its FX node's op on zero tensors of the same shapes:
     ``reps`` back-to-back calls (issue, wait, issue, ...) after one barrier, per round; returns (kind, group size,
     bytes, seconds per call) rows: the median round per rank (like the op times), then the slowest rank's.
     Back to back, as nccl-tests times its iterations, not one call after a barrier: inside a step the ranks reach
     each collective at slightly different moments (each has just woken from the previous wait), and the later rank
-    sets the pace; a barrier before every call would line the ranks up and time a collective no step runs."""
+    sets the pace; a barrier before every call would line the ranks up and time a collective no step runs.
+    ``skip``: keys (:func:`collective_key`) already measured, left out."""
     device = device or torch.device("cpu")
     fx_nodes = {n.name: n for n in gm.graph.nodes}
     rows = []
     for (kind, size, nbytes), c in sorted(collective_keys(graph).items()):
+        if (kind, size, nbytes) in skip:
+            continue
         node = fx_nodes[graph.names[c]]
         args = _materialise(node.args, device)
         kwargs = {k: _materialise(v, device) for k, v in node.kwargs.items()}

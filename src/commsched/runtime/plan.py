@@ -26,7 +26,10 @@ BUILTIN_VARIANTS = {
     "original": "the traced order (each collective waited right where it was issued)",
     "overlap": "commsched's scheduler (the pass preset or list given by --passes)",
     "torch": "torch 2.13's OverlapScheduler (commsched.peers), fed the same costs",
+    "optimize": "the program commsched.optimize keeps (collectives bucketed, scheduled), on the profile's costs",
 }
+OPTIMIZE = "optimize"
+"""the variant that runs a rewritten program, not an order of the traced one (``runtime.optimize_run``)"""
 
 
 def link_table(rows: Sequence[tuple[str, int, int, float]], source: str = "link calibration") -> MeasuredTable:
@@ -59,9 +62,37 @@ def run_costs(
     )
 
 
+def cost_sources(
+    graph: Graph,
+    hardware: Hardware,
+    table: MeasuredTable,
+    op_times_s: Mapping[str, float],
+    compute_slowdown: float,
+    comm_slowdown: float,
+) -> dict[str, CostEstimate]:
+    """The costs every order is predicted with: ``measured`` and ``profile`` (see the module docstring; the
+    schedulers see one of them), and ``measured, comm unslowed`` (the measured costs without communication's
+    slowdown under compute, to show what that term buys)."""
+    return {
+        "measured": run_costs(graph, hardware, table, compute_slowdown, op_times_s, comm_slowdown),
+        "profile": run_costs(graph, hardware, table, compute_slowdown, comm_slowdown=comm_slowdown),
+        "measured, comm unslowed": run_costs(graph, hardware, table, compute_slowdown, op_times_s),
+    }
+
+
 def torch_default_budget_bytes(peak_bytes: int) -> int:
     """torch's OverlapScheduler default memory limit: the input order's peak plus max(1 GiB, 5 %)."""
     return int(peak_bytes + max(1 << 30, 0.05 * peak_bytes))
+
+
+def run_memory_budget(graph: Graph, memory_budget: MemoryBudget | None) -> MemoryBudget:
+    """The memory rule every planner of a run gets: ``memory_budget``, or by default torch's (an absolute limit:
+    the traced order's peak plus max(1 GiB, 5 %))."""
+    from commsched.memory import memory_profile
+
+    if memory_budget is not None:
+        return memory_budget
+    return MemoryBudget(bytes=torch_default_budget_bytes(memory_profile(graph).peak_bytes))
 
 
 def plan_orders(
@@ -89,14 +120,10 @@ def plan_orders(
     stalls compute only where its result is needed. ``knobs`` override these defaults, which apply only to our passes
     (not the seed baselines) that have those knobs."""
     from commsched.ir.order import as_order
-    from commsched.memory import memory_profile
     from commsched.passes import PASSES, KnobNamespace, check_schedule, resolve_passes, schedule
 
     ours = dict(knobs or {})
-    if memory_budget is None:
-        budget = MemoryBudget(bytes=torch_default_budget_bytes(memory_profile(graph).peak_bytes))
-    else:
-        budget = memory_budget
+    budget = run_memory_budget(graph, memory_budget)
     defaults: dict[str, Any] = {"reorder_collectives": True, "waits": "late", "memory_budget": budget}
     namespace = KnobNamespace.of(resolve_passes(passes))
     for name in namespace.passes:  # ours only (the seed baselines keep torch's defaults), where the user set nothing
