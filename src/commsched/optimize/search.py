@@ -1,13 +1,17 @@
 """The search behind :func:`commsched.optimize`: program variants, each scheduled and simulated alike.
 
-Variants (first landing step of issue 16): the traced program in its traced order; the traced program scheduled by
-``overlap``; and, when a GraphModule is given, the traced program with its collectives bucketed by the bucket
-planner at several granularities (the cap at a few fractions of the asymptotic bus bandwidth, with and without the
-planner's overlap refusals), planned on the traced order and on the scheduled one, then scheduled by ``overlap``
-(with collective reordering only for the fastest few, which costs several times the plain schedule). Every variant
-is costed by the same model on the same hardware and simulated by the same simulator; the memory budget is absolute
-(a multiple of the traced program's peak), so a bucketed program cannot win by spending memory. Identical bucket
-plans are tried once.
+Variants: the traced program in its traced order; the traced program scheduled by ``overlap``; and, when a
+GraphModule is given, its collectives bucketed by the bucket planner at several granularities (:data:`GRANULARITIES`:
+caps at fractions of the asymptotic bus bandwidth and fixed sizes, with and without the planner's overlap refusals),
+planned on the traced order and on the scheduled one. Identical plans are tried once. Each plan is applied on the IR
+(:func:`commsched.rewrites.bucket_graph.bucket_graph`, node for node the graph the FX rewrite gives, about 10x
+cheaper than rewriting and re-importing the module) and simulated in the order it was planned on; the
+:data:`SCHEDULED` fastest are scheduled by ``overlap`` (without collective reordering), the rest are pruned with that
+verdict, and the ``finalists`` fastest scheduled ones are scheduled again with reordering. Only the kept plan is
+applied to the FX module, and the kept schedule orders it by node name.
+
+Every variant is costed by the same model on the same hardware and simulated by the same simulator; the memory budget
+is absolute (a multiple of the traced program's peak), so a bucketed program cannot win by spending memory.
 """
 
 from __future__ import annotations
@@ -24,9 +28,18 @@ from commsched.ir import Graph
 from commsched.passes import MemoryBudget, Schedule, ScheduleError, schedule
 from commsched.sim import SimResult, simulate_costs
 
-SATURATIONS = (0.9, 0.99)
-"""bucket caps tried ("cap 0.9" in a variant's label): where a collective reaches this fraction of its asymptotic
-bus bandwidth (bigger: fewer, larger collectives)"""
+GRANULARITIES = (
+    ("cap 0.9", {"saturation": 0.9}),
+    ("cap 0.99", {"saturation": 0.99}),
+    ("cap 0.999", {"saturation": 0.999}),
+    ("cap 256 MiB", {"cap_bytes": 256 << 20}),
+    ("cap 1 GiB", {"cap_bytes": 1 << 30}),
+)
+"""bucket caps tried: where a collective reaches this fraction of its asymptotic bus bandwidth, or a fixed size
+(nccl-tests bytes; a few buckets per step, as torch's FSDP pre-bucketing makes them). Bigger: fewer, larger
+collectives, less overlap, more memory; the simulator decides."""
+SCHEDULED = 4
+"""bucketed programs scheduled (the fastest in the order they were planned on); the rest are pruned"""
 
 
 @dataclass
@@ -49,7 +62,7 @@ class _Variant:
     costs: CostEstimate
     schedule: Schedule
     sim: SimResult
-    gm: Any = None  # the rewritten GraphModule of a bucketed variant
+    plan: Any = None  # (BucketPlan, the order it was planned on) of a bucketed variant
 
 
 @dataclass
@@ -134,18 +147,26 @@ def optimize(
         if reorder_collectives:  # prune: only the fastest bucketed programs get the (costlier) reordering search
             built = sorted((v for v in bucketed if isinstance(v, _Variant)), key=lambda v: v.sim.makespan_ns)
             for v in built[:finalists]:
-                variants.append(_scheduled(f"{v.label}, collectives reordered", v.graph, v.costs, knobs, v.gm))
+                variants.append(_scheduled(f"{v.label}, collectives reordered", v.graph, v.costs, knobs, v.plan))
     best, tried = _judge(variants, limit)
-    out_gm = None
-    if gm is not None:
-        from commsched.rewrites.fxutil import copy_graph_module
-        from commsched.runtime.apply import apply_schedule
-
-        out_gm = apply_schedule(copy_graph_module(best.gm if best.gm is not None else gm), best.schedule)
+    out_gm = _final_module(gm, g, best) if gm is not None else None
     return Optimized(
         best.label, best.graph, best.schedule, best.costs, before, best.sim, limit, tried, out_gm,
         time.perf_counter() - t0,
     )  # fmt: skip
+
+
+def _final_module(gm: Any, g: Graph, best: _Variant) -> Any:
+    """The kept program as a GraphModule in its schedule's order: the FX rewrite of its bucket plan (node names
+    as on the IR, see :mod:`commsched.rewrites.bucket_graph`), reordered by name."""
+    from commsched.rewrites import apply_bucket_plan
+    from commsched.rewrites.fxutil import copy_graph_module
+    from commsched.runtime.apply import apply_schedule
+
+    if best.plan is None:
+        return apply_schedule(copy_graph_module(gm), best.schedule)
+    plan, order = best.plan
+    return apply_schedule(apply_bucket_plan(gm, g, plan, order).gm, best.schedule)
 
 
 def _import(program: Any, group_sizes: dict[str, int] | None) -> tuple[Any, Graph]:
@@ -156,7 +177,7 @@ def _import(program: Any, group_sizes: dict[str, int] | None) -> tuple[Any, Grap
     return program, from_fx(program, group_sizes=group_sizes)
 
 
-def _scheduled(label: str, g: Graph, costs: CostEstimate, knobs: dict, gm: Any = None) -> _Variant | Tried:
+def _scheduled(label: str, g: Graph, costs: CostEstimate, knobs: dict, plan: Any = None) -> _Variant | Tried:
     """``g`` scheduled by ``overlap`` and simulated; a failure (e.g. no order within the budget) is a verdict."""
     try:
         s = schedule(g, costs, "default", **knobs)
@@ -164,33 +185,47 @@ def _scheduled(label: str, g: Graph, costs: CostEstimate, knobs: dict, gm: Any =
         return Tried(label, len(g.collectives), verdict="over the memory budget (no order fits)")
     except Exception as exc:  # one variant that cannot be scheduled must not sink the search
         return Tried(label, len(g.collectives), verdict=f"failed: {exc}")
-    return _Variant(label, g, costs, s, simulate_costs(g, costs, s.order), gm)
+    return _Variant(label, g, costs, s, simulate_costs(g, costs, s.order), plan)
 
 
-def _bucketed(gm: Any, g: Graph, hw: Any, costs: CostEstimate, knobs: dict, scheduled_order: np.ndarray) -> list:
-    """Every distinct bucket plan of ``gm`` (granularity x refusals x the order it is planned on), applied,
-    re-imported, costed on ``hw`` and scheduled."""
-    from commsched.frontends.fx import from_fx
-    from commsched.rewrites import BucketConfig, apply_bucket_plan, plan_buckets
+def _plans(g: Graph, hw: Any, costs: CostEstimate, scheduled_order: np.ndarray):
+    """Every bucket plan the search considers: (label, plan, the order it was planned on)."""
+    from commsched.rewrites import BucketConfig, plan_buckets
 
-    sizes = g.group_sizes()
+    for plan_on, order in (("traced order", None), ("scheduled order", scheduled_order)):
+        for cap_label, cap in GRANULARITIES:
+            for refusals in (True, False):
+                label = f"bucketed ({cap_label}{', overlap-aware' if refusals else ''}, planned on {plan_on})"
+                cfg = BucketConfig(overlap_aware=refusals, **cap)
+                yield label, plan_buckets(g, costs, order, hardware=hw, config=cfg), order
+
+
+def _bucketed(gm: Any, g: Graph, hw: Any, costs: CostEstimate, knobs: dict, scheduled_order) -> list:
+    """Every distinct bucket plan applied on the IR (:func:`bucket_graph`, the graph the FX rewrite gives),
+    simulated in the order it was planned on; the ``SCHEDULED`` fastest of those within budget are scheduled."""
+    from commsched.rewrites.bucket_graph import bucket_graph, noncontiguous_inputs
+
+    noncontig = noncontiguous_inputs(gm, g)
     out: list[_Variant | Tried] = []
     seen: dict[tuple, str] = {}
-    for plan_on, order in (("traced order", None), ("scheduled order", scheduled_order)):
-        for saturation in SATURATIONS:
-            for refusals in (True, False):
-                label = f"bucketed (cap {saturation:g}{', overlap-aware' if refusals else ''}, planned on {plan_on})"
-                cfg = BucketConfig(saturation=saturation, overlap_aware=refusals)
-                plan = plan_buckets(g, costs, order, hardware=hw, config=cfg)
-                key = tuple(b.members for b in plan.buckets if b.merged)
-                if not key or key in seen:
-                    verdict = "no merge" if not key else f"the same plan as: {seen[key]}"
-                    out.append(Tried(label, None, verdict=verdict))
-                    continue
-                seen[key] = label
-                result = apply_bucket_plan(gm, g, plan, order)  # only distinct plans are applied (FX work)
-                g2 = from_fx(result.gm, group_sizes=sizes, meta=g.meta)
-                out.append(_scheduled(label, g2, estimate_costs(g2, hw), knobs, result.gm))
+    quick: list[tuple[int, str, Graph, CostEstimate, tuple]] = []
+    for label, plan, order in _plans(g, hw, costs, scheduled_order):
+        key = tuple(b.members for b in plan.buckets if b.merged)
+        if not key or key in seen:
+            out.append(Tried(label, None, verdict="no merge" if not key else f"the same plan as: {seen[key]}"))
+            continue
+        seen[key] = label
+        g2 = bucket_graph(g, plan, order, noncontig)
+        c2 = estimate_costs(g2, hw)
+        sim = simulate_costs(g2, c2)  # in the order it was planned on: a cheap first judgement
+        quick.append((sim.makespan_ns, label, g2, c2, (plan, order)))
+    quick.sort(key=lambda q: q[0])
+    for k, (ns, label, g2, c2, plan) in enumerate(quick):
+        if k < SCHEDULED:
+            out.append(_scheduled(label, g2, c2, knobs, plan))
+        else:
+            out.append(Tried(label, len(g2.collectives), ns / 1e9, verdict="pruned: slower in its planned order "
+                             f"than the {SCHEDULED} scheduled"))  # fmt: skip
     return out
 
 

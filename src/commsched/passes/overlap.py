@@ -40,7 +40,6 @@ from commsched.passes.overlap_orders import delay_past_peak, late_waits, tighten
 from commsched.passes.overlap_prep import GraphPrep, Prep, input_chains, prepare, prepare_graph
 from commsched.passes.registry import PassConfig, PassContext, PassResult, PassStats, register_pass
 from commsched.sim import SimResult, simulate_costs
-from commsched.sim.model import INF_NS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,7 +108,6 @@ class _Search:
         self.good_enough_ns = base.lower_bound_s * 1e9 * (1.0 + cfg.stop_within_bound)
         self.seen: dict[tuple[int, ...], tuple[int, int]] = {}  # order -> (makespan, peak)
         self.attempts = 0
-        self.last_ns = INF_NS
 
     @property
     def done(self) -> bool:
@@ -121,13 +119,11 @@ class _Search:
         self.attempts += 1
         key = tuple(cand.order)
         if key in self.seen:
-            self.last_ns = self.seen[key][0]
             return self.seen[key][1] <= self.budget, None
         # judged by the full simulator (link sharing, interference) and the full memory model
         res = simulate_costs(self.g, self.costs, np.asarray(cand.order, np.int32))
         cand.makespan_ns, cand.peak_bytes, cand.sim = res.makespan_ns, res.peak_memory_bytes, res
         self.seen[key] = (res.makespan_ns, res.peak_memory_bytes)
-        self.last_ns = res.makespan_ns  # of the order evaluated last
         fits = res.peak_memory_bytes <= self.budget
         row = {"attempt": cand.label, "makespan_s": res.makespan_s, "peak_bytes": res.peak_memory_bytes, "fits": fits}
         self.stats.rows.append(row)
@@ -147,16 +143,16 @@ class _Search:
         """The variants in order until one fits (each followed by peak repairs when it does not) or the best is
         good enough. Returns the attempt to learn from (Jackson's rule)."""
         first = learn = None
-        learn_ns = INF_NS
         for priority, guard in variants or self.cfg.variants:
             name = f"{label}, {priority} priority{', memory guard' if guard else ''}"
             a, fits, res = self.attempt(name, p, (priority, guard), reorders)
             first = first or a
             if not fits and learn is None:  # repairs only until one variant fits: they cost several attempts each
                 fits, a = self.repair_peak(name, p, (priority, guard), reorders, a, res)
-            # every variant is still tried: which priority wins depends on the graph (the simulator decides)
-            if fits and self.last_ns < learn_ns:
-                learn, learn_ns = a, self.last_ns
+            # every variant is still tried (which priority wins depends on the graph: the simulator decides); the
+            # first that fits is the one Jackson's rule learns from, as before
+            if fits and learn is None:
+                learn = a
             if self.done:
                 break
         return learn or first
