@@ -41,6 +41,13 @@ def test_optimize_keeps_the_fastest_program_within_budget(fsdp_two_nodes):
     kinds = o.graph.kinds
     want = [o.graph.names[i] for i in o.schedule.order.tolist() if kinds[i] not in (OpKind.INPUT, OpKind.OUTPUT)]
     assert names == want
+    # and it is the program that was judged: re-imported and simulated in its own order, the same step time
+    from commsched.cost import estimate_costs
+    from commsched.hardware import for_graph
+
+    regraph = from_fx(o.gm, group_sizes=w.graph.group_sizes(), meta=w.graph.meta)
+    hw = for_graph("h100-sxm", regraph)
+    assert simulate_costs(regraph, estimate_costs(regraph, hw)).makespan_ns == o.after.makespan_ns
 
 
 def test_a_graph_without_its_module_is_only_reordered(fsdp_two_nodes):
