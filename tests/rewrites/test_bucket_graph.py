@@ -61,8 +61,8 @@ def test_bucket_graph_equals_the_fx_rewrite_reimported(preset, parallel, world, 
     noncontig = noncontiguous_inputs(gm, g)
     compared = 0
     for order in (None, scheduled):
-        for saturation, overlap_aware in ((0.9, True), (0.99, False)):
-            cfg = BucketConfig(saturation=saturation, overlap_aware=overlap_aware)
+        for saturation, overlap_aware, early_use in ((0.9, True, True), (0.99, False, True), (0.99, False, False)):
+            cfg = BucketConfig(saturation=saturation, overlap_aware=overlap_aware, early_use=early_use)
             plan = plan_buckets(g, costs, order, hardware=hw, config=cfg)
             if not plan.merged:
                 continue
@@ -76,12 +76,13 @@ def test_bucket_graph_equals_the_fx_rewrite_reimported(preset, parallel, world, 
 
 
 @settings(max_examples=60, deadline=None)
-@given(programs(), st.integers(0, 2**16), st.sampled_from([None, 64, 256, 4096]), st.booleans())
-def test_bucket_graph_equals_the_fx_rewrite_on_random_programs(program, seed, cap, use_random_order):
+@given(programs(), st.integers(0, 2**16), st.sampled_from([None, 64, 256, 4096]), st.booleans(), st.booleans())
+def test_bucket_graph_equals_the_fx_rewrite_on_random_programs(program, seed, cap, use_random_order, early_use):
     """Random programs: in-place updates (ordering edges), casts (dtype boundaries), every reduce op."""
     gm, graph = program.trace()
     order = random_topological_order(graph, random.Random(seed)) if use_random_order else None
-    plan = plan_buckets(graph, H100, order, config=BucketConfig(cap_bytes=cap, overlap_aware=False))
+    cfg = BucketConfig(cap_bytes=cap, overlap_aware=False, early_use=early_use)
+    plan = plan_buckets(graph, H100, order, config=cfg)
     with fake_process_group(program.world):
         fx = from_fx(apply_bucket_plan(gm, graph, plan, order).gm)
     assert_same_graph(fx, bucket_graph(graph, plan, order, noncontiguous_inputs(gm, graph)))

@@ -39,11 +39,13 @@ def _check_plan(graph, plan):
 
 
 @settings(max_examples=40)
-@given(programs(), st.integers(0, 2**16), st.sampled_from([None, 64, 256, 4096]), st.booleans())
-def test_bucketing_random_programs_keeps_outputs_bit_identical(program, seed, cap, use_random_order):
+@given(programs(), st.integers(0, 2**16), st.sampled_from([None, 64, 256, 4096]), st.booleans(), st.booleans())
+def test_bucketing_random_programs_keeps_outputs_bit_identical(program, seed, cap, use_random_order, early_use):
+    """``early_use=False`` (structural plans) merges across uses; only the cycle rules keep the result valid."""
     gm, graph = program.trace()
     order = random_topological_order(graph, random.Random(seed)) if use_random_order else None
-    plan = plan_buckets(graph, H100, order, config=BucketConfig(cap_bytes=cap, overlap_aware=False))
+    cfg = BucketConfig(cap_bytes=cap, overlap_aware=False, early_use=early_use)
+    plan = plan_buckets(graph, H100, order, config=cfg)
     _check_plan(graph, plan)
     result = apply_bucket_plan(gm, graph, plan, order)
     result.gm.graph.lint()

@@ -80,18 +80,19 @@ def delay_past_peak(
         pos[v] = k
     peak_node = cand[peak_position]
     after = a.at[peak_node] + p.dur_ns[peak_node]
-    kinds = g.kinds
+    kinds = g.kinds.tolist()  # ints: an IntEnum member lookup per node is the slow part of this loop
+    k_input, k_coll, k_alias = int(OpKind.INPUT), int(OpKind.COLLECTIVE), (int(OpKind.VIEW), int(OpKind.WAIT))
     users_ptr, users_idx = lv.users_ptr, lv.users_idx
     early: dict[int, list[int]] = {}  # owner -> [bytes held across the peak, first use position]
     for s in np.flatnonzero(~lv.persistent & (lv.storage_bytes > 0)).tolist():
         owner = int(lv.owner[s])
-        if pos[owner] > peak_position or owner == peak_node or kinds[owner] == OpKind.INPUT:
+        if pos[owner] > peak_position or owner == peak_node or kinds[owner] == k_input:
             continue
-        if not include_compute and kinds[owner] != OpKind.COLLECTIVE:
+        if not include_compute and kinds[owner] != k_coll:
             continue
         first_use = None
         for u in users_idx[users_ptr[s] : users_ptr[s + 1]].tolist():
-            if u == owner or kinds[u] in (OpKind.VIEW, OpKind.WAIT):
+            if u == owner or kinds[u] in k_alias:
                 continue
             if first_use is None or pos[u] < first_use:
                 first_use = pos[u]

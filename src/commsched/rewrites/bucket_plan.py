@@ -9,8 +9,10 @@ Rules (one pass over the order, one open bucket per process group):
   asymptotic bus bandwidth on the group, from the cost model (:func:`bucket_cap_bytes`); a bucket whose next member
   would pass it is closed.
 * The merged collective is issued where its last member was and completes where its first member's wait was, so a
-  member may join only if no earlier member's result is needed before then ("early_use"). Results that only flow
-  to the graph's output (gradients) are not needed early. A member whose input depends on an earlier member's result
+  member may join only if no earlier member's result is needed before then ("early_use"; ``early_use=False``
+  drops this rule, as torch's FSDP pre-bucketing does: the merged program is then rescheduled, and what the
+  bucket's inputs need, e.g. parameter casts, moves earlier). Results that only flow to the graph's output
+  (gradients) are not needed early. A member whose input depends on an earlier member's result
   would make a cycle ("cycle"); so would buckets of different groups that wait on each other, which a final check
   on the contracted graph dissolves ("cross_group_cycle").
 * With ``overlap_aware`` (default), a one-compute-stream estimate along the order decides each merge ("exposes"):
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import weakref
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
@@ -54,6 +57,10 @@ class BucketConfig:
     cap_bytes: int | None = None  # a fixed cap (nccl-tests bytes) instead of the cost-model one
     kinds: tuple[str, ...] = KINDS  # collective kinds to bucket
     overlap_aware: bool = True  # refuse merges that the one-stream estimate says expose more communication
+    early_use: bool = True
+    """refuse a member issued after an earlier member's result is first used in the planned order ("early_use");
+    False keeps only the structural rules (kind, dtype, op, cap, cycles), as torch's FSDP pre-bucketing does: the
+    bucketed program is then scheduled anew, and its inputs (e.g. parameter casts) can move earlier"""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.saturation < 1.0:
@@ -182,26 +189,32 @@ def _cap(kind: str, n: int, hw: Hardware, stride: int, saturation: float) -> int
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
+_TAILS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Graph -> its tail mask (graphs are immutable)
+
+
 def _tail_nodes(g: Graph) -> np.ndarray:
     """Nodes whose results only flow to the graph's output (gradients, logged values): delaying them is free.
 
-    Collectives and nodes with side effects (other than waits) are never tails. Reverse topological sweep, O(N + E).
-    """
+    Collectives and nodes with side effects (other than waits) are never tails. Reverse topological sweep, O(N + E),
+    once per graph (``optimize`` plans many buckets on one graph)."""
+    cached = _TAILS.get(g)
+    if cached is not None:
+        return cached
     n = len(g)
-    ptr, idx = g.successors_csr()
-    tail = np.zeros(n, bool)
-    kinds = g.kinds
-    side = g.side_effect
+    ptr, idx = (a.tolist() for a in g.successors_csr())
+    kinds, side = g.kinds.tolist(), g.side_effect.tolist()
+    never = {int(OpKind.OUTPUT), int(OpKind.COLLECTIVE), int(OpKind.INPUT)}
+    k_wait, k_out = int(OpKind.WAIT), int(OpKind.OUTPUT)
+    tail = [False] * n
     for i in range(n - 1, -1, -1):
         k = kinds[i]
-        if k == OpKind.OUTPUT or k == OpKind.COLLECTIVE or k == OpKind.INPUT:
-            continue
-        if side[i] and k != OpKind.WAIT:
+        if k in never or (side[i] and k != k_wait):
             continue
         succ = idx[ptr[i] : ptr[i + 1]]
-        if len(succ) and np.all(tail[succ] | (kinds[succ] == OpKind.OUTPUT)):
-            tail[i] = True
-    return tail
+        tail[i] = bool(succ) and all(tail[s] or kinds[s] == k_out for s in succ)
+    out = np.asarray(tail, bool)
+    _TAILS[g] = out
+    return out
 
 
 def _first_use(g: Graph, pos: np.ndarray, tail: np.ndarray, coll: int) -> float:
@@ -383,7 +396,7 @@ def plan_buckets(
                 reason = "reduce_op"
             elif t[v] == bucket_id[gid]:
                 reason = "cycle"
-            elif ob.first_use <= pos[v]:
+            elif cfg.early_use and ob.first_use <= pos[v]:
                 reason = "early_use"
             elif ob.nbytes + nbytes > ob.cap:
                 reason = "cap"
