@@ -4,6 +4,7 @@ capture + schedule; 2 gloo ranks: scheduled vs unscheduled bit-identical), and t
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
@@ -179,14 +180,24 @@ def test_post_grad_pass_only_schedules_a_graph_reading_its_module(caplog):
     assert _fx_collectives(gm.graph) == 6
 
 
-def _compiled_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+@contextlib.contextmanager
+def _gloo_rank(rank: int, world: int, port: int):
+    """One gloo rank of the test step: yields its full weights and its input; after the block, a barrier (nobody
+    tears down while a peer still talks: gloo aborts a rank whose peer closed first), then the teardown."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         torch.manual_seed(0)
         full = [torch.randn(DIM, DIM) * 0.2 for _ in range(LAYERS)]
-        x = torch.randn(32, DIM, generator=torch.Generator().manual_seed(rank))
+        yield full, torch.randn(32, DIM, generator=torch.Generator().manual_seed(rank))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _compiled_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    with _gloo_rank(rank, world, port) as (full, x):
         results, moved = {}, {}
         for mode in ("verified", "eager"):
             torch._dynamo.reset()
@@ -200,9 +211,6 @@ def _compiled_worker(rank: int, world: int, port: int, out_dir: str) -> None:
             loss.backward()
             results[mode] = [loss.detach(), *[s.grad for s in shards]]
         torch.save({"results": results, "moved": moved}, Path(out_dir) / f"rank{rank}.pt")
-        dist.barrier()  # nobody tears down while a peer still talks (gloo aborts a rank whose peer closed first)
-    finally:
-        dist.destroy_process_group()
 
 
 def _run_gloo(worker, world: int) -> list[dict]:
@@ -233,13 +241,7 @@ def test_compiled_step_runs_on_two_gloo_ranks_and_scheduling_changes_no_bit():
 def _optimized_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     """The FSDP step three ways: eager; the AOTAutograd backend with optimize (verify on: the traced graph runs
     next to the kept one at every call); Inductor with the optimizing post-grad pass."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        torch.manual_seed(0)
-        full = [torch.randn(DIM, DIM) * 0.2 for _ in range(LAYERS)]
-        x = torch.randn(32, DIM, generator=torch.Generator().manual_seed(rank))
+    with _gloo_rank(rank, world, port) as (full, x):
         results, kept = {}, {}
         for mode in ("backend", "inductor", "eager"):
             torch._dynamo.reset()
@@ -258,9 +260,6 @@ def _optimized_worker(rank: int, world: int, port: int, out_dir: str) -> None:
             opts = [o for _k, o in backend.results] if mode == "backend" else post_grad.results
             kept[mode] = [(_kept(o), len(o.before.graph.collectives), _fx_collectives(o.gm.graph)) for o in opts]
         torch.save({"results": results, "kept": kept}, Path(out_dir) / f"rank{rank}.pt")
-        dist.barrier()  # nobody tears down while a peer still talks (gloo aborts a rank whose peer closed first)
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.slow
