@@ -31,10 +31,12 @@ def test_optimize_keeps_the_fastest_program_within_budget(fsdp_two_nodes):
     kept = [t for t in o.tried if t.verdict == "kept"]
     assert len(kept) == 1 and kept[0].label == o.label
     simulated = [t for t in o.tried if t.makespan_s is not None]
-    assert all(o.after.makespan_s <= t.makespan_s for t in simulated)
+    assert all(kept[0].makespan_s <= t.makespan_s for t in simulated)
+    # the reported step is the returned module's (re-imported in its own order: fusion depends on order)
+    assert o.after.makespan_s == pytest.approx(kept[0].makespan_s, rel=1e-3)
     plain = next(t for t in o.tried if t.label == "traced program, scheduled")
     # on a latency-bound multi-node step, fewer, larger collectives win: the program changed, not only its order
-    assert o.after.makespan_s < plain.makespan_s and len(o.graph.collectives) < len(w.graph.collectives)
+    assert kept[0].makespan_s < plain.makespan_s and len(o.graph.collectives) < len(w.graph.collectives)
     assert all(t.verdict for t in o.tried)
     # the returned module is the kept program in its final order
     names = [n.name for n in o.gm.graph.nodes if n.op not in ("placeholder", "output")]

@@ -6,8 +6,11 @@ caps at fractions of the asymptotic bus bandwidth, fixed sizes, and "structural"
 early-use rule, as torch's FSDP pre-bucketing makes them), planned on the traced order and on the scheduled one.
 Identical plans are tried once. Each plan is applied on the IR (:func:`commsched.rewrites.bucket_graph.bucket_graph`,
 node for node the graph the FX rewrite gives, about 10x cheaper than rewriting and re-importing the module) and
-judged by one guarded list-scheduling attempt (:data:`PROBE`); the ``finalists`` fastest get the full ``overlap``
-search (with collective reordering when asked), the rest are pruned with the probe's time as their verdict. Only the
+judged by one guarded list-scheduling attempt (:data:`PROBE`); per order the plans were made on, the ``finalists``
+fastest get the full ``overlap`` search (with collective reordering when asked), the rest are pruned with the probe's
+time as their verdict. (The probe keeps the planned order's priorities, so it compares plans made on one order
+well and plans made on different orders badly: under a tight budget on llama3-70b FSDP+TP at 1024 ranks the winner's
+probe was 26 % behind the best probe, which was made on the other order.) Only the
 kept plan is applied to the FX module, and the kept schedule orders it by node name.
 
 Every variant is costed by the same model on the same hardware and simulated by the same simulator; the memory budget
@@ -59,6 +62,8 @@ class Tried:
     peak_memory_bytes: int | None = None
     verdict: str = ""
     """'kept', or why it lost: slower than the kept one, over the memory budget, the same plan as another, failed"""
+    probe_s: float | None = None
+    """a bucket plan's step time after the one-attempt probe (:data:`PROBE`) that ranks plans for the full search"""
 
 
 @dataclass
@@ -69,6 +74,7 @@ class _Variant:
     schedule: Schedule
     sim: SimResult
     plan: Any = None  # (BucketPlan, the order it was planned on) of a bucketed variant
+    probe_s: float | None = None
 
 
 @dataclass
@@ -126,15 +132,15 @@ def optimize(
     memory_budget: MemoryBudget | float | str | None = 1.05,
     reorder_collectives: bool = True,
     group_sizes: dict[str, int] | None = None,
-    finalists: int = 4,
+    finalists: int = 2,
 ) -> Optimized:
     """Optimize one step: a ``torch.fx.GraphModule`` (traced with ``_c10d_functional`` collectives; import it inside
     its (fake) process group or give ``group_sizes``) or a commsched ``Graph`` (reordering only: rewrites need the
     FX module). ``hardware``: a profile name, TOML path or ``Hardware`` (nodes inferred from the world size unless
     given). ``memory_budget``: a cap relative to the traced program's peak (or absolute), for every variant.
     ``reorder_collectives``: let ``overlap`` reorder each group's collectives (needs the same costs on every rank,
-    which the analytic model gives). ``finalists``: bucket plans that get the full scheduling search after the
-    one-attempt probe. Never worse than the traced order;
+    which the analytic model gives). ``finalists``: bucket plans per order they were planned on (traced, scheduled)
+    that get the full scheduling search after the one-attempt probe. Never worse than the traced order;
     see the module docstring for the search."""
     t0 = time.perf_counter()
     gm, g = _import(program, group_sizes)
@@ -149,11 +155,26 @@ def optimize(
         scheduled = variants[1] if isinstance(variants[1], _Variant) else traced
         variants += _bucketed(gm, g, hw, costs, knobs, scheduled.schedule.order, finalists)
     best, tried = _judge(variants, limit)
-    out_gm = _final_module(gm, g, best) if gm is not None else None
+    out_gm = None
+    if gm is not None:
+        out_gm = _final_module(gm, g, best)
+        best = _as_returned(out_gm, g, hw, best)
     return Optimized(
         best.label, best.graph, best.schedule, best.costs, before, best.sim, limit, tried, out_gm,
         time.perf_counter() - t0,
     )  # fmt: skip
+
+
+def _as_returned(out_gm: Any, g: Graph, hw: Any, best: _Variant) -> _Variant:
+    """The kept variant as the returned module is: re-imported, costed and simulated in its own node order. The cost
+    model's fusion depends on program order (Inductor fuses neighbours), so this can differ from the judged variant
+    by a few microseconds; the reported step is the one of the module the user gets."""
+    from commsched.frontends.fx import from_fx
+
+    g2 = from_fx(out_gm, group_sizes=g.group_sizes(), meta=g.meta)
+    c2 = estimate_costs(g2, hw)
+    order = np.arange(len(g2), dtype=np.int32)
+    return _Variant(best.label, g2, c2, Schedule(g2, order), simulate_costs(g2, c2, order), best.plan, best.probe_s)
 
 
 def _final_module(gm: Any, g: Graph, best: _Variant) -> Any:
@@ -188,30 +209,33 @@ def _scheduled(label: str, g: Graph, costs: CostEstimate, knobs: dict, plan: Any
     return _Variant(label, g, costs, s, simulate_costs(g, costs, s.order), plan)
 
 
+PLANNED_ON = ("traced order", "scheduled order")
+
+
 def _plans(g: Graph, hw: Any, costs: CostEstimate, scheduled_order: np.ndarray):
-    """Every bucket plan the search considers: (label, plan, the order it was planned on)."""
+    """Every bucket plan the search considers: (label, plan, the order it was planned on, that order's name)."""
     from commsched.rewrites import BucketConfig, plan_buckets
 
-    for plan_on, order in (("traced order", None), ("scheduled order", scheduled_order)):
+    for plan_on, order in zip(PLANNED_ON, (None, scheduled_order), strict=True):
         for cap_label, cap in GRANULARITIES:
             # the planner's own overlap estimate ("exposes" refusals) is left out: the simulator judges each plan,
             # and with it the plans differed by about one collective and 0.05 % on the benchmark steps
             label = f"bucketed ({cap_label}, planned on {plan_on})"
             cfg = BucketConfig(overlap_aware=False, **cap)
-            yield label, plan_buckets(g, costs, order, hardware=hw, config=cfg), order
+            yield label, plan_buckets(g, costs, order, hardware=hw, config=cfg), order, plan_on
 
 
 def _bucketed(gm: Any, g: Graph, hw: Any, costs: CostEstimate, knobs: dict, scheduled_order, finalists: int) -> list:
     """Every distinct bucket plan applied on the IR (:func:`bucket_graph`, the graph the FX rewrite gives) and
-    judged by one guarded list-scheduling attempt (:data:`PROBE`); the ``finalists`` fastest that fit the budget are
-    scheduled by the full ``overlap`` search (with ``knobs``), the others keep the probe's verdict."""
+    judged by one guarded list-scheduling attempt (:data:`PROBE`); per order the plans were made on, the
+    ``finalists`` fastest get the full ``overlap`` search (with ``knobs``), the others keep the probe's verdict."""
     from commsched.rewrites.bucket_graph import bucket_graph, noncontiguous_inputs
 
     noncontig = noncontiguous_inputs(gm, g)
     out: list[_Variant | Tried] = []
     seen: dict[tuple, str] = {}
-    probed: list[tuple[float, str, Graph, CostEstimate, tuple]] = []
-    for label, plan, order in _plans(g, hw, costs, scheduled_order):
+    probed: dict[str, list[tuple[int, str, Graph, CostEstimate, tuple]]] = {name: [] for name in PLANNED_ON}
+    for label, plan, order, plan_on in _plans(g, hw, costs, scheduled_order):
         key = tuple(b.members for b in plan.buckets if b.merged)
         if not key or key in seen:
             out.append(Tried(label, None, verdict="no merge" if not key else f"the same plan as: {seen[key]}"))
@@ -223,15 +247,18 @@ def _bucketed(gm: Any, g: Graph, hw: Any, costs: CostEstimate, knobs: dict, sche
         if isinstance(probe, Tried):  # no order within the budget even for the probe
             out.append(probe)
             continue
-        probed.append((probe.sim.makespan_ns, label, g2, c2, (plan, order)))
-    probed.sort(key=lambda q: q[0])
+        probed[plan_on].append((probe.sim.makespan_ns, label, g2, c2, (plan, order)))
     suffix = ", collectives reordered" if knobs["reorder_collectives"] else ""
-    for k, (ns, label, g2, c2, plan) in enumerate(probed):
-        if k < finalists:
-            out.append(_scheduled(label + suffix, g2, c2, knobs, plan))
-        else:
-            out.append(Tried(label, len(g2.collectives), ns / 1e9, verdict="pruned: slower after one scheduling "
-                             f"attempt than the {finalists} fully scheduled"))  # fmt: skip
+    for family in probed.values():
+        family.sort(key=lambda q: q[0])
+        for k, (ns, label, g2, c2, plan) in enumerate(family):
+            if k < finalists:
+                full = _scheduled(label + suffix, g2, c2, knobs, plan)
+                full.probe_s = ns / 1e9
+                out.append(full)
+            else:
+                why = f"pruned: probe {ns / family[0][0] - 1:.1%} slower than the best plan's made on the same order"
+                out.append(Tried(label, len(g2.collectives), verdict=why, probe_s=ns / 1e9))
     return out
 
 
@@ -252,5 +279,7 @@ def _judge(variants: list, limit: int) -> tuple[_Variant, list[Tried]]:
             verdict = f"over the memory budget ({v.sim.peak_memory_bytes} B > {limit} B)"
         else:
             verdict = f"slower than the kept one by {(v.sim.makespan_s / best.sim.makespan_s - 1) * 100:.2f} %"
-        tried.append(Tried(v.label, len(v.graph.collectives), v.sim.makespan_s, v.sim.peak_memory_bytes, verdict))
+        tried.append(
+            Tried(v.label, len(v.graph.collectives), v.sim.makespan_s, v.sim.peak_memory_bytes, verdict, v.probe_s)
+        )
     return best, tried

@@ -14,15 +14,19 @@ if TYPE_CHECKING:
 
 
 def print_optimized(o: Optimized, console: Console, title: str) -> None:
-    """One row per variant (the kept one in bold), then the summary line."""
+    """One row per variant (the kept one in bold; "probe": a bucket plan's step after one scheduling attempt, which
+    ranks plans for the full search), then the summary line."""
     table = new_table(
-        title, ("variant", "collectives", "step time", "peak memory", "verdict"), left={"variant", "verdict"}
+        title,
+        ("variant", "collectives", "probe", "step time", "peak memory", "verdict"),
+        left={"variant", "verdict"},
     )
     for t in o.tried:
         style = "bold" if t.verdict == "kept" else None
         step = "-" if t.makespan_s is None else fmt_seconds(t.makespan_s)
+        probe = "-" if t.probe_s is None else fmt_seconds(t.probe_s)
         peak = "-" if t.peak_memory_bytes is None else fmt_bytes(t.peak_memory_bytes)
         n = "-" if t.collectives is None else str(t.collectives)
-        table.add_row(t.label, n, step, peak, t.verdict, style=style)
+        table.add_row(t.label, n, probe, step, peak, t.verdict, style=style)
     console.print(table)
     console.print(o.summary(), highlight=False)
