@@ -1,12 +1,20 @@
-"""``commsched calibrate``: measure this machine and write a hardware profile (and its measured table)."""
+"""``commsched calibrate``: measure this machine and write a hardware profile (and its measured table); or, with
+``--nccl-tests``, compare nccl-tests / rccl-tests logs with the collective model (a comparison only: nothing is
+fitted or written)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from commsched.cli.common import console, user_errors
+from commsched.cli.common import console, err_console, user_errors
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from commsched.cost.nccl_tests import LogComparison
 
 
 def run_calibration(
@@ -84,9 +92,110 @@ def run_calibration(
     return path, hw_mod.load_profile(path)
 
 
+def compare_nccl_tests(
+    logs: list[Path],
+    hardware: str,
+    *,
+    num_nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    collective: str | None = None,
+) -> list[LogComparison]:
+    """Every test of every log against ``hardware`` (:func:`commsched.cost.nccl_tests.compare_with_model`)."""
+    from commsched.cost.nccl_tests import compare_with_model, read_nccl_tests
+
+    out = []
+    for path in logs:
+        for log in read_nccl_tests(path, collective=collective):
+            out.append(compare_with_model(log, hardware, num_nodes=num_nodes, gpus_per_node=gpus_per_node))
+    return out
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:+.1f} %"
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes} B"
+
+
+def print_nccl_comparisons(comparisons: list[LogComparison], out: Console) -> None:
+    """A table per log test (size, measured and model busbw, the model's algorithm, relative error) and its summary."""
+    from rich.table import Table
+
+    for c in comparisons:
+        log = c.log
+        where = f"{c.nranks} ranks on {c.num_nodes} x {c.gpus_per_node}" if c.nranks else "ranks unknown"
+        gpu = log.gpu or "GPU not named"
+        out.print(f"[bold]{log.source}:{log.line}[/]  {log.collective or '?'}, {where} ({gpu}) vs {c.hardware}")
+        table = Table()
+        for name in ("size (B)", "size", "measured busbw GB/s", "model busbw GB/s", "model algorithm", "rel err"):
+            table.add_column(name, justify="left" if name in ("size", "model algorithm") else "right")
+        for s in c.sizes:
+            model = "-" if s.model_busbw_GBps is None else f"{s.model_busbw_GBps:.2f}"
+            algo = f"{s.algorithm}/{s.protocol}" if s.algorithm else "-"
+            table.add_row(str(s.size_bytes), _size(s.size_bytes), f"{s.measured_busbw_GBps:.2f}", model, algo,
+                          _pct(s.rel_err))  # fmt: skip
+        out.print(table)
+        if c.note:
+            out.print(f"  note: {c.note}")
+        if c.abs_errs():
+            med, worst = (f"{100 * e:.1f} %" for e in (c.median_abs_err, c.worst_abs_err))
+            out.print(f"  |rel err| over the {len(c.abs_errs())} sizes >= 1 MiB: median {med}, worst {worst}")
+        out.print()
+
+
+def _run_nccl_mode(
+    logs: list[Path] | None,
+    hardware: str | None,
+    num_nodes: int | None,
+    gpus_per_node: int | None,
+    collective: str | None,
+    json_out: bool,
+    device_args: dict[str, bool],
+) -> None:
+    """``calibrate --nccl-tests``: compare, print, exit 2 with one line on stderr for bad input."""
+    import json
+
+    from rich.markup import escape
+
+    try:
+        stray = [name for name, given in device_args.items() if given]
+        if stray:
+            raise ValueError(f"--nccl-tests compares logs and writes nothing: drop {', '.join(stray)}")
+        if not logs:
+            raise ValueError("--nccl-tests: expected one or more LOG files")
+        if not hardware:
+            raise ValueError("--nccl-tests: expected --hardware PROFILE (the profile to compare with)")
+        comparisons = compare_nccl_tests(logs, hardware, num_nodes=num_nodes, gpus_per_node=gpus_per_node,
+                                         collective=collective)  # fmt: skip
+    except (ValueError, OSError) as exc:
+        # one line however long the path: no wrapping; brackets of a quoted log line are not markup
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    if json_out:
+        console.print_json(json.dumps({"hardware": hardware, "logs": [c.to_json() for c in comparisons]}))
+    else:
+        print_nccl_comparisons(comparisons, console)
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def calibrate(
+        logs: list[Path] = typer.Argument(
+            None, metavar="LOG", show_default=False, help="with --nccl-tests: nccl-tests / rccl-tests output"
+        ),
+        nccl_tests: bool = typer.Option(
+            False, "--nccl-tests", help="compare the LOG files with the collective model (fits and writes nothing)"
+        ),
+        hardware: str = typer.Option(None, "--hardware", "-H", help="with --nccl-tests: profile name or .toml path"),
+        num_nodes: int = typer.Option(
+            None, "--num-nodes", min=1, help="with --nccl-tests: nodes the logs ran on (default: their hosts)"
+        ),
+        collective: str = typer.Option(None, "--collective", help="with --nccl-tests: for logs that do not name it"),
+        json_out: bool = typer.Option(False, "--json", help="with --nccl-tests: print the comparison as JSON"),
         device: str = typer.Option("cpu", "--device", help="cpu or cuda"),
         out: Path = typer.Option(None, "--out", "-o", help="profile path (default: the user profile folder)"),
         world: int = typer.Option(2, "--world", min=1, help="local ranks for the collective measurements"),
@@ -94,13 +203,31 @@ def register(app: typer.Typer) -> None:
         threads: int = typer.Option(1, "--threads", min=0, help="CPU intra-op threads while measuring (0: torch's)"),
         base: str = typer.Option(None, "--base", help="profile the unmeasured fields come from"),
         no_collectives: bool = typer.Option(False, "--no-collectives", help="skip the collective measurements"),
-        gpus_per_node: int = typer.Option(None, "--gpus-per-node", min=1, help="ranks per node in the profile"),
+        gpus_per_node: int = typer.Option(
+            None, "--gpus-per-node", min=1, help="ranks per node in the profile (--nccl-tests: in the logs' runs)"
+        ),
     ) -> None:
         """Measure matmul, elementwise, reduction, attention and collectives here; write a calibrated profile.
 
         The profile is found by name afterwards (`--hardware cpu-local`), before the shipped default.
         Example: commsched calibrate --device cpu --quick
+
+        With --nccl-tests LOG [LOG ...] --hardware PROFILE: read nccl-tests / rccl-tests output (all_reduce_perf,
+        all_gather_perf, reduce_scatter_perf, alltoall_perf, ...) and print, per size, the measured busbw, the model's
+        busbw on PROFILE at the log's placement (ranks and hosts from its '# Rank' lines, unless --num-nodes /
+        --gpus-per-node say) and the relative error; then the median and worst error over sizes >= 1 MiB. This
+        only compares: it does not fit or write a profile yet.
+        Example: commsched calibrate --nccl-tests all_reduce_perf.log --hardware h100-sxm
         """
+        if nccl_tests or logs:
+            if not nccl_tests:
+                err_console.print("[bold red]error:[/] LOG arguments need --nccl-tests", soft_wrap=True)
+                raise typer.Exit(2)
+            device_args = {"--device": device != "cpu", "--out": out is not None, "--world": world != 2,
+                           "--quick": quick, "--threads": threads != 1, "--base": base is not None,
+                           "--no-collectives": no_collectives}  # fmt: skip
+            _run_nccl_mode(logs, hardware, num_nodes, gpus_per_node, collective, json_out, device_args)
+            return
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
         from commsched.report.terminal_inputs import print_calibrated_profile
