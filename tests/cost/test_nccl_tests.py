@@ -128,7 +128,8 @@ CORRUPTIONS = {
     "rows after the trailer": (lambda ls: [*ls, *ls[31:35]], 65, "a table row after the trailer at line 64"),
     "tables concatenated": (lambda ls: [*ls[:63], *ls[31:35], *ls[63:]], 64,
                             "expected sizes to increase, got 8 after 8589934592"),
-    "no column header": (lambda ls: _set(ls, 30), 31, "expected the column header line"),
+    "no column header, rows not standard": (lambda ls: _set(_set(ls, 30), 31, " ".join(ls[31].split()[:9])), 31,
+                                            "expected the column header line"),
     "no rows": (lambda ls: [*ls[:31], *ls[62:]], 33, "expected table rows before '# Avg bus bandwidth'"),
     "bad trailer": (lambda ls: _set(ls, 64, "# Avg bus bandwidth    : lots"), 64, "column 'Avg bus bandwidth'"),
 }  # fmt: skip
@@ -264,3 +265,22 @@ def test_cli_help_says_it_does_not_fit():
     res = runner.invoke(app, ["calibrate", "--help"])
     assert res.exit_code == 0 and "--nccl-tests" in res.output
     assert "does not fit" in " ".join(res.output.replace("│", " ").split())
+
+
+def test_a_table_pasted_without_its_header_reads_with_the_standard_columns(tmp_path):
+    """Real pastes often drop the header (e.g. a grep of the rows): rows of the standard 13 columns read alike."""
+    path = tmp_path / "rows.log"
+    path.write_text("\n".join(_set(_lines(), 30)) + "\n")
+    (headless,) = read_nccl_tests(path, collective="all_reduce")
+    (full,) = read_nccl_tests(H100)
+    assert [(r.size_bytes, r.time_s) for r in headless.rows] == [(r.size_bytes, r.time_s) for r in full.rows]
+
+
+def test_launcher_prefixes_before_the_mpi_tag_are_dropped(tmp_path):
+    """SkyPilot / slurm wrappers print their own prefix before mpirun's ``[1,0]<stdout>:`` tag."""
+    path = tmp_path / "tagged.log"
+    path.write_text("\n".join(f"(head, rank=0, pid=3808) [1,0]<stdout>:{line}" for line in _lines()) + "\n")
+    (tagged,) = read_nccl_tests(path)
+    (full,) = read_nccl_tests(H100)
+    assert (tagged.nranks, tagged.nodes) == (full.nranks, full.nodes) == (16, 2)
+    assert [(r.size_bytes, r.busbw_GBps) for r in tagged.rows] == [(r.size_bytes, r.busbw_GBps) for r in full.rows]

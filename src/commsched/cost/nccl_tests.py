@@ -6,9 +6,10 @@ A log holds one or more tests. Each test is an optional header (``# Collective t
 per rank), the column header line (``#  size  count  type  redop  root  time  algbw  busbw  #wrong  time ...``:
 out-of-place then in-place), the table rows, and the trailer (``# Avg bus bandwidth : X``). Rows are read by the
 names of that column header line, never by fixed positions, so versions without ``redop`` / ``root``, with
-``error`` for ``#wrong``, ``N/A`` error counts or extra columns all read alike. Anything else (``NCCL INFO`` lines,
-launcher output, shell prompts, markdown around a pasted log) is skipped; ``[1,0]<stdout>:`` / ``[0]`` / ``0:``
-launcher tags are dropped first. The text is only read: nothing in it is evaluated.
+``error`` for ``#wrong``, ``N/A`` error counts or extra columns all read alike; a table pasted without its column
+header is read with the standard 13-column layout when its rows have that width. Anything else (``NCCL INFO`` lines,
+launcher output, shell prompts, markdown, ``...`` elisions) is skipped; ``[1,0]<stdout>:`` (after any launcher
+prefix) / ``[0]`` / ``0:`` launcher tags are dropped first. The text is only read: nothing in it is evaluated.
 
 Bad input raises one ``ValueError`` ``"FILE:LINE: what was expected, got ..."``: no table, a row before the column
 header, a row with the wrong number of fields or a non-numeric number, a column header without ``size``, ``count``,
@@ -44,6 +45,10 @@ MODELLED = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadca
 ONE_MIB = 1 << 20
 
 _TAG = re.compile(r"^(?:\[\d+(?:,\d+)*\](?:<std(?:out|err)>)?:?\s?|\d+:\s+)")
+_MPI_TAG = re.compile(r"\[\d+(?:,\d+)*\]<std(?:out|err)>:")  # mpirun --tag-output, after any launcher prefix
+_PLACEMENT_COLUMNS = ("time", "algbw", "busbw", "#wrong")  # once out-of-place, once in-place
+STANDARD_COLUMNS = ("size", "count", "type", "redop", "root", *_PLACEMENT_COLUMNS, *_PLACEMENT_COLUMNS)
+"""the layout nccl-tests 2.x prints; a table pasted without its column header line is read with it"""
 _START = re.compile(r"^#\s*Collective test starting:\s*(\S+)")
 _END = re.compile(r"^#\s*Collective test concluded:\s*(\S+)")
 _NTHREAD = re.compile(r"^#?\s*nThread\s+(\d+)\s+nGpus\s+(\d+)\s+minBytes\s+(\d+)\s+maxBytes\s+(\d+)")
@@ -149,8 +154,17 @@ def parse_nccl_tests(text: str, source: str = "<text>", collective: str | None =
     parser = _Parser(source, None if collective is None else collective_name(collective))
     lines = text.splitlines()
     for number, raw in enumerate(lines, start=1):
-        parser.feed(number, _TAG.sub("", raw.rstrip(), count=1))
+        parser.feed(number, _strip_tag(raw.rstrip()))
     return parser.finish(len(lines))
+
+
+def _strip_tag(line: str) -> str:
+    """The nccl-tests text of a line: launcher output before an ``[r,p]<stdout>:`` tag (e.g. SkyPilot's
+    ``(head, rank=0, pid=1) ``), then a leading ``[r]`` / ``r:`` tag (slurm's ``srun --label``) are dropped."""
+    m = _MPI_TAG.search(line)
+    if m is not None:
+        return line[m.end() :]
+    return _TAG.sub("", line.lstrip(), count=1)
 
 
 @dataclasses.dataclass
@@ -333,10 +347,16 @@ class _Parser:
             test.columns = _columns(tokens, self.where(line))
             test.columns_line = line
         elif _is_row(tokens) and not text.startswith("#"):
-            raise ValueError(
-                f"{self.where(line)}: expected the column header line ('#  size  count  type ... time  algbw  busbw"
-                f" ...') before the first table row, got {text.strip()!r}"
-            )
+            if len(tokens) != len(STANDARD_COLUMNS):
+                raise ValueError(
+                    f"{self.where(line)}: expected the column header line ('#  size  count  type ... time  algbw  "
+                    f"busbw ...') before the first table row, or a row of the standard {len(STANDARD_COLUMNS)} "
+                    f"columns, got {text.strip()!r}"
+                )
+            # a table pasted without its header: nccl-tests 2.x's standard layout (the row's width matches it)
+            test.columns = _columns(list(STANDARD_COLUMNS), self.where(line))
+            test.columns_line = line
+            self.in_table(line, text, tokens)
         else:
             for name in _BINARY.findall(text):
                 test.binaries.setdefault(COLLECTIVES[name], line)

@@ -1,0 +1,39 @@
+"""The public nccl-tests / rccl-tests logs shipped in ``commsched/cost/data/nccl_tests`` (issue 17's data): every log
+the index lists parses, says what the index says, and every number in it is consistent (busbw = algbw x the bus
+factor of the index's rank count), so a transcription error or a wrong rank count in the index fails here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import tomllib
+
+import commsched
+from commsched.cost.collectives import bus_factor
+from commsched.cost.nccl_tests import read_nccl_tests
+
+DATA = Path(commsched.__file__).parent / "cost" / "data" / "nccl_tests"
+INDEX = tomllib.loads((DATA / "sources.toml").read_text())["log"]
+LOGS = [e for e in INDEX if e["kind"] == "log"]
+
+
+def test_the_index_lists_every_file_with_a_url():
+    files = {p.name for p in DATA.glob("*.txt")}
+    assert files == {e["file"] for e in INDEX}
+    assert all(e["url"].startswith("https://") for e in INDEX)
+    assert len(LOGS) >= 40
+
+
+@pytest.mark.parametrize("entry", LOGS, ids=[e["file"] for e in LOGS])
+def test_every_log_parses_and_agrees_with_its_index_entry(entry):
+    (log,) = read_nccl_tests(DATA / entry["file"], collective=entry["collective"])
+    assert log.collective == entry["collective"].replace("alltoall", "all_to_all")
+    assert len(log.rows) >= 3
+    nranks = entry["nranks"]
+    if log.collective in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all") and isinstance(nranks, int):
+        factor = bus_factor(log.collective, nranks)
+        for row in log.rows:
+            if row.size_bytes >= 1 << 20:  # two printed decimals: small rows are rounding noise
+                algbw = row.size_bytes / (row.oop_time_us * 1e-6) / 1e9
+                assert row.oop_busbw_GBps == pytest.approx(algbw * factor, rel=0.02, abs=0.02), row.line
