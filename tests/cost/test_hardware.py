@@ -169,3 +169,42 @@ def test_for_graph_infers_nodes_from_the_world_size():
     assert hardware.for_graph(given_hw, g, num_nodes=5).num_nodes == 5  # ...reshaped only by what is given
     with pytest.raises(TypeError, match="expected a profile name"):
         hardware.for_graph(3, g)
+
+
+# ------------------------------------------------------------------------------------------ network profiles
+def test_a_network_profile_replaces_only_the_inter_node_fields():
+    from commsched.cost import plan_collective
+
+    base = hardware.get("a100-sxm-80g", num_nodes=4)
+    ib = hardware.get("a100-sxm-80g@ib-ndr-8x400", num_nodes=4)
+    assert ib == hardware.get("a100-sxm-80g", num_nodes=4, network="ib-ndr-8x400")
+    assert ib.name == "a100-sxm-80g@ib-ndr-8x400" and ib.num_nodes == 4
+    assert ib.inter_node.nic_bandwidth_bytes_per_s == 2 * base.inter_node.nic_bandwidth_bytes_per_s  # NDR vs HDR
+    assert (ib.compute, ib.intra_node, ib.gpus_per_node) == (base.compute, base.intra_node, base.gpus_per_node)
+    assert [p.base_latency_s for p in ib.protocols] == [p.base_latency_s for p in base.protocols]
+
+    # across nodes the collective changes; inside one node it does not
+    def t(hw, n):
+        return plan_collective("all_reduce", 1 << 30, n, hw).time_s
+
+    assert t(ib, 32) < t(base, 32) and t(ib, 8) == t(base, 8)
+
+
+def test_the_shipped_ib_network_is_the_h100_profile_s_own_network():
+    assert hardware.get("h100-sxm@ib-ndr-8x400").inter_node == hardware.get("h100-sxm").inter_node
+    assert "ib-ndr-8x400" in hardware.list_networks()
+
+
+def test_bad_network_profiles_give_one_line_naming_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="unknown network profile 'nope'"):
+        hardware.get("h100-sxm@nope")
+    bad = tmp_path / "net.toml"
+    bad.write_text('name = "x"\n[compute]\nnum_units = 1\n')
+    with pytest.raises(ValueError, match=r"net.toml: unexpected key 'compute'"):
+        hardware.get("h100-sxm", network=str(bad))
+    bad.write_text('name = "x"\n[protocols.ll]\nbase_latency_us = 1.0\n')
+    with pytest.raises(ValueError, match=r"\[protocols.ll\]: expected a protocol .* with only inter_hop_us"):
+        hardware.get("h100-sxm", network=str(bad))
+    bad.write_text('name = "x"\n[inter_node]\nnic_efficiency = 3.0\n')
+    with pytest.raises(ValueError, match="nic_efficiency"):
+        hardware.get("h100-sxm", network=str(bad))

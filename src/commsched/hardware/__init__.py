@@ -8,7 +8,9 @@
 3. the profiles shipped with the package (``h100-sxm``, ``h200-sxm``, ``a100-sxm-80g``, ``b200``, ``mi300x``,
    ``cpu-local``).
 
-So a calibrated ``cpu-local`` replaces the shipped default once written.
+So a calibrated ``cpu-local`` replaces the shipped default once written. ``"PROFILE@NETWORK"`` (or
+``get(name, network=...)``) puts a network profile (``commsched/hardware/networks``: NICs per node, line rate and
+efficiency, per-protocol network step latency) under a GPU profile.
 
 ``for_graph(hardware, graph, num_nodes=None, gpus_per_node=None)`` is the one way from the hardware arguments of
 ``schedule``, ``simulate``, ``estimate_costs`` and the CLI to a :class:`Hardware`: a profile name or path is sized for
@@ -87,14 +89,76 @@ def resolve_profile(name: str | os.PathLike[str]) -> Path:
     raise FileNotFoundError(f"unknown hardware profile {text!r}: expected one of {known}, or a path to a .toml file")
 
 
-def get(name: str | os.PathLike[str], *, num_nodes: int = 1, gpus_per_node: int | None = None) -> Hardware:
-    """A hardware profile by name or path, on ``num_nodes`` nodes (``gpus_per_node`` overrides the profile's)."""
-    path = resolve_profile(name)
-    key = (str(path.resolve()), path.stat().st_mtime)
+def get(
+    name: str | os.PathLike[str],
+    *,
+    num_nodes: int = 1,
+    gpus_per_node: int | None = None,
+    network: str | os.PathLike[str] | None = None,
+) -> Hardware:
+    """A hardware profile by name or path, on ``num_nodes`` nodes (``gpus_per_node`` overrides the profile's).
+
+    ``network`` (or ``"PROFILE@NETWORK"`` as the name, which also works wherever a profile name is taken, e.g.
+    ``--hardware h100-sxm@roce-8x400``): a network profile (:func:`list_networks`, or a path) whose inter-node
+    fields replace the GPU profile's; the result is named ``PROFILE@NETWORK``."""
+    text = os.fspath(name)
+    if network is None and "@" in text:
+        text, network = text.split("@", 1)
+    path = resolve_profile(text)
+    net_path = resolve_network(network) if network is not None else None
+    key = (str(path.resolve()), path.stat().st_mtime, str(net_path) if net_path else "",
+           net_path.stat().st_mtime if net_path else 0.0)  # fmt: skip
     hw = _cache.get(key)
     if hw is None:
-        hw = _cache[key] = load_profile(path)
+        hw = _cache[key] = load_profile(path) if net_path is None else _with_network(path, net_path)
     return hw.with_nodes(num_nodes, gpus_per_node)
+
+
+def _networks_dir() -> Path:
+    return Path(str(resources.files("commsched.hardware") / "networks"))
+
+
+def list_networks() -> dict[str, Path]:
+    """Network profile name -> file, shipped with the package (``commsched/hardware/networks``)."""
+    return {f.stem: f for f in sorted(_networks_dir().glob("*.toml"))}
+
+
+def resolve_network(name: str | os.PathLike[str]) -> Path:
+    """The file of a network profile name or path; FileNotFoundError naming the known ones."""
+    text = os.fspath(name)
+    path = Path(text).expanduser() if text.endswith(".toml") or "/" in text else _networks_dir() / f"{text}.toml"
+    if not path.is_file():
+        known = ", ".join(list_networks()) or "none"
+        raise FileNotFoundError(f"unknown network profile {text!r}: expected one of {known}, or a path to a .toml file")
+    return path
+
+
+_NETWORK_KEYS = {"name", "description", "inter_node", "protocols"}
+
+
+def _with_network(path: Path, net_path: Path) -> Hardware:
+    """The GPU profile at ``path`` with the inter-node fields of the network profile at ``net_path``."""
+    import tomllib
+
+    try:
+        net = tomllib.loads(net_path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{net_path}: not valid TOML: {exc}") from None
+    extra = set(net) - _NETWORK_KEYS
+    if extra:
+        raise ValueError(f"{net_path}: unexpected key {sorted(extra)[0]!r}: a network profile holds "
+                         "name, description, [inter_node] and [protocols.NAME] inter_hop_us")  # fmt: skip
+    data = hardware_to_dict(load_profile(path))
+    data["inter_node"] = {**data["inter_node"], **net.get("inter_node", {})}
+    for proto, fields in net.get("protocols", {}).items():
+        if proto not in data["protocols"] or set(fields) - {"inter_hop_us"}:
+            raise ValueError(f"{net_path} [protocols.{proto}]: expected a protocol of the GPU profile "
+                             f"({', '.join(data['protocols'])}) with only inter_hop_us")  # fmt: skip
+        data["protocols"][proto] = {**data["protocols"][proto], **fields}
+    net_name = str(net.get("name", net_path.stem))
+    data["name"] = f"{data['name']}@{net_name}"
+    data["description"] = f"{data['description']}; network: {net.get('description', net_name)}"
+    return hardware_from_dict(data, where=f"{path} with network {net_path}", base_dir=path.parent)
 
 
 def nodes_for_world(world_size: int, gpus_per_node: int) -> int:
@@ -167,9 +231,11 @@ __all__ = [
     "get",
     "hardware_from_dict",
     "hardware_to_dict",
+    "list_networks",
     "list_profiles",
     "load_profile",
     "nodes_for_world",
+    "resolve_network",
     "resolve_profile",
     "save_profile",
     "shipped_profile",
