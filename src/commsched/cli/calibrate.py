@@ -1,6 +1,6 @@
 """``commsched calibrate``: measure this machine and write a hardware profile (and its measured table); or, with
-``--nccl-tests``, compare nccl-tests / rccl-tests logs with the collective model (a comparison only: nothing is
-fitted or written)."""
+``--nccl-tests``, compare nccl-tests / rccl-tests logs with the collective model, and with ``--fit`` fit the
+profile's collective fields to them and write the result as a profile overlay (:mod:`commsched.cost.nccl_fit`)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from commsched.cli.common import console, err_console, user_errors
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from commsched.cost.nccl_fit import FitResult
     from commsched.cost.nccl_tests import LogComparison
 
 
@@ -147,6 +148,55 @@ def print_nccl_comparisons(comparisons: list[LogComparison], out: Console) -> No
         out.print()
 
 
+def print_fit(fit: FitResult, out: Console) -> None:
+    """Per log the error per size before (base profile) and after the fit, then the fields and the summary."""
+    from rich.table import Table
+
+    logs: dict[tuple[str, int], list] = {}
+    for s in fit.sizes:
+        logs.setdefault((s.source, s.line), []).append(s)
+    for (source, line), sizes in logs.items():
+        first = sizes[0]
+        out.print(f"[bold]{source}:{line}[/]  {first.collective}, {first.nranks} ranks on {first.num_nodes} nodes")
+        table = Table()
+        for name in ("size", "measured busbw GB/s", f"{fit.base.name} GB/s", "err before", "fitted GB/s",
+                     "err after", "fitted algorithm", "note"):  # fmt: skip
+            table.add_column(name, justify="left" if name in ("size", "fitted algorithm", "note") else "right")
+        for s in sizes:
+            note = "not fitted" if not s.fitted else ""
+            note = "; ".join(n for n in (note, s.extrapolated and f"extrapolates: {s.extrapolated}") if n)
+            table.add_row(_size(s.size_bytes), f"{s.measured_busbw_GBps:.2f}", f"{s.before_busbw_GBps:.2f}",
+                          _pct(s.before_err), f"{s.after_busbw_GBps:.2f}", _pct(s.after_err), s.after_algorithm,
+                          note)  # fmt: skip
+        out.print(table)
+    fields = Table()
+    for name in ("field", "base", "fitted", "bounds", "status"):
+        fields.add_column(name, justify="left" if name in ("field", "status") else "right")
+    for p in fit.parameters:
+        fields.add_row(p.key, f"{p.base:g}", f"{p.value:.4g}", f"[{p.lo:g}, {p.hi:g}]", p.status)
+    out.print(fields)
+    (med_b, worst_b), (med_a, worst_a) = fit.summary(after=False), fit.summary()
+    n = sum(s.fitted for s in fit.sizes)
+    out.print(f"|rel err| over the {n} fitted sizes (>= {_size(fit.min_bytes)}): median {100 * med_b:.1f} % -> "
+              f"{100 * med_a:.1f} %, worst {100 * worst_b:.1f} % -> {100 * worst_a:.1f} %")  # fmt: skip
+
+
+def _run_nccl_fit(logs: list[Path], hardware: str, num_nodes: int | None, gpus_per_node: int | None,
+                  collective: str | None, fit_args: dict) -> tuple[FitResult, Path | None]:  # fmt: skip
+    """``--fit``: check ``-o`` first (before the search), fit, write the overlay."""
+    from commsched.cost.nccl_fit import check_overlay_path, fit_profile, save_overlay
+    from commsched.cost.nccl_tests import ONE_MIB, read_nccl_tests
+
+    out, force = fit_args["out"], fit_args["force"]
+    if out is not None:
+        check_overlay_path(out, force=force)
+    parsed = [log for path in logs for log in read_nccl_tests(path, collective=collective)]
+    min_bytes = 0 if fit_args["all_sizes"] else ONE_MIB
+    fit = fit_profile(parsed, hardware, num_nodes=num_nodes, gpus_per_node=gpus_per_node, min_bytes=min_bytes,
+                      allow_bounds=fit_args["allow_bounds"])  # fmt: skip
+    return fit, None if out is None else save_overlay(fit, out, force=force)
+
+
 def _run_nccl_mode(
     logs: list[Path] | None,
     hardware: str | None,
@@ -155,8 +205,9 @@ def _run_nccl_mode(
     collective: str | None,
     json_out: bool,
     device_args: dict[str, bool],
+    fit_args: dict,
 ) -> None:
-    """``calibrate --nccl-tests``: compare, print, exit 2 with one line on stderr for bad input."""
+    """``calibrate --nccl-tests``: compare (or fit and write), print, exit 2 with one line on stderr for bad input."""
     import json
 
     from rich.markup import escape
@@ -164,18 +215,30 @@ def _run_nccl_mode(
     try:
         stray = [name for name, given in device_args.items() if given]
         if stray:
-            raise ValueError(f"--nccl-tests compares logs and writes nothing: drop {', '.join(stray)}")
+            what = "--nccl-tests --fit writes only its -o overlay" if fit_args["fit"] else "--nccl-tests compares logs"
+            raise ValueError(f"{what} and writes nothing else: drop {', '.join(stray)}")
         if not logs:
             raise ValueError("--nccl-tests: expected one or more LOG files")
         if not hardware:
             raise ValueError("--nccl-tests: expected --hardware PROFILE (the profile to compare with)")
-        comparisons = compare_nccl_tests(logs, hardware, num_nodes=num_nodes, gpus_per_node=gpus_per_node,
-                                         collective=collective)  # fmt: skip
+        if fit_args["fit"]:
+            fit, written = _run_nccl_fit(logs, hardware, num_nodes, gpus_per_node, collective, fit_args)
+        else:
+            comparisons = compare_nccl_tests(logs, hardware, num_nodes=num_nodes, gpus_per_node=gpus_per_node,
+                                             collective=collective)  # fmt: skip
     except (ValueError, OSError) as exc:
         # one line however long the path: no wrapping; brackets of a quoted log line are not markup
         err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
-    if json_out:
+    if fit_args["fit"]:
+        if json_out:
+            console.print_json(json.dumps({**fit.to_json(), "overlay": None if written is None else str(written)}))
+            return
+        print_fit(fit, console)
+        if written is not None:
+            where = escape(str(written))
+            console.print(f"wrote {where} (use it with --hardware {where})", soft_wrap=True)
+    elif json_out:
         console.print_json(json.dumps({"hardware": hardware, "logs": [c.to_json() for c in comparisons]}))
     else:
         print_nccl_comparisons(comparisons, console)
@@ -188,8 +251,16 @@ def register(app: typer.Typer) -> None:
             None, metavar="LOG", show_default=False, help="with --nccl-tests: nccl-tests / rccl-tests output"
         ),
         nccl_tests: bool = typer.Option(
-            False, "--nccl-tests", help="compare the LOG files with the collective model (fits and writes nothing)"
+            False, "--nccl-tests", help="compare the LOG files with the model (without --fit: writes nothing)"
         ),
+        fit: bool = typer.Option(
+            False, "--fit", help="with --nccl-tests: fit the profile's collective fields to the LOGs (-o: write them)"
+        ),
+        allow_bounds: bool = typer.Option(
+            False, "--allow-bounds", help="with --fit: keep a fit that ends on a field's physical bound (else: error)"
+        ),
+        all_sizes: bool = typer.Option(False, "--all-sizes", help="with --fit: fit every size, not only >= 1 MiB"),
+        force: bool = typer.Option(False, "--force", help="with --fit -o: replace an existing file"),
         hardware: str = typer.Option(None, "--hardware", "-H", help="with --nccl-tests: profile name or .toml path"),
         num_nodes: int = typer.Option(
             None, "--num-nodes", min=1, help="with --nccl-tests: nodes the logs ran on (default: their hosts)"
@@ -197,7 +268,9 @@ def register(app: typer.Typer) -> None:
         collective: str = typer.Option(None, "--collective", help="with --nccl-tests: for logs that do not name it"),
         json_out: bool = typer.Option(False, "--json", help="with --nccl-tests: print the comparison as JSON"),
         device: str = typer.Option("cpu", "--device", help="cpu or cuda"),
-        out: Path = typer.Option(None, "--out", "-o", help="profile path (default: the user profile folder)"),
+        out: Path = typer.Option(
+            None, "--out", "-o", help="profile path (default: the user profile folder; --fit: the overlay, no default)"
+        ),
         world: int = typer.Option(2, "--world", min=1, help="local ranks for the collective measurements"),
         quick: bool = typer.Option(False, "--quick", help="fewer sizes and repetitions (a few seconds)"),
         threads: int = typer.Option(1, "--threads", min=0, help="CPU intra-op threads while measuring (0: torch's)"),
@@ -215,18 +288,28 @@ def register(app: typer.Typer) -> None:
         With --nccl-tests LOG [LOG ...] --hardware PROFILE: read nccl-tests / rccl-tests output (all_reduce_perf,
         all_gather_perf, reduce_scatter_perf, alltoall_perf, ...) and print, per size, the measured busbw, the model's
         busbw on PROFILE at the log's placement (ranks and hosts from its '# Rank' lines, unless --num-nodes /
-        --gpus-per-node say) and the relative error; then the median and worst error over sizes >= 1 MiB. This
-        only compares: it does not fit or write a profile yet.
+        --gpus-per-node say) and the relative error; then the median and worst error over sizes >= 1 MiB. Without
+        --fit this only compares: it does not fit or write a profile.
         Example: commsched calibrate --nccl-tests all_reduce_perf.log --hardware h100-sxm
+
+        With --fit: fit PROFILE's network fields (multi-node logs) or NVLink fields (one-node logs) to the LOGs by
+        least squares in log time, print the error per size before and after, and with -o FILE.toml write the
+        fitted profile (an overlay: the base with those fields replaced). A fit ending on a physical bound is an
+        error unless --allow-bounds; -o never writes into the shipped profiles, nor over a file without --force.
+        Example: commsched calibrate --nccl-tests all_reduce_perf.log --hardware h100-sxm --fit -o h100-fit.toml
         """
-        if nccl_tests or logs:
-            if not nccl_tests:
-                err_console.print("[bold red]error:[/] LOG arguments need --nccl-tests", soft_wrap=True)
+        fit_args = {"fit": fit, "out": out, "force": force, "all_sizes": all_sizes, "allow_bounds": allow_bounds}
+        fit_only = [name for name, given in (("--fit", fit), ("--allow-bounds", allow_bounds),
+                                             ("--all-sizes", all_sizes), ("--force", force)) if given]  # fmt: skip
+        if nccl_tests or logs or fit_only:
+            if not nccl_tests or (fit_only and not fit):
+                need = "LOG arguments need --nccl-tests" if not nccl_tests else f"{', '.join(fit_only)} need --fit"
+                err_console.print(f"[bold red]error:[/] {need}", soft_wrap=True)
                 raise typer.Exit(2)
-            device_args = {"--device": device != "cpu", "--out": out is not None, "--world": world != 2,
+            device_args = {"--device": device != "cpu", "--out": out is not None and not fit, "--world": world != 2,
                            "--quick": quick, "--threads": threads != 1, "--base": base is not None,
                            "--no-collectives": no_collectives}  # fmt: skip
-            _run_nccl_mode(logs, hardware, num_nodes, gpus_per_node, collective, json_out, device_args)
+            _run_nccl_mode(logs, hardware, num_nodes, gpus_per_node, collective, json_out, device_args, fit_args)
             return
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
