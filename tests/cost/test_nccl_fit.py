@@ -6,6 +6,7 @@ the package's profiles)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import statistics
 from pathlib import Path
 
@@ -54,12 +55,16 @@ def test_fitting_one_log_brings_its_median_error_under_5_percent(fit_2node):
     assert before > 0.2 and after < 0.05 and worst < 0.15, (before, after, worst)
     assert len(fit.sizes) == 14 and all(s.fitted and s.extrapolated is None for s in fit.sizes)
     assert {p.status for p in fit.parameters} <= {"fitted", "not constrained"}
-    # the model with the fitted fields is the result's hardware, and NVLink is the base's: a 2-node log says nothing
-    # about one node
-    assert fit.hardware.intra_node == fit.base.intra_node and fit.hardware.compute == fit.base.compute
+    # the model with the fitted fields is the result's hardware, and one node's NVLink is the base's: a 2-node log
+    # says nothing about one node; it does set NVLS-tree's pace across nodes (about 9 % below one node's NVLS)
+    one_node = dataclasses.replace(fit.hardware.intra_node, nvls_tree_efficiency=1.0)
+    assert one_node == fit.base.intra_node and fit.hardware.compute == fit.base.compute
+    assert 0.85 < fit.hardware.intra_node.nvls_tree_efficiency < 0.97
     assert {p.key for p in fit.parameters} == set(candidate_fields(fit.base, [2], ["all_reduce"]))
     nic = next(p for p in fit.parameters if p.key == "inter_node.nic_efficiency")
-    assert nic.status == "fitted" and fit.hardware.inter_node.nic_efficiency == nic.value < nic.base
+    # with NVLS-tree's own pace fitted, the NICs keep about the 0.94 of line rate NVIDIA quotes (46-48 of 50 GB/s)
+    assert nic.status == "fitted" and fit.hardware.inter_node.nic_efficiency == nic.value
+    assert abs(nic.value - 0.94) < 0.05
 
 
 @pytest.mark.parametrize("nodes", [4, 8])
@@ -77,7 +82,8 @@ def test_logs_choose_the_fields():
     h100 = hardware.get("h100-sxm")
     one = set(candidate_fields(h100, [1], ["all_reduce"]))
     multi = set(candidate_fields(h100, [2, 4], ["all_reduce"]))
-    assert not any("inter" in k for k in one) and not any("intra" in k for k in multi)
+    assert not any("inter" in k for k in one)
+    assert [k for k in multi if "intra" in k] == ["intra_node.nvls_tree_efficiency"]  # NVLS-tree's pace, across nodes
     assert "intra_node.nvls_efficiency" in one and "intra_node.all_to_all_efficiency" not in one
     assert "inter_node.nic_efficiency" in multi and "protocols.ll128.inter_hop_us" in multi
     assert {k for k in one & multi} == {f"protocols.{p}.base_latency_us" for p in ("ll", "ll128", "simple")}
@@ -106,14 +112,18 @@ def test_cli_writes_a_loadable_overlay(tmp_path):
     fitted = hardware.load_profile(out)
     assert fitted.name == "h100-ib" and hardware.get(str(out), num_nodes=2).num_nodes == 2
     base = hardware.get("h100-sxm")
-    assert fitted.compute == base.compute and fitted.intra_node == base.intra_node
-    assert fitted.inter_node.nic_efficiency < base.inter_node.nic_efficiency
+    assert fitted.compute == base.compute
+    assert fitted.intra_node == dataclasses.replace(
+        base.intra_node, nvls_tree_efficiency=fitted.intra_node.nvls_tree_efficiency
+    )
+    assert fitted.intra_node.nvls_tree_efficiency < 1.0  # the fitted field is in the overlay and reads back
     header = out.read_text().split("\nname = ")[0]
     assert str(log) in header and "median 29.2 % -> " in header and all(line.startswith("#") for line in
                                                                          header.splitlines())  # fmt: skip
     # the overlay reproduces the fit when compared with the log
     check = runner.invoke(app, ["calibrate", "--nccl-tests", str(log), "--collective", "all_reduce", "-H", str(out)])
-    assert check.exit_code == 0 and "median 2." in check.output, check.output
+    median = re.search(r"median ([0-9.]+) %", check.output)
+    assert check.exit_code == 0 and median is not None and float(median.group(1)) < 5.0, check.output
     # an existing file is not replaced without --force (checked before fitting)
     again = runner.invoke(app, [*args, "-o", str(out)])
     assert again.exit_code == 2 and "exists: pass --force" in again.output

@@ -141,7 +141,8 @@ def _candidates(
                 # each node sends and receives the whole buffer over its NICs, twice for a tree deeper than 2
                 inter_alg = _nic_bus(hw, g) / (2.0 if nodes > 2 else 1.0)
                 lat = intra.nvls_latency_s + 2 * levels * simple.inter_hop_latency_s
-                cands.append(("nvls_tree", "simple", lat + nbytes / min(nvls_alg, inter_alg), lat))
+                tree_nvls_alg = nvls_alg * intra.nvls_tree_efficiency  # the NVLS phase paced by the network phase
+                cands.append(("nvls_tree", "simple", lat + nbytes / min(tree_nvls_alg, inter_alg), lat))
     if nodes > 1 and g > 1 and kind in ("all_reduce", "all_gather", "reduce_scatter"):
         cands.append(_hierarchical(hw, kind, nbytes, g, nodes))
     return cands

@@ -79,6 +79,7 @@ class IntraNode:
     nvls: bool  # NVLink SHARP: the switch reduces and multicasts
     nvls_efficiency: float  # NVLS all_reduce algorithm bandwidth / link bandwidth
     nvls_latency_s: float
+    nvls_tree_efficiency: float = 1.0  # NVLS-tree (several nodes): its NVLS phase's bandwidth / one node's NVLS
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -254,6 +255,7 @@ def hardware_from_dict(data: Mapping[str, Any], *, where: str = "<profile>", bas
         nvls=nvls,
         nvls_efficiency=i.num("nvls_efficiency", default=0.0, hi=2.0),
         nvls_latency_s=i.num("nvls_latency_us", default=0.0) * _US,
+        nvls_tree_efficiency=i.pos("nvls_tree_efficiency", default=1.0, hi=1.0),
     )
     if nvls and intra.nvls_efficiency <= 0:
         raise _fail(f"{where} [intra_node]", "nvls = true needs nvls_efficiency > 0")
@@ -364,6 +366,7 @@ def hardware_to_dict(hw: Hardware) -> dict[str, Any]:
             "nvls": hw.intra_node.nvls,
             "nvls_efficiency": hw.intra_node.nvls_efficiency,
             "nvls_latency_us": hw.intra_node.nvls_latency_s / _US,
+            "nvls_tree_efficiency": hw.intra_node.nvls_tree_efficiency,
         },
         "inter_node": {
             "nics_per_node": hw.inter_node.nics_per_node,
