@@ -11,7 +11,7 @@ H100 320, B200 640; 32 H100 across nodes 48 = one NIC).
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from commsched import hardware
@@ -150,3 +150,26 @@ def test_crossing_nodes_never_faster(profile, kind, nbytes):
     inside = plan_collective(kind, nbytes, 8, hw)
     across = plan_collective(kind, nbytes, 16, hw)
     assert across.time_s >= inside.time_s * 0.999
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from(["h100-sxm", "a100-sxm-80g", "b200", "mi300x"]),
+    st.sampled_from([1, 2, 4, 16]),
+    st.sampled_from(["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"]),
+    st.sampled_from([2, 8, 16, 64]),
+    st.sampled_from([1, 2, 8]),
+    st.lists(st.integers(0, 1 << 36), min_size=1, max_size=20),
+)
+def test_vectorised_times_equal_the_planner_bit_for_bit(profile, nodes, kind, n, stride, sizes):
+    """``collective_times_s`` (a plan search's many sizes at once) is ``plan_collective`` bit for bit."""
+    import numpy as np
+
+    from commsched.cost.collectives import collective_times_s
+
+    hw = hardware.get(profile, num_nodes=nodes)
+    if hw.placement(n, stride)[1] > nodes:
+        return  # the group does not fit this cluster (the planner says so; covered elsewhere)
+    got = collective_times_s(kind, np.array(sizes), n, hw, stride=stride)
+    want = [plan_collective(kind, s, n, hw, stride=stride).time_s for s in sizes]
+    assert got.tolist() == want

@@ -25,6 +25,8 @@ import dataclasses
 import math
 from functools import lru_cache
 
+import numpy as np
+
 from commsched.cost.model import LinkClass
 from commsched.hardware import Hardware, Protocol
 from commsched.ir import CollType
@@ -91,10 +93,15 @@ def _nic_bus(hw: Hardware, ranks_per_node: int) -> float:
     return share * hw.inter_node.nic_bandwidth_bytes_per_s * hw.inter_node.nic_efficiency
 
 
-def _ring(hw: Hardware, kind: str, nbytes: float, n: int, g: int, nodes: int) -> list[tuple[str, str, float, float]]:
-    """Ring times (algorithm, protocol, time, latency) for every protocol."""
+# A candidate is (algorithm, protocol, latency_s, factor, bandwidth): time = latency_s + factor * nbytes / bandwidth,
+# written in that one order everywhere (scalar and vectorised) so both give the same bits.
+Candidate = tuple[str, str, float, float, float]
+
+
+def _ring(hw: Hardware, kind: str, n: int, g: int, nodes: int) -> list[Candidate]:
+    """Ring candidates for every protocol."""
     if n <= 1:
-        return [("ring", "simple", 0.0, 0.0)]
+        return [("ring", "simple", 0.0, 0.0, math.inf)]
     bus = hw.intra_node.link_bandwidth_bytes_per_s * hw.intra_node.ring_efficiency if g > 1 else math.inf
     if nodes > 1:
         bus = min(bus, _nic_bus(hw, g))
@@ -103,63 +110,82 @@ def _ring(hw: Hardware, kind: str, nbytes: float, n: int, g: int, nodes: int) ->
     out = []
     for p in hw.protocols:
         lat = p.base_latency_s + (steps - inter_steps) * p.intra_hop_latency_s + inter_steps * p.inter_hop_latency_s
-        out.append(("ring", p.name, lat + bus_factor(kind, n) * nbytes / _bus(bus, p), lat))
+        out.append(("ring", p.name, lat, bus_factor(kind, n), _bus(bus, p)))
     return out
 
 
-def _candidates(
-    hw: Hardware, kind: str, nbytes: float, n: int, g: int, nodes: int
-) -> list[tuple[str, str, float, float]]:
+@lru_cache(maxsize=4096)
+def _candidates(hw: Hardware, kind: str, n: int, g: int, nodes: int) -> tuple[tuple[Candidate, ...], tuple]:
+    """(the single-phase candidates sorted by (algorithm, protocol), the hierarchical one's phases or ()): every way
+    to run the collective; independent of its size."""
     intra = hw.intra_node
-    cands: list[tuple[str, str, float, float]] = []
+    cands: list[Candidate] = []
     if kind == "all_to_all":
         bus = intra.link_bandwidth_bytes_per_s * intra.all_to_all_efficiency if g > 1 else math.inf
         if nodes > 1:
             bus = min(bus, _nic_bus(hw, 1))  # one NIC per rank: all_to_all cannot aggregate a node's NICs
         for p in hw.protocols:
             hop = p.inter_hop_latency_s if nodes > 1 else p.intra_hop_latency_s
-            lat = p.base_latency_s + (n - 1) * hop
-            cands.append(("direct", p.name, lat + bus_factor(kind, n) * nbytes / _bus(bus, p), lat))
-        return cands
-
-    cands += _ring(hw, kind, nbytes, n, g, nodes)
-    simple = next(p for p in hw.protocols if p.name == "simple")
+            cands.append(("direct", p.name, p.base_latency_s + (n - 1) * hop, bus_factor(kind, n), _bus(bus, p)))
+        return tuple(sorted(cands, key=lambda c: (c[0], c[1]))), ()
+    cands += _ring(hw, kind, n, g, nodes)
     if kind == "all_reduce":
-        bus = intra.link_bandwidth_bytes_per_s * intra.ring_efficiency if g > 1 else math.inf
-        if nodes > 1:
-            bus = min(bus, _nic_bus(hw, g))
-        levels = math.ceil(math.log2(nodes)) if nodes > 1 else 0
-        for p in hw.protocols:
-            lat = p.base_latency_s + 2 * ((g - 1) * p.intra_hop_latency_s + levels * p.inter_hop_latency_s)
-            cands.append(("tree", p.name, lat + 2 * nbytes / _bus(bus * TREE_BANDWIDTH_FACTOR, p), lat))
-        if intra.nvls and g > 1:
-            nvls_alg = intra.link_bandwidth_bytes_per_s * intra.nvls_efficiency
-            if nodes == 1:
-                lat = intra.nvls_latency_s
-                cands.append(("nvls", "simple", lat + nbytes / nvls_alg, lat))
-            else:
-                # each node sends and receives the whole buffer over its NICs, twice for a tree deeper than 2
-                inter_alg = _nic_bus(hw, g) / (2.0 if nodes > 2 else 1.0)
-                lat = intra.nvls_latency_s + 2 * levels * simple.inter_hop_latency_s
-                tree_nvls_alg = nvls_alg * intra.nvls_tree_efficiency  # the NVLS phase paced by the network phase
-                cands.append(("nvls_tree", "simple", lat + nbytes / min(tree_nvls_alg, inter_alg), lat))
+        cands += _all_reduce_extra(hw, n, g, nodes)
+    phases: tuple = ()
     if nodes > 1 and g > 1 and kind in ("all_reduce", "all_gather", "reduce_scatter"):
-        cands.append(_hierarchical(hw, kind, nbytes, g, nodes))
-    return cands
+        phases = _hierarchical_phases(hw, kind, g, nodes)
+    return tuple(sorted(cands, key=lambda c: (c[0], c[1]))), phases
 
 
-def _best(options: list[tuple[str, str, float, float]]) -> tuple[str, str, float, float]:
-    return min(options, key=lambda c: (c[2], c[0], c[1]))
+def _all_reduce_extra(hw: Hardware, n: int, g: int, nodes: int) -> list[Candidate]:
+    """Tree, and NVLS / NVLS-tree where the switch reduces."""
+    intra = hw.intra_node
+    simple = next(p for p in hw.protocols if p.name == "simple")
+    bus = intra.link_bandwidth_bytes_per_s * intra.ring_efficiency if g > 1 else math.inf
+    if nodes > 1:
+        bus = min(bus, _nic_bus(hw, g))
+    levels = math.ceil(math.log2(nodes)) if nodes > 1 else 0
+    out: list[Candidate] = []
+    for p in hw.protocols:
+        lat = p.base_latency_s + 2 * ((g - 1) * p.intra_hop_latency_s + levels * p.inter_hop_latency_s)
+        out.append(("tree", p.name, lat, 2.0, _bus(bus * TREE_BANDWIDTH_FACTOR, p)))
+    if intra.nvls and g > 1:
+        nvls_alg = intra.link_bandwidth_bytes_per_s * intra.nvls_efficiency
+        if nodes == 1:
+            out.append(("nvls", "simple", intra.nvls_latency_s, 1.0, nvls_alg))
+        else:
+            # each node sends and receives the whole buffer over its NICs, twice for a tree deeper than 2
+            inter_alg = _nic_bus(hw, g) / (2.0 if nodes > 2 else 1.0)
+            lat = intra.nvls_latency_s + 2 * levels * simple.inter_hop_latency_s
+            tree_nvls_alg = nvls_alg * intra.nvls_tree_efficiency  # the NVLS phase paced by the network phase
+            out.append(("nvls_tree", "simple", lat, 1.0, min(tree_nvls_alg, inter_alg)))
+    return out
 
 
-def _hierarchical(hw: Hardware, kind: str, nbytes: float, g: int, nodes: int) -> tuple[str, str, float, float]:
-    """NVLink phase(s) plus the collective on 1/g of the data across nodes, one rank per node (sequential)."""
-    intra_rs = _best(_ring(hw, "reduce_scatter", nbytes, g, g, 1))
-    intra_ag = _best(_ring(hw, "all_gather", nbytes, g, g, 1))
-    inter = _best(_ring(hw, kind, nbytes / g, nodes, 1, nodes))
-    phases = {"all_reduce": (intra_rs, inter, intra_ag), "all_gather": (inter, intra_ag),
-              "reduce_scatter": (intra_rs, inter)}[kind]  # fmt: skip
-    return ("hierarchical", "+".join(p[1] for p in phases), sum(p[2] for p in phases), sum(p[3] for p in phases))
+def _hierarchical_phases(hw: Hardware, kind: str, g: int, nodes: int) -> tuple:
+    """NVLink phase(s) plus the collective on 1/g of the data across nodes, one rank per node (sequential): per
+    phase, (what divides the bytes it moves, its ring candidates sorted by protocol)."""
+
+    def ring(k: str, n: int, gg: int, nn: int) -> tuple[Candidate, ...]:
+        return tuple(sorted(_ring(hw, k, n, gg, nn), key=lambda c: (c[0], c[1])))
+
+    rs, ag, inter = ring("reduce_scatter", g, g, 1), ring("all_gather", g, g, 1), ring(kind, nodes, 1, nodes)
+    return {"all_reduce": ((1, rs), (g, inter), (1, ag)), "all_gather": ((g, inter), (1, ag)),
+            "reduce_scatter": ((1, rs), (g, inter))}[kind]  # fmt: skip
+
+
+def _time(c: Candidate, nbytes: float) -> float:
+    return c[2] + c[3] * nbytes / c[4]
+
+
+def _best(cands: tuple[Candidate, ...], nbytes: float) -> tuple[Candidate, float]:
+    """The fastest candidate (ties: the first by (algorithm, protocol)) and its time."""
+    best, best_t = cands[0], _time(cands[0], nbytes)
+    for c in cands[1:]:
+        t = _time(c, nbytes)
+        if t < best_t:
+            best, best_t = c, t
+    return best, best_t
 
 
 def plan_collective(
@@ -184,8 +210,43 @@ def _plan_cached(kind: str, nbytes: int, n: int, hw: Hardware, stride: int) -> C
     link = LinkClass.INTER_NODE if nodes > 1 else LinkClass.INTRA_NODE
     if n <= 1 or nbytes == 0:
         return CollectivePlan(kind, nbytes, n, g, nodes, "none", "none", 0.0, 0.0, link)
-    algo, proto, t, lat = _best(_candidates(hw, kind, float(nbytes), n, g, nodes))
+    cands, phases = _candidates(hw, kind, n, g, nodes)
+    best, t = _best(cands, float(nbytes))
+    algo, proto, lat = best[0], best[1], best[2]
+    if phases:
+        chosen = [_best(ring, nbytes / div) for div, ring in phases]
+        h_t = sum(ct for _, ct in chosen)
+        # the same order as the single-phase candidates: (time, algorithm, protocol), "hierarchical" sorts first
+        if h_t < t or (h_t == t and algo > "hierarchical"):
+            algo, proto, t = "hierarchical", "+".join(c[1] for c, _ in chosen), h_t
+            lat = sum(c[2] for c, _ in chosen)
     return CollectivePlan(kind, nbytes, n, g, nodes, algo, proto, t, lat, link)
+
+
+def collective_times_s(
+    kind: str | CollType, nbytes: np.ndarray, group_size: int, hardware: Hardware, *, stride: int = 1
+) -> np.ndarray:
+    """Seconds of one collective for each of many sizes (nccl-tests convention) on one group: the same numbers as
+    ``plan_collective(...).time_s``, bit for bit, vectorised over ``nbytes`` (a plan search costs many sizes)."""
+    k, n, s = normalize_kind(kind), int(group_size), int(stride)
+    x = np.asarray(nbytes, dtype=np.float64)
+    if (x < 0).any():
+        raise ValueError(f"collective {k}: nbytes must be >= 0")
+    g, nodes = hardware.placement(n, s)
+    if n <= 1:
+        return np.zeros_like(x)
+    cands, phases = _candidates(hardware, k, n, g, nodes)
+    t = _min_time(cands, x)
+    if phases:
+        t = np.minimum(t, sum(_min_time(ring, x / div) for div, ring in phases))
+    return np.where(x == 0, 0.0, t)
+
+
+def _min_time(cands: tuple[Candidate, ...], x: np.ndarray) -> np.ndarray:
+    out = cands[0][2] + cands[0][3] * x / cands[0][4]
+    for c in cands[1:]:
+        np.minimum(out, c[2] + c[3] * x / c[4], out=out)
+    return out
 
 
 def collective_time_s(kind: str | CollType, nbytes: int, group_size: int, hardware: Hardware) -> float:
