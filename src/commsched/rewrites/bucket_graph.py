@@ -136,6 +136,16 @@ def _bucket_nodes(g, bucket: Bucket, k, prefix, members, pos, noncontiguous, rem
             out_bytes)  # fmt: skip
     out.append(_New(names["coll"], _COLL_TARGET[kind], OpKind.COLLECTIVE, [coll_in],
                     [((out_numel,), dtype, out_bytes, None)], p_issue, side_effect=True, coll=coll))  # fmt: skip
+    parts = _wait_side(out, names, kind, world, dtype, itemsize, total, out_bytes, sizes, p_wait)
+    cloned = [g.names[x] in noncontiguous for x in inputs]
+    _member_results(g, out, names, kind, members, parts, cloned, p_wait, (removed, rename, smap_late))
+    return out
+
+
+def _wait_side(out: list, names: dict, kind: str, world: int, dtype: str, itemsize: int, total: int,
+               out_bytes: int, sizes: list[int], p_wait: float) -> list:  # fmt: skip
+    """Append the merged wait and the split of its result; returns the split's buffers (one per member)."""
+    out_numel = out_bytes // itemsize
     out.append(_New(names["wait"], WAIT_TARGET, OpKind.WAIT, [names["coll"]],
                     [((out_numel,), dtype, out_bytes, names["coll"])], p_wait, side_effect=True,
                     wait_of=names["coll"]))  # fmt: skip
@@ -145,11 +155,19 @@ def _bucket_nodes(g, bucket: Bucket, k, prefix, members, pos, noncontiguous, rem
         parts = [((world, n), dtype, world * n * itemsize, None) for n in sizes]
         out.append(_New(names["parts"], "aten.split_with_sizes_copy.default", OpKind.OTHER, [names["rows"]], parts,
                         p_wait))  # fmt: skip
-    else:
-        parts = [((n,), dtype, n * itemsize, names["wait"]) for n in sizes]
-        out.append(_New(names["parts"], "aten.split_with_sizes.default", OpKind.VIEW, [names["wait"]], parts, p_wait))
+        return parts
+    parts = [((n,), dtype, n * itemsize, names["wait"]) for n in sizes]
+    out.append(_New(names["parts"], "aten.split_with_sizes.default", OpKind.VIEW, [names["wait"]], parts, p_wait))
+    return parts
+
+
+def _member_results(g: Graph, out: list, names: dict, kind: str, members: list[int], parts: list,
+                    cloned: list[bool], p_wait: float, records: tuple) -> None:  # fmt: skip
+    """Append each member's result (a piece of the split, viewed in its own shape) and record what the member's
+    collective and waits become: removed, renamed (as a dependency, as a reader, as data) and their storage."""
+    removed, rename, smap_late = records
     for j, m in enumerate(members):
-        piece_buf = parts[j]
+        piece_buf, dtype = parts[j], parts[j][1]
         piece_storage = names["piece"][j] if kind == "all_gather" else names["wait"]
         out.append(_New(names["piece"][j], "getitem", OpKind.VIEW, [names["parts"]],
                         [(piece_buf[0], dtype, piece_buf[2], (names["parts"], j))], p_wait))  # fmt: skip
@@ -160,14 +178,12 @@ def _bucket_nodes(g, bucket: Bucket, k, prefix, members, pos, noncontiguous, rem
         rename[g.names[m]] = names["cat"]
         # as a reader of its input's storage (in-place writers after it depend on it) the member is now its clone
         # or the concatenation
-        cloned = g.names[inputs[j]] in noncontiguous
-        rename[g.names[m] + "\0reader"] = names["clone"][j] if cloned else names["cat"]
-        smap_late[int(g.buffers(m)[0].storage)] = piece_storage
+        rename[g.names[m] + "\0reader"] = names["clone"][j] if cloned[j] else names["cat"]
+        smap_late[int(result.storage)] = piece_storage
         for w in g.waits_of(m):
             removed.add(int(w))
             rename[g.names[int(w)]] = names["wait"]
             rename[g.names[int(w)] + "\0data"] = names["out"][j]  # data users of the wait read the member's result
-    return out
 
 
 def _fx_order(g: Graph, pos: np.ndarray, removed: set[int], rename: dict[str, str], added: list[_New]) -> list:
