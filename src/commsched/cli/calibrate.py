@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
     from commsched.cost.nccl_fit import FitResult
     from commsched.cost.nccl_tests import LogComparison
+    from commsched.cost.trace_calibrate import TraceCalibration
 
 
 def run_calibration(
@@ -244,11 +245,56 @@ def _run_nccl_mode(
         print_nccl_comparisons(comparisons, console)
 
 
+def print_trace_calibration(cal: TraceCalibration, out: Console) -> None:
+    """Per (collective, group size, bytes): ranks, occurrences, the median over ranks and the per-rank min / max."""
+    from rich.table import Table
+
+    table = Table()
+    for name in ("collective", "group size", "size", "ranks", "occurrences", "median ms", "min ms (rank)",
+                 "max ms (rank)", "process groups"):  # fmt: skip
+        table.add_column(name, justify="left" if name in ("collective", "size", "process groups") else "right")
+    for r in cal.rows:
+        table.add_row(r.kind, str(r.group_size), _size(r.nbytes), str(r.ranks), str(r.occurrences),
+                      f"{1e3 * r.median_s:.4g}", f"{1e3 * r.min_rank_s:.4g}", f"{1e3 * r.max_rank_s:.4g}",
+                      ", ".join(r.groups))  # fmt: skip
+    out.print(table)
+    sources = sorted({t.source for t in cal.traces})
+    out.print(f"{len(cal.traces)} rank traces ({', '.join(sources)} events); median over ranks of each rank's median")
+
+
+def _run_trace_mode(paths: list[Path] | None, out: Path | None, stray: list[str]) -> None:
+    """``calibrate --trace``: build the aligned table, print it, write ``-o``; exit 2 with one line for bad input."""
+    from rich.markup import escape
+
+    from commsched.cost.trace_calibrate import calibrate_from_traces
+
+    try:
+        if stray:
+            raise ValueError(f"--trace reads profiler traces and writes only -o: drop {', '.join(stray)}")
+        if not paths:
+            raise ValueError("--trace: expected one or more trace files (one per rank) or folders of them")
+        cal = calibrate_from_traces(paths)
+        written = None if out is None else cal.table.save(out)
+    except (ValueError, OSError) as exc:
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    print_trace_calibration(cal, console)
+    if written is not None:
+        where = escape(str(written))
+        console.print(f"wrote {where} (MeasuredTable.load; commsched estimate --table {where})", soft_wrap=True)
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def calibrate(
         logs: list[Path] = typer.Argument(
-            None, metavar="LOG", show_default=False, help="with --nccl-tests: nccl-tests / rccl-tests output"
+            None,
+            metavar="LOG",
+            show_default=False,
+            help="with --nccl-tests: nccl-tests / rccl-tests output; with --trace: profiler traces or folders",
+        ),
+        trace: bool = typer.Option(
+            False, "--trace", help="build a measured table from per-rank profiler traces (-o: write it)"
         ),
         nccl_tests: bool = typer.Option(
             False, "--nccl-tests", help="compare the LOG files with the model (without --fit: writes nothing)"
@@ -297,7 +343,21 @@ def register(app: typer.Typer) -> None:
         fitted profile (an overlay: the base with those fields replaced). A fit ending on a physical bound is an
         error unless --allow-bounds; -o never writes into the shipped profiles, nor over a file without --force.
         Example: commsched calibrate --nccl-tests all_reduce_perf.log --hardware h100-sxm --fit -o h100-fit.toml
+
+        With --trace FILE_OR_DIR [...]: read PyTorch profiler traces, one per rank (.json / .json.gz; a folder: its
+        traces), and build one measured table of their collectives: per (collective, group size, bytes) the median
+        over ranks of each rank's median occurrence. Prints the table; -o FILE (.json or .csv) writes it.
+        Example: commsched calibrate --trace traces/ -o table.json
         """
+        if trace:
+            given = (("--nccl-tests", nccl_tests), ("--fit", fit), ("--allow-bounds", allow_bounds),
+                     ("--all-sizes", all_sizes), ("--force", force), ("--hardware", hardware is not None),
+                     ("--num-nodes", num_nodes is not None), ("--collective", collective is not None),
+                     ("--json", json_out), ("--device", device != "cpu"), ("--world", world != 2), ("--quick", quick),
+                     ("--threads", threads != 1), ("--base", base is not None), ("--no-collectives", no_collectives),
+                     ("--gpus-per-node", gpus_per_node is not None))  # fmt: skip
+            _run_trace_mode(logs, out, [name for name, on in given if on])
+            return
         fit_args = {"fit": fit, "out": out, "force": force, "all_sizes": all_sizes, "allow_bounds": allow_bounds}
         fit_only = [name for name, given in (("--fit", fit), ("--allow-bounds", allow_bounds),
                                              ("--all-sizes", all_sizes), ("--force", force)) if given]  # fmt: skip

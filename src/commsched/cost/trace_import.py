@@ -18,6 +18,7 @@ import os
 import re
 import statistics
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +40,13 @@ _COMM = re.compile(r"^(nccl|gloo|mpi|ucc|xccl):(\w+)$")
 _DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
-def _collective(e: dict, world: int) -> tuple[str, int, int] | None:
-    """(kind, group size, nbytes in the nccl-tests convention) of a communication event, or None."""
+def _collective(e: dict, world: int, *, kernels: bool = False) -> tuple[str, int, int] | None:
+    """(kind, group size, nbytes in the nccl-tests convention) of a communication event, or None. With ``kernels``
+    also device kernels that carry ``Collective name`` (NCCL kernels in recent Kineto traces)."""
     args = e.get("args", {})
     name = e.get("name", "")
     m = _COMM.match(name)
-    if name == "record_param_comms":
+    if name == "record_param_comms" or (kernels and e.get("cat") == "kernel" and "Collective name" in args):
         raw_kind = str(args.get("Collective name", ""))
     elif m:
         raw_kind = m.group(2)
@@ -73,9 +75,8 @@ def _collective(e: dict, world: int) -> tuple[str, int, int] | None:
     return kind, group, nbytes
 
 
-def table_from_chrome_trace(path: str | os.PathLike[str]) -> MeasuredTable:
-    """Read a profiler Chrome trace (JSON, optionally .gz) into a measured table."""
-    path = Path(path)
+def _load_trace(path: Path) -> tuple[list[Any], dict[str, Any]]:
+    """(traceEvents, distributedInfo) of a Chrome trace file; ValueError naming the file when it is not one."""
     try:
         if path.suffix == ".gz":
             import gzip
@@ -91,14 +92,28 @@ def table_from_chrome_trace(path: str | os.PathLike[str]) -> MeasuredTable:
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise ValueError(f"{path}: no 'traceEvents' list: expected a PyTorch profiler Chrome trace")
-    world = int((data.get("distributedInfo") or {}).get("world_size", 1)) if isinstance(data, dict) else 1
+    info = data.get("distributedInfo") if isinstance(data, dict) else None
+    return events, info if isinstance(info, dict) else {}
 
+
+def _device_us(events: list[Any]) -> dict[Any, float]:
+    """Summed device time (us) of the kernels, memcpys and memsets per ``External id``."""
     device_us: dict[Any, float] = defaultdict(float)
     for e in events:
         if isinstance(e, dict) and e.get("cat") in _DEVICE_CATS and e.get("ph") == "X":
             ext = e.get("args", {}).get("External id")
             if ext is not None:
                 device_us[ext] += float(e.get("dur", 0.0))
+    return device_us
+
+
+def table_from_chrome_trace(path: str | os.PathLike[str]) -> MeasuredTable:
+    """Read a profiler Chrome trace (JSON, optionally .gz) into a measured table."""
+    path = Path(path)
+    events, info = _load_trace(path)
+    world = int(info.get("world_size", 1))
+
+    device_us = _device_us(events)
     on_device = bool(device_us)
 
     op_times: dict[tuple, list[float]] = defaultdict(list)
@@ -135,3 +150,61 @@ def table_from_chrome_trace(path: str | os.PathLike[str]) -> MeasuredTable:
     for (kind, group, nbytes), ts in coll_times.items():
         table.add_collective(kind, group, nbytes, statistics.median(ts))
     return table
+
+
+CollectiveKey = tuple[str, int, int, str]  # (kind, group size, nbytes in the nccl-tests convention, process group)
+
+
+@dataclass(frozen=True)
+class TraceCollectives:
+    """One trace file's collective occurrences: ``occurrences_s[(kind, group size, nbytes, process group)]`` lists
+    the seconds of every occurrence, in trace order. ``source`` names the events they came from; ``group_ranks`` the
+    global ranks of each process group where the trace records them; ``rank`` is None when the trace does not say."""
+
+    path: Path
+    rank: int | None
+    source: str
+    occurrences_s: dict[CollectiveKey, list[float]]
+    group_ranks: dict[str, tuple[int, ...]]
+
+
+def _group_ranks(text: object) -> tuple[int, ...] | None:
+    try:
+        ranks = json.loads(text) if isinstance(text, str) else text
+        return tuple(int(r) for r in ranks) if isinstance(ranks, list) else None
+    except (ValueError, TypeError):
+        return None
+
+
+def trace_collectives(path: str | os.PathLike[str]) -> TraceCollectives:
+    """The collectives of one rank's trace, each call counted once: from NCCL kernels that carry ``Collective name``
+    (their device time) when there are any, else from ``record_param_comms`` (its device time on a GPU trace, its own
+    duration on a CPU one), else from the ``nccl:*`` / ``gloo:*`` CPU annotations (their own duration). The process
+    group is ``Process Group Name`` when recorded, else the trace's default group."""
+    path = Path(path)
+    events, info = _load_trace(path)
+    world = int(info.get("world_size", 1))
+    configs = [c for c in info.get("pg_config", []) if isinstance(c, dict)]
+    default = next((str(c.get("pg_name")) for c in configs if c.get("pg_desc") == "default_pg"), "default")
+    group_ranks = {str(c.get("pg_name")): r for c in configs if (r := _group_ranks(c.get("ranks"))) is not None}
+    xs = [e for e in events if isinstance(e, dict) and e.get("ph") == "X"]
+    kernels = [e for e in xs if e.get("cat") == "kernel" and "Collective name" in e.get("args", {})]
+    params = [e for e in xs if e.get("name") == "record_param_comms"]
+    notes = [e for e in xs if e.get("cat") == "user_annotation" and _COMM.match(e.get("name", ""))]
+    source, chosen = next(((n, c) for n, c in (("kernel", kernels), ("record_param_comms", params),
+                                                ("annotation", notes)) if c), ("none", []))  # fmt: skip
+    device_us = _device_us(events) if source == "record_param_comms" else {}
+    occurrences: dict[CollectiveKey, list[float]] = defaultdict(list)
+    for e in chosen:
+        coll = _collective(e, world, kernels=True)
+        if coll is None:
+            continue
+        args = e.get("args", {})
+        group = str(args.get("Process Group Name", default))
+        ranks = _group_ranks(args.get("Process Group Ranks"))
+        if ranks is not None:
+            group_ranks.setdefault(group, ranks)
+        dur_us = device_us.get(args.get("External id"), 0.0) or float(e.get("dur", 0.0))
+        occurrences[(*coll, group)].append(dur_us * 1e-6)
+    rank = info.get("rank")
+    return TraceCollectives(path, None if rank is None else int(rank), source, dict(occurrences), group_ranks)
