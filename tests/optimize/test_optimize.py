@@ -93,3 +93,36 @@ def test_cli_writes_the_kept_program_and_every_verdict(tmp_path):
     assert "traceEvents" in json.loads((out / "trace.json").read_text())
     bad = CliRunner().invoke(app, ["optimize", "llama-tiny", "--memory-budget", "0.5"])
     assert bad.exit_code == 2 and "memory budget ratio=0.5 must be >= 1" in bad.output
+
+
+def test_a_measured_table_costs_every_variant(tmp_path):
+    """``table=`` (e.g. ``commsched calibrate --trace -o``): the traced program and every variant are costed from it,
+    the bucketed collectives of other sizes interpolated; here collectives 10x the model's make the step slower and
+    bucketing (fewer latencies) win at least as much."""
+    import numpy as np
+
+    from commsched.cost import MeasuredTable, estimate_costs, plan_collective
+    from commsched.hardware import for_graph
+
+    w = build("llama-tiny", parallel="fsdp", world_size=16, layers=2)
+    g = w.graph
+    hw = for_graph("h100-sxm", g)
+    table = MeasuredTable("slow collectives")
+    for kind in ("all_gather", "reduce_scatter"):
+        for nbytes in np.geomspace(1 << 10, 1 << 32, 12).astype(int).tolist():
+            table.add_collective(kind, 16, nbytes, 10 * plan_collective(kind, nbytes, 16, hw).time_s)
+    plain = commsched.optimize(w.graph_module, hw)
+    slow = commsched.optimize(w.graph_module, hw, table=table)
+    assert slow.before.makespan_s > 1.5 * plain.before.makespan_s
+    assert slow.after.makespan_s <= slow.before.makespan_s
+    assert slow.costs.meta.get("table") == estimate_costs(g, hw, table=table).meta.get("table") is not None
+    path = table.save(tmp_path / "slow.json")
+    from typer.testing import CliRunner
+
+    from commsched.cli import app
+
+    res = CliRunner().invoke(app, ["optimize", "llama-tiny", "-w", "16", "--layers", "2", "--table", str(path)])
+    assert res.exit_code == 0, res.output
+    assert f"{slow.before.makespan_s * 1e3:.3f} ms" in res.output.replace("\n", " ")
+    bad = CliRunner().invoke(app, ["optimize", "llama-tiny", "-w", "16", "--table", str(tmp_path / "none.json")])
+    assert bad.exit_code == 2 and "does not exist" in bad.output

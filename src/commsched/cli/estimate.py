@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
         """
         import json
 
-        from commsched.cost import MeasuredTable, estimate_costs, table_from_chrome_trace
+        from commsched.cost import estimate_costs, load_measured
         from commsched.cost.summary import cost_summary
         from commsched.frontends.json_io import load_graph
         from commsched.hardware import for_graph
@@ -36,12 +36,7 @@ def register(app: typer.Typer) -> None:
         with user_errors():
             g = load_graph(graph)
             hw = for_graph(hardware, g, num_nodes=num_nodes, gpus_per_node=gpus_per_node)
-            measured = None
-            if table is not None:
-                if not table.is_file():
-                    raise FileNotFoundError(f"measured table {str(table)!r} does not exist")
-                is_table = table.suffix == ".csv" or '"commsched.cost-table"' in table.read_text(encoding="utf-8")[:200]
-                measured = MeasuredTable.load(table) if is_table else table_from_chrome_trace(table)
+            measured = load_measured(table) if table is not None else None
             est = estimate_costs(g, hw, table=measured, fusion=not no_fusion)
             summary = cost_summary(g, est, top=top)
         if json_out:

@@ -25,6 +25,9 @@ def register(app: typer.Typer) -> None:
         hardware: opt.HardwareOption = "h100-sxm",
         num_nodes: opt.NumNodesOption = None,
         memory_budget: str = typer.Option("1.05", "--memory-budget", help="peak limit: 1.05 (x traced peak) or 40GiB"),
+        table: Path = typer.Option(
+            None, "--table", help="measured times: a table or profiler trace (e.g. from calibrate --trace -o)"
+        ),
         out_dir: Path = typer.Option(
             None, "--out-dir", "-o", help="write graph.json, scheduled.json, trace.json, optimize.json"
         ),
@@ -51,7 +54,7 @@ def register(app: typer.Typer) -> None:
                 program, groups = w.graph_module, w.graph.group_sizes()
             with console.status("optimizing: scheduling and simulating every program variant"):
                 o = run_optimize(program, hardware, num_nodes=num_nodes, memory_budget=memory_budget,
-                                 group_sizes=groups)  # fmt: skip
+                                 group_sizes=groups, table=table)  # fmt: skip
             if out_dir is not None:
                 _write(o, out_dir)
         print_optimized(o, console, f"{target}: {len(o.before.graph)} nodes on {hardware}")

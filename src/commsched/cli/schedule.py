@@ -29,6 +29,9 @@ def register(app: typer.Typer) -> None:
         stats: bool = typer.Option(False, "--stats", help="print what each pass did"),
         timeline: bool = typer.Option(False, "--timeline", help="print a text timeline of the final order"),
         out: Path = typer.Option(None, "-o", "--out", help="write the schedule (order of node names) as JSON"),
+        table: Path = typer.Option(
+            None, "--table", help="measured times: a table or profiler trace (e.g. from calibrate --trace -o)"
+        ),
         list_passes: bool = typer.Option(False, "--list", help="list passes and presets, then exit"),
     ) -> None:
         """Reorder GRAPH with scheduling passes and report the simulated effect.
@@ -46,7 +49,7 @@ def register(app: typer.Typer) -> None:
             return
         if graph is None:
             raise typer.BadParameter("GRAPH is required (or use --list)")
-        from commsched.cost import estimate_costs
+        from commsched.cost import estimate_costs, load_measured
         from commsched.frontends.json_io import load_graph
         from commsched.hardware import for_graph
         from commsched.passes import check_knobs
@@ -59,7 +62,7 @@ def register(app: typer.Typer) -> None:
             check_knobs(passes, knobs)  # before the costs are estimated
             hw = for_graph(hardware, g, num_nodes=num_nodes, gpus_per_node=gpus_per_node)
             with console.status(f"estimating {len(g)} nodes on {hardware}"):
-                costs = estimate_costs(g, hw)
+                costs = estimate_costs(g, hw, table=load_measured(table) if table is not None else None)
             with console.status(f"running {passes}"):
                 result = run_schedule(g, costs, passes, **knobs)
             before = simulate_costs(g, costs)

@@ -12,7 +12,7 @@ from commsched.cost.estimate import estimate, estimate_costs, graph_features, re
 from commsched.cost.model import CostEstimate, LinkClass
 from commsched.cost.opclass import OpClass
 from commsched.cost.table import MeasuredTable
-from commsched.cost.trace_import import table_from_chrome_trace
+from commsched.cost.trace_import import load_measured, table_from_chrome_trace
 
 __all__ = [
     "CollectivePlan",
@@ -25,6 +25,7 @@ __all__ = [
     "estimate",
     "estimate_costs",
     "graph_features",
+    "load_measured",
     "median_across_ranks",
     "plan_collective",
     "resolve_costs",

@@ -208,3 +208,16 @@ def trace_collectives(path: str | os.PathLike[str]) -> TraceCollectives:
         occurrences[(*coll, group)].append(dur_us * 1e-6)
     rank = info.get("rank")
     return TraceCollectives(path, None if rank is None else int(rank), source, dict(occurrences), group_ranks)
+
+
+def load_measured(path: str | os.PathLike[str]) -> MeasuredTable:
+    """A measured table from ``path``: a commsched table (CSV, or JSON with format ``commsched.cost-table``) or a
+    PyTorch profiler trace (read with :func:`table_from_chrome_trace`). FileNotFoundError naming a missing file."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"measured table {str(p)!r} does not exist")
+    if p.suffix == ".csv":
+        return MeasuredTable.load(p)
+    if p.suffix != ".gz" and '"commsched.cost-table"' in p.read_text(encoding="utf-8", errors="replace")[:200]:
+        return MeasuredTable.load(p)
+    return table_from_chrome_trace(p)  # a trace (.json or .json.gz)

@@ -19,13 +19,16 @@ is absolute (a multiple of the traced program's peak), so a bucketed program can
 
 from __future__ import annotations
 
+import functools
+import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from commsched.cost import CostEstimate, estimate_costs
+from commsched.cost import CostEstimate, MeasuredTable, estimate_costs, load_measured
 from commsched.hardware import for_graph
 from commsched.ir import Graph
 from commsched.passes import MemoryBudget, Schedule, ScheduleError, schedule
@@ -133,6 +136,7 @@ def optimize(
     reorder_collectives: bool = True,
     group_sizes: dict[str, int] | None = None,
     finalists: int = 2,
+    table: MeasuredTable | str | None = None,
 ) -> Optimized:
     """Optimize one step: a ``torch.fx.GraphModule`` (traced with ``_c10d_functional`` collectives; import it inside
     its (fake) process group or give ``group_sizes``) or a commsched ``Graph`` (reordering only: rewrites need the
@@ -140,12 +144,17 @@ def optimize(
     given). ``memory_budget``: a cap relative to the traced program's peak (or absolute), for every variant.
     ``reorder_collectives``: let ``overlap`` reorder each group's collectives (needs the same costs on every rank,
     which the analytic model gives). ``finalists``: bucket plans per order they were planned on (traced, scheduled)
-    that get the full scheduling search after the one-attempt probe. Never worse than the traced order;
-    see the module docstring for the search."""
+    that get the full scheduling search after the one-attempt probe. ``table``: measured times (a
+    ``MeasuredTable``, or a table / profiler trace path, e.g. from ``commsched calibrate --trace``) used for every
+    variant before the model; bucketed collectives of other sizes are interpolated. Never worse than the traced
+    order; see the module docstring for the search."""
     t0 = time.perf_counter()
     gm, g = _import(program, group_sizes)
     hw = for_graph(hardware, g, num_nodes=num_nodes, gpus_per_node=gpus_per_node)
-    costs = estimate_costs(g, hw)
+    if isinstance(table, (str, os.PathLike)):
+        table = load_measured(table)
+    cost = functools.partial(estimate_costs, hardware=hw, table=table)  # every variant is costed alike
+    costs = cost(g)
     before = simulate_costs(g, costs)
     limit = MemoryBudget.parse(memory_budget).limit_bytes(before.peak_memory_bytes)
     knobs = {"reorder_collectives": reorder_collectives, "memory_budget": MemoryBudget(bytes=limit)}
@@ -153,26 +162,26 @@ def optimize(
     variants: list[_Variant | Tried] = [traced, _scheduled("traced program, scheduled", g, costs, knobs)]
     if gm is not None:
         scheduled = variants[1] if isinstance(variants[1], _Variant) else traced
-        variants += _bucketed(gm, g, hw, costs, knobs, scheduled.schedule.order, finalists)
+        variants += _bucketed(gm, g, hw, (costs, cost), knobs, scheduled.schedule.order, finalists)
     best, tried = _judge(variants, limit)
     out_gm = None
     if gm is not None:
         out_gm = _final_module(gm, g, best)
-        best = _as_returned(out_gm, g, hw, best)
+        best = _as_returned(out_gm, g, cost, best)
     return Optimized(
         best.label, best.graph, best.schedule, best.costs, before, best.sim, limit, tried, out_gm,
         time.perf_counter() - t0,
     )  # fmt: skip
 
 
-def _as_returned(out_gm: Any, g: Graph, hw: Any, best: _Variant) -> _Variant:
+def _as_returned(out_gm: Any, g: Graph, cost: Callable[[Graph], CostEstimate], best: _Variant) -> _Variant:
     """The kept variant as the returned module is: re-imported, costed and simulated in its own node order. The cost
     model's fusion depends on program order (Inductor fuses neighbours), so this can differ from the judged variant
     by a few microseconds; the reported step is the one of the module the user gets."""
     from commsched.frontends.fx import from_fx
 
     g2 = from_fx(out_gm, group_sizes=g.group_sizes(), meta=g.meta)
-    c2 = estimate_costs(g2, hw)
+    c2 = cost(g2)
     order = np.arange(len(g2), dtype=np.int32)
     return _Variant(best.label, g2, c2, Schedule(g2, order), simulate_costs(g2, c2, order), best.plan, best.probe_s)
 
@@ -225,16 +234,18 @@ def _plans(g: Graph, hw: Any, costs: CostEstimate, scheduled_order: np.ndarray):
             yield label, plan_buckets(g, costs, order, hardware=hw, config=cfg), order, plan_on
 
 
-def _bucketed(gm: Any, g: Graph, hw: Any, costs: CostEstimate, knobs: dict, scheduled_order, finalists: int) -> list:
+def _bucketed(gm: Any, g: Graph, hw: Any, costing: tuple, knobs: dict, scheduled_order, finalists: int) -> list:
     """Every distinct bucket plan applied on the IR (:func:`bucket_graph`, the graph the FX rewrite gives) and
     judged by one guarded list-scheduling attempt (:data:`PROBE`); per order the plans were made on, the
-    ``finalists`` fastest get the full ``overlap`` search (with ``knobs``), the others keep the probe's verdict."""
+    ``finalists`` fastest get the full ``overlap`` search (with ``knobs``), the others keep the probe's verdict.
+    ``costing``: (the costs of ``g``, the function that costs a bucketed graph alike)."""
     from commsched.rewrites.bucket_graph import bucket_graph, noncontiguous_inputs
 
     noncontig = noncontiguous_inputs(gm, g)
     out: list[_Variant | Tried] = []
     seen: dict[tuple, str] = {}
     probed: dict[str, list[tuple[int, str, Graph, CostEstimate, tuple]]] = {name: [] for name in PLANNED_ON}
+    costs, cost = costing
     for label, plan, order, plan_on in _plans(g, hw, costs, scheduled_order):
         key = tuple(b.members for b in plan.buckets if b.merged)
         if not key or key in seen:
@@ -242,7 +253,7 @@ def _bucketed(gm: Any, g: Graph, hw: Any, costs: CostEstimate, knobs: dict, sche
             continue
         seen[key] = label
         g2 = bucket_graph(g, plan, order, noncontig)
-        c2 = estimate_costs(g2, hw)
+        c2 = cost(g2)
         probe = _scheduled(label, g2, c2, {**knobs, **PROBE}, (plan, order))
         if isinstance(probe, Tried):  # no order within the budget even for the probe
             out.append(probe)
