@@ -169,3 +169,41 @@ def test_the_readme_s_a3mega_figures():
     (before, _), (after, _) = fit.summary(after=False), fit.summary()
     assert round(before * 100) == 232 and round(after * 100, 1) == 0.5, (before, after)
     assert round(fit.hardware.inter_node.nic_efficiency, 2) == 0.46
+
+
+# ------------------------------------------------------------------------------------------- network profiles
+def test_a_network_fit_moves_only_the_network_and_holds_on_held_out_node_counts(fit_2node):
+    """``network_only``: the NICs' efficiency and each protocol's network step latency, nothing of the GPU; fitted on
+    2 nodes it still beats the shipped profile on 4 and 8 nodes of the same cluster."""
+    net = fit_profile([indexed(GJAION[2])], "h100-sxm", network_only=True)
+    keys = {p.key for p in net.parameters}
+    assert keys == {"inter_node.nic_efficiency"} | {f"protocols.{p}.inter_hop_us" for p in ("ll", "ll128", "simple")}
+    base = net.base
+    assert net.hardware.intra_node == base.intra_node and net.hardware.compute == base.compute
+    assert [p.base_latency_s for p in net.hardware.protocols] == [p.base_latency_s for p in base.protocols]
+    assert net.summary()[0] < 0.08 and net.network_only and net.to_json()["network_only"]
+    for nodes in (4, 8):
+        sizes = net.evaluate([indexed(GJAION[nodes])])
+        assert median_err(sizes, after=True) < median_err(sizes, after=False)
+    with pytest.raises(ValueError, match="a network fit needs a log across nodes"):
+        fit_profile([indexed("xxrjun_cluster01_h100_1node_g8_all_reduce.txt")], "h100-sxm", network_only=True)
+
+
+def test_cli_network_fit_writes_a_network_profile_usable_under_another_gpu(tmp_path):
+    out = tmp_path / "my-fabric.toml"
+    args = ["calibrate", "--nccl-tests", str(DATA / GJAION[2]), "--collective", "all_reduce", "-H", "h100-sxm"]
+    res = runner.invoke(app, [*args, "--fit", "--network", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert f"--hardware h100-sxm@{out}" in res.output.replace("\n", "")
+    data = tomllib.loads(out.read_text())
+    assert set(data) == {"name", "description", "inter_node", "protocols"} and data["name"] == "my-fabric"
+    assert all(set(f) == {"inter_hop_us"} for f in data["protocols"].values())
+    b200 = hardware.get(f"b200@{out}", num_nodes=2)
+    assert b200.inter_node.nic_efficiency == pytest.approx(data["inter_node"]["nic_efficiency"])
+    assert b200.compute == hardware.get("b200").compute and b200.name == "b200@my-fabric"
+    # the network profile, under the GPU it was fitted on, reproduces the fit
+    check = runner.invoke(app, [*args[:-1], f"h100-sxm@{out}"])
+    median = re.search(r"median ([0-9.]+) %", check.output)
+    assert check.exit_code == 0 and median is not None and float(median.group(1)) < 8.0, check.output
+    lone = runner.invoke(app, [*args, "--network"])
+    assert lone.exit_code == 2 and "--network need --fit" in lone.output

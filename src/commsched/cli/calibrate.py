@@ -194,7 +194,7 @@ def _run_nccl_fit(logs: list[Path], hardware: str, num_nodes: int | None, gpus_p
     parsed = [log for path in logs for log in read_nccl_tests(path, collective=collective)]
     min_bytes = 0 if fit_args["all_sizes"] else ONE_MIB
     fit = fit_profile(parsed, hardware, num_nodes=num_nodes, gpus_per_node=gpus_per_node, min_bytes=min_bytes,
-                      allow_bounds=fit_args["allow_bounds"])  # fmt: skip
+                      allow_bounds=fit_args["allow_bounds"], network_only=fit_args["network"])  # fmt: skip
     return fit, None if out is None else save_overlay(fit, out, force=force)
 
 
@@ -238,7 +238,8 @@ def _run_nccl_mode(
         print_fit(fit, console)
         if written is not None:
             where = escape(str(written))
-            console.print(f"wrote {where} (use it with --hardware {where})", soft_wrap=True)
+            use = f"{escape(fit.base.name.split('@')[0])}@{where}" if fit.network_only else where
+            console.print(f"wrote {where} (use it with --hardware {use})", soft_wrap=True)
     elif json_out:
         console.print_json(json.dumps({"hardware": hardware, "logs": [c.to_json() for c in comparisons]}))
     else:
@@ -306,6 +307,9 @@ def register(app: typer.Typer) -> None:
             False, "--allow-bounds", help="with --fit: keep a fit that ends on a field's physical bound (else: error)"
         ),
         all_sizes: bool = typer.Option(False, "--all-sizes", help="with --fit: fit every size, not only >= 1 MiB"),
+        network: bool = typer.Option(
+            False, "--network", help="with --fit: fit only the network's fields; -o writes a network profile"
+        ),
         force: bool = typer.Option(False, "--force", help="with --fit -o: replace an existing file"),
         hardware: str = typer.Option(None, "--hardware", "-H", help="with --nccl-tests: profile name or .toml path"),
         num_nodes: int = typer.Option(
@@ -343,6 +347,8 @@ def register(app: typer.Typer) -> None:
         fitted profile (an overlay: the base with those fields replaced). A fit ending on a physical bound is an
         error unless --allow-bounds; -o never writes into the shipped profiles, nor over a file without --force.
         Example: commsched calibrate --nccl-tests all_reduce_perf.log --hardware h100-sxm --fit -o h100-fit.toml
+        With --network: fit only the network (NIC efficiency, per-protocol network step latency) and write a
+        network profile, usable under any GPU profile: --hardware b200@my-fabric.toml.
 
         With --trace FILE_OR_DIR [...]: read PyTorch profiler traces, one per rank (.json / .json.gz; a folder: its
         traces), and build one measured table of their collectives: per (collective, group size, bytes) the median
@@ -358,9 +364,11 @@ def register(app: typer.Typer) -> None:
                      ("--gpus-per-node", gpus_per_node is not None))  # fmt: skip
             _run_trace_mode(logs, out, [name for name, on in given if on])
             return
-        fit_args = {"fit": fit, "out": out, "force": force, "all_sizes": all_sizes, "allow_bounds": allow_bounds}
+        fit_args = {"fit": fit, "out": out, "force": force, "all_sizes": all_sizes, "allow_bounds": allow_bounds,
+                    "network": network}  # fmt: skip
         fit_only = [name for name, given in (("--fit", fit), ("--allow-bounds", allow_bounds),
-                                             ("--all-sizes", all_sizes), ("--force", force)) if given]  # fmt: skip
+                                             ("--all-sizes", all_sizes), ("--force", force),
+                                             ("--network", network)) if given]  # fmt: skip
         if nccl_tests or logs or fit_only:
             if not nccl_tests or (fit_only and not fit):
                 need = "LOG arguments need --nccl-tests" if not nccl_tests else f"{', '.join(fit_only)} need --fit"

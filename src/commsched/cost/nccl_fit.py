@@ -44,6 +44,8 @@ _EDGE = 1e-3  # normalised distance from a bound that counts as on it
 _INSENSITIVE = 1e-9  # relative loss change below which a field is not constrained by the logs
 _PULL = 1e-4  # weight of the normalised distance from the base values, added to the loss in the search
 
+NETWORK_FIELDS = ("inter_node.nic_efficiency",)
+"""the fields of a network profile a fit moves, besides each protocol's ``inter_hop_us``"""
 _EFFICIENCY = (0.05, 1.0)  # achieved / peak: above 1 is faster than the hardware, below 0.05 is a broken system
 _LATENCY_US = (0.0, 1000.0)  # a fixed cost is >= 0; a millisecond per step or launch is no working collective
 _INTRA_FIELDS = {"ring_efficiency": "ring_efficiency", "all_to_all_efficiency": "all_to_all_efficiency",
@@ -144,6 +146,7 @@ class FitResult:
     size_range_bytes: tuple[int, int]  # smallest and largest fitted size
     node_counts: tuple[int, ...]  # of the fitted logs
     collectives: tuple[str, ...]  # of the fitted logs
+    network_only: bool = False  # only the network's fields were fitted (a network profile, any GPU above it)
 
     def summary(self, *, after: bool = True) -> tuple[float, float]:
         """(median, worst) |busbw error| over the fitted sizes, after (or before) the fit."""
@@ -171,6 +174,7 @@ class FitResult:
         med_a, worst_a = self.summary(after=True)
         return {
             "hardware": self.base.name, "sources": list(self.sources), "min_bytes": self.min_bytes,
+            "network_only": self.network_only,
             "parameters": [dataclasses.asdict(p) for p in self.parameters],
             "sizes": [size_json(s) for s in self.sizes],
             "median_abs_err_before": med_b, "worst_abs_err_before": worst_b,
@@ -464,16 +468,23 @@ def fit_profile(
     gpus_per_node: int | None = None,
     min_bytes: int = ONE_MIB,
     allow_bounds: bool = False,
+    network_only: bool = False,
 ) -> FitResult:
     """Fit ``hardware``'s collective fields to ``logs`` (see the module docstring): least squares in log time over
     the sizes >= ``min_bytes`` (0: all), each log at its placement (:func:`log_placement`, ``num_nodes`` /
     ``gpus_per_node`` as there). ValueError for a log the model cannot take; :class:`FitBoundError` naming the
-    field and the bound for a fit that hits one, unless ``allow_bounds``."""
+    field and the bound for a fit that hits one, unless ``allow_bounds``. ``network_only``: fit only the network's
+    fields (:data:`NETWORK_FIELDS` and each protocol's ``inter_hop_us``; multi-node logs), so that the result is a
+    network profile that holds under any GPU profile (:func:`save_overlay` ``network=True``)."""
     from commsched import hardware as hw_mod
 
     base = hardware if isinstance(hardware, Hardware) else hw_mod.get(hardware)
     cases = _cases(_read(logs), num_nodes, gpus_per_node, min_bytes)
     bounds = candidate_fields(base, [c.num_nodes for c in cases], [c.collective for c in cases])
+    if network_only:
+        if all(c.num_nodes == 1 for c in cases):
+            raise ValueError(f"{cases[0].log.source}: a network fit needs a log across nodes; these are one-node logs")
+        bounds = {k: b for k, b in bounds.items() if k in NETWORK_FIELDS or k.endswith(".inter_hop_us")}
     keys = list(bounds)
     loss = _loss_function(base, keys, cases, min_bytes)
     base_values = [_get(base, k) for k in keys]
@@ -497,6 +508,7 @@ def fit_profile(
         size_range_bytes=(min(fitted_sizes), max(fitted_sizes)),
         node_counts=tuple(sorted({c.num_nodes for c in cases})),
         collectives=tuple(sorted({c.collective for c in cases})),
+        network_only=network_only,
     )
     sizes = [s for c in cases for s in _case_sizes(c, base, result.hardware, result, fitted=True)]
     return dataclasses.replace(result, sizes=tuple(sizes))
@@ -526,8 +538,9 @@ def overlay_header(fit: FitResult, stamp: str) -> str:
     med_b, worst_b = fit.summary(after=False)
     med_a, worst_a = fit.summary()
     cases = {(s.source, s.line): s for s in fit.sizes}
+    flag, what = (" --network", "the network under") if fit.network_only else ("", "the profile")
     lines = [
-        f"Written by `commsched calibrate --nccl-tests --fit` on {stamp}: the profile {fit.base.name!r}",
+        f"Written by `commsched calibrate --nccl-tests --fit{flag}` on {stamp}: {what} {fit.base.name!r}",
         f"({fit.base.source or 'given as a Hardware'}) with the fields below fitted to nccl-tests logs",
         f"(commsched.cost.nccl_fit: least squares in log time over the sizes >= {fit.min_bytes} B). Logs:",
         *(
@@ -549,13 +562,19 @@ def overlay_header(fit: FitResult, stamp: str) -> str:
 
 def save_overlay(fit: FitResult, path: str | os.PathLike[str], *, force: bool = False) -> Path:
     """Write the fitted profile as a full profile TOML named after ``path`` (atomically; see
-    :func:`check_overlay_path`); it loads with ``hardware.get(path)``."""
+    :func:`check_overlay_path`); it loads with ``hardware.get(path)``. A network-only fit is written as a network
+    profile instead (:func:`commsched.hardware.save_network`): ``hardware.get("GPU@PATH")`` under any GPU."""
     import datetime
 
     from commsched import hardware as hw_mod
 
     out = check_overlay_path(path, force=force)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    if fit.network_only:
+        inter = fit.hardware.inter_node
+        gbit = inter.nic_bandwidth_bytes_per_s * 8 / 1e9
+        what = f"{inter.nics_per_node} x {gbit:g} Gb/s per node, fitted to nccl-tests logs"
+        return hw_mod.save_network(fit.hardware, out, description=what, header=overlay_header(fit, stamp))
     hw = dataclasses.replace(
         fit.hardware, name=out.stem, description=f"{fit.base.description}; collective fields fitted to nccl-tests logs"
     )

@@ -161,6 +161,23 @@ def _with_network(path: Path, net_path: Path) -> Hardware:
     return hardware_from_dict(data, where=f"{path} with network {net_path}", base_dir=path.parent)
 
 
+def network_to_dict(hw: Hardware, name: str, description: str) -> dict:
+    """The network part of ``hw`` as a network profile's data (what :func:`get` ``network=`` puts under a GPU)."""
+    data = hardware_to_dict(hw)
+    protocols = {p: {"inter_hop_us": f["inter_hop_us"]} for p, f in data["protocols"].items()}
+    return {"name": name, "description": description, "inter_node": data["inter_node"], "protocols": protocols}
+
+
+def save_network(hw: Hardware, path: str | os.PathLike[str], *, description: str, header: str = "") -> Path:
+    """Write the network part of ``hw`` (:func:`network_to_dict`, named after ``path``) as a network profile TOML
+    (atomically); it loads under any GPU profile with ``get("GPU@PATH")``."""
+    path = Path(path)
+    data = network_to_dict(hw, path.stem, description)
+    text = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines()) + dump_toml(data)
+    atomic_write_text(path, text)
+    return path
+
+
 def nodes_for_world(world_size: int, gpus_per_node: int) -> int:
     """Nodes that ``world_size`` ranks fill at ``gpus_per_node`` ranks per node: ceil(world / GPUs per node)."""
     if world_size < 1 or gpus_per_node < 1:
@@ -234,9 +251,11 @@ __all__ = [
     "list_networks",
     "list_profiles",
     "load_profile",
+    "network_to_dict",
     "nodes_for_world",
     "resolve_network",
     "resolve_profile",
+    "save_network",
     "save_profile",
     "shipped_profile",
     "user_profile_dir",
