@@ -10,8 +10,11 @@ and the worst of those per-log medians. Logs the index flags as degraded, a mode
 (sendrecv), GPUs without a profile, and multi-run summaries are left out and counted.
 
 ``--held-out``: the fit of issue 17 judged on data it was not fitted to. Per class of the data folder's suggested split
-(whole sources held out), ``fit_profile`` on the fit logs, then the error of the fitted profile on the held-out logs
-(bound hits allowed and reported), beside the shipped profile's error on the same held-out logs.
+(whole sources held out), ``fit_profile`` on the fit logs (classes whose fit logs all span nodes: only the network's
+fields, as ``calibrate --fit --network`` and the shipped network profiles), then the error of the fitted profile on the
+held-out logs (bound hits allowed and reported), beside the shipped profile's error on the same held-out logs: the
+median over sizes, the worst log's median, the worst size. Then how far two H100 InfiniBand clusters measure from
+each other at the same sizes and node counts: a floor for any model not fitted to the cluster at hand.
 """
 
 from __future__ import annotations
@@ -85,6 +88,8 @@ SPLIT = {  # class: (profile, fit on, hold out), from the data folder's README (
                                 "xxrjun_cluster01_h100_10node_g8_all_gather.txt",
                                 "xxrjun_cluster01_h100_10node_g8_reduce_scatter.txt"]),
     "H100 EFA (p5)": ("h100-sxm", ["aws_ads_p5_2node_efa_ar.txt"], ["aws_ads_p5_2node_eks_ar_excerpt.txt"]),
+    "H200 RoCE 8x400G (GCP A3 Ultra)": ("h200-sxm", ["skypilot_gcp_a3ultra_h200_2node_rdma_all_gather.txt"],
+                                        ["skypilot_gcp_a3ultra_h200_2node_rdma_all_gather_gcppods.txt"]),
     "A100 RoCE (OCI)": ("a100-sxm-80g", ["oci_oke_a100_40g_2node_roce_ar_2024.txt"],
                         [f"oci_oke_a100_40g_2node_roce_ar_{v}.txt" for v in ("1g4g_2025", "1g8g_2026")]),
     "MI300X": ("mi300x", ["hisohara_aac8_mi300x_1node_rccl_ar.txt", "hisohara_aac10_mi300x_2node_roce_rccl_ar.txt"],
@@ -100,29 +105,65 @@ def indexed(entry: dict) -> NcclTestsLog:
                                ranks_per_host=(per_node,) * entry["nodes"])  # fmt: skip
 
 
-def class_errors(sizes) -> dict[str, tuple[float, float, float, float]]:
-    """Per size class: (median, worst) |error| of the shipped profile, then of the fitted one."""
+def class_errors(sizes) -> dict[str, tuple[float, ...]]:
+    """Per size class, of the shipped profile then of the fitted one: (median over sizes, worst log's median, worst
+    size) |busbw error|."""
     out = {}
     for name, lo, hi in SIZE_CLASSES:
         inside = [s for s in sizes if lo <= s.size_bytes <= hi]
-        if inside:
-            before = [abs(s.before_err) for s in inside]
-            after = [abs(s.after_err) for s in inside]
-            out[name] = (statistics.median(before), max(before), statistics.median(after), max(after))
+        if not inside:
+            continue
+        row: list[float] = []
+        for err in (lambda s: abs(s.before_err), lambda s: abs(s.after_err)):
+            per_log = defaultdict(list)
+            for s in inside:
+                per_log[s.source].append(err(s))
+            worst_log = max(statistics.median(v) for v in per_log.values())
+            row += [statistics.median(err(s) for s in inside), worst_log, max(err(s) for s in inside)]
+        out[name] = tuple(row)
     return out
 
 
+def cluster_spread(pairs: list[tuple[str, str]], index: dict[str, dict]) -> dict[str, list[float]]:
+    """Per size class, |time of one cluster / time of the other - 1| at the same size, collective and node count:
+    how far apart two clusters of the same hardware measure (a floor for any model not fitted to the cluster)."""
+    out: dict[str, list[float]] = defaultdict(list)
+    for a, b in pairs:
+        times_b = {r.size_bytes: r.time_s for r in indexed(index[b]).rows}
+        for r in indexed(index[a]).rows:
+            for name, lo, hi in SIZE_CLASSES:
+                if lo <= r.size_bytes <= hi and r.size_bytes in times_b:
+                    out[name].append(abs(r.time_s / times_b[r.size_bytes] - 1))
+    return out
+
+
+SPREAD = [  # (cluster gj-aion, cluster qoofyk) at 2 and 4 nodes of 8 H100 on 8 x 400G InfiniBand
+    ("nccl_tests_issue309_h100_2node_ib_ar_gjaion.txt", "nccl_tests_issue309_h100_2node_ib_ar_qoofyk.txt"),
+    ("nccl_tests_issue309_h100_4node_ib_ar_gjaion.txt", "nccl_tests_issue309_h100_4node_ib_vm_ar_qoofyk.txt"),
+]
+
+
+def _pct3(a: float, b: float, c: float) -> str:
+    return f"{a:.0%} / {b:.0%} / {c:.0%}"
+
+
 def held_out(index: dict[str, dict]) -> None:
-    print("| class | fit on | held out | size class | shipped: median / worst | fitted: median / worst | notes |")
-    print("|---|---|---|---|---|---|---|")
+    print("| class | fit on | held out | fitted fields | size class | shipped: median / worst log / worst size | "
+          "fitted: median / worst log / worst size | notes |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     for cls, (profile, fit_files, hold_files) in SPLIT.items():
-        fit = fit_profile([indexed(index[f]) for f in fit_files], profile, allow_bounds=True)
+        logs = [indexed(index[f]) for f in fit_files]
+        network = all(log.nodes > 1 for log in logs)  # all across nodes: the network's fields only, as `--network`
+        fit = fit_profile(logs, profile, allow_bounds=True, network_only=network)
         sizes = fit.evaluate([indexed(index[f]) for f in hold_files])
         bounds = [p.key for p in fit.parameters if p.status.startswith("at ")]
         note = f"bound: {', '.join(bounds)}" if bounds else ""
-        for name, (mb, wb, ma, wa) in class_errors(sizes).items():
-            print(f"| {cls} | {len(fit_files)} | {len(hold_files)} | {name} | {mb:.0%} / {wb:.0%} | "
-                  f"{ma:.0%} / {wa:.0%} | {note} |")  # fmt: skip
+        for name, errs in class_errors(sizes).items():
+            print(f"| {cls} | {len(fit_files)} | {len(hold_files)} | {'network' if network else 'NVLink'} | {name} | "
+                  f"{_pct3(*errs[:3])} | {_pct3(*errs[3:])} | {note} |")  # fmt: skip
+    spread = cluster_spread(SPREAD, index)
+    cells = ", ".join(f"{name}: median {statistics.median(v):.0%}, worst {max(v):.0%}" for name, v in spread.items())
+    print(f"\nTwo H100 IB clusters measured against each other (gj-aion vs qoofyk, 2 and 4 nodes): {cells}")
 
 
 def main() -> None:
