@@ -190,8 +190,13 @@ def test_a_network_profile_replaces_only_the_inter_node_fields():
     assert t(ib, 32) < t(base, 32) and t(ib, 8) == t(base, 8)
 
 
-def test_the_shipped_ib_network_is_the_h100_profile_s_own_network():
-    assert hardware.get("h100-sxm@ib-ndr-8x400").inter_node == hardware.get("h100-sxm").inter_node
+def test_the_shipped_ib_network_is_the_h100_profile_s_links_with_fitted_constants():
+    """Same NICs as the H100 profile's own network; the efficiency and step latencies are the fit's (slower)."""
+    fitted, own = hardware.get("h100-sxm@ib-ndr-8x400"), hardware.get("h100-sxm")
+    assert fitted.inter_node.nics_per_node == own.inter_node.nics_per_node
+    assert fitted.inter_node.nic_bandwidth_bytes_per_s == own.inter_node.nic_bandwidth_bytes_per_s
+    assert fitted.inter_node.nic_efficiency < own.inter_node.nic_efficiency
+    assert all(f.inter_hop_latency_s > o.inter_hop_latency_s for f, o in zip(fitted.protocols, own.protocols))
     assert "ib-ndr-8x400" in hardware.list_networks()
 
 

@@ -125,8 +125,9 @@ def _candidates(hw: Hardware, kind: str, n: int, g: int, nodes: int) -> tuple[tu
         if nodes > 1:
             bus = min(bus, _nic_bus(hw, 1))  # one NIC per rank: all_to_all cannot aggregate a node's NICs
         for p in hw.protocols:
-            hop = p.inter_hop_latency_s if nodes > 1 else p.intra_hop_latency_s
-            cands.append(("direct", p.name, p.base_latency_s + (n - 1) * hop, bus_factor(kind, n), _bus(bus, p)))
+            # every peer's send is posted at once: one network step, plus a small cost per peer to post it
+            lat = p.base_latency_s + (n - 1) * p.intra_hop_latency_s + (p.inter_hop_latency_s if nodes > 1 else 0.0)
+            cands.append(("direct", p.name, lat, bus_factor(kind, n), _bus(bus, p)))
         return tuple(sorted(cands, key=lambda c: (c[0], c[1]))), ()
     cands += _ring(hw, kind, n, g, nodes)
     if kind == "all_reduce":
