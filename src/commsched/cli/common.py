@@ -24,8 +24,15 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except (GraphError, ValueError, FileNotFoundError) as exc:
-        err_console.print(f"[bold red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+        fail(str(exc))
+
+
+def fail(message: str) -> None:
+    """Print ``error: message`` on one line (never wrapped, brackets in names are not markup) and exit 2."""
+    from rich.markup import escape
+
+    err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+    raise typer.Exit(2) from None
 
 
 # The hardware arguments of every command that estimates costs: commsched.hardware.for_graph reads them, as
