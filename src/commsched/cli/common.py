@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Annotated, Any
 
 import typer
@@ -25,6 +25,14 @@ def user_errors() -> Iterator[None]:
         yield
     except (GraphError, ValueError, FileNotFoundError) as exc:
         fail(str(exc))
+
+
+def warn(lines: Iterable[str]) -> None:
+    """Print each line as ``warning: line`` on stderr, one line each (stdout stays clean for --json)."""
+    from rich.markup import escape
+
+    for line in lines:
+        err_console.print(f"[bold yellow]warning:[/] {escape(line)}", soft_wrap=True)
 
 
 def fail(message: str) -> None:

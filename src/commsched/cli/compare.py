@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from commsched.cli import common as opt
-from commsched.cli.common import console, user_errors
+from commsched.cli.common import console, user_errors, warn
 
 
 def register(app: typer.Typer) -> None:
@@ -65,6 +65,9 @@ def register(app: typer.Typer) -> None:
                 from commsched.io import atomic_write_text
 
                 atomic_write_text(json_out, json.dumps(result.to_dict(), indent=1))
+        from commsched.report.capacity import step_warnings
+
+        warn(step_warnings(graph.meta, hw, result.input_peak_bytes))  # the traced order's peak
         console.print(compare_table(result, f"{target}: {len(graph)} nodes on {hardware} x {nodes} node(s)"))
         if json_out:
             console.print(f"wrote [bold]{json_out}[/]")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from commsched.cli.common import HardwareOption, console, user_errors
+from commsched.cli.common import HardwareOption, console, user_errors, warn
 
 DEFAULT_PRESET, DEFAULT_PARALLEL, DEFAULT_LAYERS, DEFAULT_WORLD = "llama3-8b", "fsdp", 4, 64
 
@@ -60,7 +60,12 @@ def register(app: typer.Typer) -> None:
             ours.save(out_dir / "scheduled.json")
             context = {"hardware": f"{hardware} x {nodes} nodes", "world size": world_size}
             write_chrome_trace(results[1][1], out_dir / "trace.json", world_size=world_size)
-            write_comparison_html(results, out_dir / "report.html", context=context)
+            from commsched.report.capacity import step_warnings
+
+            warnings = step_warnings(g.meta, hw, max(r.peak_memory_bytes for _, r in results))
+            write_comparison_html(results, out_dir / "report.html", context=context,
+                                  capacity_bytes=hw.compute.hbm_capacity_bytes, warnings=warnings)  # fmt: skip
+        warn(warnings)
         print_demo_report(
             summarize(g),
             results,

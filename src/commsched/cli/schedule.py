@@ -14,6 +14,7 @@ from commsched.cli.common import (
     console,
     parse_knobs,
     user_errors,
+    warn,
 )
 
 
@@ -69,6 +70,9 @@ def register(app: typer.Typer) -> None:
             after = simulate_costs(g, costs, result.order, result.streams)
             if out:
                 result.save(out)
+        from commsched.report.capacity import step_warnings
+
+        warn(step_warnings(g.meta, hw, after.peak_memory_bytes))
         print_schedule_report(
             result, before, after, console, title=graph.name, costs=costs, stats=stats, timeline=timeline
         )

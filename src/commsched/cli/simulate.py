@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from commsched.cli.common import GpusPerNodeOption, HardwareOption, NumNodesOption, console, user_errors
+from commsched.cli.common import GpusPerNodeOption, HardwareOption, NumNodesOption, console, user_errors, warn
 
 
 def load_order(path: Path) -> list[str]:
@@ -40,6 +40,7 @@ def register(app: typer.Typer) -> None:
         from commsched.cost import estimate_costs
         from commsched.frontends.json_io import load_graph
         from commsched.hardware import for_graph
+        from commsched.report.capacity import step_warnings
         from commsched.report.terminal import print_summary
         from commsched.sim import simulate_costs
 
@@ -52,17 +53,22 @@ def register(app: typer.Typer) -> None:
             with console.status("simulating"):
                 res = simulate_costs(g, costs, load_order(order) if order else None)
             context = {"hardware": hardware, "nodes in cluster": num_nodes}
-            written = write_reports(res, trace=trace, html=html, gantt=gantt, context=context)
+            warnings = step_warnings(g.meta, hw, res.peak_memory_bytes)
+            written = write_reports(res, trace=trace, html=html, gantt=gantt, context=context, hw=hw, warnings=warnings)
+        warn(warnings)
         if json_out:
-            console.print_json(json.dumps({**res.summary(), "context": context, "files": [str(p) for p in written]}))
+            files = [str(p) for p in written]
+            console.print_json(json.dumps({**res.summary(), "context": context, "warnings": warnings, "files": files}))
             return
         print_summary(res, console, title=f"{graph.name} on {hardware} x {num_nodes}")
         for p in written:
             console.print(f"wrote [bold]{p}[/]")
 
 
-def write_reports(res, *, trace=None, html=None, gantt=None, context=None) -> list[Path]:
-    """Write whichever of the trace, HTML report and Gantt PNG were asked for; returns their paths."""
+def write_reports(res, *, trace=None, html=None, gantt=None, context=None, hw=None, warnings=()) -> list[Path]:
+    """Write whichever of the trace, HTML report and Gantt PNG were asked for; returns their paths. ``hw``: its HBM
+    capacity is a line on the memory plots; ``warnings`` head the HTML report."""
+    capacity = hw.compute.hbm_capacity_bytes if hw is not None else None
     written = []
     if trace:
         from commsched.report.trace import write_chrome_trace
@@ -72,9 +78,9 @@ def write_reports(res, *, trace=None, html=None, gantt=None, context=None) -> li
         from commsched.report.html import write_html
 
         with console.status("rendering the HTML report"):
-            written.append(write_html(res, html, context=context))
+            written.append(write_html(res, html, context=context, capacity_bytes=capacity, warnings=warnings))
     if gantt:
         from commsched.report.gantt import write_gantt
 
-        written.append(write_gantt(res, gantt))
+        written.append(write_gantt(res, gantt, capacity_bytes=capacity))
     return written
