@@ -34,6 +34,7 @@ def register(app: typer.Typer) -> None:
             None, "--table", help="measured times: a table or profiler trace (e.g. from calibrate --trace -o)"
         ),
         list_passes: bool = typer.Option(False, "--list", help="list passes and presets, then exit"),
+        json_out: bool = typer.Option(False, "--json", help="print the scheduled step's summary as JSON (as simulate)"),
     ) -> None:
         """Reorder GRAPH with scheduling passes and report the simulated effect.
 
@@ -55,7 +56,8 @@ def register(app: typer.Typer) -> None:
         from commsched.hardware import for_graph
         from commsched.passes import check_knobs
         from commsched.passes import schedule as run_schedule
-        from commsched.sim import simulate_costs
+        from commsched.report.capacity import step_warnings
+        from commsched.report.step import predict
 
         with user_errors():
             g = load_graph(graph)
@@ -66,13 +68,20 @@ def register(app: typer.Typer) -> None:
                 costs = estimate_costs(g, hw, table=load_measured(table) if table is not None else None)
             with console.status(f"running {passes}"):
                 result = run_schedule(g, costs, passes, **knobs)
-            before = simulate_costs(g, costs)
-            after = simulate_costs(g, costs, result.order, result.streams)
+            before = predict(g, costs)
+            after = predict(g, costs, result.order, result.streams, result.compute_interference)
             if out:
                 result.save(out)
-        from commsched.report.capacity import step_warnings
+        warnings = step_warnings(g.meta, hw, after.sim.peak_memory_bytes)
+        warn(warnings)
+        if json_out:
+            import json
 
-        warn(step_warnings(g.meta, hw, after.peak_memory_bytes))
+            context = {"hardware": hardware, "nodes in cluster": hw.num_nodes, "passes": result.passes,
+                       "input_makespan_s": before.makespan_s}  # fmt: skip
+            summary = {**after.summary(), "context": context, "warnings": warnings, "files": [str(out)] if out else []}
+            console.print_json(json.dumps(summary))
+            return
         print_schedule_report(
             result, before, after, console, title=graph.name, costs=costs, stats=stats, timeline=timeline
         )

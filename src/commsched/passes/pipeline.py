@@ -30,6 +30,8 @@ from commsched.passes.registry import (
 
 SCHEDULE_FORMAT = "commsched.schedule"
 SCHEDULE_VERSION = 1
+# a schedule file with streams but no 'compute_interference' (written before it was recorded): multi_stream's default
+DEFAULT_COMPUTE_INTERFERENCE = 1.0
 
 # named pipelines; "torch" is the pass list torch recommends for reorder_for_compute_comm_overlap_passes
 PRESETS: dict[str, list[str]] = {
@@ -74,13 +76,19 @@ def check_knobs(passes: str | Sequence[PassItem], knobs: Mapping[str, Any]) -> d
 
 @dataclass
 class Schedule:
-    """An order of the graph's nodes (ids), optional compute streams, and what each pass did."""
+    """An order of the graph's nodes (ids), optional compute streams, and what each pass did.
+
+    ``compute_interference``: with several compute streams, the share of the time kernels overlap that the pass
+    that placed them charged as contention (the simulator runs concurrent kernels at full speed each); every
+    prediction of this schedule adds it (:func:`commsched.report.step.predict`), so it has one step time
+    everywhere."""
 
     graph: Graph
     order: np.ndarray
     streams: np.ndarray | None = None
     stats: list[PassStats] = field(default_factory=list)
     passes: list[str] = field(default_factory=list)
+    compute_interference: float = 0.0
 
     @property
     def names(self) -> list[str]:
@@ -96,6 +104,7 @@ class Schedule:
         }
         if self.streams is not None:
             d["streams"] = [int(s) for s in self.streams[self.order].tolist()]
+            d["compute_interference"] = self.compute_interference
         return d
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -131,8 +140,12 @@ def load_schedule(graph: Graph, path: str | os.PathLike[str]) -> Schedule:
             raise GraphError(f"{path}: field 'streams': expected one stream id (int >= 0) per entry of 'order'")
         streams = np.zeros(len(graph), np.int32)
         streams[order] = s
+    interference = data.get("compute_interference", DEFAULT_COMPUTE_INTERFERENCE if streams is not None else 0.0)
+    if isinstance(interference, bool) or not isinstance(interference, (int, float)) or not interference >= 0:
+        raise GraphError(f"{path}: field 'compute_interference': expected a number >= 0, got {interference!r}")
     passes = data.get("passes", [])
-    return Schedule(graph, order, streams, passes=list(passes) if isinstance(passes, list) else [])
+    return Schedule(graph, order, streams, passes=list(passes) if isinstance(passes, list) else [],
+                    compute_interference=float(interference))  # fmt: skip
 
 
 def inputs_first(graph: Graph, order: np.ndarray) -> np.ndarray:
@@ -186,6 +199,7 @@ def schedule(
     extra_src = np.zeros(0, np.int32)
     extra_dst = np.zeros(0, np.int32)
     streams: np.ndarray | None = None
+    interference = 0.0
     all_stats: list[PassStats] = []
     pass_names: list[str] = []
     for p in names:
@@ -214,9 +228,11 @@ def schedule(
         cur = inputs_first(graph, result.order.astype(np.int32, copy=False))
         if result.streams is not None:
             streams = result.streams
+            # the contention the placing pass charged (multi_stream: compute_interference, unless interference off)
+            interference = float(getattr(cfg, "compute_interference", 0.0)) if getattr(cfg, "interference", 1) else 0.0
         if result.extra_src is not None and len(result.extra_src):
             extra_src = np.concatenate([extra_src, result.extra_src]).astype(np.int32)
             extra_dst = np.concatenate([extra_dst, result.extra_dst]).astype(np.int32)
         all_stats.append(result.stats)
         pass_names.append(pname)
-    return Schedule(graph, cur, streams, all_stats, pass_names)
+    return Schedule(graph, cur, streams, all_stats, pass_names, compute_interference=interference)
