@@ -82,3 +82,30 @@ def test_one_schedule_one_number_multi_stream(tmp_path):
     ms = f"{1e3 * a['makespan_s']:.3f} ms"
     assert f"step time                  │ {ms}".replace(" ", "") in table.output.replace(" ", "")
     assert re.search(rf"scheduled\s*│\s*{ms}", res.output)  # the schedule table: the same number
+
+
+def test_check_accepts_our_reordered_collectives_as_recorded(tmp_path):
+    """Issue 19.5: ``check`` refused what ``reorder_collectives`` produces, since the file did not say the order was
+    changed on purpose. The file now records the pass and each group's new issue order; ``check`` verifies the
+    schedule against that record (and still refuses an unrecorded reordering, or one that departs from the record)."""
+    g = build("llama3-8b", parallel="fsdp", world_size=64, layers=2).graph
+    graph, out = tmp_path / "g.json", tmp_path / "s.json"
+    save_graph(g, graph)
+    res = runner.invoke(app, ["schedule", str(graph), "-k", "reorder_collectives=true", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert data["collectives_reordered_by"] == ["overlap"] and set(data["collective_order"]) == {"0"}
+    res = runner.invoke(app, ["check", str(graph), str(out)])
+    assert res.exit_code == 0 and "collectives reordered by overlap, as recorded" in res.output, res.output
+    # the order departs from its record: the SPMD rule against the recorded sequence
+    chain = data["collective_order"]["0"]
+    k = next(k for k in range(len(chain) - 1) if chain[k].split("_")[0] != chain[k + 1].split("_")[0])
+    chain[k], chain[k + 1] = chain[k + 1], chain[k]
+    (tmp_path / "tampered.json").write_text(json.dumps(data))
+    res = runner.invoke(app, ["check", str(graph), str(tmp_path / "tampered.json")])
+    assert res.exit_code == 2 and "the recorded collective_order issues" in res.output, res.output
+    # no record: the reordering is refused as before (one line, naming the group)
+    del data["collectives_reordered_by"], data["collective_order"]
+    (tmp_path / "unrecorded.json").write_text(json.dumps(data))
+    res = runner.invoke(app, ["check", str(graph), str(tmp_path / "unrecorded.json")])
+    assert res.exit_code == 2 and "process group '0'" in res.output and "(SPMD)" in res.output

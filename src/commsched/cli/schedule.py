@@ -92,10 +92,13 @@ def register(app: typer.Typer) -> None:
     def check(
         graph: Path = typer.Argument(..., help="a graph JSON file"),
         scheduled: Path = typer.Argument(..., help="a schedule JSON file (from commsched schedule -o)"),
-        allow_collective_reorder: bool = typer.Option(False, help="accept a different per-group collective order"),
+        allow_collective_reorder: bool = typer.Option(
+            False, "--allow-collective-reorder", help="accept any per-group collective order (no SPMD check)"
+        ),
     ) -> None:
         """Validate a schedule: topological order, every process group's collective order unchanged (SPMD), and
-        with several streams, a collective issue order the program itself forces.
+        with several streams, a collective issue order the program itself forces. A schedule whose pass reordered
+        collectives on purpose (reorder_collectives) records each group's new order: it is checked against that.
 
         Example: commsched check graph.json scheduled.json
         """
@@ -105,5 +108,10 @@ def register(app: typer.Typer) -> None:
         with user_errors():
             g = load_graph(graph)
             s = load_schedule(g, scheduled)
-            check_schedule(g, s.order, allow_collective_reorder=allow_collective_reorder, streams=s.streams)
-        console.print(f"[green]ok[/]: {scheduled} is a valid schedule of {graph} ({len(g)} nodes)")
+            check_schedule(g, s.order, allow_collective_reorder=allow_collective_reorder, streams=s.streams,
+                           expected_chains=s.recorded_chains)  # fmt: skip
+        from rich.markup import escape
+
+        how = f"; collectives reordered by {', '.join(s.reordered_by)}, as recorded" if s.reordered_by else ""
+        console.print(f"[green]ok[/]: {escape(str(scheduled))} is a valid schedule of {escape(str(graph))} "
+                      f"({len(g)} nodes{how})", soft_wrap=True)  # fmt: skip
