@@ -50,3 +50,29 @@ def test_info_bad_file(tmp_path):
     res = runner.invoke(app, ["info", str(bad)])
     assert res.exit_code == 2
     assert "unknown schema version 7" in res.output
+
+
+def test_a_short_flag_means_one_thing_in_every_command():
+    """Issue 19.9: ``-p`` was --parallel in one command and --passes in another."""
+    import typer
+
+    meaning: dict[str, set[str]] = {}
+    for cmd in typer.main.get_command(app).commands.values():
+        for p in cmd.params:
+            long = next((o for o in p.opts if o.startswith("--")), None)
+            for short in (o for o in p.opts if len(o) == 2 and long):
+                meaning.setdefault(short, set()).add(long)
+    clashes = {s: sorted(longs) for s, longs in meaning.items() if len(longs) > 1}
+    # -s: which passes schedule (sweep's --schedule, schedule's and run's --passes); -o: where output goes
+    assert clashes == {"-s": ["--passes", "--schedule"], "-o": ["--out", "--out-dir"]}, clashes
+    assert meaning["-p"] == {"--parallel"}
+
+
+def test_errors_are_one_line_and_brackets_are_not_markup(tmp_path):
+    """Issue 19.9: rich markup in a name ([...]) was eaten or crashed the printer, and long errors wrapped."""
+    bad = tmp_path / ("[bold]" + "x" * 150 + ".json")
+    bad.write_text("{")
+    res = runner.invoke(app, ["info", str(bad)])
+    assert res.exit_code == 2
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "[bold]" + "x" * 150 in lines[0], res.stderr

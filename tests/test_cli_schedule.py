@@ -20,7 +20,7 @@ def test_schedule_then_check(tmp_path):
     save_graph(g, graph)
     out = tmp_path / "s.json"
     res = runner.invoke(
-        app, ["schedule", str(graph), "-H", "h100-sxm", "-p", "torch", "--stats", "--timeline", "-o", str(out)]
+        app, ["schedule", str(graph), "-H", "h100-sxm", "-s", "torch", "--stats", "--timeline", "-o", str(out)]
     )
     assert res.exit_code == 0, res.output
     assert "reorder_communication_preserving_peak_memory" in res.output and "stop reasons" in res.output
@@ -65,7 +65,7 @@ def test_one_schedule_one_number_multi_stream(tmp_path):
     g = build("llama3-8b", parallel="fsdp", world_size=64, layers=1).graph
     graph, out = tmp_path / "g.json", tmp_path / "s.json"
     save_graph(g, graph)
-    args = ["-p", "overlap,multi_stream", "-k", "compute_streams=2", "-k", "compute_interference=0.3"]
+    args = ["-s", "overlap,multi_stream", "-k", "compute_streams=2", "-k", "compute_interference=0.3"]
     res = runner.invoke(app, ["schedule", str(graph), "-H", "h100-sxm", *args, "--stats", "-o", str(out)])
     assert res.exit_code == 0, res.output
     verdict = float(re.search(r"applied [^:]*: predicted ([0-9.]+) s \(simulated", res.output).group(1))

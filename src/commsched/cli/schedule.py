@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
         hardware: HardwareOption = "h100-sxm",
         num_nodes: NumNodesOption = None,
         gpus_per_node: GpusPerNodeOption = None,
-        passes: str = typer.Option("default", "--passes", "-p", help="comma-separated pass names, or a preset"),
+        passes: str = typer.Option("default", "--passes", "-s", help="comma-separated pass names, or a preset"),
         knob: KnobOption = [],  # noqa: B006 (typer copies it)
         stats: bool = typer.Option(False, "--stats", help="print what each pass did"),
         timeline: bool = typer.Option(False, "--timeline", help="print a text timeline of the final order"),
