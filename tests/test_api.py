@@ -143,7 +143,7 @@ def test_cli_knobs_flat_and_per_pass(tmp_path, graph16):
     path = tmp_path / "g.json"
     commsched.save_graph(graph16, path)
     runner = CliRunner()
-    args = ["schedule", str(path), "-p", "overlap,multi_stream", "-k", "memory_budget=40GiB"]
+    args = ["schedule", str(path), "-s", "overlap,multi_stream", "-k", "memory_budget=40GiB"]
     res = runner.invoke(app, [*args, "-k", "multi_stream.memory_budget=null", "-k", "overlap.waits=late"])
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, [*args, "-k", "overlap.waits=middle"])

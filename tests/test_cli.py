@@ -21,7 +21,17 @@ def test_demo_then_info(tmp_path):
     from commsched.passes import check_schedule, load_schedule
 
     sched = load_schedule(g, tmp_path / "scheduled.json")
-    check_schedule(g, sched.order)
+    check_schedule(g, sched.order, expected_chains=sched.recorded_chains)
+    # issue 19.6: scheduled.json and trace.json are the schedule behind the headline (the fastest row)
+    import re
+
+    from commsched.sim import simulate
+
+    rows = {m.group(1).strip(): m.group(2) for m in re.finditer(r"^ *(\S[^│\n]*?) *│ *([0-9.]+ ms)", res.output, re.M)}
+    headline = re.search(r"headline: (.+?), ([0-9.]+ ms), ([0-9.]+)x", res.output)
+    assert headline and rows[headline.group(1)] == headline.group(2) == min(rows.values(), key=lambda t: float(t[:-3]))
+    assert f"{1e3 * simulate(g, 'h100-sxm', sched.order).makespan_s:.3f} ms" == headline.group(2)
+    assert sched.reordered_by == (["overlap"] if "reorder" in headline.group(1) else [])
     assert "overlap" in (tmp_path / "report.html").read_text()
     trace = json.loads((tmp_path / "trace.json").read_text())
     assert trace["traceEvents"]
@@ -40,3 +50,29 @@ def test_info_bad_file(tmp_path):
     res = runner.invoke(app, ["info", str(bad)])
     assert res.exit_code == 2
     assert "unknown schema version 7" in res.output
+
+
+def test_a_short_flag_means_one_thing_in_every_command():
+    """Issue 19.9: ``-p`` was --parallel in one command and --passes in another."""
+    import typer
+
+    meaning: dict[str, set[str]] = {}
+    for cmd in typer.main.get_command(app).commands.values():
+        for p in cmd.params:
+            long = next((o for o in p.opts if o.startswith("--")), None)
+            for short in (o for o in p.opts if len(o) == 2 and long):
+                meaning.setdefault(short, set()).add(long)
+    clashes = {s: sorted(longs) for s, longs in meaning.items() if len(longs) > 1}
+    # -s: which passes schedule (sweep's --schedule, schedule's and run's --passes); -o: where output goes
+    assert clashes == {"-s": ["--passes", "--schedule"], "-o": ["--out", "--out-dir"]}, clashes
+    assert meaning["-p"] == {"--parallel"}
+
+
+def test_errors_are_one_line_and_brackets_are_not_markup(tmp_path):
+    """Issue 19.9: rich markup in a name ([...]) was eaten or crashed the printer, and long errors wrapped."""
+    bad = tmp_path / ("[bold]" + "x" * 150 + ".json")
+    bad.write_text("{")
+    res = runner.invoke(app, ["info", str(bad)])
+    assert res.exit_code == 2
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "[bold]" + "x" * 150 in lines[0], res.stderr

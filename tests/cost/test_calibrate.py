@@ -103,3 +103,50 @@ def test_calibrated_estimates_track_a_real_run(tmp_path):
     assert len(ops) >= 8
     errors = [abs(est.node_s[i] / measured[g.names[i]] - 1) for i in ops]
     assert statistics.median(errors) < 1.0, f"median error {statistics.median(errors):.0%}"
+
+
+def _memory_bound_bf16() -> tuple[hardware.Hardware, Measurements]:
+    """A machine whose bf16 matmuls only move memory (2 bytes per element): they bound no bf16 peak."""
+    truth = hardware.load_profile(hardware.shipped_profile("cpu-local"))
+    c = truth.compute
+    m = Measurements(device="cpu", units=c.num_units, launch_s=c.launch_overhead_s)
+    for b in np.logspace(12, 27, 16, base=2):
+        m.elementwise.append((int(b), c.launch_overhead_s + float(memory_time(np.array([b]), 1.0, truth)[0])))
+        m.reduction.append((int(b), c.launch_overhead_s + float(memory_time(np.array([b]), 0.5, truth)[0])))
+    for n in (256, 512, 1024, 2048):
+        m.matmul.append((n, n, n, "float32", c.launch_overhead_s + 2 * n**3 / c.peak_flops_for("float32")))
+    for n in (64, 128, 256):
+        t_mem = float(memory_time(np.array([2.0 * 3 * n * n]), 1.0, truth)[0])
+        m.matmul.append((n, n, n, "bfloat16", c.launch_overhead_s + t_mem))
+    return truth, m
+
+
+def test_a_peak_the_matmuls_do_not_constrain_is_an_error_not_the_search_bound():
+    """Issue 19.1: a bf16 peak of ~10,000 TFLOP/s was the search's upper bound; now the fit names the field."""
+    truth, m = _memory_bound_bf16()
+    with pytest.raises(ValueError, match=r"compute\.peak_flops\[bfloat16\] = .* is the fit's bound"):
+        fit_profile(truth, m)
+    m.matmul = [r for r in m.matmul if r[3] != "bfloat16"]
+    assert fit_profile(truth, m).compute.peak_flops_for("float32") < 1e13  # the rest still fits
+
+
+def test_calibrate_never_writes_into_the_shipped_profiles_nor_over_a_file(tmp_path):
+    """Issue 19.1: checked before any measurement (these would take seconds), one line, exit 2 from the CLI."""
+    from typer.testing import CliRunner
+
+    from commsched.cli import app
+
+    shipped = hardware.shipped_profile("cpu-local")
+    before = shipped.read_bytes()
+    res = CliRunner().invoke(app, ["calibrate", "--device", "cpu", "--quick", "-o", str(shipped)])
+    assert res.exit_code == 2 and "refusing to write into the shipped profiles" in res.output
+    assert shipped.read_bytes() == before
+    existing = tmp_path / "mine.toml"
+    existing.write_text("# mine\n")
+    res = CliRunner().invoke(app, ["calibrate", "--device", "cpu", "--quick", "-o", str(existing)])
+    assert res.exit_code == 2 and "exists: pass --force" in res.output and existing.read_text() == "# mine\n"
+    default = hardware.user_profile_dir() / "cpu-local.toml"  # the default: a new file in the user folder
+    default.parent.mkdir(parents=True)
+    default.write_text("# an earlier calibration\n")
+    with pytest.raises(ValueError, match=r"cpu-local\.toml exists: pass --force"):
+        run_calibration("cpu", None, quick=True)

@@ -59,3 +59,20 @@ def test_compare_cli_writes_json(tmp_path):
     data = json.loads(out.read_text())
     assert {r["scheduler"] for r in data["rows"]} >= {"input order", "overlap (ours)"}
     assert data["lower_bound_s"] > 0
+
+
+def test_compare_cli_takes_tp_size_seq_len_batch_and_prints_failures_whole(tmp_path):
+    """Issue 19.8: ``compare`` on TP prefill needed --tp-size / --seq-len / --batch, and a scheduler's failure was
+    cut off at 60 characters in the table; every failed row's whole reason is now printed below it."""
+    from typer.testing import CliRunner
+
+    from commsched.cli import app
+
+    args = ["compare", "llama-tiny", "-p", "tp", "-m", "prefill", "-w", "4", "-l", "1", "--seq-len", "64", "--batch",
+            "2", "--tp-size", "2", "--exact-max-nodes", "0", "--json", str(tmp_path / "rows.json")]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    rows = json.loads((tmp_path / "rows.json").read_text())["rows"]
+    failed = [r for r in rows if r["makespan_s"] is None]
+    for r in failed:
+        assert f"{r['scheduler']}: {r['note']}" in res.output  # the whole note, on one line

@@ -67,6 +67,18 @@ def test_trace_is_valid_kineto_shaped_chrome_json(results):
     assert set(starts) == set(finishes) == set(np.flatnonzero(g.wait_of >= 0).tolist())
     comm_tids = {k["tid"] for k in nccl}
     assert {e["tid"] for e in starts.values()} <= comm_tids
+    # issue 19.4: each arrow runs forward, from inside the collective's slice to inside its wait's slice
+    slices = {(e["tid"], e["args"]["node"]): e for e in events if e["ph"] == "X" and "node" in e.get("args", {})}
+    waits = [e for e in events if e.get("cat") == "gpu_user_annotation"]
+    backwards = 0
+    for i, s in starts.items():
+        f = finishes[i]
+        backwards += f["ts"] < s["ts"]
+        coll = slices[(s["tid"], g.names[int(g.wait_of[i])])]
+        assert coll["ts"] <= s["ts"] <= coll["ts"] + coll["dur"]
+        wait = slices[(f["tid"], g.names[i])]
+        assert wait["cat"] == "gpu_user_annotation" and wait["ts"] <= f["ts"] <= wait["ts"] + wait["dur"]
+    assert backwards == 0 and any(e["dur"] > 0 for e in waits)  # some waits blocked
     # the memory counter reaches exactly the simulated peak
     counter = [e["args"]["allocated_bytes"] for e in events if e["ph"] == "C"]
     assert max(counter) == res.peak_memory_bytes

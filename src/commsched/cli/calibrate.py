@@ -29,9 +29,14 @@ def run_calibration(
     base: str | None = None,
     collectives: bool = True,
     gpus_per_node: int | None = None,
+    force: bool = False,
     progress=None,
 ) -> tuple[Path, object]:
-    """Measure, fit and write; returns (profile path, Hardware). ``progress(step_text)`` is called per step."""
+    """Measure, fit and write; returns (profile path, Hardware). ``progress(step_text)`` is called per step.
+
+    ``out`` (default: ``cpu-local.toml`` / ``cuda-local.toml`` in the user profile folder) is checked before any
+    measurement: never a file in the package's shipped profiles, never an existing file unless ``force``. A fit
+    that ends on a search bound is a ValueError naming the field, and nothing is written."""
     import dataclasses
     import datetime
     import sys
@@ -44,11 +49,21 @@ def run_calibration(
         measure_compute,
         measurements_table,
     )
+    from commsched.cost.nccl_fit import check_overlay_path
 
     if device not in ("cpu", "cuda"):
         raise ValueError(f"--device {device!r}: expected cpu or cuda")
     name = "cpu-local" if device == "cpu" else "cuda-local"
     out = out or hw_mod.user_profile_dir() / f"{name}.toml"
+    try:
+        check_overlay_path(out, force=force)
+        table_path = Path(out).with_name(f"{Path(out).stem}.table.json")
+        if table_path.exists() and not force:
+            raise FileExistsError(f"{table_path} exists: pass --force to replace it, or another -o path")
+    except FileExistsError as exc:
+        raise ValueError(
+            str(exc).replace("another -o path", "another -o path (a new calibration is a new file)")
+        ) from None
     base_hw = hw_mod.get(base or ("cpu-local" if device == "cpu" else "h100-sxm"))
     if base is None and device == "cpu":
         # the shipped placeholder, not a previous calibration, so results never depend on an older run
@@ -310,7 +325,9 @@ def register(app: typer.Typer) -> None:
         network: bool = typer.Option(
             False, "--network", help="with --fit: fit only the network's fields; -o writes a network profile"
         ),
-        force: bool = typer.Option(False, "--force", help="with --fit -o: replace an existing file"),
+        force: bool = typer.Option(
+            False, "--force", help="replace an existing file (the calibrated profile, or --fit's -o overlay)"
+        ),
         hardware: str = typer.Option(None, "--hardware", "-H", help="with --nccl-tests: profile name or .toml path"),
         num_nodes: int = typer.Option(
             None, "--num-nodes", min=1, help="with --nccl-tests: nodes the logs ran on (default: their hosts)"
@@ -332,7 +349,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Measure matmul, elementwise, reduction, attention and collectives here; write a calibrated profile.
 
-        The profile is found by name afterwards (`--hardware cpu-local`), before the shipped default.
+        The profile is found by name afterwards (`--hardware cpu-local`), before the shipped default. It is never
+        written into the shipped profiles, nor over an existing file without --force; a fitted value that ends on
+        its search bound (e.g. a peak the matmuls did not constrain) is an error, and nothing is written.
         Example: commsched calibrate --device cpu --quick
 
         With --nccl-tests LOG [LOG ...] --hardware PROFILE: read nccl-tests / rccl-tests output (all_reduce_perf,
@@ -367,7 +386,7 @@ def register(app: typer.Typer) -> None:
         fit_args = {"fit": fit, "out": out, "force": force, "all_sizes": all_sizes, "allow_bounds": allow_bounds,
                     "network": network}  # fmt: skip
         fit_only = [name for name, given in (("--fit", fit), ("--allow-bounds", allow_bounds),
-                                             ("--all-sizes", all_sizes), ("--force", force),
+                                             ("--all-sizes", all_sizes), ("--force", force and nccl_tests),
                                              ("--network", network)) if given]  # fmt: skip
         if nccl_tests or logs or fit_only:
             if not nccl_tests or (fit_only and not fit):
@@ -389,9 +408,26 @@ def register(app: typer.Typer) -> None:
             try:
                 path, hw = run_calibration(
                     device, out, world=world, quick=quick, threads=threads or None, base=base,
-                    collectives=not no_collectives, gpus_per_node=gpus_per_node,
+                    collectives=not no_collectives, gpus_per_node=gpus_per_node, force=force,
                     progress=lambda text: bar.update(task, description=f"measuring: {text}"),
                 )  # fmt: skip
             except RuntimeError as exc:
                 raise ValueError(str(exc)) from None
         print_calibrated_profile(path, hw, console)
+        _say_what_the_name_reads(path)
+
+
+def _say_what_the_name_reads(path: Path) -> None:
+    """A calibrated profile in the user folder shadows a shipped one of the same name: say so, never silently."""
+    from rich.markup import escape
+
+    from commsched import hardware as hw_mod
+
+    name = path.stem
+    try:
+        shipped = hw_mod.shipped_profile(name)
+    except FileNotFoundError:
+        return
+    if hw_mod.resolve_profile(name).resolve() == path.resolve():
+        console.print(f"--hardware {name} now reads {escape(str(path))}, not the shipped {escape(str(shipped))} "
+                      f"(delete the file to go back)", soft_wrap=True)  # fmt: skip

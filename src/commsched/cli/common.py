@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Annotated, Any
 
 import typer
@@ -24,8 +24,23 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except (GraphError, ValueError, FileNotFoundError) as exc:
-        err_console.print(f"[bold red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+        fail(str(exc))
+
+
+def warn(lines: Iterable[str]) -> None:
+    """Print each line as ``warning: line`` on stderr, one line each (stdout stays clean for --json)."""
+    from rich.markup import escape
+
+    for line in lines:
+        err_console.print(f"[bold yellow]warning:[/] {escape(line)}", soft_wrap=True)
+
+
+def fail(message: str) -> None:
+    """Print ``error: message`` on one line (never wrapped, brackets in names are not markup) and exit 2."""
+    from rich.markup import escape
+
+    err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+    raise typer.Exit(2) from None
 
 
 # The hardware arguments of every command that estimates costs: commsched.hardware.for_graph reads them, as

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from commsched.cli import common as opt
-from commsched.cli.common import console, user_errors
+from commsched.cli.common import console, user_errors, warn
 
 
 def register(app: typer.Typer) -> None:
@@ -19,6 +19,9 @@ def register(app: typer.Typer) -> None:
         world_size: opt.WorldSizeOption = 8,
         layers: opt.LayersOption = 4,
         mode: opt.ModeOption = "train",
+        seq_len: int = typer.Option(None, "--seq-len", min=1, help="sequence length (preset; default: the preset's)"),
+        batch: int = typer.Option(None, "--batch", min=1, help="sequences per data-parallel replica (preset)"),
+        tp_size: int = typer.Option(None, "--tp-size", min=1, help="tensor-parallel degree (preset: tp*, fsdp+tp*)"),
         hardware: opt.HardwareOption = "h100-sxm",
         num_nodes: opt.NumNodesOption = None,
         torch_peer: bool = typer.Option(True, "--torch/--no-torch", help="run torch's OverlapScheduler too (preset)"),
@@ -34,7 +37,7 @@ def register(app: typer.Typer) -> None:
         from commsched.cost import estimate_costs
         from commsched.experiments.compare import compare_schedulers
         from commsched.hardware import for_graph
-        from commsched.report.terminal_experiments import compare_table
+        from commsched.report.terminal_experiments import print_compare
 
         with user_errors():
             gm = None
@@ -46,7 +49,9 @@ def register(app: typer.Typer) -> None:
                 from commsched.workloads import build
 
                 with console.status(f"tracing {target} / {parallel} / world {world_size} / {layers} layers"):
-                    w = build(target, parallel=parallel, world_size=world_size, layers=layers, mode=mode)
+                    given = {"seq_len": seq_len, "batch": batch, "tp_size": tp_size}
+                    w = build(target, parallel=parallel, world_size=world_size, layers=layers, mode=mode,
+                              **{k: v for k, v in given.items() if v is not None})  # fmt: skip
                 graph, gm = w.graph, (w.graph_module if torch_peer else None)
             hw = for_graph(hardware, graph, num_nodes=num_nodes)
             nodes = hw.num_nodes
@@ -65,6 +70,9 @@ def register(app: typer.Typer) -> None:
                 from commsched.io import atomic_write_text
 
                 atomic_write_text(json_out, json.dumps(result.to_dict(), indent=1))
-        console.print(compare_table(result, f"{target}: {len(graph)} nodes on {hardware} x {nodes} node(s)"))
+        from commsched.report.capacity import step_warnings
+
+        warn(step_warnings(graph.meta, hw, result.input_peak_bytes))  # the traced order's peak
+        print_compare(result, console, f"{target}: {len(graph)} nodes on {hardware} x {nodes} node(s)")
         if json_out:
             console.print(f"wrote [bold]{json_out}[/]")

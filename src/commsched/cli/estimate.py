@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from commsched.cli.common import GpusPerNodeOption, HardwareOption, NumNodesOption, console, user_errors
+from commsched.cli.common import GpusPerNodeOption, HardwareOption, NumNodesOption, console, user_errors, warn
 
 
 def register(app: typer.Typer) -> None:
@@ -39,7 +39,13 @@ def register(app: typer.Typer) -> None:
             measured = load_measured(table) if table is not None else None
             est = estimate_costs(g, hw, table=measured, fusion=not no_fusion)
             summary = cost_summary(g, est, top=top)
+            from commsched.memory import memory_profile
+            from commsched.report.capacity import step_warnings
+
+            warnings = step_warnings(g.meta, hw, memory_profile(g).peak_bytes)  # the graph's own order
+        warn(warnings)
         if json_out:
+            summary = {**summary, "warnings": warnings}
             console.print_json(json.dumps(summary))
         else:
             print_cost_summary(summary, console, title=str(graph))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from commsched.cli.common import console, user_errors
+from commsched.cli.common import console, user_errors, warn
 from commsched.report.summary import summarize
 from commsched.report.terminal_inputs import print_graph_info
 
@@ -27,6 +27,9 @@ def register(app: typer.Typer) -> None:
 
         with user_errors():
             g = load_graph(graph)
+        from commsched.report.capacity import step_warnings
+
+        warn(step_warnings(g.meta, None, None))
         if json_out:
             console.print_json(json.dumps(summarize(g).to_dict()))
         else:

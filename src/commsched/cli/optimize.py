@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from commsched.cli import common as opt
-from commsched.cli.common import console, user_errors
+from commsched.cli.common import console, user_errors, warn
 
 
 def register(app: typer.Typer) -> None:
@@ -57,6 +57,11 @@ def register(app: typer.Typer) -> None:
                                  group_sizes=groups, table=table)  # fmt: skip
             if out_dir is not None:
                 _write(o, out_dir)
+            from commsched.hardware import for_graph
+            from commsched.report.capacity import step_warnings
+
+            hw = for_graph(hardware, o.before.graph, num_nodes=num_nodes)
+            warn(step_warnings(o.before.graph.meta, hw, o.after.peak_memory_bytes))
         print_optimized(o, console, f"{target}: {len(o.before.graph)} nodes on {hardware}")
         if out_dir is not None:
             console.print(f"wrote [bold]{out_dir}[/] (graph.json, scheduled.json, trace.json, optimize.json)")

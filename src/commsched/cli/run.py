@@ -14,7 +14,7 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def run(
         preset: str = typer.Argument(..., help="a zoo preset small enough to run here, e.g. llama-tiny"),
-        parallel: str = typer.Option("fsdp", "--parallel", help="parallelism (see commsched trace --list)"),
+        parallel: str = typer.Option("fsdp", "--parallel", "-p", help="parallelism (see commsched trace --list)"),
         world_size: int = typer.Option(2, "--world-size", "-w", min=2, help="ranks (local processes)"),
         layers: int = typer.Option(None, "--layers", min=1, help="transformer blocks (default: the preset's)"),
         seq_len: int = typer.Option(None, "--seq-len", min=1, help="sequence length (default: the preset's)"),
@@ -30,7 +30,7 @@ def register(app: typer.Typer) -> None:
             "--variants",
             help="orders to run (comma-separated); add optimize for commsched.optimize's program on --hardware",
         ),
-        passes: str = typer.Option("default", "--passes", "-p", help="our scheduler: pass preset or list"),
+        passes: str = typer.Option("default", "--passes", "-s", help="our scheduler: pass preset or list"),
         knob: KnobOption = [],  # noqa: B006 (typer copies it)
         costs: str = typer.Option("measured", "--costs", help="costs the schedulers see: measured | profile"),
         memory_budget: str = typer.Option(

@@ -14,6 +14,7 @@ from commsched.cli.common import (
     console,
     parse_knobs,
     user_errors,
+    warn,
 )
 
 
@@ -24,7 +25,7 @@ def register(app: typer.Typer) -> None:
         hardware: HardwareOption = "h100-sxm",
         num_nodes: NumNodesOption = None,
         gpus_per_node: GpusPerNodeOption = None,
-        passes: str = typer.Option("default", "--passes", "-p", help="comma-separated pass names, or a preset"),
+        passes: str = typer.Option("default", "--passes", "-s", help="comma-separated pass names, or a preset"),
         knob: KnobOption = [],  # noqa: B006 (typer copies it)
         stats: bool = typer.Option(False, "--stats", help="print what each pass did"),
         timeline: bool = typer.Option(False, "--timeline", help="print a text timeline of the final order"),
@@ -33,6 +34,7 @@ def register(app: typer.Typer) -> None:
             None, "--table", help="measured times: a table or profiler trace (e.g. from calibrate --trace -o)"
         ),
         list_passes: bool = typer.Option(False, "--list", help="list passes and presets, then exit"),
+        json_out: bool = typer.Option(False, "--json", help="print the scheduled step's summary as JSON (as simulate)"),
     ) -> None:
         """Reorder GRAPH with scheduling passes and report the simulated effect.
 
@@ -54,7 +56,8 @@ def register(app: typer.Typer) -> None:
         from commsched.hardware import for_graph
         from commsched.passes import check_knobs
         from commsched.passes import schedule as run_schedule
-        from commsched.sim import simulate_costs
+        from commsched.report.capacity import step_warnings
+        from commsched.report.step import predict
 
         with user_errors():
             g = load_graph(graph)
@@ -65,10 +68,20 @@ def register(app: typer.Typer) -> None:
                 costs = estimate_costs(g, hw, table=load_measured(table) if table is not None else None)
             with console.status(f"running {passes}"):
                 result = run_schedule(g, costs, passes, **knobs)
-            before = simulate_costs(g, costs)
-            after = simulate_costs(g, costs, result.order, result.streams)
+            before = predict(g, costs)
+            after = predict(g, costs, result.order, result.streams, result.compute_interference)
             if out:
                 result.save(out)
+        warnings = step_warnings(g.meta, hw, after.sim.peak_memory_bytes)
+        warn(warnings)
+        if json_out:
+            import json
+
+            context = {"hardware": hardware, "nodes in cluster": hw.num_nodes, "passes": result.passes,
+                       "input_makespan_s": before.makespan_s}  # fmt: skip
+            summary = {**after.summary(), "context": context, "warnings": warnings, "files": [str(out)] if out else []}
+            console.print_json(json.dumps(summary))
+            return
         print_schedule_report(
             result, before, after, console, title=graph.name, costs=costs, stats=stats, timeline=timeline
         )
@@ -79,10 +92,13 @@ def register(app: typer.Typer) -> None:
     def check(
         graph: Path = typer.Argument(..., help="a graph JSON file"),
         scheduled: Path = typer.Argument(..., help="a schedule JSON file (from commsched schedule -o)"),
-        allow_collective_reorder: bool = typer.Option(False, help="accept a different per-group collective order"),
+        allow_collective_reorder: bool = typer.Option(
+            False, "--allow-collective-reorder", help="accept any per-group collective order (no SPMD check)"
+        ),
     ) -> None:
         """Validate a schedule: topological order, every process group's collective order unchanged (SPMD), and
-        with several streams, a collective issue order the program itself forces.
+        with several streams, a collective issue order the program itself forces. A schedule whose pass reordered
+        collectives on purpose (reorder_collectives) records each group's new order: it is checked against that.
 
         Example: commsched check graph.json scheduled.json
         """
@@ -92,5 +108,10 @@ def register(app: typer.Typer) -> None:
         with user_errors():
             g = load_graph(graph)
             s = load_schedule(g, scheduled)
-            check_schedule(g, s.order, allow_collective_reorder=allow_collective_reorder, streams=s.streams)
-        console.print(f"[green]ok[/]: {scheduled} is a valid schedule of {graph} ({len(g)} nodes)")
+            check_schedule(g, s.order, allow_collective_reorder=allow_collective_reorder, streams=s.streams,
+                           expected_chains=s.recorded_chains)  # fmt: skip
+        from rich.markup import escape
+
+        how = f"; collectives reordered by {', '.join(s.reordered_by)}, as recorded" if s.reordered_by else ""
+        console.print(f"[green]ok[/]: {escape(str(scheduled))} is a valid schedule of {escape(str(graph))} "
+                      f"({len(g)} nodes{how})", soft_wrap=True)  # fmt: skip

@@ -7,16 +7,26 @@ from pathlib import Path
 
 import typer
 
-from commsched.cli.common import GpusPerNodeOption, HardwareOption, NumNodesOption, console, user_errors
+from commsched.cli.common import GpusPerNodeOption, HardwareOption, NumNodesOption, console, user_errors, warn
 
 
-def load_order(path: Path) -> list[str]:
-    """A schedule file: a JSON list of node names, or an object with an ``order`` list."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    order = data.get("order") if isinstance(data, dict) else data
-    if not isinstance(order, list) or not all(isinstance(v, (str, int)) for v in order):
-        raise ValueError(f"{path}: expected a JSON list of node names (or {{'order': [...]}})")
-    return order
+def load_order(g, path: Path):
+    """``--order``: a schedule file (``commsched schedule -o``: its order, compute streams and contention charge),
+    or a plain JSON list of node names. Returns a :class:`commsched.passes.Schedule`."""
+    from commsched.passes import Schedule, load_schedule
+    from commsched.passes.pipeline import SCHEDULE_FORMAT
+
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON: {exc}") from None
+    if isinstance(data, dict) and data.get("format") == SCHEDULE_FORMAT:
+        return load_schedule(g, path)
+    if not isinstance(data, list) or not all(isinstance(v, (str, int)) for v in data):
+        raise ValueError(f"{path}: expected a schedule file (commsched schedule -o) or a JSON list of node names")
+    from commsched.ir.order import as_order
+
+    return Schedule(g, as_order(g, data))
 
 
 def register(app: typer.Typer) -> None:
@@ -26,7 +36,9 @@ def register(app: typer.Typer) -> None:
         hardware: HardwareOption = "h100-sxm",
         num_nodes: NumNodesOption = None,
         gpus_per_node: GpusPerNodeOption = None,
-        order: Path = typer.Option(None, "--order", help="JSON list of node names to simulate (default: graph order)"),
+        order: Path = typer.Option(
+            None, "--order", help="a schedule file (schedule -o: order and streams) or a JSON list of node names"
+        ),
         trace: Path = typer.Option(None, "--trace", help="write a Perfetto / Chrome trace (Kineto-shaped JSON)"),
         html: Path = typer.Option(None, "--html", help="write a self-contained HTML report"),
         gantt: Path = typer.Option(None, "--gantt", help="write a Gantt chart PNG"),
@@ -40,8 +52,9 @@ def register(app: typer.Typer) -> None:
         from commsched.cost import estimate_costs
         from commsched.frontends.json_io import load_graph
         from commsched.hardware import for_graph
+        from commsched.report.capacity import step_warnings
+        from commsched.report.step import predict
         from commsched.report.terminal import print_summary
-        from commsched.sim import simulate_costs
 
         with user_errors():
             g = load_graph(graph)
@@ -49,20 +62,27 @@ def register(app: typer.Typer) -> None:
             num_nodes = hw.num_nodes
             with console.status(f"estimating {len(g)} nodes on {hardware} x {num_nodes} node(s)"):
                 costs = estimate_costs(g, hw)
+            sched = load_order(g, order) if order else None
             with console.status("simulating"):
-                res = simulate_costs(g, costs, load_order(order) if order else None)
+                step = predict(g, costs, *((sched.order, sched.streams, sched.compute_interference) if sched else ()))
+            res = step.sim
             context = {"hardware": hardware, "nodes in cluster": num_nodes}
-            written = write_reports(res, trace=trace, html=html, gantt=gantt, context=context)
+            warnings = step_warnings(g.meta, hw, res.peak_memory_bytes)
+            written = write_reports(res, trace=trace, html=html, gantt=gantt, context=context, hw=hw, warnings=warnings)
+        warn(warnings)
         if json_out:
-            console.print_json(json.dumps({**res.summary(), "context": context, "files": [str(p) for p in written]}))
+            files = [str(p) for p in written]
+            console.print_json(json.dumps({**step.summary(), "context": context, "warnings": warnings, "files": files}))
             return
-        print_summary(res, console, title=f"{graph.name} on {hardware} x {num_nodes}")
+        print_summary(res, console, title=f"{graph.name} on {hardware} x {num_nodes}", contention_s=step.contention_s)
         for p in written:
             console.print(f"wrote [bold]{p}[/]")
 
 
-def write_reports(res, *, trace=None, html=None, gantt=None, context=None) -> list[Path]:
-    """Write whichever of the trace, HTML report and Gantt PNG were asked for; returns their paths."""
+def write_reports(res, *, trace=None, html=None, gantt=None, context=None, hw=None, warnings=()) -> list[Path]:
+    """Write whichever of the trace, HTML report and Gantt PNG were asked for; returns their paths. ``hw``: its HBM
+    capacity is a line on the memory plots; ``warnings`` head the HTML report."""
+    capacity = hw.compute.hbm_capacity_bytes if hw is not None else None
     written = []
     if trace:
         from commsched.report.trace import write_chrome_trace
@@ -72,9 +92,9 @@ def write_reports(res, *, trace=None, html=None, gantt=None, context=None) -> li
         from commsched.report.html import write_html
 
         with console.status("rendering the HTML report"):
-            written.append(write_html(res, html, context=context))
+            written.append(write_html(res, html, context=context, capacity_bytes=capacity, warnings=warnings))
     if gantt:
         from commsched.report.gantt import write_gantt
 
-        written.append(write_gantt(res, gantt))
+        written.append(write_gantt(res, gantt, capacity_bytes=capacity))
     return written

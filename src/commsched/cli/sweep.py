@@ -98,6 +98,7 @@ def register(app: typer.Typer) -> None:
 
                 write_sweep_plot(rows, out)
 
+        _warn_capacity(ok)
         title = f"{preset} ({layers or 'all'} layers, {mode}), schedule {schedule}"
         print_sweep(rows, console, title=title, wall_s=wall_s)
         for p in ((json_path,) if json_path else ()) + ((out,) if out and ok else ()):
@@ -105,3 +106,17 @@ def register(app: typer.Typer) -> None:
         if not ok:
             err_console.print("[bold red]error:[/] no configuration succeeded")
             raise typer.Exit(2)
+
+
+def _warn_capacity(rows: list) -> None:
+    """A warning per configuration whose scheduled peak exceeds its profile's HBM (issue 19.2)."""
+    from commsched import hardware
+    from commsched.cli.common import warn
+    from commsched.report.capacity import capacity_warning
+
+    lines = []
+    for r in rows:
+        line = capacity_warning(r.peak_memory_bytes, hardware.get(r.hardware))
+        if line:
+            lines.append(f"{r.parallel} at world {r.world_size} on {r.hardware}: {line}")
+    warn(lines)

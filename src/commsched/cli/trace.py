@@ -6,7 +6,15 @@ from pathlib import Path
 
 import typer
 
-from commsched.cli.common import LayersOption, ModeOption, ParallelOption, WorldSizeOption, console, user_errors
+from commsched.cli.common import (
+    LayersOption,
+    ModeOption,
+    ParallelOption,
+    WorldSizeOption,
+    console,
+    user_errors,
+    warn,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -66,3 +74,6 @@ def register(app: typer.Typer) -> None:
         if out is not None:
             console.print(f"wrote [bold]{out}[/] ({len(w.graph)} nodes)")
         print_graph_info(summarize(w.graph), console, title=w.meta["workload"])
+        from commsched.report.capacity import step_warnings
+
+        warn(step_warnings(w.meta, None, None))

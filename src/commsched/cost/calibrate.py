@@ -300,6 +300,22 @@ def _golden(f: Callable[[float], float], lo: float, hi: float, iters: int = 60) 
     return math.exp((a + b) / 2)
 
 
+# bytes per element of the matmul dtypes the calibration measures
+_ITEM_BYTES = {"float64": 8.0, "float32": 4.0, "bfloat16": 2.0, "float16": 2.0}
+
+
+def _check_inside(field: str, value: float, lo: float, hi: float, unit: str, why: str) -> float:
+    """``value`` if a 1-D search over [lo, hi] (log scale) ended inside it; a fit that ends on a bound was not
+    constrained by the measurements, so it is an error naming the field (ValueError, one line)."""
+    span = math.log(hi / lo)
+    if min(math.log(value / lo), math.log(hi / value)) < 0.01 * span:
+        raise ValueError(
+            f"calibration: {field} = {value:.3g} {unit} is the fit's bound [{lo:g}, {hi:g}], not a measurement "
+            f"({why}); nothing was written"
+        )
+    return value
+
+
 def fit_profile(
     base: Hardware, m: Measurements, coll: Measurements | None = None, *, name: str | None = None
 ) -> Hardware:
@@ -331,6 +347,10 @@ def fit_profile(
             if e < best[0] - 1e-9:
                 best = (e, cache if small.any() else 0.0, bw_c, bw_h, half)
     _, cache, bw_c, bw, half = best
+    why_bw = "elementwise kernels did not constrain it"
+    _check_inside("compute.hbm_bandwidth_bytes_per_s", bw, 1e8, 1e13, "B/s", why_bw)
+    if cache:
+        _check_inside("compute.cache_bandwidth_bytes_per_s", bw_c, 1e8, 1e13, "B/s", why_bw)
     trial = dataclasses.replace(
         base,
         compute=dataclasses.replace(
@@ -352,7 +372,7 @@ def fit_profile(
     for dt, rows in by_dtype.items():
         arr = np.array(rows, float)
         mm, nn_, kk, t = arr.T
-        flops, nbytes = 2 * mm * nn_ * kk, 4.0 * (mm * kk + kk * nn_ + mm * nn_)
+        flops, nbytes = 2 * mm * nn_ * kk, _ITEM_BYTES.get(dt, 4.0) * (mm * kk + kk * nn_ + mm * nn_)
         t_mem = memory_time(nbytes, 1.0, trial)
         grid = [((tile,), kh) for tile in (4, 8, 16, 32, 64, 128) for kh in (0.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)]
         if not first:
@@ -372,6 +392,8 @@ def fit_profile(
             if e < best_mm[0]:
                 best_mm = (e, peak, ((tile, tile, 1.0),), kh)
         _, peaks[dt], new_tiles, new_kh = best_mm
+        why = f"the {dt} matmuls ran no slower than their memory traffic, so they bound no peak"
+        _check_inside(f"compute.peak_flops[{dt}]", peaks[dt], 1e8, 1e16, "FLOP/s", why)
         if first:
             tiles, k_half, first = new_tiles, new_kh, False
     if "float32" not in by_dtype:
@@ -419,6 +441,9 @@ def _fit_collectives(hw: Hardware, m: Measurements) -> Hardware:
             if e < best[0]:
                 best = (e, bus, float(base), float(hop))
     _, bus, base, hop = best
+    _check_inside(
+        "intra_node.link_bandwidth_bytes_per_s", bus, 1e6, 1e13, "B/s", "the collectives did not constrain it"
+    )
     a2a = [(w, b, tt) for k, w, b, tt in m.collectives if k == "all_to_all"]
     a2a_eff = hw.intra_node.all_to_all_efficiency
     if a2a:

@@ -143,6 +143,7 @@ def _evaluate(task: _TraceTask, workload: Any, hardware: str, trace_wall_s: floa
     from commsched import hardware as hw_profiles
     from commsched.cost import estimate_costs
     from commsched.passes import schedule as run_schedule
+    from commsched.report.step import predict
     from commsched.sim import simulate_costs
 
     g, meta = workload.graph, workload.meta
@@ -168,21 +169,20 @@ def _evaluate(task: _TraceTask, workload: Any, hardware: str, trace_wall_s: floa
         costs = estimate_costs(g, hw)
         t1 = time.perf_counter()
         stage = "schedule"
-        order = streams = None
-        if task.schedule is not None:
-            sched = run_schedule(g, costs, task.schedule)
-            order, streams = sched.order, sched.streams
+        sched = None if task.schedule is None else run_schedule(g, costs, task.schedule)
         t2 = time.perf_counter()
         stage = "simulate"
         before = simulate_costs(g, costs)
-        after = before if order is None else simulate_costs(g, costs, order, streams)
+        # the schedule's one step time: with several compute streams, plus the contention its pass charged
+        step = None if sched is None else predict(g, costs, sched.order, sched.streams, sched.compute_interference)
+        after = before if step is None else step.sim
         t3 = time.perf_counter()
     except Exception as exc:  # one failing configuration must not sink the sweep
         return SweepRow(**common, error=_error_text(stage, exc))
     return SweepRow(
         **common,
         step_time_input_s=before.makespan_s,
-        step_time_s=after.makespan_s,
+        step_time_s=after.makespan_s if step is None else step.makespan_s,
         exposed_comm_input_s=before.exposed_comm_s,
         exposed_comm_s=after.exposed_comm_s,
         overlap_ratio_input=before.overlap_ratio,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -21,6 +21,7 @@ def check_schedule(
     streams: np.ndarray | None = None,
     extra_src: np.ndarray | None = None,
     extra_dst: np.ndarray | None = None,
+    expected_chains: Mapping[int, np.ndarray] | None = None,
 ) -> np.ndarray:
     """Check that ``order`` is a valid schedule of ``g``; return it as an int32 array.
 
@@ -29,21 +30,25 @@ def check_schedule(
     ``reference`` (default: the graph's own order) — the SPMD rule; and with multi-stream ``streams``, the issue
     order of all collectives is forced by the program (same stream or a dependency path), so FIFO comm streams of
     groups that share ranks cannot be fed in different orders on different ranks (the classic hang).
+    ``expected_chains`` (group index -> collective ids in issue order; e.g. a schedule file's recorded
+    ``collective_order`` after ``reorder_collectives``) replaces ``reference``'s: the SPMD rule then holds for that
+    deliberately reordered sequence, which every rank issues alike because it is written down.
     Raises ScheduleError naming the nodes. O(N + E) (plus O((N + E) * C / 64) with streams).
     """
     order = as_order(g, order)
     check_topological(g, order, extra_src, extra_dst)
     if not allow_collective_reorder:
-        ref = as_order(g, reference)
-        want = collective_chains(g, ref)
+        recorded = expected_chains is not None
+        want = expected_chains if recorded else collective_chains(g, as_order(g, reference))
         got = collective_chains(g, order)
         for grp, colls in want.items():
             mismatch = np.flatnonzero(got[grp] != colls)
             if len(mismatch):
                 k = int(mismatch[0])
+                ref = "recorded collective_order" if recorded else "reference order"
                 raise ScheduleError(
                     f"process group {g.groups[grp].name!r}: collective #{k} is {g.names[got[grp][k]]!r} but the "
-                    f"reference order issues {g.names[colls[k]]!r} there; every rank must issue a group's "
+                    f"{ref} issues {g.names[colls[k]]!r} there; every rank must issue a group's "
                     "collectives in the same order (SPMD)"
                 )
     if streams is not None:

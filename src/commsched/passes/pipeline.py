@@ -16,7 +16,7 @@ import numpy as np
 
 from commsched.cost import resolve_costs
 from commsched.ir import Graph, GraphError, OpKind
-from commsched.ir.order import as_order
+from commsched.ir.order import as_order, collective_chains
 from commsched.passes.check import check_schedule
 from commsched.passes.registry import (
     PASSES,
@@ -30,6 +30,8 @@ from commsched.passes.registry import (
 
 SCHEDULE_FORMAT = "commsched.schedule"
 SCHEDULE_VERSION = 1
+# a schedule file with streams but no 'compute_interference' (written before it was recorded): multi_stream's default
+DEFAULT_COMPUTE_INTERFERENCE = 1.0
 
 # named pipelines; "torch" is the pass list torch recommends for reorder_for_compute_comm_overlap_passes
 PRESETS: dict[str, list[str]] = {
@@ -74,13 +76,25 @@ def check_knobs(passes: str | Sequence[PassItem], knobs: Mapping[str, Any]) -> d
 
 @dataclass
 class Schedule:
-    """An order of the graph's nodes (ids), optional compute streams, and what each pass did."""
+    """An order of the graph's nodes (ids), optional compute streams, and what each pass did.
+
+    ``compute_interference``: with several compute streams, the share of the time kernels overlap that the pass
+    that placed them charged as contention (the simulator runs concurrent kernels at full speed each); every
+    prediction of this schedule adds it (:func:`commsched.report.step.predict`), so it has one step time
+    everywhere.
+
+    ``reordered_by``: the passes that changed a process group's collective order on purpose (``reorder_collectives``:
+    a deterministic order every rank computes alike). The file records them and each group's resulting issue order
+    (``collective_order``), so ``commsched check`` verifies the schedule against that order instead of refusing it."""
 
     graph: Graph
     order: np.ndarray
     streams: np.ndarray | None = None
     stats: list[PassStats] = field(default_factory=list)
     passes: list[str] = field(default_factory=list)
+    compute_interference: float = 0.0
+    reordered_by: list[str] = field(default_factory=list)
+    recorded_chains: dict[int, np.ndarray] | None = None  # loaded from a file: group index -> collective ids
 
     @property
     def names(self) -> list[str]:
@@ -96,6 +110,14 @@ class Schedule:
         }
         if self.streams is not None:
             d["streams"] = [int(s) for s in self.streams[self.order].tolist()]
+            d["compute_interference"] = self.compute_interference
+        if self.reordered_by:
+            chains = collective_chains(self.graph, self.order)
+            d["collectives_reordered_by"] = list(self.reordered_by)
+            d["collective_order"] = {
+                self.graph.groups[grp].name: [self.graph.names[c] for c in colls.tolist()]
+                for grp, colls in chains.items()
+            }
         return d
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -131,8 +153,40 @@ def load_schedule(graph: Graph, path: str | os.PathLike[str]) -> Schedule:
             raise GraphError(f"{path}: field 'streams': expected one stream id (int >= 0) per entry of 'order'")
         streams = np.zeros(len(graph), np.int32)
         streams[order] = s
+    interference = data.get("compute_interference", DEFAULT_COMPUTE_INTERFERENCE if streams is not None else 0.0)
+    if isinstance(interference, bool) or not isinstance(interference, (int, float)) or not interference >= 0:
+        raise GraphError(f"{path}: field 'compute_interference': expected a number >= 0, got {interference!r}")
     passes = data.get("passes", [])
-    return Schedule(graph, order, streams, passes=list(passes) if isinstance(passes, list) else [])
+    reordered_by, chains = _reordered_by(graph, data, path)
+    return Schedule(graph, order, streams, passes=list(passes) if isinstance(passes, list) else [],
+                    compute_interference=float(interference), reordered_by=reordered_by,
+                    recorded_chains=chains)  # fmt: skip
+
+
+def _reordered_by(graph: Graph, data: dict[str, Any], path: Path) -> tuple[list[str], dict[int, np.ndarray] | None]:
+    """The file's ``collectives_reordered_by`` (pass names) and its ``collective_order`` (group index -> collective
+    ids in the recorded issue order), checked to name every group's collectives once; ([], None) when the file
+    records no reordering."""
+    by = data.get("collectives_reordered_by", [])
+    if not isinstance(by, list) or not all(isinstance(x, str) for x in by):
+        raise GraphError(f"{path}: field 'collectives_reordered_by': expected a list of pass names")
+    if not by:
+        return [], None
+    recorded = data.get("collective_order")
+    groups = {grp.name: k for k, grp in enumerate(graph.groups)}
+    want = {k: sorted(graph.names[c] for c in colls.tolist()) for k, colls in
+            collective_chains(graph, np.arange(len(graph), dtype=np.int32)).items()}  # fmt: skip
+    if not isinstance(recorded, dict) or {groups.get(name, -1) for name in recorded} != set(want):
+        raise GraphError(f"{path}: field 'collective_order': expected each process group of the graph with its "
+                         "collectives in issue order (it comes with 'collectives_reordered_by')")  # fmt: skip
+    ids = {name: i for i, name in enumerate(graph.names)}
+    chains = {}
+    for name, names in recorded.items():
+        if not isinstance(names, list) or sorted(map(str, names)) != want[groups[name]]:
+            raise GraphError(f"{path}: field 'collective_order' group {name!r}: expected each of the group's "
+                             f"{len(want[groups[name]])} collectives once")  # fmt: skip
+        chains[groups[name]] = np.array([ids[n] for n in names], np.int32)
+    return list(by), chains
 
 
 def inputs_first(graph: Graph, order: np.ndarray) -> np.ndarray:
@@ -186,6 +240,8 @@ def schedule(
     extra_src = np.zeros(0, np.int32)
     extra_dst = np.zeros(0, np.int32)
     streams: np.ndarray | None = None
+    interference = 0.0
+    reordered_by: list[str] = []
     all_stats: list[PassStats] = []
     pass_names: list[str] = []
     for p in names:
@@ -211,12 +267,24 @@ def schedule(
             )
         if result.reorders_collectives:
             reference = result.order.copy()
+            if not np.array_equal(collective_chains_flat(graph, reference), collective_chains_flat(graph, cur)):
+                reordered_by.append(pname)
         cur = inputs_first(graph, result.order.astype(np.int32, copy=False))
         if result.streams is not None:
             streams = result.streams
+            # the contention the placing pass charged (multi_stream: compute_interference, unless interference off)
+            interference = float(getattr(cfg, "compute_interference", 0.0)) if getattr(cfg, "interference", 1) else 0.0
         if result.extra_src is not None and len(result.extra_src):
             extra_src = np.concatenate([extra_src, result.extra_src]).astype(np.int32)
             extra_dst = np.concatenate([extra_dst, result.extra_dst]).astype(np.int32)
         all_stats.append(result.stats)
         pass_names.append(pname)
-    return Schedule(graph, cur, streams, all_stats, pass_names)
+    return Schedule(graph, cur, streams, all_stats, pass_names, compute_interference=interference,
+                    reordered_by=reordered_by)  # fmt: skip
+
+
+def collective_chains_flat(graph: Graph, order: np.ndarray) -> np.ndarray:
+    """Every collective in ``order``'s issue order, grouped by process group (group index, then issue order): two
+    orders issue each group's collectives alike iff these are equal."""
+    colls = order[graph.coll_type[order] >= 0]
+    return colls[np.argsort(graph.coll_group[colls], kind="stable")]

@@ -35,9 +35,12 @@ def _time_unit(span_ns: int) -> tuple[float, str]:
     return 1e3, "us"
 
 
-def gantt_png(res: SimResult, *, title: str | None = None, width_in: float = 12.0) -> bytes:
+def gantt_png(
+    res: SimResult, *, title: str | None = None, width_in: float = 12.0, capacity_bytes: float | None = None
+) -> bytes:
     """A PNG: one row per stream (kernels, collectives coloured by group, blocked waits in red) above the memory
-    curve on the same time axis."""
+    curve on the same time axis; ``capacity_bytes`` (the device's HBM) is a red line on the memory plot when the
+    peak comes within half of it."""
     plt = _figure()
     g = res.graph
     scale, unit = _time_unit(res.makespan_ns)
@@ -87,6 +90,11 @@ def gantt_png(res: SimResult, *, title: str | None = None, width_in: float = 12.
     mem_scale, mem_unit = (2**30, "GiB") if values.max(initial=0) >= 2**30 else (2**20, "MiB")
     axm.step(times / scale, values / mem_scale, where="post", color=COLORS["memory"])
     axm.fill_between(times / scale, values / mem_scale, step="post", alpha=0.2, color=COLORS["memory"])
+    if capacity_bytes and values.max(initial=0) >= capacity_bytes / 2:
+        over = values.max(initial=0) > capacity_bytes
+        label = f"HBM capacity {capacity_bytes / mem_scale:.0f} {mem_unit}" + (": exceeded" if over else "")
+        axm.axhline(capacity_bytes / mem_scale, color=COLORS["blocked"], linestyle="--", linewidth=1.2, label=label)
+        axm.legend(loc="upper right", fontsize=8, framealpha=0.8)
     axm.set_ylabel(f"memory ({mem_unit})")
     axm.set_xlabel(f"time ({unit})")
     axm.grid(alpha=0.3)

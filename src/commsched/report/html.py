@@ -25,6 +25,7 @@ table { border-collapse: collapse; margin-top: 0.5rem; }
 th, td { padding: 0.25rem 0.8rem; border-bottom: 1px solid #eee; }
 th { text-align: left; background: #f6f6f6; } td.n { text-align: right; font-variant-numeric: tabular-nums; }
 img { max-width: 100%; border: 1px solid #eee; }
+.warn { color: #8a1c1c; background: #fdecea; border-left: 4px solid #d62728; padding: 0.4rem 0.8rem; }
 """
 
 
@@ -50,6 +51,14 @@ def _page_head(title: str, context: dict[str, Any]) -> list[str]:
     ]
 
 
+def _warnings(lines: list[str] | tuple[str, ...]) -> list[str]:
+    """Warnings (a step that does not fit, padding) right under the heading, where they are seen first."""
+    if not lines:
+        return []
+    items = "".join(f'<p class="warn">warning: {html.escape(line)}</p>' for line in lines)
+    return [f'<section id="warnings">{items}</section>']
+
+
 def _exposed_table(res: SimResult, k: int) -> str:
     rows = exposed_rows(res, k)
     if not rows:
@@ -57,11 +66,19 @@ def _exposed_table(res: SimResult, k: int) -> str:
     return _table(list(EXPOSED_COLUMNS), rows, numeric_from=3)
 
 
-def render_html(res: SimResult, *, title: str | None = None, context: dict[str, Any] | None = None) -> str:
-    """The report as one HTML string. ``context``: extra key/value lines for the header (hardware, world size...)."""
+def render_html(
+    res: SimResult,
+    *,
+    title: str | None = None,
+    context: dict[str, Any] | None = None,
+    capacity_bytes: float | None = None,
+    warnings: tuple[str, ...] | list[str] = (),
+) -> str:
+    """The report as one HTML string. ``context``: extra key/value lines for the header (hardware, world size...);
+    ``capacity_bytes``: the device's HBM, a line on the memory plot; ``warnings``: lines shown under the title."""
     g = res.graph
     title = title or f"commsched: {g.meta.get('workload', 'simulated step')}"
-    png = base64.b64encode(gantt_png(res)).decode("ascii")
+    png = base64.b64encode(gantt_png(res, capacity_bytes=capacity_bytes)).decode("ascii")
     cards = [
         ("step time", fmt_seconds(res.makespan_s)),
         ("lower bound", fmt_seconds(res.lower_bound_s)),
@@ -84,6 +101,7 @@ def render_html(res: SimResult, *, title: str | None = None, context: dict[str, 
     bounds += [[f"comm on {k}", fmt_seconds(v)] for k, v in b.comm_s.items()]
     parts = [
         *_page_head(title, ctx),
+        *_warnings(warnings),
         f'<section id="summary"><h2>Summary</h2><div class="cards">{cards_html}</div></section>',
         '<section id="gantt"><h2>Timeline and memory</h2>',
         f'<img alt="Gantt chart of the streams above the memory curve" src="data:image/png;base64,{png}"></section>',
@@ -108,10 +126,16 @@ def write_html(res: SimResult, path: str | Path, **kw: Any) -> Path:
 
 
 def render_comparison_html(
-    results: list[tuple[str, SimResult]], *, title: str | None = None, context: dict[str, Any] | None = None
+    results: list[tuple[str, SimResult]],
+    *,
+    title: str | None = None,
+    context: dict[str, Any] | None = None,
+    capacity_bytes: float | None = None,
+    warnings: tuple[str, ...] | list[str] = (),
 ) -> str:
     """One report for several orders of the same graph (e.g. the input order and the scheduled one): a comparison
-    table first, then each order's timeline and most exposed collectives."""
+    table first, then each order's timeline and most exposed collectives (``capacity_bytes`` and ``warnings`` as
+    in :func:`render_html`)."""
     if not results:
         raise ValueError("render_comparison_html needs at least one (label, SimResult)")
     g = results[0][1].graph
@@ -127,6 +151,7 @@ def render_comparison_html(
     }
     parts = [
         *_page_head(title, ctx),
+        *_warnings(warnings),
         '<section id="comparison"><h2>Orders compared</h2>',
         _table(
             ["order", "step time", "speedup", "makespan / bound", "exposed comm", "overlap (HTA)", "peak memory"], rows
@@ -134,7 +159,7 @@ def render_comparison_html(
         "</section>",
     ]
     for k, (label, r) in enumerate(results):
-        png = base64.b64encode(gantt_png(r, title=label)).decode("ascii")
+        png = base64.b64encode(gantt_png(r, title=label, capacity_bytes=capacity_bytes)).decode("ascii")
         parts += [
             f'<section id="order-{k}"><h2>{html.escape(label)}: timeline and memory</h2>',
             f'<img alt="Gantt chart of {html.escape(label)}" src="data:image/png;base64,{png}">',

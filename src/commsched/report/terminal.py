@@ -18,28 +18,34 @@ from commsched.report.tables import (
     new_table,
     stream_rows,
 )
-from commsched.report.units import fmt_bytes, fmt_seconds
+from commsched.report.units import fmt_bytes, fmt_percent, fmt_seconds
 from commsched.sim.result import SimResult
 
 if TYPE_CHECKING:
     from commsched.cost.model import CostEstimate
     from commsched.passes.pipeline import Schedule
     from commsched.passes.registry import PassSpec, PassStats
+    from commsched.report.step import StepPrediction
     from commsched.report.summary import GraphSummary
 
 
-def summary_table(res: SimResult, title: str = "simulated step") -> Table:
+def summary_table(res: SimResult, title: str = "simulated step", contention_s: float = 0.0) -> Table:
+    """Step time (with ``contention_s``, the charge of kernels overlapping on several compute streams), its bound,
+    exposed communication, overlap and peak memory."""
     t = Table(title=title, show_header=False, show_edge=False, pad_edge=False)
     t.add_column("metric", style="bold")
     t.add_column("value", justify="right")
     b = res.bound
-    t.add_row("step time (makespan)", fmt_seconds(res.makespan_s))
+    t.add_row("step time", fmt_seconds(res.makespan_s + contention_s))
+    if contention_s > 0:
+        t.add_row("  of which contention", f"{fmt_seconds(contention_s)} (kernels overlapping on compute streams)")
     t.add_row("lower bound", f"{fmt_seconds(res.lower_bound_s)} ({b.binding})")
-    t.add_row("makespan / bound", f"{res.bound_ratio:.3f}")
+    ratio = (res.makespan_s + contention_s) / res.lower_bound_s if res.lower_bound_s > 0 else res.bound_ratio
+    t.add_row("step time / bound", f"{ratio:.3f}")
     t.add_row(
         "exposed communication", f"{fmt_seconds(res.exposed_comm_s)} ({_pct(res.exposed_comm_s, res.makespan_s)})"
     )
-    t.add_row("comm/compute overlap (HTA)", f"{100 * res.overlap_ratio:.1f} %")
+    t.add_row("comm/compute overlap (HTA)", fmt_percent(res.overlap_ratio))
     t.add_row("peak memory", fmt_bytes(res.peak_memory_bytes))
     return t
 
@@ -64,11 +70,14 @@ def _pct(part: float, whole: float) -> str:
     return f"{100 * part / whole:.1f} %" if whole > 0 else "-"
 
 
-def print_summary(res: SimResult, console: Console | None = None, title: str | None = None) -> None:
+def print_summary(
+    res: SimResult, console: Console | None = None, title: str | None = None, contention_s: float = 0.0
+) -> None:
     """Print the summary, the streams and the most exposed collectives."""
     console = console or Console()
     title = title or str(res.graph.meta.get("workload", "simulated step"))
-    console.print(Panel(Group(summary_table(res, title), streams_table(res), exposed_table(res)), expand=False))
+    summary = summary_table(res, title, contention_s)
+    console.print(Panel(Group(summary, streams_table(res), exposed_table(res)), expand=False))
 
 
 def comparison_table(results: list[tuple[str, SimResult]], title: str = "orders compared") -> Table:
@@ -111,8 +120,8 @@ def print_pass_list(passes: Mapping[str, PassSpec], presets: Mapping[str, Sequen
 
 def print_schedule_report(
     result: Schedule,
-    before: SimResult,
-    after: SimResult,
+    before: StepPrediction,
+    after: StepPrediction,
     console: Console,
     *,
     title: str,
@@ -121,24 +130,29 @@ def print_schedule_report(
     timeline: bool = False,
 ) -> None:
     """A schedule's effect: what each pass did (``stats``), a text timeline of the final order (``timeline``), then
-    the input and the scheduled order side by side."""
+    the input and the scheduled order side by side. Step times are :func:`commsched.report.step.predict`'s: with
+    several compute streams they include the contention charge, in its own column."""
     from commsched.report.pass_stats import overlap_timeline, print_pass_stats
 
     if stats:
         for st in result.stats:
             print_pass_stats(st, console)
     if timeline:
-        for line in overlap_timeline(before.graph, result.order, costs, max_lines=400):
+        for line in overlap_timeline(result.graph, result.order, costs, max_lines=400):
             console.print(line, highlight=False)
-    columns = ("order", "step time", "exposed comm", "overlap", "peak memory", "pass time")
+    contention = before.contention_s > 0 or after.contention_s > 0
+    columns = ("order", "step time", *(("of which contention",) if contention else ()), "exposed comm", "overlap",
+               "peak memory", "pass time")  # fmt: skip
     table = new_table(f"{title}: {', '.join(result.passes) or 'no passes'}", columns)
     wall = sum(s.wall_s for s in result.stats)
-    for label, r, w in (("input", before, None), ("scheduled", after, wall)):
+    for label, p, w in (("input", before, None), ("scheduled", after, wall)):
+        r = p.sim
         table.add_row(
             label,
-            fmt_seconds(r.makespan_s),
+            fmt_seconds(p.makespan_s),
+            *((fmt_seconds(p.contention_s),) if contention else ()),
             fmt_seconds(r.exposed_comm_s),
-            f"{r.overlap_ratio:.2f}",
+            fmt_percent(r.overlap_ratio),
             fmt_bytes(r.peak_memory_bytes),
             "" if w is None else fmt_seconds(w),
         )

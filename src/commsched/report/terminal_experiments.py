@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from commsched.report.tables import new_table
-from commsched.report.units import fmt_bytes, fmt_seconds, fmt_seconds_short
+from commsched.report.units import fmt_bytes, fmt_percent, fmt_seconds, fmt_seconds_short
 
 if TYPE_CHECKING:
     from commsched.compare import CompareResult
@@ -29,20 +29,28 @@ def compare_table(result: CompareResult, title: str) -> Table:
         left=("scheduler", "note"),
     )
     for r in result.rows:
-        if r.makespan_s is None:
-            table.add_row(r.scheduler, "-", "-", "-", "-", "-", fmt_seconds(r.wall_s or 0), r.note)
+        if r.makespan_s is None:  # the whole reason goes below the table (print_compare), never cut off here
+            table.add_row(r.scheduler, "-", "-", "-", "-", "-", fmt_seconds(r.wall_s or 0), "failed: see below")
             continue
         table.add_row(
             r.scheduler,
             fmt_seconds(r.makespan_s),
             f"+{r.gap_to_bound * 100:.1f}%" if r.gap_to_bound is not None else "",
             fmt_seconds(r.exposed_comm_s),
-            f"{r.overlap_ratio:.2f}",
+            fmt_percent(r.overlap_ratio),
             fmt_bytes(r.peak_memory_bytes),
             "" if r.wall_s is None else fmt_seconds(r.wall_s),
             r.note[:60],
         )
     return table
+
+
+def print_compare(result: CompareResult, console: Console, title: str) -> None:
+    """The compare table, then each scheduler that did not run with its whole reason, one line each."""
+    console.print(compare_table(result, title))
+    for r in result.rows:
+        if r.makespan_s is None:
+            console.print(f"[red]{escape(r.scheduler)}[/]: {escape(r.note)}", highlight=False, soft_wrap=True)
 
 
 def sweep_table(rows: Sequence[SweepRow], title: str) -> Table:
@@ -61,7 +69,7 @@ def sweep_table(rows: Sequence[SweepRow], title: str) -> Table:
             fmt_seconds_short(r.step_time_s),
             f"{r.speedup:.2f}x",
             fmt_seconds_short(r.exposed_comm_s),
-            f"{r.overlap_ratio:.2f}",
+            fmt_percent(r.overlap_ratio),
             fmt_bytes(r.peak_memory_bytes),
             fmt_seconds_short(r.lower_bound_s),
         )

@@ -7,7 +7,8 @@ Open it in Perfetto (ui.perfetto.dev) or chrome://tracing, or feed it to Holisti
   ``correlation`` and ``External id``, as Kineto writes them. Collective kernels are named ``ncclDevKernel_<Type>``
   (the names NCCL gives them, which tools use to tell communication from computation).
 * A wait is a ``gpu_user_annotation`` slice on its compute stream lasting as long as it blocked (no ``stream`` arg,
-  so it is not counted as a kernel); a flow arrow runs from each collective to each of its waits.
+  so it is not counted as a kernel); a flow arrow runs forward in time from each collective (its last instant) to
+  each of its waits (inside the wait's slice), as Perfetto and HTA draw producer -> consumer.
 * A ``Memory`` counter track (``ph: "C"``) follows the memory model's curve: the value while each node runs from its
   start, the value after its frees from its end.
 * Top level: ``schemaVersion``, ``deviceProperties``, ``distributedInfo`` (rank 0), ``baseTimeNanoseconds``;
@@ -122,11 +123,15 @@ def to_chrome_trace(res: SimResult, *, device_name: str = "simulated GPU", world
                     "args": {"node": g.names[i], "blocked_us": _us(blocked)},
                 }
             )
-            # flow: bound to the collective's slice at its last instant, to the wait's slice at its start
+            # flow from the producer to the consumer, forward in time (Perfetto draws it from "s" to "f"; HTA's
+            # critical-path flows do the same): "s" inside the collective's slice at its last instant, "f" (bp "e":
+            # bound to its enclosing slice) inside the wait's slice, no earlier than "s". The wait ends when the
+            # collective does (plus sync), so that instant exists.
             flow_ts = max(start[c], end[c] - 1)
             common = {"cat": "comm_wait", "name": "collective -> wait", "id": i, "pid": GPU_PID}
             events.append({**common, "ph": "s", "tid": node_tid[c], "ts": _us(flow_ts)})
-            events.append({**common, "ph": "f", "bp": "e", "tid": issue_tid[i], "ts": _us(start[i] - blocked)})
+            finish_ts = min(max(flow_ts, start[i] - blocked), start[i])
+            events.append({**common, "ph": "f", "bp": "e", "tid": issue_tid[i], "ts": _us(finish_ts)})
     events.extend(_memory_counter(res))
     # the host side: one ProfilerStep annotation over the step, as the profiler's schedule writes it
     events += [

@@ -35,3 +35,8 @@ def fmt_seconds_short(s: float) -> str:
         if abs(s) * scale >= 1 or unit == "us":
             return f"{s * scale:.3g} {unit}"
     return ""
+
+
+def fmt_percent(ratio: float) -> str:
+    """A ratio (0.558) as a percentage ("55.8 %"): how every table shows overlap and other shares."""
+    return f"{100 * ratio:.1f} %"
