@@ -131,7 +131,7 @@ def test_trivial_collectives_cost_nothing():
     assert collective_time_s(CollType.BROADCAST, MB, 8, hw) > 0
 
 
-_profiles = st.sampled_from(["h100-sxm", "a100-sxm-80g", "b200", "mi300x", "h200-sxm"])
+_profiles = st.sampled_from(["h100-sxm", "a100-sxm-80g", "b200", "gb200-nvl72", "mi300x", "h200-sxm"])
 
 
 @given(

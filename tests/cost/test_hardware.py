@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from commsched import hardware
 from commsched.hardware import Hardware, hardware_to_dict, load_profile, save_profile, shipped_profile
 
-SHIPPED = ("h100-sxm", "h200-sxm", "a100-sxm-80g", "b200", "mi300x", "cpu-local")
+SHIPPED = ("h100-sxm", "h200-sxm", "a100-sxm-80g", "b200", "gb200-nvl72", "mi300x", "cpu-local")
 
 
 @pytest.fixture(autouse=True)

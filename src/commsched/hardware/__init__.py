@@ -5,8 +5,8 @@
 1. ``name`` is a path to a ``.toml`` file (or contains a path separator): that file;
 2. the user profile folder: ``$COMMSCHED_PROFILE_DIR`` if set, else ``$XDG_CACHE_HOME/commsched/profiles``
    (``~/.cache/commsched/profiles``), where ``commsched calibrate`` writes ``cpu-local.toml``;
-3. the profiles shipped with the package (``h100-sxm``, ``h200-sxm``, ``a100-sxm-80g``, ``b200``, ``mi300x``,
-   ``cpu-local``).
+3. the profiles shipped with the package (``h100-sxm``, ``h200-sxm``, ``a100-sxm-80g``, ``b200``, ``gb200-nvl72``,
+   ``mi300x``, ``cpu-local``).
 
 So a calibrated ``cpu-local`` replaces the shipped default once written. ``"PROFILE@NETWORK"`` (or
 ``get(name, network=...)``) puts a network profile (``commsched/hardware/networks``: NICs per node, line rate and
