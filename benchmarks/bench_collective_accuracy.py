@@ -35,8 +35,8 @@ from commsched.cost.nccl_tests import MODELLED, NcclTestsLog, read_nccl_tests
 
 DATA = Path(commsched.__file__).parent / "cost" / "data" / "nccl_tests"
 SIZE_CLASSES = (("1-16 MB", 1 << 20, 16 << 20), ("16-256 MB", 16 << 20, 256 << 20), ("256 MB-8 GB", 256 << 20, 8 << 30))
-PROFILES = (("GB200", "b200"), ("B200", "b200"), ("H200", "h200-sxm"), ("H100", "h100-sxm"), ("A100", "a100-sxm-80g"),
-            ("MI3", "mi300x"))  # fmt: skip
+PROFILES = (("GB200", "gb200-nvl72"), ("B200", "b200"), ("H200", "h200-sxm"), ("H100", "h100-sxm"),
+            ("A100", "a100-sxm-80g"), ("MI3", "mi300x"))  # fmt: skip
 NETWORKS = (("efa", "EFA"), ("tcpx", "TCPX"), ("roce", "RoCE"), ("rdma", "RoCE"), ("infiniband", "IB"), ("ib ", "IB"),
             ("nvlink", "NVLink"), ("infinity fabric", "NVLink"))  # fmt: skip
 
@@ -47,10 +47,19 @@ def profile_of(gpu: str) -> str | None:
 
 def network_of(entry: dict) -> str:
     """One of NVLink (one node or one NVLink domain), IB, RoCE, EFA, TCPX, unknown."""
-    if entry.get("nodes") == 1:
+    nodes = nvlink_domains(entry)[0] if profile_of(entry["gpu"]) == "gb200-nvl72" else entry.get("nodes")
+    if nodes == 1:
         return "NVLink"
     text = entry["network"].lower()
     return next((cls for key, cls in NETWORKS if key in text), "unknown")
+
+
+def nvlink_domains(entry: dict) -> tuple[int, int]:
+    """(NVL72 racks, ranks per rack) of a GB200 log: the model's node is the rack's NVLink domain, not the 4-GPU tray
+    the index counts as a host. CoreWeave's 2-rack run used 64 GPUs per rack (sources.toml)."""
+    n = entry["nranks"]
+    per_rack = 64 if n == 128 else min(n, 72)
+    return -(-n // per_rack), per_rack
 
 
 def log_errors(entry: dict) -> dict[str, float] | str:
@@ -64,7 +73,8 @@ def log_errors(entry: dict) -> dict[str, float] | str:
     if log.collective not in MODELLED:
         return f"{log.collective} not modelled"
     n, nodes = entry["nranks"], entry["nodes"]
-    hw = hardware.get(profile, num_nodes=nodes, gpus_per_node=n // nodes)
+    nodes, per_node = nvlink_domains(entry) if profile == "gb200-nvl72" else (nodes, n // nodes)
+    hw = hardware.get(profile, num_nodes=nodes, gpus_per_node=per_node)
     per_class: dict[str, list[float]] = defaultdict(list)
     for row in log.rows:
         for name, lo, hi in SIZE_CLASSES:
