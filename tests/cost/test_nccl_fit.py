@@ -152,9 +152,12 @@ def test_cli_refuses_the_package_profiles(tmp_path, force):
     ("text", "message"),
     [
         ("#  size count type redop root time algbw busbw #wrong\n  1048576 x\n", "bad.log:2: expected"),
-        ((DATA / "xxrjun_cluster01_h100_1node_g8_sendrecv.txt").read_text(), "cannot fit sendrecv"),
+        (
+            (DATA / "xxrjun_cluster01_h100_1node_g8_sendrecv.txt").read_text().replace("sendrecv_perf", "reduce_perf"),
+            "cannot fit reduce",
+        ),
     ],
-    ids=["bad-row", "sendrecv"],
+    ids=["bad-row", "reduce"],
 )
 def test_cli_bad_log_exits_2_with_one_line(tmp_path, text, message):
     bad = tmp_path / "bad.log"

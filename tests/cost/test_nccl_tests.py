@@ -200,7 +200,10 @@ def test_compare_with_model_uses_the_log_placement():
     )
     assert c.median_abs_err is not None and c.worst_abs_err >= c.median_abs_err
     (sendrecv,) = read_nccl_tests(SENDRECV)
-    assert "no model for sendrecv" in compare_with_model(sendrecv, "a100-sxm-80g").note
+    pairs = compare_with_model(sendrecv, "a100-sxm-80g", num_nodes=1, gpus_per_node=8)  # one NVLink link per pair
+    assert not pairs.note and {s.algorithm for s in pairs.sizes} == {"p2p"}
+    (reduce,) = parse_nccl_tests(SENDRECV.read_text().replace("sendrecv_perf", "reduce_perf"), source="reduce.log")
+    assert "no model for reduce" in compare_with_model(reduce, "a100-sxm-80g").note
 
 
 def test_compare_needs_ranks_or_options():
@@ -215,12 +218,14 @@ def test_compare_needs_ranks_or_options():
 
 
 # ------------------------------------------------------------------------------------------------------- CLI
-def test_cli_prints_a_table_per_log():
-    res = runner.invoke(app, ["calibrate", "--nccl-tests", str(H100), str(SENDRECV), "--hardware", "h100-sxm"])
+def test_cli_prints_a_table_per_log(tmp_path):
+    reduce = tmp_path / "reduce_perf.log"  # a collective the model does not cover: measured only
+    reduce.write_text(SENDRECV.read_text().replace("sendrecv_perf", "reduce_perf"))
+    res = runner.invoke(app, ["calibrate", "--nccl-tests", str(H100), str(reduce), "--hardware", "h100-sxm"])
     assert res.exit_code == 0, res.output
     for r in read_nccl_tests(H100)[0].rows:
         assert re.search(rf"│\s+{r.size_bytes} │", res.output), r.size_bytes
-    assert "sizes >= 1 MiB: median" in res.output and "no model for sendrecv" in res.output
+    assert "sizes >= 1 MiB: median" in res.output and "no model for reduce" in res.output
 
 
 def test_cli_json():

@@ -17,6 +17,8 @@ Algorithms:
 * ``hierarchical`` (all_reduce, all_gather, reduce_scatter across nodes): reduce_scatter on NVLink, the collective
   on 1/ranks_per_node of the data across nodes (each rank on its own NIC), all_gather on NVLink; phases add up.
 * ``direct`` (all_to_all): every rank sends to every other at once; across nodes bounded by one NIC per rank.
+* ``p2p`` (sendrecv, as nccl-tests' sendrecv_perf: each rank sends its buffer to the next rank and receives from the
+  previous): one step over one NVLink link, or over one NIC when the group spans nodes.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from commsched.cost.model import LinkClass
 from commsched.hardware import Hardware, Protocol
 from commsched.ir import CollType
 
-KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "sendrecv")
 _KIND_BY_TYPE = {CollType.ALL_REDUCE: "all_reduce", CollType.ALL_GATHER: "all_gather",
                  CollType.REDUCE_SCATTER: "reduce_scatter", CollType.ALL_TO_ALL: "all_to_all",
                  CollType.BROADCAST: "broadcast"}  # fmt: skip
@@ -128,6 +130,14 @@ def _candidates(hw: Hardware, kind: str, n: int, g: int, nodes: int) -> tuple[tu
             # every peer's send is posted at once: one network step, plus a small cost per peer to post it
             lat = p.base_latency_s + (n - 1) * p.intra_hop_latency_s + (p.inter_hop_latency_s if nodes > 1 else 0.0)
             cands.append(("direct", p.name, lat, bus_factor(kind, n), _bus(bus, p)))
+        return tuple(sorted(cands, key=lambda c: (c[0], c[1]))), ()
+    if kind == "sendrecv":
+        bus = intra.link_bandwidth_bytes_per_s * intra.ring_efficiency if g > 1 else math.inf
+        if nodes > 1:
+            bus = min(bus, _nic_bus(hw, 1))  # the pair that crosses nodes has one NIC each
+        for p in hw.protocols:
+            hop = p.inter_hop_latency_s if nodes > 1 else p.intra_hop_latency_s
+            cands.append(("p2p", p.name, p.base_latency_s + hop, 1.0, _bus(bus, p)))
         return tuple(sorted(cands, key=lambda c: (c[0], c[1]))), ()
     cands += _ring(hw, kind, n, g, nodes)
     if kind == "all_reduce":

@@ -41,7 +41,7 @@ COLLECTIVES = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_s
                "alltoall": "all_to_all", "all_to_all": "all_to_all", "sendrecv": "sendrecv",
                "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
                "hypercube": "hypercube"}  # fmt: skip
-MODELLED = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+MODELLED = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "sendrecv")
 ONE_MIB = 1 << 20
 
 _TAG = re.compile(r"^(?:\[\d+(?:,\d+)*\](?:<std(?:out|err)>)?:?\s?|\d+:\s+)")
