@@ -8,11 +8,12 @@ from pathlib import Path
 import typer
 
 from commsched.cli.common import GpusPerNodeOption, HardwareOption, NumNodesOption, console, user_errors
+from commsched.io import read_input_json
 
 
 def load_order(path: Path) -> list[str]:
     """A schedule file: a JSON list of node names, or an object with an ``order`` list."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    data = read_input_json(path, "schedule (a JSON list of node names)")
     order = data.get("order") if isinstance(data, dict) else data
     if not isinstance(order, list) or not all(isinstance(v, (str, int)) for v in order):
         raise ValueError(f"{path}: expected a JSON list of node names (or {{'order': [...]}})")

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from commsched.io import read_input_text
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
@@ -327,10 +329,7 @@ def hardware_from_dict(data: Mapping[str, Any], *, where: str = "<profile>", bas
 def load_profile(path: str | Path) -> Hardware:
     """Read and validate one TOML profile file."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FileNotFoundError(f"hardware profile {str(path)!r} does not exist") from None
+    text = read_input_text(path, "hardware profile")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
