@@ -144,6 +144,8 @@ def _with_network(path: Path, net_path: Path) -> Hardware:
         net = tomllib.loads(read_input_text(net_path, "network profile"))
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{net_path}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ValueError(f"{net_path}: TOML nested too deeply; expected a network profile") from None
     extra = set(net) - _NETWORK_KEYS
     if extra:
         raise ValueError(f"{net_path}: unexpected key {sorted(extra)[0]!r}: a network profile holds "
