@@ -59,3 +59,17 @@ def test_a_huge_ratio_cannot_overflow_the_limit():
 def test_calibrate_cuda_without_cuda_is_a_user_error(tmp_path):
     assert_user_error(["calibrate", "--device", "cuda", "-o", str(tmp_path / "p.toml")], "--device cuda", "no CUDA")
     assert not (tmp_path / "p.toml").exists()
+
+
+def test_overlap_raises_only_when_even_the_input_order_breaks_a_byte_budget(graph_file):
+    """Item 10: the documented contract of the ``overlap`` pass (its module docstring)."""
+    import commsched.passes.overlap as overlap_module
+    from commsched.ir.order import ScheduleError
+
+    assert "ScheduleError raised if even that breaks a byte budget" in overlap_module.__doc__
+    g = small_graph()
+    sched = schedule(g, "h100-sxm", passes="overlap", memory_budget=1.0)  # a ratio: the input order always fits
+    assert len(sched.order) == len(g)
+    with pytest.raises(ScheduleError, match=r"no order found within the memory budget of 1 bytes"):
+        schedule(g, "h100-sxm", passes="overlap", memory_budget="1B")
+    assert_user_error(["schedule", graph_file, "-k", "memory_budget=1B"], "no order found within the memory budget")
