@@ -91,11 +91,40 @@ def read_input_json(path: str | os.PathLike[str], what: str = "input") -> Any:
     return parse_json(read_input_text(path, what), str(path), what)
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    return True
+
+
+def _remove_stale_temps(path: Path) -> None:
+    """Delete the temporary files that writers of ``path`` left when they were killed (their process is gone)."""
+    prefix = f".{path.name}."
+    try:
+        names = [n for n in os.listdir(path.parent) if n.startswith(prefix) and n.endswith(".tmp")]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(prefix) :].split(".", 1)[0]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            (path.parent / name).unlink(missing_ok=True)
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to ``path`` (parents created) through a temporary file and a rename; returns the path."""
-    path = Path(path)
+    """Write ``data`` to ``path`` (parents created) through a temporary file and a rename; returns the path.
+
+    A symlink at ``path`` is followed: its target is replaced, the link stays. The temporary file is
+    ``.NAME.PID.RANDOM.tmp`` next to the target; one that a killed writer left behind (SIGKILL, SIGTERM: no cleanup
+    runs) is deleted by the next write to the same file."""
+    given = Path(path)
+    path = Path(os.path.realpath(given))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    _remove_stale_temps(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -103,7 +132,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)  # never leave a stray temporary file behind
         raise
-    return path
+    return given
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
