@@ -213,24 +213,20 @@ def check_simulation(g: Graph, costs: CostEstimate) -> str | None:
     return None
 
 
-def _load(kind: str, path: Path) -> str | None:
-    """Load ``path`` as ``kind`` the way the CLI does; for a graph also estimate and simulate it."""
+def _load(kind: str, path: Path) -> Callable[[], str | None] | None:
+    """Load ``path`` as ``kind`` the way the CLI does; for a graph or a profile, the next step: estimate and
+    simulate (its errors are about the loaded input as a whole, so they need not name the file)."""
+    from commsched.cost import estimate_costs
+    from commsched.hardware import for_graph
+
     if kind == "graph":
         g = load_graph(path)
-        from commsched.cost import estimate_costs
-        from commsched.hardware import for_graph
-
-        return check_simulation(g, estimate_costs(g, for_graph("h100-sxm", g)))
-    if kind == "table":
-        load_measured(path)
-    elif kind == "profile":
+        return lambda: check_simulation(g, estimate_costs(g, for_graph("h100-sxm", g)))
+    if kind == "profile":
         hw = load_profile(path)
-        g = small_graph()
-        from commsched.cost import estimate_costs
-
-        return check_simulation(g, estimate_costs(g, hw.with_nodes(1)))
-    else:
-        load_measured(path)
+        return lambda: check_simulation(small_graph(), estimate_costs(small_graph(), hw.with_nodes(1)))
+    load_measured(path)
+    if kind == "trace":
         trace_collectives(path)
     return None
 
@@ -242,14 +238,17 @@ def run_case(kind: str, data: bytes, folder: Path, limit_s: float = 10.0) -> tup
     """(outcome, detail) of loading ``data`` as a ``kind`` file; see the module docstring for the outcomes."""
     path = folder / f"case_{kind}{SUFFIX[kind]}"
     path.write_bytes(data)
+    loaded = False
     try:
         with time_limit(limit_s):
-            wrong = _load(kind, path)
+            use = _load(kind, path)
+            loaded = True
+            wrong = use() if use is not None else None
     except Hang as exc:
         return "hang", str(exc)
     except (GraphError, ValueError, FileNotFoundError) as exc:
         text = str(exc)
-        if str(path) not in text or "\n" in text.strip() or type(exc) in (UnicodeDecodeError, RecursionError):
+        if (not loaded and str(path) not in text) or "\n" in text.strip() or isinstance(exc, UnicodeDecodeError):
             return "crash", f"{type(exc).__name__} not naming the file: {text[:300]}"
         return "error", text[:300]
     except BaseException as exc:  # classify everything, RecursionError too

@@ -72,6 +72,8 @@ EXTREMES = [
     (("groups", 0, "stride"), 2**70, "groups[0].stride: expected an integer"),
     (("meta", "world_size"), -3, "meta.world_size': expected an integer in [1, 2**31 - 1], got -3"),
     (("meta", "world_size"), "8", "meta.world_size'"),
+    (("nodes", 3, "inputs"), [2**53 + 1], "field 'inputs': node id 9007199254740993 does not exist (expected 0..6)"),
+    (("storages", 0, "owner"), 2**40, "storages[0].owner: node id 1099511627776 does not exist"),
 ]
 
 

@@ -205,14 +205,17 @@ def graph_from_dict(data: Any, where: str = "<graph>") -> Graph:
         if name in b._group_index:
             raise r.fail(item, f"duplicate process group name {name!r}")
         b.group(name, r.int_(f"{item}.size", grp.get("size"), 1), r.int_(f"{item}.stride", grp.get("stride", 1), 1))
+    nodes = r.list_("field 'nodes'", top.get("nodes"))
+    num_nodes = len(nodes)
     storages = r.list_("field 'storages'", top.get("storages", []))
     num_storages = len(storages)
     for k, st in enumerate(storages):
         st = r.dict_(f"storages[{k}]", st, {"nbytes", "owner"})
         b.storage_nbytes.append(r.int_(f"storages[{k}].nbytes", st.get("nbytes")))
-        b.storage_owner.append(r.int_(f"storages[{k}].owner", st.get("owner")))
-    nodes = r.list_("field 'nodes'", top.get("nodes"))
-    len(nodes)
+        owner = r.int_(f"storages[{k}].owner", st.get("owner"))
+        if owner >= num_nodes:
+            raise r.fail(f"storages[{k}].owner", f"node id {owner} does not exist (expected 0..{num_nodes - 1})")
+        b.storage_owner.append(owner)
     names_seen: set[str] = set()
     for i, node in enumerate(nodes):
         if type(node) is not dict or not node.keys() <= _NODE_FIELDS or not node.keys() >= _REQUIRED_NODE_FIELDS_SET:
@@ -232,10 +235,13 @@ def graph_from_dict(data: Any, where: str = "<graph>") -> Graph:
             r.str_(f"{item} field 'target'", target)
         inputs, deps = node.get("inputs", []), node.get("deps", [])
         for fld, vals in (("inputs", inputs), ("deps", deps)):
-            # ids are range-checked (with node names) by Graph.validate; here only their types
-            if type(vals) is not list or not all(type(v) is int for v in vals):
+            # ids that exist; their order is checked (with node names) by Graph.validate
+            if type(vals) is not list or not all(type(v) is int and 0 <= v < num_nodes for v in vals):
                 for v in r.list_(f"{item} field {fld!r}", vals):
-                    r.int_(f"{item} field {fld!r}", v)
+                    if r.int_(f"{item} field {fld!r}", v) >= num_nodes:
+                        raise r.fail(
+                            f"{item} field {fld!r}", f"node id {v} does not exist (expected 0..{num_nodes - 1})"
+                        )
         flops = node.get("flops", 0.0)
         if type(flops) not in (int, float) or not (0 <= flops <= MAX_FLOPS):
             raise r.fail(f"{item} field 'flops'", f"expected a number in [0, {MAX_FLOPS:g}], got {_short(flops)}")

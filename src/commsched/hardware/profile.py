@@ -181,7 +181,7 @@ class _Section:
             self.used.add(key)
             return float(default)
         v = self.raw(key, default)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:  # NaN; a huge int is out of range
             raise _fail(self.where, f"{key} = {_brief(v)}: expected a number")
         if not lo <= v <= hi:
             raise _fail(self.where, f"{key} = {v}: expected a value in [{lo:g}, {hi:g}]")
@@ -244,7 +244,7 @@ def hardware_from_dict(data: Mapping[str, Any], *, where: str = "<profile>", bas
     tiles = []
     for t in tiles_raw:
         ok = isinstance(t, list) and len(t) == 3 and all(type(x) in (int, float) for x in t)
-        ok = ok and float(t[0]).is_integer() and float(t[1]).is_integer()
+        ok = ok and all(type(x) is int or x.is_integer() for x in t[:2])
         if not ok or not (1 <= t[0] <= MAX_COUNT and 1 <= t[1] <= MAX_COUNT and MIN_POSITIVE <= t[2] <= 1):
             raise _fail(
                 f"{where} [compute]",
