@@ -131,6 +131,7 @@ def mutate_tree(rng: random.Random, tree: Any, steps: int = 1) -> Any:
     """``steps`` random edits of a JSON tree: replace a value (hostile, or its number twisted), delete a key,
     add an unknown key, duplicate or drop a list item, nest a value deeply."""
     tree = copy.deepcopy(tree)
+    nested_once = False  # one deep value per tree: deepcopy and json.dumps recurse (deeper nesting: mutate_bytes)
     for _ in range(steps):
         path = rng.choice(_paths(tree)[1:] or [()])
         if not path:
@@ -150,13 +151,14 @@ def mutate_tree(rng: random.Random, tree: Any, steps: int = 1) -> Any:
             parent["unknown_" + str(rng.randrange(9))] = rng.choice(HOSTILE_VALUES)
         elif op == 4:
             parent.insert(key, copy.deepcopy(value))
-        elif op == 5:
+        elif op == 5 and not nested_once:
+            nested_once = True
             nested: Any = value
             for _ in range(rng.choice([3, 50, 400])):
                 nested = [nested]
             parent[key] = nested
-        else:
-            parent[key] = str(value) if not isinstance(value, str) else value + "\x7f"
+        elif op == 6:
+            parent[key] = str(value)[:200] if not isinstance(value, str) else value + "\x7f"
     return tree
 
 

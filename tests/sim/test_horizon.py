@@ -61,7 +61,10 @@ def test_cost_estimate_rejects_impossible_factors(field):
 
 def test_tiny_bandwidth_profile_fails_in_library_and_cli(tmp_path):
     data = profile_dict()
-    data["intra_node"]["link_gb_per_s"] = 1e-15
+    data["intra_node"]["link_gb_per_s"] = 1e-15  # below the profile's range: refused at load
+    with pytest.raises(ValueError, match=r"link_gb_per_s = 1e-15: expected a positive number >= 1e-12"):
+        simulate(small_graph(), str(write_profile(tmp_path / "slower.toml", data)))
+    data["intra_node"]["link_gb_per_s"] = 1e-9  # 1 B/s: in range, but 2^40 bytes take longer than the horizon
     data["protocols"]["simple"].pop("max_bus_gb_per_s", None)
     prof = write_profile(tmp_path / "slow.toml", data)
     g = small_graph(nbytes=1 << 40)
