@@ -23,3 +23,49 @@ def test_failed_write_keeps_the_old_file(tmp_path):
         atomic_write_bytes(path, "not bytes")  # type: ignore[arg-type]
     assert path.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["a.txt"]
+
+
+# ---------------------------------------------------------------- issue 20 item 9: killed writers, symlinks
+_KILLED_WRITER = """
+import os, signal, sys
+from commsched import io
+os.replace = lambda src, dst: os.kill(os.getpid(), getattr(signal, sys.argv[2]))  # die between write and rename
+io.atomic_write_text(sys.argv[1], "new")
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
+def test_a_killed_writers_temp_file_is_removed_by_the_next_write(tmp_path, sig):
+    import subprocess
+    import sys
+
+    path = tmp_path / "a.txt"
+    atomic_write_text(path, "old")
+    res = subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(path), sig], capture_output=True, timeout=60)
+    assert res.returncode < 0  # killed by the signal
+    assert path.read_text() == "old"  # never half-written
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert len(left) == 2 and left[0].startswith(".a.txt.") and left[0].endswith(".tmp")
+    atomic_write_text(path, "newer")
+    assert [p.name for p in tmp_path.iterdir()] == ["a.txt"] and path.read_text() == "newer"
+
+
+def test_a_live_writers_temp_file_is_kept(tmp_path):
+    import os
+
+    path = tmp_path / "a.txt"
+    live = tmp_path / f".a.txt.{os.getpid()}.abc.tmp"
+    live.write_text("in progress")
+    atomic_write_text(path, "x")
+    assert live.exists()
+
+
+def test_writing_through_a_symlink_replaces_its_target(tmp_path):
+    target = tmp_path / "data" / "real.json"
+    target.parent.mkdir()
+    target.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    assert atomic_write_text(link, "new") == link
+    assert link.is_symlink() and target.read_text() == "new"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["real.json"]

@@ -1,20 +1,130 @@
 """Small shared I/O: atomic file writes (the bytes go to a temporary file in the target's folder, then a rename puts it
-in place, so a reader sees either the old file or the whole new one, never a partial write) and a free local port
-for a rendezvous."""
+in place, so a reader sees either the old file or the whole new one, never a partial write), the one way an input
+file is read (:func:`read_input_bytes`, :func:`read_input_text`, :func:`read_input_json`: size-capped, gzip when it
+is gzip, strict UTF-8 and JSON, every failure a ValueError naming the file) and a free local port for a rendezvous."""
 
 from __future__ import annotations
 
+import gzip
+import io
+import json
 import os
 import socket
+import stat
 import tempfile
+import zlib
 from pathlib import Path
+from typing import Any
+
+MAX_INPUT_BYTES = 1 << 31
+"""the most bytes an input file may hold (after gzip decompression): 2 GiB; a device such as /dev/zero stops here"""
+_GZIP_MAGIC = b"\x1f\x8b"
+_CHUNK = 1 << 20
+
+
+def _read_capped(fh: Any, path: Path, cap: int) -> bytes:
+    """Up to ``cap`` bytes of an open stream; ValueError when it holds more."""
+    parts, total = [], 0
+    while True:
+        chunk = fh.read(min(_CHUNK, cap + 1 - total))
+        if not chunk:
+            return b"".join(parts)
+        parts.append(chunk)
+        total += len(chunk)
+        if total > cap:
+            raise ValueError(f"{path}: larger than {cap} bytes; expected an input file of at most that size")
+
+
+def read_input_bytes(path: str | os.PathLike[str], what: str = "input") -> bytes:
+    """The bytes of an input file (a gzip file decompressed), at most :data:`MAX_INPUT_BYTES`.
+    FileNotFoundError or ValueError, each naming the file: a directory, unreadable, too large, a broken gzip."""
+    path = Path(path)
+    cap = MAX_INPUT_BYTES
+    try:
+        st = os.stat(path)
+        if stat.S_ISDIR(st.st_mode):
+            raise ValueError(f"{path}: is a directory; expected a {what} file")
+        if stat.S_ISREG(st.st_mode) and st.st_size > cap:
+            raise ValueError(f"{path}: {st.st_size} bytes; expected a {what} file of at most {cap} bytes")
+        with open(path, "rb") as fh:
+            data = _read_capped(fh, path, cap)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} {str(path)!r} does not exist") from None
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if not data.startswith(_GZIP_MAGIC):
+        return data
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as fh:
+            return _read_capped(fh, path, cap)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise ValueError(f"{path}: a broken gzip file ({exc or type(exc).__name__}); expected a whole {what}") from None
+
+
+def read_input_text(path: str | os.PathLike[str], what: str = "input") -> str:
+    """An input file as strict UTF-8 text (see :func:`read_input_bytes`); ValueError naming the file and the byte."""
+    data = read_input_bytes(path, what)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: byte {exc.start} is not UTF-8 ({exc.reason}); expected a UTF-8 {what}") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json(text: str, where: str, what: str = "input") -> Any:
+    """Strict JSON (no NaN / Infinity, bounded nesting); ValueError naming ``where``."""
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where}: not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ValueError(f"{where}: JSON nested too deeply; expected a {what}") from None
+    except ValueError as exc:  # NaN / Infinity, an integer of more than 4300 digits
+        raise ValueError(f"{where}: not valid JSON: {exc}") from None
+
+
+def read_input_json(path: str | os.PathLike[str], what: str = "input") -> Any:
+    """An input file parsed as strict JSON (:func:`read_input_text`, :func:`parse_json`)."""
+    return parse_json(read_input_text(path, what), str(path), what)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    return True
+
+
+def _remove_stale_temps(path: Path) -> None:
+    """Delete the temporary files that writers of ``path`` left when they were killed (their process is gone)."""
+    prefix = f".{path.name}."
+    try:
+        names = [n for n in os.listdir(path.parent) if n.startswith(prefix) and n.endswith(".tmp")]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(prefix) :].split(".", 1)[0]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            (path.parent / name).unlink(missing_ok=True)
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to ``path`` (parents created) through a temporary file and a rename; returns the path."""
-    path = Path(path)
+    """Write ``data`` to ``path`` (parents created) through a temporary file and a rename; returns the path.
+
+    A symlink at ``path`` is followed: its target is replaced, the link stays. The temporary file is
+    ``.NAME.PID.RANDOM.tmp`` next to the target; one that a killed writer left behind (SIGKILL, SIGTERM: no cleanup
+    runs) is deleted by the next write to the same file."""
+    given = Path(path)
+    path = Path(os.path.realpath(given))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    _remove_stale_temps(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -22,7 +132,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)  # never leave a stray temporary file behind
         raise
-    return path
+    return given
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:

@@ -50,11 +50,11 @@ def test_bad_tables_are_named(tmp_path):
     with pytest.raises(ValueError, match=r"unknown commsched\.cost-table version 9"):
         MeasuredTable.load(p)
     p.write_text(json.dumps({"format": "commsched.cost-table", "version": 1, "ops": [{"target": "aten.mm"}]}))
-    with pytest.raises(ValueError, match=r"ops\[0\]: expected target, shapes, dtype, time_s"):
+    with pytest.raises(ValueError, match=r"ops\[0\]: missing field 'shapes'; expected target, shapes, dtype, time_s"):
         MeasuredTable.load(p)
     c = tmp_path / "t.csv"
     c.write_text("kind,target,shapes,dtype,group_size,nbytes,time_s\nall_reduce,,,,8,1024,-1\n")
-    with pytest.raises(ValueError, match=r"t.csv:2: time_s -1.0: expected finite seconds >= 0"):
+    with pytest.raises(ValueError, match=r"t.csv:2: time_s '-1': expected seconds in \[0, 1e\+06\]"):
         MeasuredTable.load(c)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         MeasuredTable.load(tmp_path / "missing.json")
@@ -110,7 +110,7 @@ def test_profiler_trace_import_matches_traced_graph(tmp_path):
 def test_bad_trace_is_named(tmp_path):
     p = tmp_path / "trace.json"
     p.write_text("{not json")
-    with pytest.raises(ValueError, match="not a JSON Chrome trace"):
+    with pytest.raises(ValueError, match=r"trace\.json: not valid JSON"):
         table_from_chrome_trace(p)
     p.write_text(json.dumps({"foo": 1}))
     with pytest.raises(ValueError, match="no 'traceEvents' list"):

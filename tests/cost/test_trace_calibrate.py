@@ -138,7 +138,7 @@ def _bad_inputs(traces: Path, tmp: Path) -> dict[str, tuple[list[Path], Path, st
     rank0, rank1 = traces / "rank0.json", traces / "rank1.json.gz"
     partial = _edited(rank1, tmp / "rank1_partial.json", drop="gloo:all_gather")
     return {
-        "not a trace": ([rank0, not_trace], not_trace, "not a JSON Chrome trace"),
+        "not a trace": ([rank0, not_trace], not_trace, "not valid JSON"),
         "no collectives": ([quiet], quiet, "no collective events"),
         "same rank twice": ([rank0, rank0], rank0, "expected one file per rank"),
         "ranks disagree": ([rank0, partial], partial, "expected the same collectives on every rank"),

@@ -53,6 +53,13 @@ def run_calibration(
 
     if device not in ("cpu", "cuda"):
         raise ValueError(f"--device {device!r}: expected cpu or cuda")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(
+                "--device cuda: torch sees no CUDA device here; expected a machine with one, or --device cpu"
+            )
     name = "cpu-local" if device == "cpu" else "cuda-local"
     out = out or hw_mod.user_profile_dir() / f"{name}.toml"
     try:

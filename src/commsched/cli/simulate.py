@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from commsched.cli.common import GpusPerNodeOption, HardwareOption, NumNodesOption, console, user_errors, warn
+from commsched.io import read_input_json
 
 
 def load_order(g, path: Path):
@@ -16,10 +17,7 @@ def load_order(g, path: Path):
     from commsched.passes import Schedule, load_schedule
     from commsched.passes.pipeline import SCHEDULE_FORMAT
 
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON: {exc}") from None
+    data = read_input_json(path, "schedule (a schedule file or a JSON list of node names)")
     if isinstance(data, dict) and data.get("format") == SCHEDULE_FORMAT:
         return load_schedule(g, path)
     if not isinstance(data, list) or not all(isinstance(v, (str, int)) for v in data):

@@ -5,6 +5,7 @@ The simulator never knows how a time was made: it reads a :class:`CostEstimate`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -51,12 +52,18 @@ class CostEstimate:
         for name in ("coll_latency_s", "coll_link", "fusion_region"):
             if getattr(self, name) is not None and len(getattr(self, name)) != n:
                 raise ValueError(f"CostEstimate.{name} has {len(getattr(self, name))} entries; expected {n}")
-        if np.any(self.node_s < 0) or not np.all(np.isfinite(self.node_s)):
-            raise ValueError("CostEstimate.node_s must be finite and >= 0")
-        if self.compute_slowdown < 1.0:
-            raise ValueError(f"compute_slowdown={self.compute_slowdown} must be >= 1")
-        if self.comm_slowdown < 1.0:
-            raise ValueError(f"comm_slowdown={self.comm_slowdown} must be >= 1")
+        for name in ("node_s", "coll_latency_s"):
+            values = np.asarray(getattr(self, name), np.float64)
+            bad = np.flatnonzero(~(np.isfinite(values) & (values >= 0)))
+            if len(bad):
+                raise ValueError(
+                    f"CostEstimate.{name}[{int(bad[0])}] is {values[bad[0]]}; expected finite seconds >= 0"
+                )
+        for name in ("compute_slowdown", "comm_slowdown"):
+            if not 1.0 <= float(getattr(self, name)) < math.inf:
+                raise ValueError(f"CostEstimate.{name}={getattr(self, name)}: expected a finite factor >= 1")
+        if not 0.0 <= float(self.stream_sync_s) < math.inf:
+            raise ValueError(f"CostEstimate.stream_sync_s={self.stream_sync_s}: expected finite seconds >= 0")
 
     @classmethod
     def from_times(cls, node_s: np.ndarray, coll_link: np.ndarray | None = None, **kw: Any) -> CostEstimate:

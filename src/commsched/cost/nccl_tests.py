@@ -30,11 +30,11 @@ import os
 import re
 import statistics
 from collections import Counter
-from pathlib import Path
 
 from commsched import hardware as hw_mod
 from commsched.cost.collectives import bus_factor, plan_collective
 from commsched.hardware import Hardware
+from commsched.io import read_input_bytes
 
 # binary stem -> collective name; the names the cost model knows follow commsched.cost.collectives.KINDS
 COLLECTIVES = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
@@ -139,7 +139,7 @@ def collective_name(name: str) -> str:
 
 def read_nccl_tests(path: str | os.PathLike[str], collective: str | None = None) -> list[NcclTestsLog]:
     """Every test of an nccl-tests log file (see :func:`parse_nccl_tests`); ValueError naming the file and line."""
-    data = Path(path).read_bytes()
+    data = read_input_bytes(path, "nccl-tests log")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -23,14 +23,17 @@ from pathlib import Path
 import numpy as np
 
 from commsched.cost.collectives import normalize_kind
-from commsched.io import atomic_write_text
+from commsched.io import atomic_write_text, parse_json, read_input_text
 from commsched.ir import Graph
+from commsched.ir.graph import MAX_BYTES, MAX_RANKS
 
 FORMAT = "commsched.cost-table"
 VERSION = 1
 _CSV_FIELDS = ("kind", "target", "shapes", "dtype", "group_size", "nbytes", "time_s")
 
 OpKey = tuple[str, tuple[tuple[int, ...], ...], str]
+MAX_TIME_S = 1e6
+"""the longest measured time one row may hold (11.6 days; far beyond any kernel or collective)"""
 
 
 def op_packet(target: str) -> str:
@@ -54,21 +57,44 @@ def _parse_shapes(text: str, where: str) -> tuple[tuple[int, ...], ...]:
         if part == "-":
             out.append(())
             continue
-        try:
-            out.append(tuple(int(d) for d in part.split("x")))
-        except ValueError:
-            raise ValueError(f"{where}: shapes {text!r}: expected e.g. 128x64;64x256") from None
+        dims = part.split("x")
+        if not all(d.isdigit() and len(d) <= 16 for d in dims):
+            raise ValueError(f"{where}: shapes {text[:60]!r}: expected e.g. 128x64;64x256")
+        out.append(tuple(_int(int(d), where, "shapes", 0, MAX_BYTES) for d in dims))
     return tuple(out)
 
 
 def _time(v: object, where: str) -> float:
+    """Seconds in [0, MAX_TIME_S] from a number (or, in a CSV, its text)."""
     try:
-        t = float(v)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ValueError(f"{where}: time_s {v!r}: expected seconds") from None
-    if not math.isfinite(t) or t < 0:
-        raise ValueError(f"{where}: time_s {t}: expected finite seconds >= 0")
-    return t
+        t = float(v) if isinstance(v, str) and len(v) < 64 else v
+    except ValueError:
+        t = v
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= MAX_TIME_S:
+        raise ValueError(f"{where}: time_s {_brief(v)}: expected seconds in [0, {MAX_TIME_S:g}]")
+    return float(t)
+
+
+def _int(v: object, where: str, name: str, lo: int, hi: int) -> int:
+    """An integer in [lo, hi] (an integral float is taken; a CSV cell's text too)."""
+    if isinstance(v, str) and v.strip().isdigit() and len(v) < 24:
+        v = int(v)
+    if isinstance(v, float) and v.is_integer() and abs(v) < 2.0**63:
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise ValueError(f"{where}: {name} {_brief(v)}: expected an integer in [{lo}, {hi}]")
+    return v
+
+
+def _brief(v: object) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _str(v: object, where: str, name: str) -> str:
+    if not isinstance(v, str):
+        raise ValueError(f"{where}: {name} {_brief(v)}: expected a string")
+    return v
 
 
 class MeasuredTable:
@@ -82,16 +108,28 @@ class MeasuredTable:
         self.source = source
 
     # ------------------------------------------------------------------ building
-    def add_op(self, target: str, shapes: Iterable[Iterable[int]], dtype: str, time_s: float, count: int = 1) -> None:
-        key = (op_packet(target), tuple(tuple(int(d) for d in s) for s in shapes), str(dtype))
-        self.ops[key] = _time(time_s, f"op {target}")
-        self.op_counts[key] = int(count)
+    def add_op(
+        self, target: str, shapes: Iterable[Iterable[int]], dtype: str, time_s: float, count: int = 1, where: str = ""
+    ) -> None:
+        """One op's time; ValueError naming ``where`` (default: the op) and the field out of range."""
+        where = where or f"op {_brief(target)}"
+        if not isinstance(shapes, (list, tuple)) or not all(isinstance(s, (list, tuple)) for s in shapes):
+            raise ValueError(f"{where}: shapes: expected a list of shapes (lists of integers)")
+        dims = tuple(tuple(_int(d, where, "shapes", 0, MAX_BYTES) for d in s) for s in shapes)
+        key = (op_packet(_str(target, where, "target")), dims, _str(dtype, where, "dtype"))
+        self.ops[key] = _time(time_s, where)
+        self.op_counts[key] = _int(count, where, "count", 1, 1 << 53)
 
-    def add_collective(self, kind: str, group_size: int, nbytes: int, time_s: float) -> None:
-        k = (normalize_kind(kind), int(group_size))
-        if group_size < 1 or nbytes < 0:
-            raise ValueError(f"collective {kind}: group_size={group_size} and nbytes={nbytes} must be >= 1 and >= 0")
-        self._colls.setdefault(k, {})[int(nbytes)] = _time(time_s, f"collective {kind}")
+    def add_collective(self, kind: str, group_size: int, nbytes: int, time_s: float, where: str = "") -> None:
+        """One collective's time at one size; ValueError naming ``where`` (default: the collective) and the field."""
+        where = where or f"collective {_brief(kind)}"
+        try:
+            normalized = normalize_kind(_str(kind, where, "type"))
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        k = (normalized, _int(group_size, where, "group_size", 1, MAX_RANKS))
+        size = _int(nbytes, where, "nbytes", 0, MAX_BYTES)
+        self._colls.setdefault(k, {})[size] = _time(time_s, where)
         self._interp.pop(k, None)
 
     @property
@@ -180,50 +218,62 @@ class MeasuredTable:
     def from_dict(cls, data: dict, source: str = "<dict>") -> MeasuredTable:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError(f"{source}: not a {FORMAT} file (missing or wrong 'format')")
-        if data.get("version") != VERSION:
-            raise ValueError(f"{source}: unknown {FORMAT} version {data.get('version')!r}: expected {VERSION}")
+        version = data.get("version")
+        if type(version) is not int or version != VERSION:
+            raise ValueError(f"{source}: unknown {FORMAT} version {_brief(version)}: expected {VERSION}")
         table = cls(source)
-        for j, e in enumerate(data.get("ops", [])):
+        for j, e in enumerate(_rows(data, "ops", ("target", "shapes", "dtype", "time_s"), {"count"}, source)):
             where = f"{source}: ops[{j}]"
-            try:
-                table.add_op(e["target"], e["shapes"], e["dtype"], _time(e["time_s"], where), int(e.get("count", 1)))
-            except (KeyError, TypeError) as exc:
-                raise ValueError(f"{where}: expected target, shapes, dtype, time_s ({exc})") from None
-        for j, e in enumerate(data.get("collectives", [])):
+            table.add_op(e["target"], e["shapes"], e["dtype"], e["time_s"], e.get("count", 1), where=where)
+        for j, e in enumerate(_rows(data, "collectives", ("type", "group_size", "nbytes", "time_s"), set(), source)):
             where = f"{source}: collectives[{j}]"
-            try:
-                table.add_collective(e["type"], int(e["group_size"]), int(e["nbytes"]), _time(e["time_s"], where))
-            except (KeyError, TypeError) as exc:
-                raise ValueError(f"{where}: expected type, group_size, nbytes, time_s ({exc})") from None
+            table.add_collective(e["type"], e["group_size"], e["nbytes"], e["time_s"], where=where)
         return table
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> MeasuredTable:
         """Read a JSON or CSV table (by suffix); errors name the file and the row."""
         path = Path(path)
+        text = read_input_text(path, "measured table")
+        if ".csv" not in [s.lower() for s in path.suffixes]:
+            return cls.from_dict(parse_json(text, str(path), "commsched.cost-table JSON"), str(path))
+        return cls.from_csv(text, str(path))
+
+    @classmethod
+    def from_csv(cls, text: str, source: str) -> MeasuredTable:
+        """A table from CSV text (see the module docstring); errors name ``source`` and the line."""
+        table = cls(source)
         try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise FileNotFoundError(f"measured table {str(path)!r} does not exist") from None
-        if path.suffix.lower() != ".csv":
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}: not valid JSON: {exc}") from None
-            return cls.from_dict(data, str(path))
-        table = cls(str(path))
-        reader = csv.DictReader(io.StringIO(text))
-        missing = set(_CSV_FIELDS) - set(reader.fieldnames or ())
-        if missing:
-            raise ValueError(f"{path}: CSV header lacks {sorted(missing)}: expected {','.join(_CSV_FIELDS)}")
-        for row_no, row in enumerate(reader, start=2):
-            where = f"{path}:{row_no}"
-            t = _time(row["time_s"], where)
-            if row["kind"] == "op":
-                table.add_op(row["target"], _parse_shapes(row["shapes"], where), row["dtype"], t)
-            else:
-                try:
-                    table.add_collective(row["kind"], int(row["group_size"]), int(row["nbytes"]), t)
-                except ValueError as exc:
-                    raise ValueError(f"{where}: {exc}") from None
+            reader = csv.DictReader(io.StringIO(text))
+            missing = set(_CSV_FIELDS) - set(reader.fieldnames or ())
+            if missing:
+                raise ValueError(f"{source}: CSV header lacks {sorted(missing)}: expected {','.join(_CSV_FIELDS)}")
+            for row in reader:
+                where = f"{source}:{reader.line_num}"
+                if None in row.values() or None in row:
+                    raise ValueError(f"{where}: expected the {len(_CSV_FIELDS)} fields {','.join(_CSV_FIELDS)}")
+                if row["kind"] == "op":
+                    shapes = _parse_shapes(row["shapes"], where)
+                    table.add_op(row["target"], shapes, row["dtype"], row["time_s"], where=where)
+                else:
+                    table.add_collective(row["kind"], row["group_size"], row["nbytes"], row["time_s"], where=where)
+        except csv.Error as exc:
+            raise ValueError(f"{source}: not a CSV table: {exc}") from None
         return table
+
+
+def _rows(data: dict, key: str, required: tuple[str, ...], optional: set[str], source: str) -> list[dict]:
+    """``data[key]``, a list of objects with the ``required`` fields (and only those and ``optional``)."""
+    rows = data.get(key, [])
+    if not isinstance(rows, list):
+        raise ValueError(f"{source}: field {key!r}: expected a list of objects")
+    for j, e in enumerate(rows):
+        if not isinstance(e, dict):
+            raise ValueError(f"{source}: {key}[{j}]: expected an object with {', '.join(required)}")
+        missing = [f for f in required if f not in e]
+        if missing:
+            raise ValueError(f"{source}: {key}[{j}]: missing field {missing[0]!r}; expected {', '.join(required)}")
+        extra = set(e) - set(required) - optional
+        if extra:
+            raise ValueError(f"{source}: {key}[{j}]: unknown field {sorted(extra)[0]!r}")
+    return rows

@@ -23,7 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from commsched.cost.collectives import normalize_kind
+from commsched.cost.table import FORMAT as TABLE_FORMAT
 from commsched.cost.table import MeasuredTable
+from commsched.io import parse_json, read_input_text
+from commsched.ir.graph import MAX_BYTES, MAX_RANKS
 
 # profiler "Input type" strings -> torch dtype names
 _DTYPES = {
@@ -40,11 +43,47 @@ _COMM = re.compile(r"^(nccl|gloo|mpi|ucc|xccl):(\w+)$")
 _DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
-def _collective(e: dict, world: int, *, kernels: bool = False) -> tuple[str, int, int] | None:
+class _Events:
+    """A trace's events, read field by field: a value the importer uses is checked, and a bad one is a ValueError
+    naming the file, the event and the field, with what was expected."""
+
+    def __init__(self, path: Path, events: list[Any]) -> None:
+        self.path, self.events = path, events
+
+    def fail(self, e: dict, field: str, expected: str, value: Any) -> ValueError:
+        i = next(k for k, x in enumerate(self.events) if x is e)
+        text = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        return ValueError(f"{self.path}: traceEvents[{i}] field {field!r}: expected {expected}, got {text}")
+
+    def args(self, e: dict) -> dict:
+        a = e.get("args", {})
+        if not isinstance(a, dict):
+            raise self.fail(e, "args", "an object", a)
+        return a
+
+    def us(self, e: dict, value: Any, field: str = "dur") -> float:
+        """Microseconds >= 0 (a Chrome trace's durations)."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1e12:
+            raise self.fail(e, field, "microseconds in [0, 1e12]", value)
+        return float(value)
+
+    def count(self, e: dict, value: Any, field: str, lo: int = 0, hi: int = MAX_BYTES) -> int:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            raise self.fail(e, f"args.{field}", f"an integer in [{lo}, {hi}]", value)
+        return value
+
+    def name(self, e: dict) -> str:
+        n = e.get("name", "")
+        return n if isinstance(n, str) else ""
+
+
+def _collective(ev: _Events, e: dict, world: int, *, kernels: bool = False) -> tuple[str, int, int] | None:
     """(kind, group size, nbytes in the nccl-tests convention) of a communication event, or None. With ``kernels``
     also device kernels that carry ``Collective name`` (NCCL kernels in recent Kineto traces)."""
-    args = e.get("args", {})
-    name = e.get("name", "")
+    args = ev.args(e)
+    name = ev.name(e)
     m = _COMM.match(name)
     if name == "record_param_comms" or (kernels and e.get("cat") == "kernel" and "Collective name" in args):
         raw_kind = str(args.get("Collective name", ""))
@@ -56,99 +95,117 @@ def _collective(e: dict, world: int, *, kernels: bool = False) -> tuple[str, int
         kind = normalize_kind(raw_kind)
     except ValueError:
         return None  # barrier, send/recv, ...
-    group = int(args.get("Group size", world) or world)
+    group = ev.count(e, args.get("Group size") or world, "Group size", 1, MAX_RANKS)
     dtype = _DTYPES.get(str(args.get("dtype", "")), "")
     if not dtype:
-        types = [t for t in args.get("Input type", []) if t in _DTYPES]
+        types = args.get("Input type", [])
+        types = [t for t in types if isinstance(t, str) and t in _DTYPES] if isinstance(types, list) else []
         dtype = _DTYPES[types[0]] if types else "float32"
     itemsize = _ITEMSIZE.get(dtype, 4)
     if "In msg nelems" in args:
-        in_bytes = int(args["In msg nelems"]) * itemsize
-        out_bytes = int(args.get("Out msg nelems", 0)) * itemsize
+        in_bytes = ev.count(e, args["In msg nelems"], "In msg nelems") * itemsize
+        out_bytes = ev.count(e, args.get("Out msg nelems", 0), "Out msg nelems") * itemsize
     else:
-        dims = [d for d in args.get("Input Dims", []) if isinstance(d, list) and all(isinstance(x, int) for x in d)]
+        dims = args.get("Input Dims", [])
+        dims = (
+            [d for d in dims if isinstance(d, list) and all(type(x) is int for x in d)]
+            if isinstance(dims, list)
+            else []
+        )
         if not dims:
             return None
-        in_bytes = math.prod(dims[0]) * itemsize
+        in_bytes = math.prod(ev.count(e, x, "Input Dims") for x in dims[0]) * itemsize
         out_bytes = in_bytes * group if kind == "all_gather" else in_bytes
     nbytes = max(out_bytes, in_bytes * group) if kind == "all_gather" else in_bytes
+    if nbytes > MAX_BYTES:
+        raise ev.fail(e, "args", f"a message of at most 2**53 bytes ({nbytes} from its sizes)", "...")
     return kind, group, nbytes
 
 
-def _load_trace(path: Path) -> tuple[list[Any], dict[str, Any]]:
-    """(traceEvents, distributedInfo) of a Chrome trace file; ValueError naming the file when it is not one."""
-    try:
-        if path.suffix == ".gz":
-            import gzip
+_WHAT = "PyTorch profiler Chrome trace"
 
-            with gzip.open(path, "rt", encoding="utf-8") as fh:
-                data: Any = json.load(fh)
-        else:
-            data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"trace {str(path)!r} does not exist") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
-        raise ValueError(f"{path}: not a JSON Chrome trace: {exc}") from None
+
+def _load_trace(path: Path, data: Any = None) -> tuple[_Events, dict[str, Any], int]:
+    """(events, distributedInfo, world size) of a Chrome trace file (or of its parsed ``data``); ValueError naming
+    the file when it is not one."""
+    if data is None:
+        data = parse_json(read_input_text(path, _WHAT), str(path), _WHAT)
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
-        raise ValueError(f"{path}: no 'traceEvents' list: expected a PyTorch profiler Chrome trace")
+        raise ValueError(f"{path}: no 'traceEvents' list: expected a {_WHAT}")
     info = data.get("distributedInfo") if isinstance(data, dict) else None
-    return events, info if isinstance(info, dict) else {}
+    info = info if isinstance(info, dict) else {}
+    world = info.get("world_size", 1)
+    if isinstance(world, bool) or not isinstance(world, int) or not 1 <= world <= MAX_RANKS:
+        raise ValueError(f"{path}: distributedInfo.world_size: expected an integer in [1, {MAX_RANKS}], got {world!r}")
+    return _Events(path, events), info, world
 
 
-def _device_us(events: list[Any]) -> dict[Any, float]:
+def _ext_id(e: dict, args: dict) -> Any:
+    """An event's ``External id`` where it is a number or a string (else None: it links nothing)."""
+    ext = args.get("External id")
+    return ext if isinstance(ext, (int, float, str)) and not isinstance(ext, bool) else None
+
+
+def _device_us(ev: _Events) -> dict[Any, float]:
     """Summed device time (us) of the kernels, memcpys and memsets per ``External id``."""
     device_us: dict[Any, float] = defaultdict(float)
-    for e in events:
+    for e in ev.events:
         if isinstance(e, dict) and e.get("cat") in _DEVICE_CATS and e.get("ph") == "X":
-            ext = e.get("args", {}).get("External id")
+            ext = _ext_id(e, ev.args(e))
             if ext is not None:
-                device_us[ext] += float(e.get("dur", 0.0))
+                device_us[ext] += ev.us(e, e.get("dur", 0.0))
     return device_us
 
 
-def table_from_chrome_trace(path: str | os.PathLike[str]) -> MeasuredTable:
-    """Read a profiler Chrome trace (JSON, optionally .gz) into a measured table."""
+def _op_key(ev: _Events, e: dict, args: dict) -> tuple | None:
+    """(name, input shapes, dtype of the first tensor) of a ``cpu_op`` event with recorded shapes, or None."""
+    dims, types = args.get("Input Dims"), args.get("Input type")
+    if not isinstance(dims, list) or not isinstance(types, list):
+        return None
+    tensors = [
+        (d, _DTYPES[t]) for d, t in zip(dims, types, strict=False) if isinstance(t, str) and t in _DTYPES
+        and isinstance(d, list)
+    ]  # fmt: skip
+    if not tensors:
+        return None
+    shapes = tuple(tuple(ev.count(e, x, "Input Dims") for x in d) for d, _ in tensors)
+    return ev.name(e), shapes, tensors[0][1]
+
+
+def table_from_chrome_trace(path: str | os.PathLike[str], data: Any = None) -> MeasuredTable:
+    """Read a profiler Chrome trace (JSON, optionally gzip) into a measured table (``data``: the file's parsed JSON,
+    when the caller has read it). ValueError naming the file, the event and the field for a value it cannot use."""
     path = Path(path)
-    events, info = _load_trace(path)
-    world = int(info.get("world_size", 1))
-
-    device_us = _device_us(events)
+    ev, _, world = _load_trace(path, data)
+    device_us = _device_us(ev)
     on_device = bool(device_us)
-
     op_times: dict[tuple, list[float]] = defaultdict(list)
     coll_times: dict[tuple[str, int, int], list[float]] = defaultdict(list)
-    for e in events:
+    for e in ev.events:
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
-        coll = _collective(e, world)
+        coll = _collective(ev, e, world)
         if coll is not None:
-            dur = device_us.get(e.get("args", {}).get("External id"), 0.0) if on_device else 0.0
-            coll_times[coll].append((dur or float(e.get("dur", 0.0))) * 1e-6)
+            dur = device_us.get(_ext_id(e, ev.args(e)), 0.0) if on_device else 0.0
+            coll_times[coll].append((dur or ev.us(e, e.get("dur", 0.0))) * 1e-6)
             continue
-        if e.get("cat") != "cpu_op" or e.get("name", "").startswith(("c10d::", "ProfilerStep")):
+        if e.get("cat") != "cpu_op" or ev.name(e).startswith(("c10d::", "ProfilerStep")):
             continue
-        args = e.get("args", {})
-        dims, types = args.get("Input Dims"), args.get("Input type")
-        if not isinstance(dims, list) or not isinstance(types, list):
+        args = ev.args(e)
+        key = _op_key(ev, e, args)
+        if key is None:
             continue
-        tensors = [(d, _DTYPES[t]) for d, t in zip(dims, types, strict=False) if t in _DTYPES and isinstance(d, list)]
-        if not tensors:
+        dur_us = device_us.get(_ext_id(e, args), 0.0) if on_device else ev.us(e, e.get("dur", 0.0))
+        if on_device and dur_us <= 0:
             continue
-        if on_device:
-            dur_us = device_us.get(args.get("External id"), 0.0)
-            if dur_us <= 0:
-                continue
-        else:
-            dur_us = float(e.get("dur", 0.0))
-        key = (e["name"], tuple(tuple(int(x) for x in d) for d, _ in tensors), tensors[0][1])
         op_times[key].append(dur_us * 1e-6)
 
     table = MeasuredTable(str(path))
     for (target, shapes, dtype), ts in op_times.items():
-        table.add_op(target, shapes, dtype, statistics.median(ts), count=len(ts))
+        table.add_op(target, shapes, dtype, statistics.median(ts), count=len(ts), where=f"{path}: op {target!r}")
     for (kind, group, nbytes), ts in coll_times.items():
-        table.add_collective(kind, group, nbytes, statistics.median(ts))
+        table.add_collective(kind, group, nbytes, statistics.median(ts), where=f"{path}: {kind} of {nbytes} bytes")
     return table
 
 
@@ -171,8 +228,9 @@ class TraceCollectives:
 def _group_ranks(text: object) -> tuple[int, ...] | None:
     try:
         ranks = json.loads(text) if isinstance(text, str) else text
-        return tuple(int(r) for r in ranks) if isinstance(ranks, list) else None
-    except (ValueError, TypeError):
+        ok = isinstance(ranks, list) and all(type(r) is int and 0 <= r < MAX_RANKS for r in ranks)
+        return tuple(ranks) if ok else None
+    except (ValueError, RecursionError):
         return None
 
 
@@ -182,42 +240,45 @@ def trace_collectives(path: str | os.PathLike[str]) -> TraceCollectives:
     duration on a CPU one), else from the ``nccl:*`` / ``gloo:*`` CPU annotations (their own duration). The process
     group is ``Process Group Name`` when recorded, else the trace's default group."""
     path = Path(path)
-    events, info = _load_trace(path)
-    world = int(info.get("world_size", 1))
-    configs = [c for c in info.get("pg_config", []) if isinstance(c, dict)]
+    ev, info, world = _load_trace(path)
+    configs = info.get("pg_config", [])
+    configs = [c for c in configs if isinstance(c, dict)] if isinstance(configs, list) else []
     default = next((str(c.get("pg_name")) for c in configs if c.get("pg_desc") == "default_pg"), "default")
     group_ranks = {str(c.get("pg_name")): r for c in configs if (r := _group_ranks(c.get("ranks"))) is not None}
-    xs = [e for e in events if isinstance(e, dict) and e.get("ph") == "X"]
-    kernels = [e for e in xs if e.get("cat") == "kernel" and "Collective name" in e.get("args", {})]
+    xs = [e for e in ev.events if isinstance(e, dict) and e.get("ph") == "X"]
+    kernels = [e for e in xs if e.get("cat") == "kernel" and "Collective name" in ev.args(e)]
     params = [e for e in xs if e.get("name") == "record_param_comms"]
-    notes = [e for e in xs if e.get("cat") == "user_annotation" and _COMM.match(e.get("name", ""))]
+    notes = [e for e in xs if e.get("cat") == "user_annotation" and _COMM.match(ev.name(e))]
     source, chosen = next(((n, c) for n, c in (("kernel", kernels), ("record_param_comms", params),
                                                 ("annotation", notes)) if c), ("none", []))  # fmt: skip
-    device_us = _device_us(events) if source == "record_param_comms" else {}
+    device_us = _device_us(ev) if source == "record_param_comms" else {}
     occurrences: dict[CollectiveKey, list[float]] = defaultdict(list)
     for e in chosen:
-        coll = _collective(e, world, kernels=True)
+        coll = _collective(ev, e, world, kernels=True)
         if coll is None:
             continue
-        args = e.get("args", {})
+        args = ev.args(e)
         group = str(args.get("Process Group Name", default))
         ranks = _group_ranks(args.get("Process Group Ranks"))
         if ranks is not None:
             group_ranks.setdefault(group, ranks)
-        dur_us = device_us.get(args.get("External id"), 0.0) or float(e.get("dur", 0.0))
+        dur_us = device_us.get(_ext_id(e, args), 0.0) or ev.us(e, e.get("dur", 0.0))
         occurrences[(*coll, group)].append(dur_us * 1e-6)
     rank = info.get("rank")
-    return TraceCollectives(path, None if rank is None else int(rank), source, dict(occurrences), group_ranks)
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < MAX_RANKS):
+        raise ValueError(f"{path}: distributedInfo.rank: expected an integer >= 0, got {rank!r}")
+    return TraceCollectives(path, rank, source, dict(occurrences), group_ranks)
 
 
 def load_measured(path: str | os.PathLike[str]) -> MeasuredTable:
     """A measured table from ``path``: a commsched table (CSV, or JSON with format ``commsched.cost-table``) or a
-    PyTorch profiler trace (read with :func:`table_from_chrome_trace`). FileNotFoundError naming a missing file."""
+    PyTorch profiler trace (read with :func:`table_from_chrome_trace`), each optionally gzip-compressed.
+    FileNotFoundError naming a missing file; ValueError naming the file for anything else."""
     p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"measured table {str(p)!r} does not exist")
-    if p.suffix == ".csv":
-        return MeasuredTable.load(p)
-    if p.suffix != ".gz" and '"commsched.cost-table"' in p.read_text(encoding="utf-8", errors="replace")[:200]:
-        return MeasuredTable.load(p)
-    return table_from_chrome_trace(p)  # a trace (.json or .json.gz)
+    text = read_input_text(p, "measured table or profiler trace")
+    if ".csv" in [s.lower() for s in p.suffixes]:
+        return MeasuredTable.from_csv(text, str(p))
+    data = parse_json(text, str(p), "commsched.cost-table JSON or a profiler trace")
+    if isinstance(data, dict) and data.get("format") == TABLE_FORMAT:
+        return MeasuredTable.from_dict(data, str(p))
+    return table_from_chrome_trace(p, data)

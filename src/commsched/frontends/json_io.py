@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any
 
-from commsched.io import atomic_write_text
+from commsched.io import atomic_write_text, read_input_json
 from commsched.ir import CollType, Graph, GraphBuilder, GraphError, OpKind
+from commsched.ir.graph import MAX_BYTES, MAX_FLOPS, MAX_RANKS
 
 FORMAT = "commsched.graph"
 VERSION = 1
@@ -22,6 +22,64 @@ _REQUIRED_NODE_FIELDS = ("name", "target", "kind")
 _REQUIRED_NODE_FIELDS_SET = frozenset(_REQUIRED_NODE_FIELDS)
 _BUFFER_FIELDS = {"shape", "dtype", "nbytes", "storage"}
 _COLL_FIELDS = {"type", "group", "reduce_op", "in_bytes", "out_bytes", "sync"}
+_INT64_MAX = (1 << 63) - 1
+# torch's dtype names (str(torch.<dtype>) without "torch."), as the FX frontend writes them
+DTYPES = frozenset(
+    [
+        "bfloat16",
+        "bits16",
+        "bits1x8",
+        "bits2x4",
+        "bits4x2",
+        "bits8",
+        "bool",
+        "complex128",
+        "complex32",
+        "complex64",
+        "float16",
+        "float32",
+        "float4_e2m1fn_x2",
+        "float64",
+        "float8_e4m3fn",
+        "float8_e4m3fnuz",
+        "float8_e5m2",
+        "float8_e5m2fnuz",
+        "float8_e8m0fnu",
+        "int1",
+        "int16",
+        "int2",
+        "int3",
+        "int32",
+        "int4",
+        "int5",
+        "int6",
+        "int64",
+        "int7",
+        "int8",
+        "qint32",
+        "qint8",
+        "quint2x4",
+        "quint4x2",
+        "quint8",
+        "uint1",
+        "uint16",
+        "uint2",
+        "uint3",
+        "uint32",
+        "uint4",
+        "uint5",
+        "uint6",
+        "uint64",
+        "uint7",
+        "uint8",
+    ]
+)
+
+
+def _short(v: Any) -> str:
+    """``repr(v)`` cut to 60 characters (an error names the value, not a megabyte of it)."""
+    text = repr(v) if not isinstance(v, (dict, list)) else type(v).__name__
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def graph_to_dict(g: Graph) -> dict[str, Any]:
@@ -91,15 +149,22 @@ class _Reader:
 
     def int_(self, item: str, v: Any, lo: int = 0) -> int:
         if isinstance(v, bool) or not isinstance(v, int):
-            raise self.fail(item, f"expected an integer, got {v!r}")
-        if v < lo:
-            raise self.fail(item, f"expected an integer >= {lo}, got {v}")
+            raise self.fail(item, f"expected an integer, got {_short(v)}")
+        if not lo <= v <= _INT64_MAX:
+            raise self.fail(item, f"expected an integer in [{lo}, 2**63 - 1], got {_short(v)}")
         return v
 
     def str_(self, item: str, v: Any) -> str:
         if not isinstance(v, str):
-            raise self.fail(item, f"expected a string, got {v!r}")
+            raise self.fail(item, f"expected a string, got {_short(v)}")
         return v
+
+    def choice(self, item: str, v: Any, choices: dict[str, Any]) -> Any:
+        """``choices[v]`` for a string ``v`` among its keys (an unhashable value is an error like any other)."""
+        found = choices.get(v) if isinstance(v, str) else None
+        if found is None:
+            raise self.fail(item, f"expected one of {sorted(choices)}, got {_short(v)}")
+        return found
 
     def list_(self, item: str, v: Any) -> list:
         if not isinstance(v, list):
@@ -122,13 +187,16 @@ def graph_from_dict(data: Any, where: str = "<graph>") -> Graph:
     if top.get("format") != FORMAT:
         raise r.fail("field 'format'", f"expected {FORMAT!r}, got {top.get('format')!r}")
     version = top.get("version")
-    if version not in SUPPORTED_VERSIONS:
+    if type(version) is not int or version not in SUPPORTED_VERSIONS:
         raise r.fail(
             "field 'version'", f"unknown schema version {version!r}; this commsched reads {SUPPORTED_VERSIONS}"
         )
     meta = top.get("meta", {})
     if not isinstance(meta, dict):
         raise r.fail("field 'meta'", "expected an object")
+    world = meta.get("world_size")
+    if world is not None and (type(world) is not int or not 1 <= world <= MAX_RANKS):
+        raise r.fail("field 'meta.world_size'", f"expected an integer in [1, 2**31 - 1], got {_short(world)}")
     b = GraphBuilder(meta)
     for k, grp in enumerate(r.list_("field 'groups'", top.get("groups", []))):
         item = f"groups[{k}]"
@@ -137,14 +205,17 @@ def graph_from_dict(data: Any, where: str = "<graph>") -> Graph:
         if name in b._group_index:
             raise r.fail(item, f"duplicate process group name {name!r}")
         b.group(name, r.int_(f"{item}.size", grp.get("size"), 1), r.int_(f"{item}.stride", grp.get("stride", 1), 1))
+    nodes = r.list_("field 'nodes'", top.get("nodes"))
+    num_nodes = len(nodes)
     storages = r.list_("field 'storages'", top.get("storages", []))
     num_storages = len(storages)
     for k, st in enumerate(storages):
         st = r.dict_(f"storages[{k}]", st, {"nbytes", "owner"})
         b.storage_nbytes.append(r.int_(f"storages[{k}].nbytes", st.get("nbytes")))
-        b.storage_owner.append(r.int_(f"storages[{k}].owner", st.get("owner")))
-    nodes = r.list_("field 'nodes'", top.get("nodes"))
-    len(nodes)
+        owner = r.int_(f"storages[{k}].owner", st.get("owner"))
+        if owner >= num_nodes:
+            raise r.fail(f"storages[{k}].owner", f"node id {owner} does not exist (expected 0..{num_nodes - 1})")
+        b.storage_owner.append(owner)
     names_seen: set[str] = set()
     for i, node in enumerate(nodes):
         if type(node) is not dict or not node.keys() <= _NODE_FIELDS or not node.keys() >= _REQUIRED_NODE_FIELDS_SET:
@@ -158,21 +229,22 @@ def graph_from_dict(data: Any, where: str = "<graph>") -> Graph:
         if name in names_seen:
             raise r.fail(item, f"duplicate node name {name!r}: node names must be unique")
         names_seen.add(name)
-        kind = _KINDS.get(node["kind"])
-        if kind is None:
-            raise r.fail(f"{item} field 'kind'", f"expected one of {sorted(_KINDS)}, got {node['kind']!r}")
+        kind = r.choice(f"{item} field 'kind'", node["kind"], _KINDS)
         target = node["target"]
         if type(target) is not str:
             r.str_(f"{item} field 'target'", target)
         inputs, deps = node.get("inputs", []), node.get("deps", [])
         for fld, vals in (("inputs", inputs), ("deps", deps)):
-            # ids are range-checked (with node names) by Graph.validate; here only their types
-            if type(vals) is not list or not all(type(v) is int for v in vals):
+            # ids that exist; their order is checked (with node names) by Graph.validate
+            if type(vals) is not list or not all(type(v) is int and 0 <= v < num_nodes for v in vals):
                 for v in r.list_(f"{item} field {fld!r}", vals):
-                    r.int_(f"{item} field {fld!r}", v)
+                    if r.int_(f"{item} field {fld!r}", v) >= num_nodes:
+                        raise r.fail(
+                            f"{item} field {fld!r}", f"node id {v} does not exist (expected 0..{num_nodes - 1})"
+                        )
         flops = node.get("flops", 0.0)
-        if type(flops) not in (int, float) or not (0 <= flops < math.inf):
-            raise r.fail(f"{item} field 'flops'", f"expected a finite number >= 0, got {flops!r}")
+        if type(flops) not in (int, float) or not (0 <= flops <= MAX_FLOPS):
+            raise r.fail(f"{item} field 'flops'", f"expected a number in [0, {MAX_FLOPS:g}], got {_short(flops)}")
         outputs = node.get("outputs", [])
         if type(outputs) is not list:
             r.list_(f"{item} field 'outputs'", outputs)
@@ -183,16 +255,17 @@ def graph_from_dict(data: Any, where: str = "<graph>") -> Graph:
                 missing = sorted(_BUFFER_FIELDS - out.keys())
                 raise r.fail(bi, f"missing field(s) {missing}")
             shape, storage, nbytes, dtype = out["shape"], out["storage"], out["nbytes"], out["dtype"]
-            if type(shape) is not list or not all(type(v) is int and v >= 0 for v in shape):
+            if type(shape) is not list or not all(type(v) is int and 0 <= v <= MAX_BYTES for v in shape):
                 for v in r.list_(f"{bi}.shape", shape):
-                    r.int_(f"{bi}.shape", v)
+                    if r.int_(f"{bi}.shape", v) > MAX_BYTES:
+                        raise r.fail(f"{bi}.shape", f"dimension {v} is out of range; expected <= 2**53")
             if type(storage) is not int or not 0 <= storage < num_storages:
                 r.int_(f"{bi}.storage", storage)
                 raise r.fail(f"{bi}.storage", f"storage {storage} does not exist ({num_storages} storages)")
-            if type(nbytes) is not int or nbytes < 0:
+            if type(nbytes) is not int or not 0 <= nbytes <= _INT64_MAX:
                 r.int_(f"{bi}.nbytes", nbytes)
-            if type(dtype) is not str:
-                r.str_(f"{bi}.dtype", dtype)
+            if type(dtype) is not str or dtype not in DTYPES:
+                raise r.fail(f"{bi}.dtype", f"expected a torch dtype name such as 'float32', got {_short(dtype)}")
             b.buf_shape.append(tuple(shape))
             b.buf_dtype.append(dtype)
             b.buf_nbytes.append(nbytes)
@@ -212,9 +285,7 @@ def graph_from_dict(data: Any, where: str = "<graph>") -> Graph:
         if node.get("collective") is not None:
             ci = f"{item} field 'collective'"
             c = r.dict_(ci, node["collective"], _COLL_FIELDS)
-            ctype = _COLL_TYPES.get(c.get("type"))
-            if ctype is None:
-                raise r.fail(f"{ci}.type", f"expected one of {sorted(_COLL_TYPES)}, got {c.get('type')!r}")
+            ctype = r.choice(f"{ci}.type", c.get("type"), _COLL_TYPES)
             grp = r.int_(f"{ci}.group", c.get("group"))
             if grp >= len(b.groups):
                 raise r.fail(f"{ci}.group", f"process group {grp} does not exist ({len(b.groups)} groups)")
@@ -250,11 +321,9 @@ def load_graph(path: str | os.PathLike[str]) -> Graph:
     """Read a graph written by :func:`save_graph` (or by hand, following docs/graph-format.md)."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = read_input_json(path, "commsched.graph JSON")
     except FileNotFoundError:
         raise GraphError(f"{path}: no such file") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise GraphError(f"{path}: not valid JSON: {exc}") from None
+    except ValueError as exc:
+        raise GraphError(str(exc)) from None
     return graph_from_dict(data, str(path))

@@ -37,7 +37,7 @@ from commsched.hardware.profile import (
     load_profile,
 )
 from commsched.hardware.toml_write import dump_toml
-from commsched.io import atomic_write_text
+from commsched.io import atomic_write_text, read_input_text
 
 _cache: dict[tuple[str, float], Hardware] = {}
 
@@ -141,9 +141,11 @@ def _with_network(path: Path, net_path: Path) -> Hardware:
     import tomllib
 
     try:
-        net = tomllib.loads(net_path.read_text(encoding="utf-8"))
+        net = tomllib.loads(read_input_text(net_path, "network profile"))
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{net_path}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ValueError(f"{net_path}: TOML nested too deeply; expected a network profile") from None
     extra = set(net) - _NETWORK_KEYS
     if extra:
         raise ValueError(f"{net_path}: unexpected key {sorted(extra)[0]!r}: a network profile holds "

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from commsched.io import read_input_text
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
@@ -139,8 +141,21 @@ class Hardware:
 _REQUIRED = object()  # sentinel: the key must be present
 
 
+MAX_VALUE = 1e12
+"""the largest number a profile field may hold, in its file's unit (TFLOP/s, GB/s, us, bytes, ...)"""
+MIN_POSITIVE = 1e-12
+"""the smallest value of a field that must be positive"""
+MAX_COUNT = 1 << 20
+"""the largest integer field (GPUs per node, units, NICs, tile sizes)"""
+
+
 def _fail(where: str, msg: str) -> ValueError:
     return ValueError(f"{where}: {msg}")
+
+
+def _brief(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class _Section:
@@ -159,36 +174,42 @@ class _Section:
             return default
         return self.data[key]
 
-    def num(self, key: str, *, lo: float = 0.0, hi: float = math.inf, default: Any = _REQUIRED) -> float:
+    def num(self, key: str, *, lo: float = 0.0, hi: float = MAX_VALUE, default: Any = _REQUIRED) -> float:
+        """A number in [lo, hi] (finite: every profile number is at most MAX_VALUE in its file's unit); a missing
+        key with a default gives the default unchecked."""
+        if key not in self.data and default is not _REQUIRED:
+            self.used.add(key)
+            return float(default)
         v = self.raw(key, default)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
-            raise _fail(self.where, f"{key} = {v!r}: expected a number")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:  # NaN; a huge int is out of range
+            raise _fail(self.where, f"{key} = {_brief(v)}: expected a number")
         if not lo <= v <= hi:
-            raise _fail(self.where, f"{key} = {v}: expected a value in [{lo}, {hi}]")
+            raise _fail(self.where, f"{key} = {v}: expected a value in [{lo:g}, {hi:g}]")
         return float(v)
 
     def pos(self, key: str, **kw: Any) -> float:
+        """A positive number, at least MIN_POSITIVE (a rate or size that divides: 5e-324 would make times inf)."""
         v = self.num(key, **kw)
-        if v <= 0:
-            raise _fail(self.where, f"{key} = {v}: expected a positive number")
+        if v < MIN_POSITIVE and (key in self.data or v <= 0):
+            raise _fail(self.where, f"{key} = {v}: expected a positive number >= {MIN_POSITIVE:g}")
         return v
 
-    def int_(self, key: str, *, lo: int = 1) -> int:
+    def int_(self, key: str, *, lo: int = 1, hi: int = MAX_COUNT) -> int:
         v = self.raw(key)
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise _fail(self.where, f"{key} = {v!r}: expected an integer >= {lo}")
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise _fail(self.where, f"{key} = {_brief(v)}: expected an integer in [{lo}, {hi}]")
         return v
 
     def str_(self, key: str, default: Any = _REQUIRED) -> str:
         v = self.raw(key, default)
         if not isinstance(v, str):
-            raise _fail(self.where, f"{key} = {v!r}: expected a string")
+            raise _fail(self.where, f"{key} = {_brief(v)}: expected a string")
         return v
 
     def bool_(self, key: str) -> bool:
         v = self.raw(key)
         if not isinstance(v, bool):
-            raise _fail(self.where, f"{key} = {v!r}: expected true or false")
+            raise _fail(self.where, f"{key} = {_brief(v)}: expected true or false")
         return v
 
     def done(self) -> None:
@@ -222,10 +243,13 @@ def hardware_from_dict(data: Mapping[str, Any], *, where: str = "<profile>", bas
         raise _fail(f"{where} [compute]", "matmul_tiles: expected a list of [tile_m, tile_n, relative_efficiency]")
     tiles = []
     for t in tiles_raw:
-        ok = isinstance(t, list) and len(t) == 3 and all(isinstance(x, (int, float)) for x in t)
-        if not ok or t[0] < 1 or t[1] < 1 or not 0 < t[2] <= 1:
+        ok = isinstance(t, list) and len(t) == 3 and all(type(x) in (int, float) for x in t)
+        ok = ok and all(type(x) is int or x.is_integer() for x in t[:2])
+        if not ok or not (1 <= t[0] <= MAX_COUNT and 1 <= t[1] <= MAX_COUNT and MIN_POSITIVE <= t[2] <= 1):
             raise _fail(
-                f"{where} [compute]", f"matmul_tiles entry {t!r}: expected [tile_m >= 1, tile_n >= 1, 0 < eff <= 1]"
+                f"{where} [compute]",
+                f"matmul_tiles entry {_brief(t)}: expected [tile_m, tile_n] integers in [1, {MAX_COUNT}] and "
+                "0 < relative_efficiency <= 1",
             )
         tiles.append((int(t[0]), int(t[1]), float(t[2])))
     compute = ComputeSpec(
@@ -327,14 +351,13 @@ def hardware_from_dict(data: Mapping[str, Any], *, where: str = "<profile>", bas
 def load_profile(path: str | Path) -> Hardware:
     """Read and validate one TOML profile file."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FileNotFoundError(f"hardware profile {str(path)!r} does not exist") from None
+    text = read_input_text(path, "hardware profile")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ValueError(f"{path}: TOML nested too deeply; expected a hardware profile") from None
     return hardware_from_dict(data, where=str(path), base_dir=path.parent)
 
 

@@ -38,7 +38,7 @@ class GraphError(ValueError):
 class OpKind(IntEnum):
     """What a node does. Values are stable; the JSON format stores the lower-case names."""
 
-    INPUT = 0  # a graph input (placeholder / get_attr): its storage exists before the step and persists
+    INPUT = 0  # a graph input (placeholder / get_attr): no inputs or deps; its storage exists before the step, persists
     COMPUTE = 1  # a kernel with a flop formula (matmul, attention, conv); runs on a compute stream
     COLLECTIVE = 2  # issues a collective on its process group's FIFO comm stream; its WAIT node(s) end it
     WAIT = 3  # blocks its stream until its collective has finished; costs nothing itself
@@ -421,11 +421,53 @@ def _check_edges_ascending(g: Graph, src: np.ndarray, dst: np.ndarray, what: str
     )
 
 
+MAX_BYTES = 1 << 53
+"""the largest byte count of one buffer, storage or collective (8 PiB): far beyond any device, small enough that
+every sum of them in int64 and every float of them are exact"""
+MAX_TOTAL_BYTES = 1 << 62
+"""the largest total of a byte column (storages, buffers, collective bytes): its int64 sums cannot wrap"""
+MAX_FLOPS = 1e30
+"""the most flops one node may have (a whole frontier-model training step is about 1e25)"""
+MAX_RANKS = (1 << 31) - 1
+"""the largest process group size and stride"""
+
+
 def validate_graph(g: Graph) -> None:
     """Check the contract of the module docstring; raise GraphError naming the first offending node. O(N + E)."""
     _check_nodes(g)
     _check_buffers(g)
     _check_collectives(g)
+    _check_ranges(g)
+
+
+def _check_ranges(g: Graph) -> None:
+    """Numbers small enough that no time, byte count or sum of them overflows (the MAX_* limits above)."""
+    bad = np.flatnonzero(~(g.flops <= MAX_FLOPS))  # also NaN
+    if len(bad):
+        raise GraphError(
+            f"{_label(g, int(bad[0]))}: flops {g.flops[bad[0]]:g} is out of range; expected <= {MAX_FLOPS:g}"
+        )
+    buf_node = np.repeat(np.arange(len(g)), np.diff(g.buf_ptr))
+    is_coll = g.coll_type >= 0
+    for what, values, node in (
+        ("buffer nbytes", g.buf_nbytes, buf_node),
+        ("collective in_bytes", np.where(is_coll, g.coll_in_bytes, 0), None),
+        ("collective out_bytes", np.where(is_coll, g.coll_out_bytes, 0), None),
+        ("storage nbytes", g.storage_nbytes, g.storage_owner),
+    ):
+        bad = np.flatnonzero(values > MAX_BYTES)
+        if len(bad):
+            k = int(bad[0])
+            where = _label(g, int(node[k]) if node is not None else k)
+            raise GraphError(f"{where}: {what} {int(values[k])} is out of range; expected <= 2**53 ({MAX_BYTES})")
+        total = float(np.sum(values, dtype=np.float64))
+        if total > MAX_TOTAL_BYTES:
+            raise GraphError(f"the graph's {what} add up to {total:.3g}; expected a total <= 2**62")
+    for grp in g.groups:
+        if grp.size > MAX_RANKS or grp.stride > MAX_RANKS:
+            raise GraphError(
+                f"process group {grp.name!r}: size {grp.size} / stride {grp.stride}; expected <= 2**31 - 1"
+            )
 
 
 def _check_nodes(g: Graph) -> None:
@@ -451,6 +493,11 @@ def _check_nodes(g: Graph) -> None:
     bad = np.flatnonzero(g.flops < 0)
     if len(bad):
         raise GraphError(f"{_label(g, int(bad[0]))}: flops {g.flops[bad[0]]} must be >= 0")
+    # a graph input exists before the step: with predecessors, ordering inputs first would break topology
+    has_preds = (np.diff(g.in_ptr) > 0) | (np.diff(g.dep_ptr) > 0)
+    bad = np.flatnonzero((g.kinds == OpKind.INPUT) & has_preds)
+    if len(bad):
+        raise GraphError(f"{_label(g, int(bad[0]))}: a node of kind input has inputs or deps; expected none")
 
 
 def _check_buffers(g: Graph) -> None:

@@ -54,6 +54,10 @@ from commsched.sim.model import StreamModel, durations_ns, seconds_to_ns
 _KERNELS = (OpKind.COMPUTE, OpKind.OTHER)
 
 
+MAX_COMPUTE_STREAMS = 64
+"""the most compute streams the pass plans for (a GPU runs a handful usefully)"""
+
+
 @dataclass(frozen=True, kw_only=True)
 class MultiStreamConfig(PassConfig):
     """Knobs of the ``multi_stream`` pass."""
@@ -76,6 +80,15 @@ class MultiStreamConfig(PassConfig):
     and memory bandwidth fully, as large GEMMs do; lower for small kernels that leave the GPU partly idle)"""
     hybrid_targets: tuple[str, ...] = DEFAULT_HYBRID_TARGETS
     """target-name prefixes of hybrid (fused compute + communication) kernels"""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 1 <= self.compute_streams <= MAX_COMPUTE_STREAMS:
+            raise ValueError(f"knob compute_streams={self.compute_streams}: expected 1..{MAX_COMPUTE_STREAMS}")
+        if self.stream_sync_s is not None and not 0.0 <= self.stream_sync_s <= 1.0:
+            raise ValueError(f"knob stream_sync_s={self.stream_sync_s}: expected seconds in [0, 1] (or None)")
+        if not 0.0 <= self.compute_interference <= 1.0:
+            raise ValueError(f"knob compute_interference={self.compute_interference}: expected a share in [0, 1]")
 
 
 @dataclass

@@ -21,7 +21,7 @@ that has the same costs (aligned estimates) makes the same choice, the condition
 The simulator judges: every candidate is checked with the full memory model and simulated with the full simulator
 (link sharing, interference). The budget is hard: a variant over budget is retried with what it produced early
 across its peak moved past it. The best order that fits and simulates no worse than the input wins; otherwise the
-input order is returned. The pass's stats list every attempt with its simulated time and whether it fit.
+input order is returned, or a ScheduleError raised if even that breaks a byte budget. Stats list every attempt.
 """
 
 from __future__ import annotations

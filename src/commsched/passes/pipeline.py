@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from commsched.cost import resolve_costs
+from commsched.io import read_input_json
 from commsched.ir import Graph, GraphError, OpKind
 from commsched.ir.order import as_order, collective_chains
 from commsched.passes.check import check_schedule
@@ -130,11 +131,11 @@ def load_schedule(graph: Graph, path: str | os.PathLike[str]) -> Schedule:
     """Read a schedule written by :meth:`Schedule.save` for ``graph`` (node names must match)."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_input_json(path, "schedule")
     except FileNotFoundError:
         raise GraphError(f"{path}: no such file") from None
-    except json.JSONDecodeError as exc:
-        raise GraphError(f"{path}: not valid JSON: {exc}") from None
+    except ValueError as exc:
+        raise GraphError(str(exc)) from None
     if not isinstance(data, dict) or data.get("format") != SCHEDULE_FORMAT:
         raise GraphError(f"{path}: field 'format': expected {SCHEDULE_FORMAT!r}")
     if data.get("version") != SCHEDULE_VERSION:

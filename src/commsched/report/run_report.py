@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from commsched.io import read_input_json
 from commsched.report.json_record import OMIT_IF_NONE, JsonRecord
 
 RUN_REPORT_FORMAT = "commsched.run-report"
@@ -253,7 +254,8 @@ class RunReport(JsonRecord):
     @classmethod
     def load(cls, path: str | Path) -> RunReport:
         """The report saved at ``path``; ValueError naming the file and the bad field."""
+        data = read_input_json(path, "run report")
         try:
-            return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
-        except (ValueError, json.JSONDecodeError) as exc:
+            return cls.from_dict(data)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise ValueError(f"{path}: {exc}") from None

@@ -32,6 +32,9 @@ from commsched.ir.graph import Graph, OpKind
 
 INF_NS = 1 << 62
 """a time after every event"""
+HORIZON_NS = 1 << 53
+"""the latest time a step may reach (about 104 days): below it the float work counters are exact integers, so no
+time wraps, rounds to a neighbour or reaches INF_NS; costs that could pass it are an error (:func:`durations_ns`)"""
 EPS_NS = 1e-6
 """ns of (float) work below which a kernel or a bandwidth phase counts as done"""
 
@@ -45,9 +48,33 @@ def seconds_to_ns(seconds: float) -> int:
 
 
 def durations_ns(g: Graph, costs: CostEstimate) -> np.ndarray:
-    """Per node: its standalone duration in int64 ns (0 for the kinds that take no time). O(N)."""
+    """Per node: its standalone duration in int64 ns (0 for the kinds that take no time). ValueError when the step
+    could pass :data:`HORIZON_NS` (see :func:`check_horizon`). O(N)."""
     timed = np.isin(g.kinds, TIMED_KINDS)
-    return np.where(timed, np.rint(np.asarray(costs.node_s, np.float64) * 1e9), 0).astype(np.int64)
+    with np.errstate(over="ignore"):  # 1e300 s becomes inf ns here and an error below
+        dur = np.where(timed, np.rint(np.asarray(costs.node_s, np.float64) * 1e9), 0.0)
+    check_horizon(g, costs, dur)
+    return dur.astype(np.int64)
+
+
+def check_horizon(g: Graph, costs: CostEstimate, dur_ns: np.ndarray) -> None:
+    """ValueError naming the longest node unless every run of the step ends before :data:`HORIZON_NS`: all work
+    serialised at its slowest rate (kernels ``compute_slowdown`` x, collectives ``comm_slowdown`` x; link sharing
+    conserves work) plus two syncs and a rounding ns per node bounds any makespan. Float sums: nothing wraps."""
+    is_coll = g.coll_type >= 0
+    sync_ns = float(costs.stream_sync_s) * 1e9
+    worst = float(
+        np.sum(np.where(is_coll, dur_ns * float(costs.comm_slowdown), dur_ns * float(costs.compute_slowdown)))
+    )
+    worst += len(dur_ns) * (2.0 * sync_ns + 2.0)
+    if worst < HORIZON_NS:
+        return
+    longest = int(np.argmax(dur_ns)) if len(dur_ns) else 0
+    raise ValueError(
+        f"node {g.names[longest]!r} takes {float(costs.node_s[longest]):.3g} s and the step up to {worst * 1e-9:.3g} s "
+        f"(stream_sync_s={float(costs.stream_sync_s):.3g}); expected a step under {HORIZON_NS * 1e-9:.3g} s: "
+        "check the hardware profile's bandwidths and the graph's sizes and flops"
+    )
 
 
 def latency_ns(g: Graph, costs: CostEstimate, dur_ns: np.ndarray) -> np.ndarray:
