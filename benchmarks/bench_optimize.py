@@ -1,6 +1,6 @@
 """``commsched.optimize`` against torch's three overlap configurations, in the same run, with the same costs.
 
-Usage: python benchmarks/bench_optimize.py [--quick]
+Usage: python benchmarks/bench_optimize.py [--quick] [--hardware PROFILE]
 Per traced zoo step (h100-sxm, nodes = world / 8): the traced order; torch 2.13's ``schedule_overlap_bucketing``
 plain, with collective bucketing, and with FSDP pre-bucketing + bucketing (all fed our per-node costs; bucketed
 collectives it creates are costed by our collective model when the result is re-imported); ours reorder-only (the
@@ -40,7 +40,7 @@ def _simulate_fx(gm, sizes, hw, meta):
     return g, simulate_costs(g, estimate_costs(g, hw))
 
 
-def case_rows(preset, parallel, world, layers, seq_len, mode="train") -> tuple[str, list[tuple]]:
+def case_rows(preset, parallel, world, layers, seq_len, mode="train", hardware="h100-sxm") -> tuple[str, list[tuple]]:
     import commsched
     from commsched.cost import estimate_costs
     from commsched.hardware import for_graph
@@ -50,7 +50,7 @@ def case_rows(preset, parallel, world, layers, seq_len, mode="train") -> tuple[s
 
     w = build(preset, parallel=parallel, world_size=world, layers=layers, seq_len=seq_len, mode=mode)
     g, gm = w.graph, w.graph_module
-    hw = for_graph("h100-sxm", g)
+    hw = for_graph(hardware, g)
     costs = estimate_costs(g, hw)
     sizes = g.group_sizes()
     base = commsched.simulate_costs(g, costs)
@@ -82,16 +82,17 @@ def case_rows(preset, parallel, world, layers, seq_len, mode="train") -> tuple[s
         rows.append(("optimize, torch's best's peak as budget", len(o2.graph.collectives), o2.after, o2.wall_s))
     title = f"{preset} / {parallel} / world {world} / {layers} layers" + (f" / seq {seq_len}" if seq_len else "")
     title += f" / {mode}" if mode != "train" else ""
-    return f"{title} — {len(g)} nodes, h100-sxm x {hw.num_nodes} nodes; optimize kept: {o.label}", rows
+    return f"{title} — {len(g)} nodes, {hardware} x {hw.num_nodes} nodes; optimize kept: {o.label}", rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="the first two cases only")
+    ap.add_argument("--hardware", default="h100-sxm", help="profile (e.g. h100-sxm@ib-ndr-8x400: the fitted network)")
     args = ap.parse_args()
     ratios = []
     for case in QUICK if args.quick else CASES:
-        title, rows = case_rows(*case)
+        title, rows = case_rows(*case, hardware=args.hardware)
         print(f"\n#### {title}\n")
         print("| program | collectives | step (ms) | bound (ms) | peak (GiB) | wall (s) |")
         print("|---|---|---|---|---|---|")

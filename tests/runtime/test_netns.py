@@ -130,3 +130,55 @@ def test_without_root_the_reason_is_clear(monkeypatch):
     assert "root" in shaping_unavailable_reason()
     with pytest.raises(ShapedNetworkUnavailable, match="needs root"), shaped_network("1gbit"):
         pass
+
+
+def _cmdline(pid: int) -> str:
+    """A live process's command line ("" once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _rank_processes(parent: int) -> list[int]:
+    """The spawned ranks among ``parent``'s children."""
+    out = subprocess.run(["pgrep", "-P", str(parent)], capture_output=True, text=True, check=False).stdout.split()
+    return [k for k in map(int, out) if "spawn" in _cmdline(k)]
+
+
+@needs_shaping
+@pytest.mark.parametrize(("sig", "code"), [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_signal_to_a_shaped_run_tears_everything_down_at_once(sig, code):
+    """issue 20: SIGTERM (or SIGINT sent to the parent alone) ends ``commsched run --bandwidth`` within seconds, its
+    rank processes gone and its network namespace (with the qdiscs in it) deleted; exit 128 + the signal number."""
+    import os
+    import signal
+    import time
+
+    cmd = [sys.executable, "-m", "commsched", "run", "llama-tiny", "-w", "2", "--bandwidth", "1gbit", "--iters", "5000"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            ranks = _rank_processes(proc.pid)
+            ours = [n for n in list_namespaces() if n.startswith(f"{NAME_PREFIX}{proc.pid}-")]
+            if len(ranks) == 2 and ours:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the run did not start its 2 ranks in its namespace within 60 s")
+        time.sleep(2)  # the ranks are importing torch or tracing: a signal can come at any time
+        t0 = time.monotonic()
+        os.kill(proc.pid, getattr(signal, sig))
+        _, err = proc.communicate(timeout=20)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == code, err
+    assert took < 10, took
+    assert f"stopped by {sig}: ranks terminated, network namespace removed" in err
+    assert not [n for n in list_namespaces() if n.startswith(f"{NAME_PREFIX}{proc.pid}-")]
+    time.sleep(0.5)
+    assert not [k for k in ranks if "spawn" in _cmdline(k)]  # terminated and reaped

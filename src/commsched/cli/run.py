@@ -63,7 +63,7 @@ def register(app: typer.Typer) -> None:
         """
         from commsched.report.terminal_run import print_run_report
         from commsched.runtime.executor import RunConfig, run_rank
-        from commsched.runtime.launch import launched_by_torchrun, run_local
+        from commsched.runtime.launch import RunStopped, launched_by_torchrun, run_local, signals_stop_the_run
         from commsched.runtime.netns import ShapedNetworkUnavailable, shaped_network
         from commsched.workloads import resolve
 
@@ -108,10 +108,14 @@ def register(app: typer.Typer) -> None:
             try:
                 ctx = shaped_network(bandwidth, delay=delay) if bandwidth else contextlib.nullcontext()
                 status = f"running {world_size} ranks ({', '.join(names)}; {iters} steps each)"
-                with user_errors(), ctx as net, console.status(status):
+                with signals_stop_the_run(), user_errors(), ctx as net, console.status(status):
                     report = run_local(cfg, network=net, backend=backend)
             except typer.Exit:
                 raise
+            except RunStopped as exc:  # ranks terminated and the namespace deleted on the way here
+                removed = ", network namespace removed" if bandwidth else ""
+                err_console.print(f"[bold red]error:[/] {exc}: ranks terminated{removed}")
+                raise typer.Exit(128 + exc.signum) from None
             except ShapedNetworkUnavailable as exc:
                 err_console.print(f"[bold red]error:[/] {exc}")
                 raise typer.Exit(2) from None

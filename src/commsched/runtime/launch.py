@@ -6,7 +6,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import signal
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from commsched.io import free_port
@@ -61,6 +64,49 @@ def _quiet_cpp_warnings():
             os.environ["TORCH_CPP_LOG_LEVEL"] = old
 
 
+class RunStopped(KeyboardInterrupt):
+    """The run was stopped by a signal (SIGINT or SIGTERM): the ranks were terminated on the way out."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def signals_stop_the_run() -> Iterator[None]:
+    """Inside: SIGTERM and SIGINT raise :class:`RunStopped` in the main thread at once, so every ``finally`` on the
+    way out runs (child ranks terminated, the shaped network's namespace and qdiscs deleted) instead of the process
+    dying with them left behind. Handlers are restored on exit; outside the main thread this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _frame) -> None:
+        raise RunStopped(signum)
+
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _stop_ranks(processes, grace_s: float = 5.0) -> None:
+    """Terminate every rank still running (SIGTERM, then SIGKILL after ``grace_s``) and reap them."""
+    import time
+
+    for p in processes:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in processes:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
 def run_local(cfg: RunConfig, *, network: ShapedNetwork | None = None, backend: str | None = None) -> RunReport:
     """Run ``cfg`` on ``spec.plan.world_size`` local processes (spawned; inside ``network`` when given) and return
     rank 0's report, ``network`` described in it. ``backend``: "gloo" (default without CUDA) or "nccl" (default
@@ -76,12 +122,17 @@ def run_local(cfg: RunConfig, *, network: ShapedNetwork | None = None, backend: 
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend={backend!r}: expected 'gloo' or 'nccl'")
     with tempfile.TemporaryDirectory(prefix="commsched-run-") as d, _quiet_cpp_warnings():
+        context = mp.start_processes(
+            _entry, args=(world, free_port(), cfg, network, backend, d), nprocs=world, start_method="spawn", join=False
+        )
         try:
-            mp.start_processes(
-                _entry, args=(world, free_port(), cfg, network, backend, d), nprocs=world, start_method="spawn"
-            )
+            while not context.join():
+                pass
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
             report = _report_after_exit(Path(d), exc)
+        except BaseException:  # stopped (a signal, Ctrl-C): no rank may outlive the run or its network namespace
+            _stop_ranks(context.processes)
+            raise
         else:
             path = Path(d) / "report.json"
             if not path.exists():
