@@ -76,3 +76,40 @@ def test_errors_are_one_line_and_brackets_are_not_markup(tmp_path):
     assert res.exit_code == 2
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and "[bold]" + "x" * 150 in lines[0], res.stderr
+
+
+def test_usage_errors_are_one_line_when_piped_at_any_width(tmp_path):
+    """Issue 19.9: typer drew usage errors in a panel that wrapped at the terminal's width (COLUMNS small, piped)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": "20"}
+    bad = tmp_path / ("y" * 60 + ".json")
+    for args in (
+        ["estimate", "--no-such-option-at-all"],
+        ["compare", "llama-tiny", "--world-size", "not-a-number"],
+        ["estimate"],  # a missing argument
+        ["estimate", str(bad)],  # our own error
+    ):
+        res = subprocess.run(
+            [sys.executable, "-m", "commsched", *args], capture_output=True, text=True, env=env, timeout=120
+        )
+        lines = [line for line in res.stderr.splitlines() if line.strip()]
+        assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), (args, res.stderr)
+        assert res.stdout == ""
+    assert "y" * 60 in lines[0]
+
+
+def test_flags_show_no_type_in_help():
+    """Issue 19.9: every boolean flag (and --help itself) showed a ``<bool>`` metavar, as if it took a value."""
+    import typer
+
+    commands = typer.main.get_command(app).commands
+    for name in commands:
+        res = runner.invoke(app, [name, "--help"], env={"COLUMNS": "200"})
+        assert res.exit_code == 0, res.output
+        assert "<bool>" not in res.output, name
+        assert "--help" in res.output
+    res = runner.invoke(app, ["compare", "--help"], env={"COLUMNS": "200"})
+    assert "<int" in res.output and "--torch" in res.output  # options that take a value keep their type

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from commsched.cli.common import console, err_console, user_errors
+from commsched.cli.common import console, error_line, user_errors
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -251,7 +251,7 @@ def _run_nccl_mode(
                                              collective=collective)  # fmt: skip
     except (ValueError, OSError) as exc:
         # one line however long the path: no wrapping; brackets of a quoted log line are not markup
-        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        error_line(str(exc))
         raise typer.Exit(2) from None
     if fit_args["fit"]:
         if json_out:
@@ -299,7 +299,7 @@ def _run_trace_mode(paths: list[Path] | None, out: Path | None, stray: list[str]
         cal = calibrate_from_traces(paths)
         written = None if out is None else cal.table.save(out)
     except (ValueError, OSError) as exc:
-        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        error_line(str(exc))
         raise typer.Exit(2) from None
     print_trace_calibration(cal, console)
     if written is not None:
@@ -398,7 +398,7 @@ def register(app: typer.Typer) -> None:
         if nccl_tests or logs or fit_only:
             if not nccl_tests or (fit_only and not fit):
                 need = "LOG arguments need --nccl-tests" if not nccl_tests else f"{', '.join(fit_only)} need --fit"
-                err_console.print(f"[bold red]error:[/] {need}", soft_wrap=True)
+                error_line(need)
                 raise typer.Exit(2)
             device_args = {"--device": device != "cpu", "--out": out is not None and not fit, "--world": world != 2,
                            "--quick": quick, "--threads": threads != 1, "--base": base is not None,

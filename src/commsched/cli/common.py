@@ -27,6 +27,41 @@ def user_errors() -> Iterator[None]:
         fail(str(exc))
 
 
+def error_line(message: str) -> None:
+    """Print ``error: message`` on stderr as one line: never wrapped (at any width, piped or not), line breaks in
+    the message joined, brackets in names not markup. :func:`fail` also exits 2."""
+    from rich.markup import escape
+
+    text = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
+    err_console.print(f"[bold red]error:[/] {escape(text)}", soft_wrap=True)
+
+
+def install_typer_conventions() -> None:
+    """Make typer's own output follow the CLI's: a usage error (unknown option, bad value) is one ``error:`` line
+    naming the command's --help (typer draws a panel that wraps at the terminal's width), and a flag shows no
+    ``<bool>`` type in --help (it takes no value). Called once, when the app is built."""
+    from typer import core, rich_utils
+
+    if getattr(rich_utils, "_commsched_conventions", False):
+        return
+
+    def one_line_usage_error(exc: Any) -> None:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # typer has printed the help
+            return
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        error_line(f"{exc.format_message()}{hint}")
+
+    display_type = core.TyperOption.display_type_rich
+
+    def flag_without_type(self: Any, ctx: Any) -> str | None:
+        return None if self.is_flag else display_type(self, ctx)
+
+    rich_utils.rich_format_error = one_line_usage_error
+    core.TyperOption.display_type_rich = flag_without_type
+    rich_utils._commsched_conventions = True
+
+
 def warn(lines: Iterable[str]) -> None:
     """Print each line as ``warning: line`` on stderr, one line each (stdout stays clean for --json)."""
     from rich.markup import escape
@@ -36,10 +71,8 @@ def warn(lines: Iterable[str]) -> None:
 
 
 def fail(message: str) -> None:
-    """Print ``error: message`` on one line (never wrapped, brackets in names are not markup) and exit 2."""
-    from rich.markup import escape
-
-    err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+    """Print ``error: message`` on one line (:func:`error_line`) and exit 2."""
+    error_line(message)
     raise typer.Exit(2) from None
 
 
