@@ -113,3 +113,28 @@ def test_flags_show_no_type_in_help():
         assert "--help" in res.output
     res = runner.invoke(app, ["compare", "--help"], env={"COLUMNS": "200"})
     assert "<int" in res.output and "--torch" in res.output  # options that take a value keep their type
+
+
+def test_tables_show_human_units_and_keep_titles_on_one_line(tmp_path):
+    """Issue 19.9: raw byte counts (``4158410756``, ``4366331293 B``) and Python dicts (``{'exposes': 4}``) in the
+    tables, and titles wrapped at the width of a narrow table."""
+    import re
+
+    res = runner.invoke(app, ["trace", "llama-tiny", "-w", "4", "-l", "1", "-o", str(tmp_path / "g.json")])
+    assert res.exit_code == 0, res.output
+    assert "llama-tiny/fsdp/train/world 4/1 layers: " in res.output  # the title on one line
+    outputs = [res.output]
+    for args in (
+        ["schedule", str(tmp_path / "g.json"), "--stats"],
+        ["rewrite", "llama-tiny", "-w", "4", "-l", "1"],
+        ["optimize", "llama-tiny", "-w", "4", "-l", "1"],
+    ):
+        res = runner.invoke(app, args)
+        assert res.exit_code == 0, (args, res.output)
+        outputs.append(res.stdout)
+    text = "\n".join(outputs)
+    assert "closed by exposes=" in text and "peak " in text and "budget " in text
+    assert not re.search(r"\d{5,}( B)?\b", text), re.findall(r".*\d{5,}.*", text)[:3]
+    assert "{'" not in text and "makespan_s" not in text and "True" not in text
+    for line in text.splitlines():  # no title broken over two lines: a line of a title never ends mid-word
+        assert not line.rstrip().endswith(("/worl", "world", "x 1,")), line
