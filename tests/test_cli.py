@@ -138,3 +138,43 @@ def test_tables_show_human_units_and_keep_titles_on_one_line(tmp_path):
     assert "{'" not in text and "makespan_s" not in text and "True" not in text
     for line in text.splitlines():  # no title broken over two lines: a line of a title never ends mid-word
         assert not line.rstrip().endswith(("/worl", "world", "x 1,")), line
+
+
+def test_estimate_and_compare_say_what_the_table_matched(tmp_path):
+    """Issue 19.8: ``--table`` never said how many ops it matched; one of another shape matched none, silently."""
+    from commsched.cost import MeasuredTable
+    from commsched.workloads import build
+
+    g = build("llama-tiny", parallel="fsdp", world_size=4, layers=1).graph
+    from commsched.frontends.json_io import save_graph
+
+    save_graph(g, tmp_path / "g.json")
+    mms = [i for i in range(len(g)) if g.targets[i] == "aten.mm.default"]
+    keys = {MeasuredTable.node_key(g, i) for i in mms[:3]}
+    matched = sum(MeasuredTable.node_key(g, i) in keys for i in mms)  # every node with one of those keys
+    gathers = [i for i in g.collectives.tolist() if "all_gather" in g.targets[i]]
+    table = MeasuredTable("measured")
+    for target, shapes, dtype in keys:
+        table.add_op(target, shapes, dtype, 1e-4)
+    table.add_collective("all_gather", 4, 1 << 20, 1e-4)
+    table.save(tmp_path / "t.json")
+    ops = int(sum(1 for i in range(len(g)) if g.kinds[i] in (1, 5)))  # compute and other: the timed non-collectives
+    res = runner.invoke(app, ["estimate", str(tmp_path / "g.json"), "--table", str(tmp_path / "t.json"), "--json"])
+    assert res.exit_code == 0, res.output
+    match = json.loads(res.stdout)["table_match"]
+    assert (match["ops_matched"], match["collectives_matched"]) == (matched, len(gathers)) and matched >= 3
+    assert match["collectives"] == len(g.collectives) and 0 < match["ops"] <= ops
+    res = runner.invoke(app, ["estimate", str(tmp_path / "g.json"), "--table", str(tmp_path / "t.json")])
+    line = f"matched {matched} of {match['ops']} ops (collectives {len(gathers)} of {len(g.collectives)})"
+    assert line in res.stdout
+    res = runner.invoke(app, ["compare", str(tmp_path / "g.json"), "--table", str(tmp_path / "t.json"),
+                              "--exact-max-nodes", "0", "--json", str(tmp_path / "rows.json")])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert line in res.stdout
+    assert json.loads((tmp_path / "rows.json").read_text())["meta"]["table_match"] == match
+    # a table of another world size matches nothing: a warning says so
+    other = MeasuredTable("other")
+    other.add_collective("all_gather", 64, 1 << 20, 1e-4)
+    other.save(tmp_path / "o.json")
+    res = runner.invoke(app, ["estimate", str(tmp_path / "g.json"), "--table", str(tmp_path / "o.json")])
+    assert res.exit_code == 0 and "matched 0 of" in res.stderr and "every time is the model's" in res.stderr
