@@ -178,3 +178,26 @@ def test_estimate_and_compare_say_what_the_table_matched(tmp_path):
     other.save(tmp_path / "o.json")
     res = runner.invoke(app, ["estimate", str(tmp_path / "g.json"), "--table", str(tmp_path / "o.json")])
     assert res.exit_code == 0 and "matched 0 of" in res.stderr and "every time is the model's" in res.stderr
+
+
+def test_trace_shows_its_stages_on_a_terminal_and_nothing_when_piped(tmp_path, monkeypatch):
+    """Issue 19.10: tracing a large workload took minutes with no progress. A bar over the stages (trace, import,
+    write) goes to stderr where it is a terminal; piped, nothing is added."""
+    import io
+    import re
+
+    from rich.console import Console
+
+    from commsched.cli import common
+
+    res = runner.invoke(app, ["trace", "llama-tiny", "-w", "2", "-l", "2", "-o", str(tmp_path / "a.json")])
+    assert res.exit_code == 0, res.output
+    assert "import" not in res.stderr and "layer" not in res.stderr  # not a terminal: no progress
+    screen = io.StringIO()
+    monkeypatch.setattr(common, "err_console", Console(file=screen, force_terminal=True, width=120))
+    res = runner.invoke(app, ["trace", "llama-tiny", "-w", "2", "-l", "2", "-o", str(tmp_path / "b.json")])
+    assert res.exit_code == 0, res.output
+    shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.getvalue())  # the terminal's control sequences
+    assert "trace: forward of layer 2/2" in shown and "import: 758 FX nodes" in shown and "write: " in shown, shown
+    assert "0/3" in shown and "2/3" in shown  # the bar counts the stages
+    assert (tmp_path / "b.json").read_bytes() == (tmp_path / "a.json").read_bytes()

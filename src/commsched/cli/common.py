@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Annotated, Any
 
 import typer
@@ -74,6 +74,64 @@ def fail(message: str) -> None:
     """Print ``error: message`` on one line (:func:`error_line`) and exit 2."""
     error_line(message)
     raise typer.Exit(2) from None
+
+
+class Stages:
+    """Progress of a command that runs in named stages: one rich line on stderr with the stage, a bar over the
+    stages (``2/3``), what the stage is doing and the elapsed time, cleared when done. Shown only where stderr is a
+    terminal and ``enabled`` (commands pass ``enabled=not json``), as sweep's and calibrate's bars; else every call
+    is a no-op, so piped output and --json stay clean.
+
+    ``with Stages(("trace", "import", "write")) as st: st.stage("trace", "layer 1/4"); st.detail("layer 2/4")``"""
+
+    def __init__(self, stages: Sequence[str], *, enabled: bool = True) -> None:
+        self.stages = tuple(stages)
+        self._bar: Any = None
+        self._task: Any = None
+        self._current = ""
+        if enabled and err_console.is_terminal:
+            from rich import progress
+
+            columns = (
+                progress.SpinnerColumn(),
+                progress.TextColumn("{task.description}"),
+                progress.BarColumn(bar_width=20),
+                progress.MofNCompleteColumn(),
+                progress.TimeElapsedColumn(),
+            )
+            self._bar = progress.Progress(*columns, console=err_console, transient=True)
+
+    def __enter__(self) -> Stages:
+        if self._bar is not None:
+            self._bar.start()
+            self._task = self._bar.add_task(self.stages[0] if self.stages else "", total=len(self.stages))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    def stage(self, name: str, detail: str = "") -> None:
+        """Stage ``name`` (one of ``stages``) begins: the stages before it count as done."""
+        self._current = name
+        done = self.stages.index(name) if name in self.stages else 0
+        self._update(detail, completed=done)
+
+    def detail(self, text: str) -> None:
+        """What the current stage is doing now (a layer, a rank, an iteration)."""
+        self._update(text)
+
+    def _update(self, detail: str, **fields: Any) -> None:
+        if self._bar is not None:
+            text = f"{self._current}: {detail}" if detail else self._current
+            self._bar.update(self._task, description=escape_markup(text), refresh=True, **fields)
+
+
+def escape_markup(text: str) -> str:
+    """``text`` with rich markup escaped (file and node names may hold brackets)."""
+    from rich.markup import escape
+
+    return escape(text)
 
 
 # The hardware arguments of every command that estimates costs: commsched.hardware.for_graph reads them, as
