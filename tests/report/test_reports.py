@@ -110,10 +110,10 @@ def test_gantt_png_is_a_picture(results):
 def test_html_is_self_contained(results):
     text = render_html(results["every collective"], context={"hardware": "test-gpu"})
     assert text.startswith("<!DOCTYPE html>") and text.rstrip().endswith("</html>")
-    for section in ("summary", "gantt", "exposed", "streams", "bounds"):
+    for section in ("summary", "timeline", "exposed", "streams", "bounds"):
         assert f'id="{section}"' in text
-    assert "data:image/png;base64," in text and "test-gpu" in text
-    assert 'src="http' not in text and "<script" not in text  # nothing to fetch
+    assert "test-gpu" in text and '<script type="application/json" id="timeline-data">' in text
+    assert "src=" not in text and "http://" not in text.replace("http://www.w3.org/2000/svg", "")  # nothing to fetch
 
 
 def test_html_renders_in_headless_chromium(results, tmp_path):

@@ -65,8 +65,11 @@ def register(app: typer.Typer) -> None:
             from commsched.report.capacity import step_warnings
 
             warnings = step_warnings(g.meta, hw, max(r.peak_memory_bytes for _, r in results))
-            write_comparison_html(results, out_dir / "report.html", context=context,
-                                  capacity_bytes=hw.compute.hbm_capacity_bytes, warnings=warnings)  # fmt: skip
+            from commsched.passes.overlap import OverlapConfig
+
+            budget = OverlapConfig().memory_budget.limit_bytes(before.peak_memory_bytes)  # the schedules' cap
+            write_comparison_html(results, out_dir / "report.html", context=context, hardware=hw,
+                                  memory_budget_bytes=budget, warnings=warnings)  # fmt: skip
         warn(warnings)
         print_demo_report(
             summarize(g),

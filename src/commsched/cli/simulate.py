@@ -90,7 +90,9 @@ def write_reports(res, *, trace=None, html=None, gantt=None, context=None, hw=No
         from commsched.report.html import write_html
 
         with console.status("rendering the HTML report"):
-            written.append(write_html(res, html, context=context, capacity_bytes=capacity, warnings=warnings))
+            written.append(
+                write_html(res, html, context=context, capacity_bytes=capacity, warnings=warnings, hardware=hw)
+            )
     if gantt:
         from commsched.report.gantt import write_gantt
 
