@@ -23,8 +23,9 @@ h1 { font-size: 1.5rem; margin-bottom: 0.2rem; } h2 { font-size: 1.15rem; margin
 .card .v { font-size: 1.3rem; font-weight: 600; } .card .k { color: #666; font-size: 0.85rem; }
 table { border-collapse: collapse; margin-top: 0.5rem; }
 th, td { padding: 0.25rem 0.8rem; border-bottom: 1px solid #eee; vertical-align: top; }
-th { text-align: left; background: #f6f6f6; } td.n { text-align: right; font-variant-numeric: tabular-nums; }
-td.why { max-width: 48rem; font-size: 0.85rem; color: #444; }
+th { text-align: left; background: #f6f6f6; }
+td.n { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+td.why { min-width: 16rem; font-size: 0.85rem; color: #444; }
 img { max-width: 100%; border: 1px solid #eee; }
 .warn { color: #8a1c1c; background: #fdecea; border-left: 4px solid #d62728; padding: 0.4rem 0.8rem; }
 .legend { display: flex; flex-wrap: wrap; gap: 0.4rem 1.2rem; margin: 0.6rem 0; font-size: 0.85rem; }
