@@ -201,3 +201,33 @@ def test_trace_shows_its_stages_on_a_terminal_and_nothing_when_piped(tmp_path, m
     assert "trace: forward of layer 2/2" in shown and "import: 758 FX nodes" in shown and "write: " in shown, shown
     assert "0/3" in shown and "2/3" in shown  # the bar counts the stages
     assert (tmp_path / "b.json").read_bytes() == (tmp_path / "a.json").read_bytes()
+
+
+def test_run_shows_what_runs_on_a_terminal_while_the_ranks_run(monkeypatch):
+    """Issue 19.10 (run): minutes with nothing on screen. While the ranks run, a line on stderr names them, the
+    orders and the steps, with the elapsed time; piped, nothing. (The ranks are stood in for: this checks the CLI.)"""
+    import io
+    import re
+
+    from rich.console import Console
+
+    import commsched.runtime.launch as launch
+    from commsched.cli import common
+    from run_reports import small_run_report
+
+    screen = io.StringIO()
+    during: list[str] = []
+
+    def ranks_run(cfg, network=None, backend=None):
+        during.append(re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.getvalue()))  # the screen while they run
+        return small_run_report()
+
+    monkeypatch.setattr(launch, "run_local", ranks_run)
+    args = ["run", "llama-tiny", "-w", "2", "--iters", "3", "--variants", "original,overlap"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert during == [""] and "ranks" not in res.stderr  # not a terminal: nothing
+    monkeypatch.setattr(common, "err_console", Console(file=screen, force_terminal=True, width=120))
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "run: 2 ranks: original, overlap, 2 + 3 steps each" in during[-1] and "0:00:0" in during[-1]

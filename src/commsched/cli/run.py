@@ -7,7 +7,15 @@ from pathlib import Path
 
 import typer
 
-from commsched.cli.common import HardwareOption, KnobOption, console, error_line, parse_knobs, user_errors
+from commsched.cli.common import (
+    HardwareOption,
+    KnobOption,
+    Stages,
+    console,
+    error_line,
+    parse_knobs,
+    user_errors,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -107,8 +115,9 @@ def register(app: typer.Typer) -> None:
         else:
             try:
                 ctx = shaped_network(bandwidth, delay=delay) if bandwidth else contextlib.nullcontext()
-                status = f"running {world_size} ranks ({', '.join(names)}; {iters} steps each)"
-                with signals_stop_the_run(), user_errors(), ctx as net, console.status(status):
+                what = f"{world_size} ranks: {', '.join(names)}, {warmup} + {iters} steps each"
+                with signals_stop_the_run(), user_errors(), ctx as net, Stages(("run",)) as stages:
+                    stages.stage("run", what)  # each rank traces, calibrates, then runs every order
                     report = run_local(cfg, network=net, backend=backend)
             except typer.Exit:
                 raise
