@@ -153,13 +153,15 @@ def print_nccl_comparisons(comparisons: list[LogComparison], out: Console) -> No
         log = c.log
         where = f"{c.nranks} ranks on {c.num_nodes} x {c.gpus_per_node}" if c.nranks else "ranks unknown"
         gpu = log.gpu or "GPU not named"
-        out.print(f"[bold]{log.source}:{log.line}[/]  {log.collective or '?'}, {where} ({gpu}) vs {c.hardware}")
+        out.print(f"[bold]{log.source}:{log.line}[/]  {log.collective or '?'}, {where} ({gpu}) vs {c.hardware}",
+                  soft_wrap=True)  # fmt: skip
         table = Table()
         for name in ("size (B)", "size", "measured busbw GB/s", "model busbw GB/s", "model algorithm", "rel err"):
             table.add_column(name, justify="left" if name in ("size", "model algorithm") else "right")
         for s in c.sizes:
             model = "-" if s.model_busbw_GBps is None else f"{s.model_busbw_GBps:.2f}"
             algo = f"{s.algorithm}/{s.protocol}" if s.algorithm else "-"
+            # nccl-tests' own size column first, so that a row is found in the log by its exact size
             table.add_row(str(s.size_bytes), _size(s.size_bytes), f"{s.measured_busbw_GBps:.2f}", model, algo,
                           _pct(s.rel_err))  # fmt: skip
         out.print(table)
@@ -180,7 +182,8 @@ def print_fit(fit: FitResult, out: Console) -> None:
         logs.setdefault((s.source, s.line), []).append(s)
     for (source, line), sizes in logs.items():
         first = sizes[0]
-        out.print(f"[bold]{source}:{line}[/]  {first.collective}, {first.nranks} ranks on {first.num_nodes} nodes")
+        out.print(f"[bold]{source}:{line}[/]  {first.collective}, {first.nranks} ranks on {first.num_nodes} nodes",
+                  soft_wrap=True)  # fmt: skip
         table = Table()
         for name in ("size", "measured busbw GB/s", f"{fit.base.name} GB/s", "err before", "fitted GB/s",
                      "err after", "fitted algorithm", "note"):  # fmt: skip
