@@ -176,3 +176,22 @@ def test_simulate_cli_errors_are_one_line(tmp_path):
     assert result.exit_code == 2
     assert "error" in result.output.lower() and "missing.json" in result.output.replace("\n", "")
     assert "Traceback" not in result.output
+
+
+def test_gantt_legends_sit_above_their_plots_not_over_the_bars(results):
+    """Issue 19.11: the legend was drawn in the upper right corner, over the bars."""
+    import matplotlib.pyplot as plt
+
+    from commsched.report.gantt import gantt_figure
+
+    res = results["fsdp sunk waits"]
+    fig = gantt_figure(res, capacity_bytes=res.peak_memory_bytes * 1.1)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    try:
+        for ax in fig.axes:
+            legend, box = ax.get_legend(), ax.get_window_extent(renderer)
+            assert legend is not None
+            assert legend.get_window_extent(renderer).y0 >= box.y1 - 1  # above the plot area
+    finally:
+        plt.close(fig)
