@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from commsched.cli import common as opt
-from commsched.cli.common import console, user_errors, warn
+from commsched.cli.common import console, err_console, user_errors, warn
 
 
 def register(app: typer.Typer) -> None:
@@ -52,7 +52,7 @@ def register(app: typer.Typer) -> None:
             else:
                 from commsched.workloads import build
 
-                with console.status(f"tracing {target} / {parallel} / world {world_size} / {layers} layers"):
+                with err_console.status(f"tracing {target} / {parallel} / world {world_size} / {layers} layers"):
                     given = {"seq_len": seq_len, "batch": batch, "tp_size": tp_size}
                     w = build(target, parallel=parallel, world_size=world_size, layers=layers, mode=mode,
                               **{k: v for k, v in given.items() if v is not None})  # fmt: skip
@@ -69,7 +69,7 @@ def register(app: typer.Typer) -> None:
                 match = table_match(graph, costs, measured)
             else:
                 costs = estimate_costs(graph, hw)
-            with console.status("scheduling") as status:
+            with err_console.status("scheduling") as status:
                 result = compare_schedulers(
                     graph,
                     costs,
