@@ -123,3 +123,14 @@ def test_what_moved_and_why_are_read_off_the_simulation(step):
     assert memory and all(f.peak_if_early_bytes > before.peak_memory_bytes for f in memory)
     page = render_comparison_html([("traced order", before), ("overlap", after)])
     assert 'id="what-moved"' in page and "hidden now" in page and "needed by embedding" in page
+
+
+def test_single_order_report_draws_its_timeline_without_console_messages(step, tmp_path):
+    from commsched.report.html import write_html
+
+    if find_chromium() is None:
+        pytest.fail("Chromium is not installed: `make test` installs it (Debian: apt-get install -y chromium)")
+    _g, hw, _before, after = step
+    dom, console = load_page(write_html(after, tmp_path / "one.html", hardware=hw), fragment="selftest")
+    assert console == [] and 'data-timeline="drawn 1"' in dom and "data-selftest=" in dom
+    assert "Top exposed collectives, and why" in dom and "MFU (bfloat16)" in dom
