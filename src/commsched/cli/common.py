@@ -52,13 +52,17 @@ def install_typer_conventions() -> None:
         hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
         error_line(f"{exc.format_message()}{hint}")
 
-    display_type = core.TyperOption.display_type_rich
+    # typer's hooks as of 0.29; another version without them keeps its own rendering (tests/test_cli.py notices)
+    if hasattr(rich_utils, "rich_format_error"):
+        rich_utils.rich_format_error = one_line_usage_error
+    option = getattr(core, "TyperOption", None)
+    if option is not None and hasattr(option, "display_type_rich"):
+        display_type = option.display_type_rich
 
-    def flag_without_type(self: Any, ctx: Any) -> str | None:
-        return None if self.is_flag else display_type(self, ctx)
+        def flag_without_type(self: Any, ctx: Any) -> str | None:
+            return None if getattr(self, "is_flag", False) else display_type(self, ctx)
 
-    rich_utils.rich_format_error = one_line_usage_error
-    core.TyperOption.display_type_rich = flag_without_type
+        option.display_type_rich = flag_without_type
     rich_utils._commsched_conventions = True
 
 
