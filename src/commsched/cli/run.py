@@ -118,7 +118,7 @@ def register(app: typer.Typer) -> None:
                 what = f"{world_size} ranks: {', '.join(names)}, {warmup} + {iters} steps each"
                 with signals_stop_the_run(), user_errors(), ctx as net, Stages(("run",)) as stages:
                     stages.stage("run", what)  # each rank traces, calibrates, then runs every order
-                    report = run_local(cfg, network=net, backend=backend)
+                    report = run_local(cfg, network=net, backend=backend, progress=stages.detail)
             except typer.Exit:
                 raise
             except RunStopped as exc:  # ranks terminated and the namespace deleted on the way here
