@@ -7,8 +7,11 @@ inside another one on its thread; the ops they call run inside them). Communicat
 communication pattern, except the calls that only issue a collective (``c10d::*``, ``record_param_comms``), which
 are host work of the calling thread. Other user annotations (``record_function`` ranges) label the ops inside them.
 
-Dependencies: the thread's program order; a communication item after the latest issue call on another thread that
-started before it (it carries that call's collective, where ``record_param_comms`` describes it); and a thread that
+Dependencies: the thread's program order; a communication item after the start of the latest issue call on another
+thread that started before it (the call enqueues the work before it returns; the item carries the call's
+collective, where ``record_param_comms`` describes it); a wait op (``wait_tensor``, ``c10d::wait``) that returned
+after communication on another thread ended waits for it (host time, not work, as long as it took after that end);
+and a thread that
 sat idle until some communication ended (a ``wait()``, which the profiler does not record) waits for it: an item
 whose start follows the end of communication on another thread within ``window_ns`` depends on it. The rest of an
 idle time stays a gap (:func:`commsched.replay.work.finish`).
@@ -20,9 +23,11 @@ import re
 from pathlib import Path
 
 from commsched.cost.trace_import import TraceEvents, collective_of
-from commsched.replay.work import COMM, COMPUTE, Collective, EndIndex, Items, ReplayTrace, finish
+from commsched.replay.work import COMM, COMPUTE, HOST, Collective, EndIndex, Items, ReplayTrace, finish
 
+_WAIT = re.compile(r"(wait_tensor$|^c10d::wait|^aten::wait$|::wait$)")
 _ISSUE = re.compile(r"^(c10d::|record_param_comms$|c10d_functional::|_c10d_functional::)")
+_SLACK_NS = 1000
 _CATS = ("cpu_op", "user_annotation")
 
 
@@ -55,6 +60,7 @@ class _Cpu:
         self.issues: list[tuple[int, int]] = []  # (start, item) of issue calls
         self.coll_of: dict[int, Collective] = {}  # issue item -> its collective
         self.comm: list[int] = []
+        self.waits: list[int] = []
         self.default_pg = "0"
 
     def add_thread(self, key: tuple, events: list[tuple[int, int, dict]]) -> None:
@@ -75,8 +81,9 @@ class _Cpu:
                     pg = str(self.ev.args(e).get("Process Group Name", self.default_pg))
                     self.coll_of[top] = Collective(*coll, pg)
                 continue
-            issue = bool(_ISSUE.match(name))
-            comm = not issue and any(p.search(name) for p in self.patterns)
+            wait = bool(_WAIT.search(name))
+            issue = not wait and bool(_ISSUE.match(name))
+            comm = not issue and not wait and any(p.search(name) for p in self.patterns)
             top = self.items.add(name, COMM if comm else COMPUTE, s, start, end - start,
                                  label=ranges[-1][1] if ranges else "")  # fmt: skip
             op_end = end
@@ -84,6 +91,8 @@ class _Cpu:
                 self.issues.append((start, top))
             if comm:
                 self.comm.append(top)
+            if wait:
+                self.waits.append(top)
 
     def link(self, window_ns: int) -> int:
         """Communication after its issue call; waits inferred; how many were inferred."""
@@ -96,12 +105,27 @@ class _Cpu:
                 k -= 1
             if k >= 0:
                 issue = self.issues[k][1]
-                self.items.preds[c].append(issue)
+                before = self.items.preds[issue][:1]  # the item before the call on its thread, if any
+                self.items.preds[c].extend(before)  # the call enqueues the work before it returns
                 if issue in self.coll_of:
                     colls[c] = self.coll_of[issue]
         self.coll_of = colls
         index = EndIndex(self.items, self.comm)
+        for w in self.waits:
+            self.wait_for(w, index)
         return sum(self.items.infer(i, index, window_ns) for i in range(len(self.items.names)))
+
+    def wait_for(self, w: int, index: EndIndex) -> None:
+        """A wait op that blocked until communication on another thread ended waits for it: it becomes host time
+        (not work) after that communication, as long as it took after it ended."""
+        items = self.items
+        start, end = items.start[w], items.end(w)
+        c = index.latest_before(end + _SLACK_NS, start, exclude_stream=items.stream[w])
+        if c < 0:
+            return
+        items.preds[w].append(c)
+        tail = max(0, end - max(start, items.end(c)))
+        items.role[w], items.start[w], items.dur[w] = HOST, end - tail, tail
 
 
 def _last_before(sorted_starts: list[int], t: int) -> int:

@@ -7,8 +7,9 @@ and the time both run over the time communication runs. Two naive estimates fram
 all work (everything serial) and the busiest stream's work (perfect overlap, no dependencies).
 
 Several ranks: each is replayed alone (its own streams and dependencies; ranks are not coupled), then aligned by
-collective sequence, the k-th communication item of every rank being one collective: the rank that reaches it last
-(replayed, from its own step start) is its straggler, and each other rank waits for it.
+collective sequence, the k-th communication item of every rank being one collective, each rank's times counted from
+its own step start: the rank that reaches a collective last is its straggler, and a rank's lag is the median over
+collectives of how long after the first rank it got there.
 """
 
 from __future__ import annotations
@@ -109,12 +110,13 @@ def replay(
 
 @dataclass(frozen=True)
 class MultiReplay:
-    """Every rank's replay, the slowest rank, and per rank how many aligned collectives it reached last."""
+    """Every rank's replay, the slowest rank, and per rank how many aligned collectives it reached last and its
+    median lag behind the first rank to reach one."""
 
     reports: list[ReplayReport]
     aligned_collectives: int
     last_arrivals: dict[int, int]
-    wait_at_collectives_s: dict[int, float]
+    median_lag_s: dict[int, float]
     warnings: list[str]
 
     @property
@@ -128,13 +130,13 @@ class MultiReplay:
         out["ranks"] = [r.to_dict() for r in self.reports]
         out["aligned_collectives"] = self.aligned_collectives
         out["last_arrivals"] = {str(k): v for k, v in self.last_arrivals.items()}
-        out["wait_at_collectives_s"] = {str(k): v for k, v in self.wait_at_collectives_s.items()}
+        out["median_lag_s"] = {str(k): v for k, v in self.median_lag_s.items()}
         out["warnings"] = self.warnings
         return out
 
 
 def align_ranks(reports: list[ReplayReport]) -> tuple[int, dict[int, int], dict[int, float], list[str]]:
-    """(collectives aligned, last arrivals per rank, wait per rank in s, warnings) by collective sequence."""
+    """(collectives aligned, last arrivals per rank, median lag per rank in s, warnings) by collective sequence."""
     seqs = []
     for r in reports:
         t, sim = r.trace, r.sim
@@ -149,14 +151,12 @@ def align_ranks(reports: list[ReplayReport]) -> tuple[int, dict[int, int], dict[
         warnings.append(f"the ranks ran different numbers of communication items ({counts}); aligned the first {n}")
     ranks = [r.trace.rank for r in reports]
     last = Counter({rank: 0 for rank in ranks})
-    wait = dict.fromkeys(ranks, 0.0)
+    arrivals = np.stack([s[0][:n] for s in seqs]) if n else np.zeros((len(ranks), 0), np.int64)
     for k in range(n):
-        arrivals = [int(s[0][k]) for s in seqs]
-        latest = max(arrivals)
-        last[ranks[arrivals.index(latest)]] += 1
-        for rank, a in zip(ranks, arrivals, strict=True):
-            wait[rank] += (latest - a) * 1e-9
-    return n, dict(last), wait, warnings
+        last[ranks[int(np.argmax(arrivals[:, k]))]] += 1
+    lag = arrivals - arrivals.min(axis=0, initial=np.iinfo(np.int64).max) if n else arrivals
+    median_lag = {rank: float(np.median(lag[j])) * 1e-9 if n else 0.0 for j, rank in enumerate(ranks)}
+    return n, dict(last), median_lag, warnings
 
 
 def replay_traces(

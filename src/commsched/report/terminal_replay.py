@@ -46,11 +46,11 @@ def print_multi_replay(mr: MultiReplay, console: Console) -> None:
     if len(mr.reports) < 2:
         return
     table = new_table(f"{len(mr.reports)} ranks aligned on {mr.aligned_collectives} collectives",
-                      ("rank", "measured step", "replayed step", "last to arrive", "waits at collectives"))  # fmt: skip
+                      ("rank", "measured step", "replayed step", "last to arrive", "median lag"))  # fmt: skip
     for r in mr.reports:
         rank = r.trace.rank
         mark = " (slowest)" if r is mr.slowest else ""
-        wait_s = mr.wait_at_collectives_s.get(rank, 0.0)
+        lag_s = mr.median_lag_s.get(rank, 0.0)
         table.add_row(f"{rank}{mark}", fmt_seconds(r.measured.step_s), fmt_seconds(r.replayed.step_s),
-                      str(mr.last_arrivals.get(rank, 0)), fmt_seconds(wait_s))  # fmt: skip
+                      str(mr.last_arrivals.get(rank, 0)), fmt_seconds(lag_s))  # fmt: skip
     console.print(table)

@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -96,6 +97,9 @@ class RunConfig:
     """timed repetitions of each distinct collective on the link"""
     op_reps: int = 3
     """op-by-op runs to time every compute op"""
+    profile_dir: str | None = None
+    """after the timed steps, run one more step of each variant under the PyTorch profiler (CPU activities, plus
+    CUDA on a GPU) and write ``{profile_dir}/{variant}-rank{r}.json.gz`` (what ``commsched replay`` reads)"""
     comm_slowdown: bool = True
     """let the prediction charge communication's slowdown while compute runs (measured by the interference probe;
     on a CPU run gloo competes with compute for the cores); False: communication runs at its calibrated speed"""
@@ -354,6 +358,32 @@ def _time_variants(
     return times, identical, diffs, reference
 
 
+def _profile_variants(
+    folder: str, modules: dict[str, torch.fx.GraphModule], inputs: list[torch.Tensor], device: torch.device, rank: int
+) -> None:
+    """One more step of each variant under the profiler, its Chrome trace written to ``folder`` (atomically)."""
+    import tempfile
+
+    from commsched.io import atomic_write_bytes
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    with torch.no_grad():
+        for name, module in modules.items():
+            dist.barrier()
+            _sync(device)
+            with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
+                with torch.profiler.record_function(f"step:{name}"):
+                    module(*inputs)
+                _sync(device)
+            with tempfile.TemporaryDirectory() as tmp:
+                exported = Path(tmp) / "trace.json.gz"  # torch writes gzip for a .gz name
+                prof.export_chrome_trace(str(exported))
+                atomic_write_bytes(Path(folder) / f"{name}-rank{rank}.json.gz", exported.read_bytes())
+
+
 def _step_times(samples: list[float]) -> StepTimes:
     s = sorted(samples)
     q = np.quantile(np.asarray(s), [0.25, 0.75]) if s else [math.nan, math.nan]
@@ -454,6 +484,8 @@ def run_rank(
 
         modules, rtols = _variant_modules(cfg, gm, plan, optimized)
         times, identical, diffs, first = _time_variants(cfg, modules, inputs, device, rtols)
+        if cfg.profile_dir is not None:
+            _profile_variants(cfg.profile_dir, modules, inputs, device, rank)
         ref_err = _reference_error(cfg, rank, first) if cfg.check_reference else None
 
         gathered: list[Any] = [None] * world
