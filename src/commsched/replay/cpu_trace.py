@@ -117,12 +117,14 @@ class _Cpu:
 
     def wait_for(self, w: int, index: EndIndex) -> None:
         """A wait op that blocked until communication on another thread ended waits for it: it becomes host time
-        (not work) after that communication, as long as it took after it ended."""
+        (not work) after that communication, as long as it took after it ended; one that did not block stays as it
+        was measured, as host time."""
         items = self.items
+        items.role[w] = HOST  # a wait is never work, blocked or not
         start, end = items.start[w], items.end(w)
         c = index.latest_before(end + _SLACK_NS, start, exclude_stream=items.stream[w])
         if c < 0:
-            return
+            return  # its collective had ended before it was called
         items.preds[w].append(c)
         tail = max(0, end - max(start, items.end(c)))
         items.role[w], items.start[w], items.dur[w] = HOST, end - tail, tail

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from commsched.cost.trace_import import TraceEvents, collective_of, load_trace
-from commsched.replay.work import COMM, COMPUTE, HOST, Collective, EndIndex, Items, ReplayTrace, finish
+from commsched.replay.work import COMM, COMPUTE, HOST, MEMORY, Collective, EndIndex, Items, ReplayTrace, finish
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
@@ -155,7 +155,8 @@ class _Gpu:
             s = self.stream_of(d)
             coll = collective_of(self.ev, d.e, self.world, kernels=True) if "Collective name" in d.args else None
             comm = coll is not None or any(p.search(d.name) for p in self.patterns)
-            i = self.items.add(d.name, COMM if comm else COMPUTE, s, d.start, d.end - d.start)
+            role = COMM if comm else COMPUTE if d.e.get("cat") == "kernel" else MEMORY
+            i = self.items.add(d.name, role, s, d.start, d.end - d.start)
             if coll is not None:
                 pg = str(d.args.get("Process Group Name", self.default_pg))
                 self.collectives[i] = Collective(coll[0], coll[1], coll[2], pg)

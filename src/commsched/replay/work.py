@@ -2,8 +2,9 @@
 
 An item is one node of the replay. Its ``role`` says what it is:
 
-* ``compute`` / ``comm``: device work (a kernel, memcpy or memset on a GPU stream; a top-level op on a thread of a
-  CPU-only trace), the only items the step and the busy times count;
+* ``compute`` / ``comm`` / ``memory``: device work (a kernel; a memcpy or memset; a top-level op on a thread of
+  a CPU-only trace), the only items the step and the busy times count; as in Holistic Trace Analysis, memory work
+  is neither computation nor communication in the overlap ratio;
 * ``host``: a segment of a CPU thread that launches or waits for device work (runtime calls and the host time
   before them): a kernel cannot start before its launch, a synchronising call not before the work it waits for;
 * ``gap``: a fixed delay that stays a delay: the measured time between an item's last dependency and its start
@@ -22,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-ROLES = ("compute", "comm", "host", "gap")
-COMPUTE, COMM, HOST, GAP = range(4)
+ROLES = ("compute", "comm", "memory", "host", "gap")
+COMPUTE, COMM, MEMORY, HOST, GAP = range(5)
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,8 @@ class ReplayTrace:
 
     @property
     def work(self) -> np.ndarray:
-        """Mask of the device-work items (compute and comm)."""
-        return self.role <= COMM
+        """Mask of the device-work items (compute, comm and memory)."""
+        return self.role <= MEMORY
 
     def __len__(self) -> int:
         return len(self.names)

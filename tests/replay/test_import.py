@@ -1,0 +1,94 @@
+"""Reading traces into replayable work: streams, launches, events, synchronising calls, collectives, CPU threads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from replay_helpers import DATA, NCCL_TRACE
+
+from commsched.cost.trace_import import trace_collectives
+from commsched.replay.kineto import read_trace
+from commsched.replay.work import COMM, COMPUTE, HOST, MEMORY
+
+
+def _preds(trace, i):
+    return set(trace.edges[trace.edges[:, 1] == i, 0].tolist())
+
+
+def test_cuda_sync_events_give_the_cross_stream_dependency():
+    # HTA's cuda_event_sync_multi_stream: a kernel on stream 20, an event recorded after it, stream 24 waits on it
+    t = read_trace(DATA / "hta_multi_stream.json.gz")
+    assert t.mode == "gpu" and t.rank == 0
+    names = {t.streams[s] for s in range(len(t.streams)) if t.device[s]}
+    assert names == {"stream 20", "stream 24", "stream 28"}
+    kernels = np.flatnonzero(t.role == COMPUTE)
+    on = {t.streams[t.stream[i]]: i for i in kernels}
+    waiter, recorded = on["stream 24"], on["stream 20"]
+    ancestors, frontier = set(), {int(waiter)}
+    while frontier:  # the waiter's ancestors (through gaps and host segments)
+        frontier = {p for i in frontier for p in _preds(t, i)} - ancestors
+        ancestors |= frontier
+    assert int(recorded) in ancestors
+    assert t.inferred_edges == 0  # cuda_sync events: nothing is guessed
+
+
+def test_every_kernel_waits_for_its_launch():
+    t = read_trace(DATA / "hta_alexnet.json.gz")
+    work = np.flatnonzero(t.work)
+    host = set(np.flatnonzero(t.role == HOST).tolist())
+    launched = 0
+    for i in work:
+        preds = _preds(t, i)
+        preds |= {q for p in preds if t.names[p] == "gap" for q in _preds(t, p)}
+        launched += bool(preds & host)
+    assert launched == len(work)  # alexnet: every kernel, memcpy and memset has its runtime call
+    assert (t.role == MEMORY).sum() == 19  # 16 memcpys + 3 memsets
+
+
+def test_nccl_kernels_are_collectives_with_their_sizes():
+    t = read_trace(NCCL_TRACE)
+    colls = list(t.collectives.values())
+    assert len(colls) == 21 and all(t.role[i] == COMM for i in t.collectives)
+    assert {c.kind for c in colls} == {"all_reduce", "broadcast"} and {c.group_size for c in colls} == {2}
+    # the one trace reader: calibrate --trace sees the same collectives with the same sizes
+    seen = trace_collectives(NCCL_TRACE)
+    by_key = {(c.kind, c.group_size, c.nbytes, c.group) for c in colls}
+    assert by_key == set(seen.occurrences_s)
+    assert sum(len(v) for v in seen.occurrences_s.values()) == len(colls)
+
+
+def test_comm_patterns_classify_other_communication():
+    t = read_trace(DATA / "hta_sampled_rank0.json.gz")
+    comm = [t.names[i] for i in np.flatnonzero(t.role == COMM)]
+    assert comm and all("SendRecv" in n for n in comm)  # sendrecv kernels carry no Collective name here
+    none = read_trace(DATA / "hta_sampled_rank0.json.gz", comm_patterns=())
+    assert not (none.role == COMM).any()
+    extra = read_trace(DATA / "hta_sampled_rank0.json.gz", comm_patterns=(r"^Memcpy DtoD",))
+    dtod = [i for i, n in enumerate(extra.names) if n.startswith("Memcpy DtoD")]
+    assert len(dtod) == 8 and np.flatnonzero(extra.role == COMM).tolist() == dtod
+
+
+def test_cpu_trace_of_a_real_commsched_run():
+    t = read_trace(DATA / "run_llama_tiny_fsdp_rank0.json.gz")
+    assert t.mode == "cpu" and t.rank == 0
+    threads = [t.streams[s] for s in range(len(t.streams))]
+    comm_threads = {t.streams[t.stream[i]] for i in np.flatnonzero(t.role == COMM)}
+    assert len(threads) == 2 and len(comm_threads) == 1  # the step's thread and gloo's worker
+    assert sum(n.startswith("gloo:") for n in np.asarray(t.names)[t.role == COMM]) == 34
+    waits = [i for i, n in enumerate(t.names) if n.endswith("wait_tensor")]
+    assert len(waits) == 34 and all(t.role[i] == HOST for i in waits)  # a wait is host time, never work
+    comm = set(np.flatnonzero(t.role == COMM).tolist())
+    blocked = [i for i in waits if _preds(t, i) & comm]
+    assert len(blocked) >= 3  # those that blocked (5 of 34 in this run) wait for their collective's end
+
+
+def test_user_annotations_label_the_work():
+    t = read_trace(DATA / "run_llama_tiny_fsdp_rank0.json.gz")
+    assert {"step:original"} <= set(t.labels)
+
+
+@pytest.mark.parametrize("path", sorted(DATA.glob("*.json.gz")), ids=lambda p: p.name)
+def test_items_are_in_topological_order(path):
+    t = read_trace(path)
+    assert len(t.edges) and np.all(t.edges[:, 0] < t.edges[:, 1])
+    assert np.all(t.dur_ns >= 0)
