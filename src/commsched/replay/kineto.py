@@ -81,12 +81,19 @@ def _key(ev: TraceEvents, e: dict, field: str) -> int | str:
     return v
 
 
+def scalar(v: Any) -> int | float | str | None:
+    """``v`` where it can name something (a number or a string), else None: odd values link nothing."""
+    return v if isinstance(v, (int, float, str)) and not isinstance(v, bool) else None
+
+
 def _flows(ev: TraceEvents) -> dict[tuple, Any]:
     """(pid, tid, ts) of a flow event's end point -> its id: the correlation of events without ``args.correlation``."""
     out = {}
     for e in ev.events:
         if isinstance(e, dict) and e.get("ph") in ("s", "f") and e.get("cat") in ("ac2g", "async_cpu_to_gpu"):
-            out[(e.get("pid"), e.get("tid"), e.get("ts"))] = e.get("id")
+            key = (scalar(e.get("pid")), scalar(e.get("tid")), scalar(e.get("ts")))
+            if None not in key and scalar(e.get("id")) is not None:
+                out[key] = e.get("id")
     return out
 
 
@@ -112,7 +119,7 @@ def read_events(ev: TraceEvents) -> tuple[list[_Ev], list[_Ev], list[_Ev], float
             dur = ev.us(e, e.get("dur", 0.0))
             corr = args.get("correlation")
             if corr is None:
-                corr = flows.get((e.get("pid"), e.get("tid"), e.get("ts")))
+                corr = flows.get((scalar(e.get("pid")), scalar(e.get("tid")), scalar(e.get("ts"))))
             if corr is not None and (isinstance(corr, bool) or not isinstance(corr, (int, str))):
                 raise ev.fail(e, "args.correlation", "an integer", corr)
             items.append(_Ev(e, ev.name(e), start, start + round(dur * 1000), args, corr))
@@ -257,7 +264,7 @@ class _Gpu:
         for s in self.sync:
             if s.args.get("cuda_sync_kind") != "Stream Wait Event":
                 continue
-            rec, wait = records.get(s.args.get("wait_on_cuda_event_record_corr_id")), calls.get(s.corr)
+            rec, wait = records.get(scalar(s.args.get("wait_on_cuda_event_record_corr_id"))), calls.get(s.corr)
             if rec is not None and wait is not None:
                 pairs.append((self.gpu_stream(s.args, "wait_on_stream"), rec.start, self.gpu_stream(s.args, "stream"),
                               wait.start))  # fmt: skip

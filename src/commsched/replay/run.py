@@ -98,7 +98,10 @@ def replay(
     dur = apply_scales(trace, dur, list(scales))
     if not keep_gaps:
         dur = np.where(trace.role == GAP, 0, dur)
-    sim = simulate_replay(trace, dur)
+    try:
+        sim = simulate_replay(trace, dur)
+    except ValueError as exc:  # a step past the simulator's horizon: name the file
+        raise ValueError(f"{trace.path}: {exc}") from None
     measured = timing(trace, trace.start_ns, trace.dur_ns)
     work = trace.work
     busy = measured.stream_busy_s.values()
