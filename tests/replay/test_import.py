@@ -75,6 +75,10 @@ def test_cpu_trace_of_a_real_commsched_run():
     comm_threads = {t.streams[t.stream[i]] for i in np.flatnonzero(t.role == COMM)}
     assert len(threads) == 2 and len(comm_threads) == 1  # the step's thread and gloo's worker
     assert sum(n.startswith("gloo:") for n in np.asarray(t.names)[t.role == COMM]) == 34
+    # each gloo annotation is a collective, read as calibrate --trace reads it (the one reader)
+    assert len(t.collectives) == 34 and {c.kind for c in t.collectives.values()} == {"all_gather", "all_reduce"}
+    seen = trace_collectives(DATA / "run_llama_tiny_fsdp_rank0.json.gz")
+    assert {(c.kind, c.group_size, c.nbytes) for c in t.collectives.values()} == {k[:3] for k in seen.occurrences_s}
     waits = [i for i, n in enumerate(t.names) if n.endswith("wait_tensor")]
     assert len(waits) == 34 and all(t.role[i] == HOST for i in waits)  # a wait is host time, never work
     comm = set(np.flatnonzero(t.role == COMM).tolist())

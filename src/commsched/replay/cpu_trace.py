@@ -9,7 +9,8 @@ are host work of the calling thread. Other user annotations (``record_function``
 
 Dependencies: the thread's program order; a communication item after the start of the latest issue call on another
 thread that started before it (the call enqueues the work before it returns; the item carries the call's
-collective, where ``record_param_comms`` describes it); a wait op (``wait_tensor``, ``c10d::wait``) that returned
+collective, where ``record_param_comms`` describes it, unless its own args do: a ``gloo:*`` annotation records
+its input's shape); a wait op (``wait_tensor``, ``c10d::wait``) that returned
 after communication on another thread ended waits for it (host time, not work, as long as it took after that end);
 and a thread that
 sat idle until some communication ended (a ``wait()``, which the profiler does not record) waits for it: an item
@@ -61,6 +62,7 @@ class _Cpu:
         self.coll_of: dict[int, Collective] = {}  # issue item -> its collective
         self.comm: list[int] = []
         self.waits: list[int] = []
+        self.direct: dict[int, Collective] = {}  # comm item -> its collective, from its own args
         self.default_pg = "0"
 
     def add_thread(self, key: tuple, events: list[tuple[int, int, dict]]) -> None:
@@ -91,6 +93,10 @@ class _Cpu:
                 self.issues.append((start, top))
             if comm:
                 self.comm.append(top)
+                coll = collective_of(self.ev, e, self.world)  # a gloo:* annotation with its input's shape
+                if coll is not None:
+                    pg = str(self.ev.args(e).get("Process Group Name", self.default_pg))
+                    self.direct[top] = Collective(*coll, pg)
             if wait:
                 self.waits.append(top)
 
@@ -98,7 +104,7 @@ class _Cpu:
         """Communication after its issue call; waits inferred; how many were inferred."""
         self.issues.sort()
         starts = [t for t, _ in self.issues]
-        colls: dict[int, Collective] = {}
+        colls: dict[int, Collective] = dict(self.direct)
         for c in self.comm:
             k = _last_before(starts, self.items.start[c])
             while k >= 0 and self.items.stream[self.issues[k][1]] == self.items.stream[c]:
@@ -108,7 +114,7 @@ class _Cpu:
                 before = self.items.preds[issue][:1]  # the item before the call on its thread, if any
                 self.items.preds[c].extend(before)  # the call enqueues the work before it returns
                 if issue in self.coll_of:
-                    colls[c] = self.coll_of[issue]
+                    colls.setdefault(c, self.coll_of[issue])
         self.coll_of = colls
         index = EndIndex(self.items, self.comm)
         for w in self.waits:
