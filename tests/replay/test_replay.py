@@ -113,3 +113,25 @@ def test_public_ranks_with_different_collective_counts_warn():
 def test_two_traces_of_one_rank_are_an_error():
     with pytest.raises(ValueError, match="rank 0 again"):
         replay_traces([DATA / "hta_multi_stream.json.gz", DATA / "hta_multi_stream.json.gz"])
+
+
+@pytest.mark.slow  # torch and a zoo trace: ~8 s on 2 cores
+def test_our_own_simulated_trace_replays_to_the_simulated_step(tmp_path):
+    """A traced zoo step, scheduled by our pass and simulated, written as a Kineto-shaped trace (report/trace.py),
+    reads back as device work on two streams and replays to the simulated step, overlap and stream busy times."""
+    from commsched import schedule
+    from commsched.cost import estimate_costs
+    from commsched.hardware import get
+    from commsched.report.trace import write_chrome_trace
+    from commsched.sim.simulate import simulate_costs
+    from commsched.workloads import build
+
+    g = build("llama-tiny", parallel="fsdp", world_size=8, layers=1).graph
+    costs = estimate_costs(g, get("h100-sxm"))
+    sim = simulate_costs(g, costs, schedule(g, costs).order)
+    assert sim.overlap_ratio > 0.1  # a schedule that overlaps, so the comparison means something
+    r = replay(read_trace(write_chrome_trace(sim, tmp_path / "ours.json")))
+    assert r.measured.step_s == pytest.approx(sim.makespan_s, abs=2e-6)
+    assert abs(r.error) < 1e-6
+    assert r.measured.overlap_ratio == pytest.approx(sim.overlap_ratio, abs=1e-4)
+    assert sorted(r.replayed.stream_busy_s.values()) == pytest.approx(sorted(sim.stream_busy_ns * 1e-9), abs=1e-5)
