@@ -55,6 +55,21 @@ def accuracy() -> None:
               f"{dt * 1e3:.0f} ms |")  # fmt: skip
 
 
+def what_ifs() -> None:
+    """The replayed step under each what-if, as a ratio of the unchanged replay."""
+    cases = [("comm x 0", [Scale("comm", "", 0.0)]), ("comm x 2", [Scale("comm", "", 2.0)]),
+             ("compute x 0.5", [Scale("compute", "", 0.5)]), ("compute x 2", [Scale("compute", "", 2.0)])]  # fmt: skip
+    print("\n| trace | " + " | ".join(name for name, _ in cases) + " | collectives on h100-sxm |")
+    print("|---|" + "---|" * (len(cases) + 1))
+    for path in STORED:
+        t = read_trace(path)
+        base = replay(t).replayed.step_s
+        cells = [f"{replay(t, sc).replayed.step_s / base:.3f} x" for _, sc in cases]
+        gpu_colls = t.collectives and t.mode == "gpu"
+        hw = f"{replay(t, hardware='h100-sxm').replayed.step_s / base:.3f} x" if gpu_colls else ""
+        print(f"| {path.name} | " + " | ".join(cells) + f" | {hw} |")
+
+
 def tiled(path: Path, copies: int, out: Path) -> int:
     """``copies`` of the trace back to back in one file; returns the number of events."""
     data = json.loads(gzip.decompress(path.read_bytes()))
@@ -109,6 +124,7 @@ def main() -> None:
     ap.add_argument("--copies", type=int, default=3)
     args = ap.parse_args()
     accuracy()
+    what_ifs()
     speed(args.copies)
 
 
