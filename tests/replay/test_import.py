@@ -87,8 +87,17 @@ def test_cpu_trace_of_a_real_commsched_run():
 
 
 def test_user_annotations_label_the_work():
-    t = read_trace(DATA / "run_llama_tiny_fsdp_rank0.json.gz")
-    assert {"step:original"} <= set(t.labels)
+    cpu = read_trace(DATA / "run_llama_tiny_fsdp_rank0.json.gz")
+    assert {"step:original"} <= set(cpu.labels)
+    # on a GPU trace: the innermost annotation around the launch call (the NCCL kernels: their nccl:* range)
+    gpu = read_trace(NCCL_TRACE)
+    labels = np.asarray(gpu.labels, dtype=object)
+    assert {"DistributedDataParallel.forward", "## backward ##", "Optimizer.step#SGD.step"} <= set(labels[gpu.work])
+    assert set(labels[list(gpu.collectives)]) == {"nccl:all_reduce", "nccl:broadcast"}
+    from commsched.replay.run import replay
+
+    span = replay(gpu).to_dict()["labels"]["nccl:broadcast"]
+    assert span["measured_span_s"] == pytest.approx(span["replayed_span_s"], abs=2e-6)
 
 
 @pytest.mark.parametrize("path", sorted(DATA.glob("*.json.gz")), ids=lambda p: p.name)

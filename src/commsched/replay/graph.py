@@ -19,11 +19,14 @@ from commsched.sim.result import SimResult
 
 
 def to_graph(trace: ReplayTrace) -> Graph:
-    """The items as a graph (node i is item i; names ``item:ROLE:NAME``, unique). O(N + E log E)."""
+    """The items as a graph (node i is item i; names ``ITEM:ROLE:NAME [LABEL]``, unique). O(N + E log E)."""
     n = len(trace)
     src, dst = trace.edges[:, 0], trace.edges[:, 1]
     in_ptr, in_idx = csr(n, src, dst)
-    names = [f"{i}:{ROLES[r]}:{name}" for i, (r, name) in enumerate(zip(trace.role.tolist(), trace.names, strict=True))]
+    names = [
+        f"{i}:{ROLES[r]}:{name}" + (f" [{label}]" if label else "")
+        for i, (r, name, label) in enumerate(zip(trace.role.tolist(), trace.names, trace.labels, strict=True))
+    ]
     return Graph(
         names=names, targets=list(trace.names), kinds=np.full(n, int(OpKind.OTHER), np.int8),
         in_ptr=in_ptr, in_idx=in_idx, dep_ptr=np.zeros(n + 1, np.int32), dep_idx=np.zeros(0, np.int32),

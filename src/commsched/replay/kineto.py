@@ -97,21 +97,25 @@ def _flows(ev: TraceEvents) -> dict[tuple, Any]:
     return out
 
 
-def read_events(ev: TraceEvents) -> tuple[list[_Ev], list[_Ev], list[_Ev], float]:
-    """(device work, runtime calls, cuda_sync events) with times in ns from the origin (the earliest of them)."""
+_KIND_OF_CAT = {**dict.fromkeys(DEVICE_CATS, "dev"), **dict.fromkeys(RUNTIME_CATS, "rt"), "cuda_sync": "sync",
+                "user_annotation": "note"}  # fmt: skip
+
+
+def read_events(ev: TraceEvents) -> dict[str, list[_Ev]]:
+    """Device work ("dev"), runtime calls ("rt"), cuda_sync events ("sync") and user annotations ("note"), each
+    sorted by start, with times in ns from the origin (the earliest device work, runtime call or sync event)."""
     raw: dict[str, list[tuple[dict, float]]] = defaultdict(list)
     for e in ev.events:
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
-        cat = e.get("cat")
-        kind = "dev" if cat in DEVICE_CATS else "rt" if cat in RUNTIME_CATS else "sync" if cat == "cuda_sync" else ""
+        kind = _KIND_OF_CAT.get(e.get("cat"), "") if isinstance(e.get("cat"), str) else ""
         if kind:
             raw[kind].append((e, _ts(ev, e)))
-    stamps = [ts for group in raw.values() for _, ts in group]
+    stamps = [ts for kind in ("dev", "rt", "sync") for _, ts in raw[kind]]
     t0 = min(stamps, default=0.0)
     flows = _flows(ev) if raw["dev"] else {}
     out: dict[str, list[_Ev]] = {}
-    for kind in ("dev", "rt", "sync"):
+    for kind in ("dev", "rt", "sync", "note"):
         items = []
         for e, ts in raw[kind]:
             args = ev.args(e)
@@ -125,7 +129,7 @@ def read_events(ev: TraceEvents) -> tuple[list[_Ev], list[_Ev], list[_Ev], float
             items.append(_Ev(e, ev.name(e), start, start + round(dur * 1000), args, corr))
         items.sort(key=lambda x: (x.start, -x.end))
         out[kind] = items
-    return out["dev"], out["rt"], out["sync"], t0
+    return out
 
 
 class _Gpu:
@@ -134,7 +138,9 @@ class _Gpu:
     def __init__(self, ev: TraceEvents, world: int, patterns: list[re.Pattern], info: dict) -> None:
         self.ev, self.world, self.patterns = ev, world, patterns
         self.items = Items()
-        self.dev, self.rt, self.sync, _ = read_events(ev)
+        events = read_events(ev)
+        self.dev, self.rt, self.sync, self.notes = events["dev"], events["rt"], events["sync"], events["note"]
+        self.label = ""  # the innermost user annotation around the runtime call being read
         self.item_of: dict[int, int] = {}  # id(_Ev) of device work -> item
         self.launched: dict[Any, list[_Ev]] = defaultdict(list)  # correlation -> device work
         self.collectives: dict[int, Collective] = {}
@@ -214,10 +220,19 @@ class _Gpu:
         threads: dict[tuple, list[_Ev]] = defaultdict(list)
         for r in self.rt:
             threads[(str(_key(self.ev, r.e, "pid")), str(_key(self.ev, r.e, "tid")))].append(r)
+        notes: dict[tuple, list[_Ev]] = defaultdict(list)
+        for a in self.notes:
+            notes[(str(a.e.get("pid")), str(a.e.get("tid")))].append(a)
         for (pid, tid), calls in sorted(threads.items()):
             s = self.items.stream_id(("cpu", pid, tid), f"thread {tid}", False)
             state = [0, 0]  # [end of the host time accounted for, host ns not yet in a segment]
+            around, k, open_notes = notes.get((pid, tid), []), 0, []
             for r in calls:
+                while k < len(around) and around[k].start <= r.start:  # annotations open at the call, innermost last
+                    open_notes.append(around[k])
+                    k += 1
+                open_notes = [a for a in open_notes if a.end > r.start]
+                self.label = open_notes[-1].name if open_notes else ""
                 self._host_call(s, r, state)
 
     def _host_call(self, s: int, r: _Ev, state: list[int]) -> None:
@@ -226,9 +241,11 @@ class _Gpu:
         awaited = self.awaited(r)
         if launched:
             p = min(max(min(d.start for d in launched), r.start), r.end)  # where the call put work on the device
-            seg = items.add(r.name, HOST, s, p - pending - max(0, p - prev_end), pending + max(0, p - prev_end))
+            seg = items.add(r.name, HOST, s, p - pending - max(0, p - prev_end), pending + max(0, p - prev_end),
+                            label=self.label)  # fmt: skip
             for d in launched:
                 items.preds[self.item_of[id(d)]].append(seg)
+                items.labels[self.item_of[id(d)]] = self.label
             prev_end, pending = max(prev_end, p), max(0, r.end - max(p, prev_end))
         if awaited:
             last = max(items.end(i) for i in awaited)

@@ -39,6 +39,9 @@ class Timing:
     exposed_comm_s: float
     overlap_ratio: float
     stream_busy_s: dict[str, float]
+    label_span_s: dict[str, float]
+    """per user annotation (the innermost around the work's launch, or the op on a CPU trace): first start to last
+    end of its device work"""
 
 
 def timing(trace: ReplayTrace, start_ns: np.ndarray, dur_ns: np.ndarray) -> Timing:
@@ -49,7 +52,16 @@ def timing(trace: ReplayTrace, start_ns: np.ndarray, dur_ns: np.ndarray) -> Timi
     both_ns, comm_ns = comm_overlap_ns(start_ns[comp], end_ns[comp], start_ns[comm], end_ns[comm])
     busy = np.bincount(trace.stream[work], weights=dur_ns[work], minlength=len(trace.streams))
     streams = {name: float(busy[s]) * 1e-9 for s, name in enumerate(trace.streams) if trace.device[s]}
-    return Timing(step_ns * 1e-9, (comm_ns - both_ns) * 1e-9, both_ns / comm_ns if comm_ns else 0.0, streams)
+    labels = np.asarray(trace.labels, dtype=object)
+    labelled = work & (labels != "")
+    keys, inverse = np.unique(labels[labelled].astype(str), return_inverse=True)
+    first = np.full(len(keys), np.iinfo(np.int64).max)
+    last = np.full(len(keys), np.iinfo(np.int64).min)
+    np.minimum.at(first, inverse, start_ns[labelled])
+    np.maximum.at(last, inverse, end_ns[labelled])
+    spans = {str(k): float(b - a) * 1e-9 for k, a, b in zip(keys, first, last, strict=True)}
+    overlap = both_ns / comm_ns if comm_ns else 0.0
+    return Timing(step_ns * 1e-9, (comm_ns - both_ns) * 1e-9, overlap, streams, spans)
 
 
 @dataclass(frozen=True)
@@ -83,8 +95,14 @@ class ReplayReport:
             "overlap_ratio": self.replayed.overlap_ratio, "measured_overlap_ratio": self.measured.overlap_ratio,
             "stream_busy_s": self.replayed.stream_busy_s, "measured_stream_busy_s": self.measured.stream_busy_s,
             "scales": [f"{s.what}{':' + s.arg if s.arg else ''}={s.factor:g}" for s in self.scales],
-            "hardware": self.hardware, "recosted_collectives": self.recosted,
+            "hardware": self.hardware, "recosted_collectives": self.recosted, "labels": self.label_rows(),
         }  # fmt: skip
+
+    def label_rows(self, k: int = 20) -> dict[str, dict[str, float]]:
+        """The ``k`` user annotations with the longest measured span: measured and replayed span."""
+        top = sorted(self.measured.label_span_s.items(), key=lambda kv: -kv[1])[:k]
+        replayed = self.replayed.label_span_s
+        return {name: {"measured_span_s": span, "replayed_span_s": replayed[name]} for name, span in top}
 
 
 def replay(
