@@ -113,7 +113,7 @@ def read_events(ev: TraceEvents) -> dict[str, list[_Ev]]:
             raw[kind].append((e, _ts(ev, e)))
     stamps = [ts for kind in ("dev", "rt", "sync") for _, ts in raw[kind]]
     t0 = min(stamps, default=0.0)
-    flows = _flows(ev) if raw["dev"] else {}
+    flows: dict[tuple, Any] | None = None  # built on the first event without args.correlation
     out: dict[str, list[_Ev]] = {}
     for kind in ("dev", "rt", "sync", "note"):
         items = []
@@ -122,7 +122,8 @@ def read_events(ev: TraceEvents) -> dict[str, list[_Ev]]:
             start = round((ts - t0) * 1000)
             dur = ev.us(e, e.get("dur", 0.0))
             corr = args.get("correlation")
-            if corr is None:
+            if corr is None and kind != "note" and raw["dev"]:
+                flows = _flows(ev) if flows is None else flows
                 corr = flows.get((scalar(e.get("pid")), scalar(e.get("tid")), scalar(e.get("ts"))))
             if corr is not None and (isinstance(corr, bool) or not isinstance(corr, (int, str))):
                 raise ev.fail(e, "args.correlation", "an integer", corr)
@@ -141,6 +142,7 @@ class _Gpu:
         events = read_events(ev)
         self.dev, self.rt, self.sync, self.notes = events["dev"], events["rt"], events["sync"], events["note"]
         self.label = ""  # the innermost user annotation around the runtime call being read
+        self.comm_names: dict[str, bool] = {}
         self.item_of: dict[int, int] = {}  # id(_Ev) of device work -> item
         self.launched: dict[Any, list[_Ev]] = defaultdict(list)  # correlation -> device work
         self.collectives: dict[int, Collective] = {}
@@ -150,6 +152,13 @@ class _Gpu:
         self.per_stream: dict[int, list[int]] = defaultdict(list)  # stream -> its work items in order
         self.launch_ns: dict[int, list[int]] = {}  # stream -> launch time of each work item, in order
         self.sync_by_corr = {s.corr: s for s in self.sync if s.corr is not None}
+
+    def is_comm(self, name: str) -> bool:
+        """Whether a work item's name matches a communication pattern (cached: names repeat)."""
+        hit = self.comm_names.get(name)
+        if hit is None:
+            hit = self.comm_names[name] = any(p.search(name) for p in self.patterns)
+        return hit
 
     def stream_of(self, d: _Ev) -> int:
         e = d.e
@@ -167,7 +176,7 @@ class _Gpu:
         for d in self.dev:
             s = self.stream_of(d)
             coll = collective_of(self.ev, d.e, self.world, kernels=True) if "Collective name" in d.args else None
-            comm = coll is not None or any(p.search(d.name) for p in self.patterns)
+            comm = coll is not None or self.is_comm(d.name)
             role = COMM if comm else COMPUTE if d.e.get("cat") == "kernel" else MEMORY
             i = self.items.add(d.name, role, s, d.start, d.end - d.start)
             if coll is not None:
