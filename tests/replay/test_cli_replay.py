@@ -90,7 +90,17 @@ def test_hostile_traces_are_one_line_errors_naming_the_file(tmp_path):
         path = tmp_path / name
         path.write_bytes(data)
         assert_user_error(["replay", str(path)], name)
-    assert_user_error(["replay", str(tmp_path / "missing.json")], "missing.json", "no such file")
+    assert_user_error(["replay", str(tmp_path / "missing.json")], "missing.json", "does not exist")
+    empty = tmp_path / "empty-folder"
+    empty.mkdir()
+    assert_user_error(["replay", str(empty)], "empty-folder", "no *.json or *.json.gz files")
+
+
+def test_a_folder_is_its_traces(tmp_path):
+    for r in (0, 1):
+        (tmp_path / f"rank{r}.json.gz").write_bytes((DATA / f"run_llama_tiny_fsdp_rank{r}.json.gz").read_bytes())
+    d = json.loads(_invoke([str(tmp_path), "--json"]))
+    assert [r["rank"] for r in d["ranks"]] == [0, 1] and d["aligned_collectives"] == 34
 
 
 def test_unknown_categories_and_missing_args_are_read_around(tmp_path):

@@ -13,7 +13,9 @@ from commsched.cli.common import console, user_errors, warn
 def register(app: typer.Typer) -> None:
     @app.command()
     def replay(
-        traces: list[Path] = typer.Argument(..., help="PyTorch profiler traces (.json / .json.gz), one per rank"),
+        traces: list[Path] = typer.Argument(
+            ..., help="PyTorch profiler traces (.json / .json.gz), one per rank, or folders of them"
+        ),
         scale: list[str] = typer.Option(
             [], "--scale", help="what-if SELECTOR=FACTOR: stream:N, kernel:REGEX, comm, compute (repeatable)"
         ),

@@ -184,10 +184,13 @@ def replay_traces(
     paths: list[str | os.PathLike[str]], scales: list[Scale] | tuple[Scale, ...] = (), hardware: str | None = None,
     comm_patterns: tuple[str, ...] | list[str] = DEFAULT_COMM_PATTERNS,
 ) -> MultiReplay:  # fmt: skip
-    """Read and replay each trace (one per rank; ranks numbered by ``distributedInfo.rank``, else by position),
-    align them; ValueError (one line, naming the file) for a bad trace or two traces of one rank."""
+    """Read and replay each trace (one per rank; a folder: its ``*.json`` / ``*.json.gz``, as ``calibrate --trace``
+    takes them; ranks numbered by ``distributedInfo.rank``, else by position), align them; ValueError (one line,
+    naming the file) for a bad trace or two traces of one rank."""
+    from commsched.cost.trace_calibrate import trace_paths
+
     reports, seen = [], {}
-    for j, p in enumerate(paths):
+    for j, p in enumerate(trace_paths(paths)):
         t = read_trace(Path(p), comm_patterns)
         rank = t.rank if t.rank is not None else j
         if rank in seen:
