@@ -135,3 +135,26 @@ def test_our_own_simulated_trace_replays_to_the_simulated_step(tmp_path):
     assert abs(r.error) < 1e-6
     assert r.measured.overlap_ratio == pytest.approx(sim.overlap_ratio, abs=1e-4)
     assert sorted(r.replayed.stream_busy_s.values()) == pytest.approx(sorted(sim.stream_busy_ns * 1e-9), abs=1e-5)
+
+
+def test_a_launch_latency_runs_beside_the_previous_kernel(tmp_path):
+    """A kernel that waited 10 us after its launch (the GPU idle) keeps those 10 us after the launch, not after the
+    kernel before it: scaled 3 x, the stream's kernels then run back to back."""
+    import json
+
+    def call(c, ts):
+        return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": ts, "dur": 5,
+                "args": {"correlation": c}}  # fmt: skip
+
+    def kernel(c, ts, dur):
+        return {"ph": "X", "cat": "kernel", "name": f"k{c}", "pid": 0, "tid": 7, "ts": ts, "dur": dur,
+                "args": {"correlation": c, "stream": 7, "device": 0}}  # fmt: skip
+
+    events = [call(1, 0), kernel(1, 15, 100), call(2, 5), kernel(2, 115, 100), call(3, 200), kernel(3, 215, 50)]
+    path = tmp_path / "latency.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    t = read_trace(path)
+    assert replay(t).replayed.step_s == pytest.approx(250e-6)
+    r = replay(t, [parse_scale("stream:7=3")])
+    k = {t.names[i]: i for i in np.flatnonzero(t.work)}
+    assert r.sim.start_ns[k["k1"]] == 15_000 and r.sim.start_ns[k["k3"]] == r.sim.end_ns[k["k2"]] == 615_000

@@ -8,7 +8,7 @@ An item is one node of the replay. Its ``role`` says what it is:
 * ``host``: a segment of a CPU thread that launches or waits for device work (runtime calls and the host time
   before them): a kernel cannot start before its launch, a synchronising call not before the work it waits for;
 * ``gap``: a fixed delay that stays a delay: the measured time between an item's last dependency and its start
-  (a launch or queueing latency, a host pause), on the item's own stream.
+  (a launch or queueing latency, a host pause), after that dependency (:func:`_add_gaps`).
 
 Every item sits on one stream and runs after the previous item of that stream (program order) and after its
 dependencies; its duration is its measured one until a what-if changes it.
@@ -148,26 +148,46 @@ class EndIndex:
         return -1
 
 
-def finish(items: Items, path: Path, rank: int | None, mode: str, **extra) -> ReplayTrace:
-    """Insert before every work item its residual gap (measured start minus its dependencies' measured end, when
-    positive) and sort the items topologically, earliest measured start first. ValueError naming the file on a
-    dependency cycle (a trace whose timestamps contradict its links)."""
-    n0 = len(items.names)
-    order_src = list(range(n0))
-    for i in order_src:
+def _add_gaps(items: Items) -> None:
+    """Before every item that started after its dependencies' measured end, a gap of the difference. A delay that
+    followed the item's own stream (queueing) sits on that stream; one that followed a launch or another stream's
+    work (a launch or event latency, a thread waking up) sits on the stream's latency lane, after that dependency
+    only, so it runs beside the stream's previous item when a what-if makes that item longer."""
+    lane_last: dict[int, int] = {}
+    for i in range(len(items.names)):  # creation order: each stream's items in their measured order
         if items.role[i] == GAP:
             continue
+        preds = items.preds[i]
         gap = items.start[i] - items.ready(i)
-        if gap > 0:
-            g = len(items.names)
-            items.names.append("gap")
-            items.role.append(GAP)
-            items.stream.append(items.stream[i])
-            items.start.append(items.start[i] - gap)
-            items.dur.append(gap)
-            items.preds.append(items.preds[i])
-            items.labels.append("")
+        if gap <= 0:
+            continue
+        s = items.stream[i]
+        binding = max(preds, key=items.end) if preds else -1
+        on_lane = binding >= 0 and items.stream[binding] != s
+        if on_lane:
+            lane = items.stream_id(("lane", s), f"{items.stream_names[s]} latency", False)
+            gap_preds = [binding] + ([lane_last[lane]] if lane in lane_last else [])
+        else:
+            lane, gap_preds = s, preds
+        g = len(items.names)
+        items.names.append("gap")
+        items.role.append(GAP)
+        items.stream.append(lane)
+        items.start.append(items.start[i] - gap)
+        items.dur.append(gap)
+        items.preds.append(gap_preds)
+        items.labels.append("")
+        if on_lane:
+            lane_last[lane] = g
+            items.preds[i] = [*preds, g]
+        else:
             items.preds[i] = [g]
+
+
+def finish(items: Items, path: Path, rank: int | None, mode: str, **extra) -> ReplayTrace:
+    """Add the residual gaps (:func:`_add_gaps`) and sort the items topologically, earliest measured start first.
+    ValueError naming the file on a dependency cycle (a trace whose timestamps contradict its links)."""
+    _add_gaps(items)
     order = _topological(items, path)
     new = np.empty(len(order), np.int64)
     new[order] = np.arange(len(order))
