@@ -150,11 +150,11 @@ def test_a_launch_latency_runs_beside_the_previous_kernel(tmp_path):
         return {"ph": "X", "cat": "kernel", "name": f"k{c}", "pid": 0, "tid": 7, "ts": ts, "dur": dur,
                 "args": {"correlation": c, "stream": 7, "device": 0}}  # fmt: skip
 
-    events = [call(1, 0), kernel(1, 15, 100), call(2, 5), kernel(2, 115, 100), call(3, 200), kernel(3, 215, 50)]
+    events = [call(1, 0), kernel(1, 15, 100), call(2, 5), kernel(2, 115, 100), call(3, 300), kernel(3, 315, 50)]
     path = tmp_path / "latency.json"
     path.write_text(json.dumps({"traceEvents": events}))
     t = read_trace(path)
-    assert replay(t).replayed.step_s == pytest.approx(250e-6)
+    assert replay(t).replayed.step_s == pytest.approx(350e-6)
     r = replay(t, [parse_scale("stream:7=3")])
     k = {t.names[i]: i for i in np.flatnonzero(t.work)}
     assert r.sim.start_ns[k["k1"]] == 15_000 and r.sim.start_ns[k["k3"]] == r.sim.end_ns[k["k2"]] == 615_000
