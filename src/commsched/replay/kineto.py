@@ -41,9 +41,12 @@ DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
 DEFAULT_COMM_PATTERNS = (
     r"(?i)nccl", r"(?i)rccl", r"(?i)all_?to_?all", r"(?i)all_?gather", r"(?i)reduce_?scatter",
-    r"(?i)all_?reduce", r"(?i)sendrecv", r"(?i)memcpy ptop", r"(?i)memcpy.*peer", r"^(gloo|mpi|ucc|xccl):",
+    r"(?i)all_?reduce", r"(?i)sendrecv", r"(?i)deep_?ep", r"(?i)nvshmem", r"(?i)mscclpp", r"(?i)pplx",
+    r"(?i)cross_device_reduce", r"(?i)memcpy ptop", r"(?i)memcpy.*peer", r"^(gloo|mpi|ucc|xccl):",
 )  # fmt: skip
-"""names of communication work: NCCL / RCCL kernels, custom all_to_all libraries, peer copies, CPU backends"""
+"""names of communication work: NCCL / RCCL kernels; all_to_all, all_gather, reduce_scatter and all_reduce kernels
+of other libraries (DeepEP, NVSHMEM, MSCCL++, pplx-kernels, vLLM's custom all_reduce, torch's symmetric memory);
+peer-to-peer copies on the copy engines; CPU backends' annotations"""
 SLACK_NS = 1000  # timestamps of two clocks (host, device) agree to about a microsecond
 
 
