@@ -14,11 +14,12 @@ A GPU trace (it has kernels, memcpys or memsets) becomes:
 * **synchronising calls** (``*Synchronize``, and a memcpy call that returned after its copy ended) wait for the
   device work they cover: the last work launched before them on the stream they name (Kineto's ``cuda_sync``
   events) or on every stream; only work that had ended when the call returned counts;
-* **cross-stream dependencies** from ``cudaEventRecord`` / ``cudaStreamWaitEvent``: with Kineto's ``cuda_sync``
-  events (``wait_on_stream``, ``wait_on_cuda_event_record_corr_id``) exactly; in older traces the event is taken as
-  recorded on the stream of the thread's previous launch and waited on by the stream of its next one (the
-  ProcessGroupNCCL pattern), kept only where the timestamps agree. Without ``cuda_sync`` events a work item that
-  started late is also linked to the work on another stream that ended just before it (``infer_window_us``).
+* **cross-stream dependencies** from ``cudaEventRecord`` / ``cudaStreamWaitEvent``: where Kineto's ``cuda_sync``
+  event describes the wait (``wait_on_stream``, ``wait_on_cuda_event_record_corr_id``) exactly; for other waits
+  (older traces) the event is taken as recorded on the stream of the thread's previous launch and waited on by the
+  stream of its next one (the ProcessGroupNCCL pattern), kept only where the timestamps agree. Without
+  ``cuda_sync`` events a work item that started late is also linked to the work on another stream that ended just
+  before it (``infer_window_us``).
 
 Correlation ids come from ``args.correlation``, else from the ``ac2g`` / flow events' ids. A CPU-only trace is read
 by :mod:`commsched.replay.cpu_trace`.
@@ -147,7 +148,7 @@ class _Gpu:
         self.label = ""  # the innermost user annotation around the runtime call being read
         self.comm_names: dict[str, bool] = {}
         self.item_of: dict[int, int] = {}  # id(_Ev) of device work -> item
-        self.launched: dict[Any, list[_Ev]] = defaultdict(list)  # correlation -> device work
+        self.launched: dict[int, list[_Ev]] = defaultdict(list)  # id(runtime call) -> the device work it launched
         self.collectives: dict[int, Collective] = {}
         configs = info.get("pg_config", [])
         configs = [c for c in configs if isinstance(c, dict)] if isinstance(configs, list) else []
@@ -263,10 +264,10 @@ class _Gpu:
             last = max(items.end(i) for i in awaited)
             if not launched:
                 pending += max(0, r.start - prev_end)
-                items.add("host", HOST, s, r.start - pending, pending)
+                items.add("host", HOST, s, r.start - pending, pending, label=self.label)
                 prev_end, pending = max(prev_end, r.start), 0
             tail = max(0, min(r.end - last, r.end - prev_end))
-            items.add(r.name, HOST, s, r.end - tail, tail, preds=awaited)
+            items.add(r.name, HOST, s, r.end - tail, tail, preds=awaited, label=self.label)
             pending = 0
         elif not launched:
             pending += max(0, r.end - prev_end)
@@ -274,7 +275,8 @@ class _Gpu:
 
     def add_event_deps(self) -> int:
         """Edges from the work an event recorded to the first work launched after a wait on it; how many."""
-        pairs = self._exact_pairs() if self.sync else self._pattern_pairs()
+        exact, described = self._exact_pairs()
+        pairs = exact + self._pattern_pairs(skip=described)
         added = 0
         for rec_stream, rec_ns, wait_stream, wait_ns in pairs:
             if rec_stream is None or wait_stream is None or rec_stream == wait_stream:
@@ -286,20 +288,25 @@ class _Gpu:
             added += 1
         return added
 
-    def _exact_pairs(self) -> list[tuple]:
+    def _exact_pairs(self) -> tuple[list[tuple], set]:
+        """(record stream, record time, waiting stream, wait time) of each wait a ``cuda_sync`` event describes,
+        and the correlations of those waits."""
         records = {r.corr: r for r in self.rt if "EventRecord" in r.name and r.corr is not None}
         calls = {r.corr: r for r in self.rt if r.corr is not None}
-        pairs = []
+        pairs, described = [], set()
         for s in self.sync:
             if s.args.get("cuda_sync_kind") != "Stream Wait Event":
                 continue
+            described.add(s.corr)
             rec, wait = records.get(scalar(s.args.get("wait_on_cuda_event_record_corr_id"))), calls.get(s.corr)
             if rec is not None and wait is not None:
                 pairs.append((self.gpu_stream(s.args, "wait_on_stream"), rec.start, self.gpu_stream(s.args, "stream"),
                               wait.start))  # fmt: skip
-        return pairs
+        return pairs, described
 
-    def _pattern_pairs(self) -> list[tuple]:
+    def _pattern_pairs(self, skip: set) -> list[tuple]:
+        """The same for the other waits, by the ProcessGroupNCCL pattern: the event was recorded on the stream of
+        the thread's previous launch, and the stream of its next launch waits."""
         threads: dict[tuple, list[_Ev]] = defaultdict(list)
         for r in self.rt:
             threads[(str(r.e.get("pid")), str(r.e.get("tid")))].append(r)
@@ -310,7 +317,7 @@ class _Gpu:
                 launched = self.launched.get(id(r), [])
                 if "EventRecord" in r.name:
                     record = (last_stream, r.start)
-                elif "StreamWaitEvent" in r.name and record is not None:
+                elif "StreamWaitEvent" in r.name and record is not None and r.corr not in skip:
                     waiting.append((record, r.start))
                 if launched:
                     last_stream = self.items.stream[self.item_of[id(launched[0])]]
@@ -331,10 +338,10 @@ def read_gpu_trace(
     gpu = _Gpu(ev, world, patterns, info)
     gpu.add_work()
     gpu.add_host()
-    gpu.add_event_deps()
+    linked = gpu.add_event_deps()
     inferred = 0 if gpu.sync else gpu.infer(round(infer_window_us * 1000))
     return finish(gpu.items, path, _rank(path, info), "gpu", collectives=gpu.collectives, inferred_edges=inferred,
-                  events=len(ev.events))  # fmt: skip
+                  event_edges=linked, events=len(ev.events))  # fmt: skip
 
 
 def _rank(path: Path, info: dict) -> int | None:

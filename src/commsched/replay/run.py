@@ -88,8 +88,9 @@ class ReplayReport:
         t = self.trace
         return {
             "trace": str(t.path), "rank": t.rank, "mode": t.mode, "events": t.events, "items": len(t),
-            "work_items": int(t.work.sum()), "collectives": len(t.collectives), "inferred_dependencies":
-            t.inferred_edges, "measured_step_s": self.measured.step_s, "replayed_step_s": self.replayed.step_s,
+            "work_items": int(t.work.sum()), "collectives": len(t.collectives),
+            "event_dependencies": t.event_edges, "inferred_dependencies": t.inferred_edges,
+            "measured_step_s": self.measured.step_s, "replayed_step_s": self.replayed.step_s,
             "error": self.error, "sum_of_work_s": self.sum_of_work_s, "longest_stream_s": self.longest_stream_s,
             "exposed_comm_s": self.replayed.exposed_comm_s, "measured_exposed_comm_s": self.measured.exposed_comm_s,
             "overlap_ratio": self.replayed.overlap_ratio, "measured_overlap_ratio": self.measured.overlap_ratio,

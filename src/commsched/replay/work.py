@@ -58,8 +58,9 @@ class ReplayTrace:
     edges: np.ndarray  # int64 (E, 2)
     labels: list[str]
     collectives: dict[int, Collective] = field(default_factory=dict)
-    inferred_edges: int = 0
-    events: int = 0
+    inferred_edges: int = 0  # dependencies found by a late start right after other work ended
+    event_edges: int = 0  # dependencies from cudaEventRecord / cudaStreamWaitEvent pairs
+    events: int = 0  # trace events in the file
 
     @property
     def work(self) -> np.ndarray:
