@@ -6,6 +6,9 @@ import importlib
 
 import typer
 
+from commsched.cli.common import install_typer_conventions
+
+install_typer_conventions()
 app = typer.Typer(
     name="commsched",
     help="Hide communication behind computation: trace, estimate, schedule and simulate distributed steps.",

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from commsched.cli import common as opt
-from commsched.cli.common import console, user_errors, warn
+from commsched.cli.common import console, err_console, user_errors, warn
 
 
 def register(app: typer.Typer) -> None:
@@ -48,11 +48,11 @@ def register(app: typer.Typer) -> None:
             else:
                 from commsched.workloads import build
 
-                with console.status(f"tracing {target} / {parallel} / world {world_size} / {layers} layers"):
+                with err_console.status(f"tracing {target} / {parallel} / world {world_size} / {layers} layers"):
                     w = build(target, parallel=parallel, world_size=world_size, layers=layers, mode=mode,
                               seq_len=seq_len)  # fmt: skip
                 program, groups = w.graph_module, w.graph.group_sizes()
-            with console.status("optimizing: scheduling and simulating every program variant"):
+            with err_console.status("optimizing: scheduling and simulating every program variant"):
                 o = run_optimize(program, hardware, num_nodes=num_nodes, memory_budget=memory_budget,
                                  group_sizes=groups, table=table)  # fmt: skip
             if out_dir is not None:
