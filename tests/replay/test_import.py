@@ -105,3 +105,35 @@ def test_items_are_in_topological_order(path):
     t = read_trace(path)
     assert len(t.edges) and np.all(t.edges[:, 0] < t.edges[:, 1])
     assert np.all(t.dur_ns >= 0)
+
+
+def test_only_blocking_memcpy_calls_wait_for_their_copy(tmp_path):
+    """cudaMemcpyAsync to pageable host memory returns after its copy (the host waits for it); one from pinned
+    memory does not, even when its small copy ended before the call returned."""
+    import json
+
+    def call(c, name, ts, dur):
+        return {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
+                "args": {"correlation": c}}  # fmt: skip
+
+    def copy(c, name, ts, dur):
+        return {"ph": "X", "cat": "gpu_memcpy", "name": name, "pid": 0, "tid": 7, "ts": ts, "dur": dur,
+                "args": {"correlation": c, "stream": 7, "device": 0}}  # fmt: skip
+
+    events = [call(1, "cudaMemcpyAsync", 0, 50), copy(1, "Memcpy DtoH (Device -> Pageable)", 10, 30),
+              call(2, "cudaMemcpyAsync", 60, 10), copy(2, "Memcpy HtoD (Pinned -> Device)", 62, 2),
+              call(3, "cudaLaunchKernel", 80, 5), {**copy(3, "k", 85, 5), "cat": "kernel"}]  # fmt: skip
+    path = tmp_path / "copies.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    t = read_trace(path)
+    work = {t.names[i]: i for i in np.flatnonzero(t.work)}
+    waits = [i for i in np.flatnonzero(t.role == HOST) if work["Memcpy DtoH (Device -> Pageable)"] in _preds(t, i)]
+    assert len(waits) == 1 and t.names[waits[0]] == "cudaMemcpyAsync"
+    pinned = work["Memcpy HtoD (Pinned -> Device)"]
+    assert not any(pinned in _preds(t, i) for i in np.flatnonzero(t.role == HOST))
+    from commsched.replay.run import replay
+    from commsched.replay.whatif import Scale
+
+    slow = replay(t, [Scale("stream", "7", 10.0)])  # the pageable copy takes 300 us: the host waits for it
+    launch = next(i for i in np.flatnonzero(t.role == HOST) if t.names[i] == "cudaLaunchKernel")
+    assert slow.sim.start_ns[launch] >= slow.sim.end_ns[work["Memcpy DtoH (Device -> Pageable)"]] == 310_000

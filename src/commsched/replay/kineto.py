@@ -11,9 +11,10 @@ A GPU trace (it has kernels, memcpys or memsets) becomes:
 * **the launch side**: per CPU thread, its runtime calls (``cuda_runtime`` / ``cuda_driver``) in time order as host
   segments; a segment ends where a launch call puts its work on the device (the work's measured start, within the
   call), so a kernel cannot start before its launch and host time between calls stays;
-* **synchronising calls** (``*Synchronize``, and a memcpy call that returned after its copy ended) wait for the
-  device work they cover: the last work launched before them on the stream they name (Kineto's ``cuda_sync``
-  events) or on every stream; only work that had ended when the call returned counts;
+* **synchronising calls** (``*Synchronize``; a synchronous memcpy call, or an async one to pageable host memory,
+  that returned after its copy ended) wait for the device work they cover: the last work launched before them on
+  the stream they name (Kineto's ``cuda_sync`` events) or on every stream; only work that had ended when the call
+  returned counts;
 * **cross-stream dependencies** from ``cudaEventRecord`` / ``cudaStreamWaitEvent``: where Kineto's ``cuda_sync``
   event describes the wait (``wait_on_stream``, ``wait_on_cuda_event_record_corr_id``) exactly; for other waits
   (older traces) the event is taken as recorded on the stream of the thread's previous launch and waited on by the
@@ -216,7 +217,10 @@ class _Gpu:
         """The work a synchronising call waits for (see the module docstring); empty if it is not one."""
         launched = self.launched.get(id(r), [])
         if "Memcpy" in r.name and launched:
-            cands = [self.item_of[id(d)] for d in launched]
+            # CUDA: a synchronous memcpy call returns after its copy, an async one only when it copies to
+            # pageable host memory (it cannot return before the data is there)
+            blocking = "Async" not in r.name
+            cands = [self.item_of[id(d)] for d in launched if blocking or ("DtoH" in d.name and "Pageable" in d.name)]
         elif "Synchronize" in r.name:
             s = self.sync_by_corr.get(r.corr)
             streams = list(self.per_stream)
