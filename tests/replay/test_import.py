@@ -102,9 +102,13 @@ def test_user_annotations_label_the_work():
 
 @pytest.mark.parametrize("path", sorted(DATA.glob("*.json.gz")), ids=lambda p: p.name)
 def test_items_are_in_topological_order(path):
+    from commsched.replay.graph import to_graph
+
     t = read_trace(path)
     assert len(t.edges) and np.all(t.edges[:, 0] < t.edges[:, 1])
     assert np.all(t.dur_ns >= 0)
+    g = to_graph(t).validate()  # the graph's own contract (ids topological, CSR well formed, names unique)
+    assert len(g) == len(t) and g.predecessors_csr()[1].size == len({tuple(e) for e in t.edges.tolist()})
 
 
 def test_only_blocking_memcpy_calls_wait_for_their_copy(tmp_path):
