@@ -141,3 +141,21 @@ def test_only_blocking_memcpy_calls_wait_for_their_copy(tmp_path):
     slow = replay(t, [Scale("stream", "7", 10.0)])  # the pageable copy takes 300 us: the host waits for it
     launch = next(i for i in np.flatnonzero(t.role == HOST) if t.names[i] == "cudaLaunchKernel")
     assert slow.sim.start_ns[launch] >= slow.sim.end_ns[work["Memcpy DtoH (Device -> Pageable)"]] == 310_000
+
+
+def test_flow_events_link_launches_without_correlation_args(tmp_path):
+    """Kineto's ac2g flow events (s on the launch, f on the kernel) carry the correlation when args do not."""
+    import gzip
+    import json
+
+    data = json.loads(gzip.decompress((DATA / "hta_multi_stream.json.gz").read_bytes()))
+    for e in data["traceEvents"]:
+        if isinstance(e, dict) and isinstance(e.get("args"), dict):
+            e["args"].pop("correlation", None)
+    path = tmp_path / "flows.json"
+    path.write_text(json.dumps(data))
+    with_args, with_flows = read_trace(DATA / "hta_multi_stream.json.gz"), read_trace(path)
+    assert with_flows.edges.tolist() == with_args.edges.tolist()
+    host = set(np.flatnonzero(with_flows.role == HOST).tolist())
+    assert all(_preds(with_flows, i) & host or any(_preds(with_flows, p) & host for p in _preds(with_flows, i))
+               for i in np.flatnonzero(with_flows.work))  # fmt: skip
