@@ -31,6 +31,7 @@ COMMAND_MODULES = (
     "commsched.cli.rewrite",
     "commsched.cli.sweep",
     "commsched.cli.run",
+    "commsched.cli.replay",
 )
 
 for _mod in COMMAND_MODULES:

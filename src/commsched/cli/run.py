@@ -54,6 +54,9 @@ def register(app: typer.Typer) -> None:
         backend: str = typer.Option(None, "--backend", help="gloo | nccl (default: nccl with a GPU per rank)"),
         seed: int = typer.Option(0, "--seed", help="parameters and batch"),
         json_out: Path = typer.Option(None, "--json", help="also write the full report (every step time) as JSON"),
+        profile: Path = typer.Option(
+            None, "--profile", help="also profile one step per order: DIR/ORDER-rankR.json.gz (commsched replay)"
+        ),
     ) -> None:
         """Run PRESET's training step for real on WORLD_SIZE ranks with the original order, commsched's order and
         torch's OverlapScheduler order; check that every order's outputs are bit-identical; report the measured step
@@ -106,6 +109,7 @@ def register(app: typer.Typer) -> None:
                 memory_budget=memory_budget,
                 threads=threads,
                 compute_nice=compute_nice,
+                profile_dir=str(profile) if profile is not None else None,
             )
             torchrun = launched_by_torchrun()
             if torchrun and bandwidth:

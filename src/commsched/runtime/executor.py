@@ -44,6 +44,8 @@ from commsched.report.run_report import (
 )
 from commsched.runtime.apply import apply_schedule, copy_graph_module
 from commsched.runtime.numerics import SAME, OutputDiff, compare_outputs
+from commsched.runtime.profile import profile_variants
+from commsched.runtime.profile import sync_device as _sync
 from commsched.workloads.program import StepProgram, WorkloadSpec
 
 if TYPE_CHECKING:
@@ -96,6 +98,9 @@ class RunConfig:
     """timed repetitions of each distinct collective on the link"""
     op_reps: int = 3
     """op-by-op runs to time every compute op"""
+    profile_dir: str | None = None
+    """after the timed steps, run one more step of each variant under the PyTorch profiler (CPU activities, plus
+    CUDA on a GPU) and write ``{profile_dir}/{variant}-rank{r}.json.gz`` (what ``commsched replay`` reads)"""
     comm_slowdown: bool = True
     """let the prediction charge communication's slowdown while compute runs (measured by the interference probe;
     on a CPU run gloo competes with compute for the cores); False: communication runs at its calibrated speed"""
@@ -300,11 +305,6 @@ def _identical(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     return len(a) == len(b) and all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a, b))
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _reference_error(cfg: RunConfig, rank: int, outputs: list[torch.Tensor]) -> float:
     from commsched.workloads.real import expected_rank_outputs, reference_outputs
 
@@ -465,10 +465,13 @@ def run_rank(
         plan: _Plan = plan_box[0]
 
         modules, rtols = _variant_modules(cfg, gm, plan, optimized)
+
         def step_done(done: int, total: int) -> None:
             say(f"step {done}/{total} ({cfg.warmup} warm-up) of {len(modules)} orders")
 
         times, identical, diffs, first = _time_variants(cfg, modules, inputs, device, rtols, step_done)
+        if cfg.profile_dir is not None:
+            profile_variants(cfg.profile_dir, modules, inputs, device, rank)
         ref_err = _reference_error(cfg, rank, first) if cfg.check_reference else None
 
         gathered: list[Any] = [None] * world
