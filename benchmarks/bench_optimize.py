@@ -1,10 +1,11 @@
 """``commsched.optimize`` against torch's three overlap configurations, in the same run, with the same costs.
 
-Usage: python benchmarks/bench_optimize.py [--quick] [--hardware PROFILE]
+Usage: python benchmarks/bench_optimize.py [--quick] [--case N ...] [--hardware PROFILE]
 Per traced zoo step (h100-sxm, nodes = world / 8): the traced order; torch 2.13's ``schedule_overlap_bucketing``
 plain, with collective bucketing, and with FSDP pre-bucketing + bucketing (all fed our per-node costs; bucketed
 collectives it creates are costed by our collective model when the result is re-imported); ours reorder-only (the
-``overlap`` pass with ``reorder_collectives``); and ``optimize``. Every program is simulated by our simulator with our
+``overlap`` pass with ``reorder_collectives``); ``optimize`` without program transforms (bucketing and reordering
+only); and ``optimize``. Every program is simulated by our simulator with our
 cost model; "bound" is the simulator's lower bound of that program. When torch's best configuration peaks above
 ``optimize``'s default budget (1.05 x the traced peak), ``optimize`` also runs with torch's best's peak as its budget,
 so the ratio compares at equal memory. Prints a markdown table for RESULTS.md.
@@ -27,6 +28,10 @@ CASES = [  # (preset, parallel, world, layers, seq_len or None, mode): the issue
     ("llama3-70b", "tp", 8, 16, None, "decode"),
     ("llama3-8b", "ddp", 64, 4, 2048, "train"),
     ("mixtral-8x7b", "ep", 8, 2, 2048, "train"),
+    # issue 18 (program transforms) adds these three
+    ("llama3-8b", "tp+sp", 8, 4, None, "prefill"),
+    ("mixtral-8x7b", "ep", 8, 2, 2048, "prefill"),
+    ("mixtral-8x7b", "ep", 8, 2, None, "decode"),
 ]
 QUICK = CASES[:2]
 
@@ -71,6 +76,8 @@ def case_rows(preset, parallel, world, layers, seq_len, mode="train", hardware="
     s = commsched.schedule(g, costs, "default", reorder_collectives=True)
     rows.append(("ours reorder-only", len(g.collectives), commsched.simulate_costs(g, costs, s.order),
                  time.perf_counter() - t0))  # fmt: skip
+    o0 = commsched.optimize(gm, hw, group_sizes=sizes, transforms=False)
+    rows.append(("optimize without transforms", len(o0.graph.collectives), o0.after, o0.wall_s))
     o = commsched.optimize(gm, hw, group_sizes=sizes)
     rows.append(("optimize", len(o.graph.collectives), o.after, o.wall_s))
     torch_rows = [r for r in rows if r[0].startswith("torch") and r[2] is not None]
@@ -88,10 +95,12 @@ def case_rows(preset, parallel, world, layers, seq_len, mode="train", hardware="
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="the first two cases only")
+    ap.add_argument("--case", action="append", type=int, help="run only this row of CASES (0-based; repeatable)")
     ap.add_argument("--hardware", default="h100-sxm", help="profile (e.g. h100-sxm@ib-ndr-8x400: the fitted network)")
     args = ap.parse_args()
     ratios = []
-    for case in QUICK if args.quick else CASES:
+    cases = [CASES[i] for i in args.case] if args.case else QUICK if args.quick else CASES
+    for case in cases:
         title, rows = case_rows(*case, hardware=args.hardware)
         print(f"\n#### {title}\n")
         print("| program | collectives | step (ms) | bound (ms) | peak (GiB) | wall (s) |")
@@ -108,7 +117,8 @@ def main() -> None:
             continue
         best = min(torch_rows, key=lambda r: r[2].makespan_s)
         # the fastest optimize row within torch's best's peak (equal or less memory)
-        ours = [r for r in rows if r[0].startswith("optimize") and r[2].peak_memory_bytes <= best[2].peak_memory_bytes]
+        ours = [r for r in rows if r[0].startswith("optimize") and "without" not in r[0]
+                and r[2].peak_memory_bytes <= best[2].peak_memory_bytes]  # fmt: skip
         if not ours:
             print("\noptimize found no program within torch's best's peak")
             continue

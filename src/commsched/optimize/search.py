@@ -137,6 +137,7 @@ def optimize(
     group_sizes: dict[str, int] | None = None,
     finalists: int = 2,
     table: MeasuredTable | str | None = None,
+    transforms: bool = True,
 ) -> Optimized:
     """Optimize one step: a ``torch.fx.GraphModule`` (traced with ``_c10d_functional`` collectives; import it inside
     its (fake) process group or give ``group_sizes``) or a commsched ``Graph`` (reordering only: rewrites need the
@@ -146,7 +147,8 @@ def optimize(
     which the analytic model gives). ``finalists``: bucket plans per order they were planned on (traced, scheduled)
     that get the full scheduling search after the one-attempt probe. ``table``: measured times (a
     ``MeasuredTable``, or a table / profiler trace path, e.g. from ``commsched calibrate --trace``) used for every
-    variant before the model; bucketed collectives of other sizes are interpolated. Never worse than the traced
+    variant before the model; bucketed collectives of other sizes are interpolated. ``transforms``: also try
+    program transforms (decomposed TP collectives, :mod:`commsched.optimize.transforms`). Never worse than the traced
     order; see the module docstring for the search."""
     t0 = time.perf_counter()
     gm, g = _import(program, group_sizes)
@@ -163,6 +165,10 @@ def optimize(
     if gm is not None:
         scheduled = variants[1] if isinstance(variants[1], _Variant) else traced
         variants += _bucketed(gm, g, hw, (costs, cost), knobs, scheduled.schedule.order, finalists)
+        if transforms:  # program transforms (issue 18): candidates like any other, see optimize/transforms.py
+            from commsched.optimize.transforms import transform_variants
+
+            variants += transform_variants(gm, g, cost, knobs, finalists)
     best, tried = _judge(variants, limit)
     out_gm = None
     if gm is not None:
@@ -195,6 +201,8 @@ def _final_module(gm: Any, g: Graph, best: _Variant) -> Any:
 
     if best.plan is None:
         return apply_schedule(copy_graph_module(gm), best.schedule)
+    if hasattr(best.plan, "apply_fx"):  # a program transform (optimize/transforms.py)
+        return apply_schedule(best.plan.apply_fx(gm, g), best.schedule)
     plan, order = best.plan
     return apply_schedule(apply_bucket_plan(gm, g, plan, order).gm, best.schedule)
 
