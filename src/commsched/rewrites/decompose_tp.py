@@ -173,8 +173,7 @@ def _split_ag(b: _Builder, coll: torch.fx.Node, split: TPSplit) -> list[torch.fx
     x, world, group = coll.args[:3]
     wait = wait_users(coll)[0]
     world, k = int(world), split.chunks
-    rows, cols = (int(s) for s in _val(x).shape)
-    s = rows // k
+    s = int(_val(x).shape[0]) // k
     mms = [u for u in wait.users if is_op(u, MM) and u.args[0] is wait]
     first = min(mms, key=lambda u: b.pos[u])
     gathered = []
@@ -227,7 +226,8 @@ def _split_reduce(b: _Builder, coll: torch.fx.Node, split: TPSplit) -> list[torc
             s = rows // (world * k)
             if not _val(x).is_contiguous():
                 if (x0, -1) not in leaf_cache:
-                    leaf_cache[(x0, -1)] = b.new(coll, aten.clone.default, (x0,), {"memory_format": torch.contiguous_format})
+                    dense = {"memory_format": torch.contiguous_format}
+                    leaf_cache[(x0, -1)] = b.new(coll, aten.clone.default, (x0,), dense)
                 x = leaf_cache[(x0, -1)]
             blocks = b.new(coll, aten.view.default, (x, [world, k, s, cols]))
             picked = b.new(coll, aten.select.int, (blocks, 1, j))
@@ -255,9 +255,7 @@ def _split_reduce(b: _Builder, coll: torch.fx.Node, split: TPSplit) -> list[torc
     return [wait, coll, *tree]
 
 
-def decompose_tp(
-    gm: torch.fx.GraphModule, splits: Sequence[TPSplit], *, graph: Graph | None = None
-) -> RewriteResult:
+def decompose_tp(gm: torch.fx.GraphModule, splits: Sequence[TPSplit], *, graph: Graph | None = None) -> RewriteResult:
     """Split each collective in ``splits`` (with its matmuls) on a copy of ``gm``; see the module docstring.
 
     ``graph``: the IR of ``gm`` (its in-place ordering edges are kept by the final sort). Raises GraphError naming
