@@ -50,6 +50,8 @@ aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
 AG, RS, AR = c10d.all_gather_into_tensor.default, c10d.reduce_scatter_tensor.default, c10d.all_reduce.default
 MM, ADD = aten.mm.default, aten.add.Tensor
+TRANSFORM_META = "commsched_transform"
+"""``node.meta`` key naming the transform that created the node (the runtime widens its output check for them)"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,6 +165,7 @@ class _Builder:
     def new(self, anchor: torch.fx.Node, target: Any, args: tuple, kwargs: dict | None = None, name: str | None = None):
         with self.graph.inserting_before(self.graph.output_node()):
             node = call(self.graph, self.mode, target, args, kwargs, name=name)
+        node.meta[TRANSFORM_META] = "decompose_tp"
         self.seq += 1
         self.priority[node] = self.pos[anchor] + 1.0 - 1.0 / (1.0 + self.seq)  # after the anchor, in creation order
         return node
