@@ -51,3 +51,17 @@ def test_a_step_without_tp_sites_tries_no_transform():
     assert find_tp_sites(w.graph_module) == [] and tp_plans(w.graph_module) == []
     o = commsched.optimize(w.graph_module, "h100-sxm", group_sizes=w.graph.group_sizes())
     assert not any(t.label.startswith("decomposed TP") for t in o.tried)
+
+
+def test_splits_are_also_tried_on_the_fastest_bucketed_program():
+    from commsched.workloads import build
+
+    w = build("llama3-8b", parallel="tp", world_size=8, layers=1, seq_len=2048)
+    o = commsched.optimize(w.graph_module, "h100-sxm", group_sizes=w.graph.group_sizes())
+    bucketed = [t for t in o.tried if t.label.startswith("bucketed") and t.makespan_s is not None]
+    composed = [t for t in o.tried if "+ decomposed TP" in t.label]
+    assert bucketed and composed
+    # each composed program was fully scheduled and has a verdict against the kept one
+    for t in composed:
+        assert t.makespan_s is not None and t.collectives is not None
+        assert t.verdict == "kept" or t.verdict.startswith(("slower", "over the memory budget")), t

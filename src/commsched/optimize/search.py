@@ -168,7 +168,7 @@ def optimize(
         if transforms:  # program transforms (issue 18): candidates like any other, see optimize/transforms.py
             from commsched.optimize.transforms import transform_variants
 
-            variants += transform_variants(gm, g, cost, knobs, finalists)
+            variants += transform_variants(gm, g, cost, knobs, finalists, variants)
     best, tried = _judge(variants, limit)
     out_gm = None
     if gm is not None:
