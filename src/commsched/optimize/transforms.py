@@ -49,10 +49,11 @@ class TransformPlan:
         return ", ".join(f"{n} {_NAMES[p]}" for p, n in counts.items())
 
     def apply_fx(self, gm: Any, graph: Graph) -> Any:
-        """The transformed copy of ``gm`` (``graph``: its IR), or of ``source`` when set; built once."""
+        """The transformed copy of ``gm`` (``graph``: its IR), or of ``source`` when set; built once, its code not
+        compiled (the search only imports it; ``runtime.apply_schedule`` recompiles the kept one)."""
         if self._gm is None:
             src, src_graph = self.source if self.source is not None else (gm, graph)
-            self._gm = decompose_tp(src, self.splits, graph=src_graph).gm
+            self._gm = decompose_tp(src, self.splits, graph=src_graph, recompile=False).gm
         return self._gm
 
 
@@ -91,7 +92,7 @@ def transform_variants(
     """Every transform plan of ``gm`` (IR ``g``) built, re-imported, costed with ``cost`` and probed; the
     ``finalists`` fastest scheduled with ``knobs`` (the search's ``_Variant``, ``plan``: the
     :class:`TransformPlan`), the rest a ``Tried`` with the probe's verdict. When ``variants`` (the search's so far)
-    hold a bucketed program within the budget, the finalists' plans are also made on the fastest one's FX rewrite
+    hold a bucketed program within the budget, the best probe's plan is also made on the fastest one's FX rewrite
     and scheduled: bucketing and splitting compose. Empty when ``gm`` has no TP site."""
     from commsched.optimize.search import PROBE, Tried, _scheduled, _Variant
 
@@ -120,7 +121,7 @@ def transform_variants(
             out.append(Tried(_label(plan), len(g2.collectives), verdict=why, probe_s=ns / 1e9))
     base = _best_bucketed(variants, knobs)
     if base is not None and probed:
-        out += _on_bucketed(gm, g, base, [p for _, p, _, _ in probed[:finalists]], cost, knobs, suffix)
+        out += _on_bucketed(gm, g, base, [probed[0][1]], cost, knobs, suffix)
     return out
 
 

@@ -258,11 +258,15 @@ def _split_reduce(b: _Builder, coll: torch.fx.Node, split: TPSplit) -> list[torc
     return [wait, coll, *tree]
 
 
-def decompose_tp(gm: torch.fx.GraphModule, splits: Sequence[TPSplit], *, graph: Graph | None = None) -> RewriteResult:
+def decompose_tp(
+    gm: torch.fx.GraphModule, splits: Sequence[TPSplit], *, graph: Graph | None = None, recompile: bool = True
+) -> RewriteResult:
     """Split each collective in ``splits`` (with its matmuls) on a copy of ``gm``; see the module docstring.
 
-    ``graph``: the IR of ``gm`` (its in-place ordering edges are kept by the final sort). Raises GraphError naming
-    the collective when a split does not apply (not a site, or ``chunks`` does not divide the dim). Rows: one per
+    ``graph``: the IR of ``gm`` (its in-place ordering edges are kept by the final sort). ``recompile=False`` leaves
+    the module's code stale (its graph is linted and ready to import; call ``gm.recompile()`` before running it):
+    a candidate that is only simulated skips a third of the rewrite's time. Raises GraphError naming the
+    collective when a split does not apply (not a site, or ``chunks`` does not divide the dim). Rows: one per
     split. O(N log N)."""
     out = copy_graph_module(gm)
     result = RewriteResult(gm=out, name="decompose_tp")
@@ -302,5 +306,8 @@ def decompose_tp(gm: torch.fx.GraphModule, splits: Sequence[TPSplit], *, graph: 
     prio = {n: p for n, p in b.pos.items() if n not in gone}
     prio.update(b.priority)
     stable_toposort(out.graph, prio, edges)
-    finish(out)
+    if recompile:
+        finish(out)
+    else:
+        out.graph.lint()
     return result
