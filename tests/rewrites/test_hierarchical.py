@@ -13,7 +13,7 @@ from commsched.rewrites.spmd import run_spmd
 c10d = torch.ops._c10d_functional
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(
     per_node=st.sampled_from([2, 4]),
     nodes=st.sampled_from([2, 3]),
