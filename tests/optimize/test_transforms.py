@@ -67,7 +67,7 @@ def test_splits_are_also_tried_on_the_fastest_bucketed_program():
         assert t.verdict == "kept" or t.verdict.startswith(("slower", "over the memory budget")), t
 
 
-def test_cli_lists_the_transforms_tried(tmp_path):
+def test_cli_lists_the_transforms_tried_and_can_turn_them_off(tmp_path):
     import json
 
     from typer.testing import CliRunner
@@ -75,7 +75,8 @@ def test_cli_lists_the_transforms_tried(tmp_path):
     from commsched.cli import app
 
     args = ["optimize", "llama-tiny", "--parallel", "tp+sp", "--world-size", "4", "--layers", "1", "--mode", "prefill"]
-    res = CliRunner().invoke(app, [*args, "-o", str(tmp_path)])
-    assert res.exit_code == 0, res.output
-    tried = json.loads((tmp_path / "optimize.json").read_text())["tried"]
-    assert any(t["label"].startswith("decomposed TP") and t["verdict"] for t in tried)
+    for flag, expected in (("--transforms", True), ("--no-transforms", False)):
+        res = CliRunner().invoke(app, [*args, flag, "-o", str(tmp_path / flag)])
+        assert res.exit_code == 0, res.output
+        tried = json.loads((tmp_path / flag / "optimize.json").read_text())["tried"]
+        assert any(t["label"].startswith("decomposed TP") and t["verdict"] for t in tried) == expected, flag
