@@ -53,6 +53,8 @@ class Prep:
     data_preds: list[list[int]] = field(default_factory=list)  # preds without the FIFO chain edges
     feeder: list[bool] = field(default_factory=list)  # a short path leads from the node to a busiest-group collective
     tail: list[int] = field(default_factory=list)  # least time from the node's end to the end of the step
+    shared: dict = field(default_factory=dict, repr=False)  # arrays for the compiled loops, one per GraphPrep
+    cache: dict = field(default_factory=dict, repr=False)  # this Prep's own arrays for the compiled loops
 
 
 def base_arrays(g: Graph, costs: CostEstimate) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -126,6 +128,7 @@ def prepare_graph(
         data_preds=[pi_l[pp_l[i] : pp_l[i + 1]] for i in range(n)],
         feeder=feeders(g, dur_ns, order),
         tail=heads_and_tails(g, dur_ns)[1],
+        shared={},
     )
     return GraphPrep(fields, dur_ns, src, dst, pos)
 
