@@ -111,9 +111,9 @@ def kernel_work_rule(wall_ns: float, comm_in_flight: bool, compute_slowdown: flo
     return wall_ns / compute_slowdown if comm_in_flight else wall_ns
 
 
-def kernel_end_rule(t_ns: int, work_ns: float, comm_in_flight: bool, compute_slowdown: float) -> int:
-    """See :meth:`StreamModel.kernel_end_ns`."""
-    return t_ns + math.ceil(kernel_wall_rule(work_ns, comm_in_flight, compute_slowdown) - EPS_NS)
+def kernel_end_rule(t_ns: int, wall_ns: float) -> int:
+    """See :meth:`StreamModel.kernel_end_ns` (``wall_ns``: :func:`kernel_wall_rule` of the work left)."""
+    return t_ns + math.ceil(wall_ns - EPS_NS)
 
 
 def comm_divisor_rule(sharing: int, kernel_running: bool, comm_slowdown: float) -> float:
@@ -175,7 +175,7 @@ class StreamModel:
 
     def kernel_end_ns(self, t_ns: int, work_ns: float, comm_in_flight: bool) -> int:
         """End of ``work_ns`` of kernel work started at ``t_ns`` if the rate stays as it is."""
-        return kernel_end_rule(t_ns, work_ns, comm_in_flight, self.compute_slowdown)
+        return kernel_end_rule(t_ns, self.kernel_wall_ns(work_ns, comm_in_flight))
 
     def comm_divisor(self, sharing: int, kernel_running: bool) -> float:
         """Wall time per unit of a bandwidth phase's work: ``sharing`` collectives share its link."""
