@@ -38,10 +38,8 @@ def _next_event(ce):
     for g in range(len(cur)):
         c = cur[g]
         if c >= 0:
-            if not in_bw[g]:
-                te = lat_end[g]
-            else:
-                te = st[_CLOCK] + np.int64(np.ceil(rem[g] * div[st[_KRUN], link[c]] - _EPS))
+            # a phase ends: the latency phase at its end, the bandwidth phase when its work is done at this rate
+            te = st[_CLOCK] + np.int64(np.ceil(rem[g] * div[st[_KRUN], link[c]] - _EPS)) if in_bw[g] else lat_end[g]
         elif qhead[g] < qlen[g]:
             te = max(st[_CLOCK], ready_at[queue[qoff[g] + qhead[g]]])
         else:
