@@ -104,11 +104,14 @@ def prep_arrays(p) -> PrepArrays:
         **{k: sh[k] for k in ("dur_ns", "is_coll", "is_wait", "is_sync", "group", "wait_of", "pos", "alloc", "ns_ptr",
                               "ns_idx", "storage_users", "storage_bytes", "input_order", "input_after", "input_max",
                               "log2", "release_pos")},
-        succ_ptr=np.asarray(p.succ_ptr, np.int64), succ_idx=np.asarray(p.succ_idx, np.int64),
-        indeg=np.asarray(p.indeg, np.int64),
+        **dict(zip(("succ_ptr", "succ_idx", "indeg"), p.cache.get("csr") or _csr_arrays(p), strict=True)),
     )  # fmt: skip
     p.cache["arrays"] = ar
     return ar
+
+
+def _csr_arrays(p) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return tuple(np.asarray(x, np.int64) for x in (p.succ_ptr, p.succ_idx, p.indeg))
 
 
 def rank_arrays(p, priority: str) -> tuple[np.ndarray, np.ndarray]:
@@ -407,3 +410,23 @@ def tighten_keys_jit(ar, chain_ptr, chain_idx, order, at, comm_start, comm_end):
     for k in range(n):
         by_key[order[k]] = key[k]
     return by_key
+
+
+@njit
+def levels_jit(succ_ptr, succ_idx, topo, dur, feeds):
+    """Bottom levels and feeds of :func:`commsched.passes.overlap_prep.prepare` over ``topo`` reversed; ``feeds``
+    holds each collective's rank (n + 1 elsewhere) and is completed in place. Returns the bottom levels."""
+    bottom = np.zeros(len(dur), np.int64)
+    for k in range(len(topo) - 1, -1, -1):
+        node = topo[k]
+        best = 0
+        first = feeds[node]
+        for e in range(succ_ptr[node], succ_ptr[node + 1]):
+            s = succ_idx[e]
+            if bottom[s] > best:
+                best = bottom[s]
+            if feeds[s] < first:
+                first = feeds[s]
+        bottom[node] = dur[node] + best
+        feeds[node] = first
+    return bottom

@@ -19,6 +19,7 @@ from commsched.ir.order import collective_chains
 from commsched.ir.transform import kahn_order
 from commsched.memory import liveness, memory_profile
 from commsched.sim.bounds import heads_and_tails
+from commsched.sim.jit import ENABLED as JIT_ENABLED
 from commsched.sim.model import StreamModel, durations_ns
 
 
@@ -174,6 +175,8 @@ def prepare(gp: GraphPrep, chains: dict[int, list[int]]) -> Prep:
     colls = sorted((c for chain in chains.values() for c in chain), key=lambda c: pos[c])
     # bottom level (longest remaining duration path; a collective's time counts towards its wait and the next
     # collective of its group) and feeds (the earliest-ranked collective a node leads to)
+    if JIT_ENABLED:
+        return _prepare_compiled(gp, chains, colls, succ_ptr, succ_idx, indeg)
     sp, si = succ_ptr.tolist(), succ_idx.tolist()
     d = gp.fields["dur_ns"]
     bottom = [0] * n
@@ -194,6 +197,24 @@ def prepare(gp: GraphPrep, chains: dict[int, list[int]]) -> Prep:
         bottom[node] = d[node] + best
         feeds[node] = first
     return Prep(**gp.fields, succ_ptr=sp, succ_idx=si, indeg=indeg.tolist(), bottom=bottom, feeds=feeds, chains=chains)
+
+
+def _prepare_compiled(gp: GraphPrep, chains, colls, succ_ptr, succ_idx, indeg) -> Prep:
+    """The levels of :func:`prepare` by the compiled loops (:mod:`commsched.passes.overlap_jit`; identical)."""
+    from commsched.passes.overlap_jit import kahn_jit, levels_jit
+
+    n = gp.fields["n"]
+    sp, si, deg = succ_ptr.astype(np.int64), succ_idx.astype(np.int64), indeg.astype(np.int64)
+    topo = kahn_jit(sp, si, deg, gp.pos.astype(np.float64))
+    if len(topo) != n:
+        raise RuntimeError("the ordering constraints have a cycle (collective order vs data dependencies)")
+    feeds = np.full(n, n + 1, np.int64)
+    feeds[np.asarray(colls, np.int64)] = np.arange(len(colls))
+    bottom = levels_jit(sp, si, topo, gp.dur_ns.astype(np.int64), feeds)
+    p = Prep(**gp.fields, succ_ptr=sp.tolist(), succ_idx=si.tolist(), indeg=deg.tolist(), bottom=bottom.tolist(),
+             feeds=feeds.tolist(), chains=chains)  # fmt: skip
+    p.cache["csr"] = (sp, si, deg)
+    return p
 
 
 def range_max(table: list[list[int]], lo: int, hi: int) -> int:
