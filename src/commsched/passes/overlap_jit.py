@@ -17,7 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 from commsched.sim import model as _model
-from commsched.sim.jit import njit
+from commsched.sim.jit import njit, njit_inline
 
 _PEEK = 8  # as overlap_list._PEEK: ready kernels looked at for one that fits before waiting for a collective
 
@@ -139,7 +139,7 @@ def chain_arrays(p) -> tuple[np.ndarray, np.ndarray]:
 _T, _LIVE, _FRONT, _BUSY, _COUNT = 0, 1, 2, 3, 4
 
 
-@njit
+@njit_inline
 def _range_max(table, log2, lo, hi):
     k = log2[hi - lo + 1]
     a = table[k, lo]
@@ -147,7 +147,7 @@ def _range_max(table, log2, lo, hi):
     return a if a > b else b
 
 
-@njit
+@njit_inline
 def _fits(ar, st, done, node, budget, guard):
     """ListScheduler.fits."""
     alloc = ar.alloc[node]
@@ -170,7 +170,7 @@ def _fits(ar, st, done, node, budget, guard):
     return excess + ahead <= budget
 
 
-@njit
+@njit_inline
 def _make_ready(ar, st, node, key1, key2, not_before, comm_end, ready, deferred, issuable, waits):
     if ar.is_coll[node]:
         heapq.heappush(issuable, (ar.pos[node], node))
@@ -185,7 +185,7 @@ def _make_ready(ar, st, node, key1, key2, not_before, comm_end, ready, deferred,
             heapq.heappush(ready, (key1[node], key2[node], ar.pos[node], node))
 
 
-@njit
+@njit_inline
 def _commit(ar, st, node, done, at, order, indeg, users_left, key1, key2, not_before, comm_end, ready, deferred,
             issuable, waits):  # fmt: skip
     done[node] = True
@@ -206,7 +206,7 @@ def _commit(ar, st, node, done, at, order, indeg, users_left, key1, key2, not_be
             _make_ready(ar, st, s, key1, key2, not_before, comm_end, ready, deferred, issuable, waits)
 
 
-@njit
+@njit_inline
 def _kernel_end(ar, st, t, work):
     busy_until = st[_BUSY]
     if not work or busy_until <= t:
@@ -303,7 +303,7 @@ def schedule_once_jit(ar, key1, key2, budget, not_before, guard):
     return order, at, comm_start, comm_end, True
 
 
-@njit
+@njit_inline
 def _issue(ar, st, c, group_free, comm_start, comm_end, done, at, order, indeg, users_left, key1, key2, not_before,
            ready, deferred, issuable, waits):  # fmt: skip
     grp = ar.group[c]

@@ -31,3 +31,10 @@ def njit(fn: Callable[..., Any]) -> Callable[..., Any]:
     if numba is None:
         return fn
     return numba.njit(cache=True, nogil=True)(fn)
+
+
+def njit_inline(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """:func:`njit`, inlined into its compiled callers (a handler of a loop: no call, no copy of its arguments)."""
+    if numba is None:
+        return fn
+    return numba.njit(cache=True, nogil=True, inline="always")(fn)
