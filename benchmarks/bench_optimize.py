@@ -1,6 +1,6 @@
 """``commsched.optimize`` against torch's three overlap configurations, in the same run, with the same costs.
 
-Usage: python benchmarks/bench_optimize.py [--quick] [--hardware PROFILE]
+Usage: python benchmarks/bench_optimize.py [--quick | --cases 3,5] [--hardware PROFILE]
 Per traced zoo step (h100-sxm, nodes = world / 8): the traced order; torch 2.13's ``schedule_overlap_bucketing``
 plain, with collective bucketing, and with FSDP pre-bucketing + bucketing (all fed our per-node costs; bucketed
 collectives it creates are costed by our collective model when the result is re-imported); ours reorder-only (the
@@ -88,10 +88,14 @@ def case_rows(preset, parallel, world, layers, seq_len, mode="train", hardware="
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="the first two cases only")
+    ap.add_argument("--cases", default=None, help="comma-separated indices into CASES (e.g. 3,5: the 5k-node steps)")
     ap.add_argument("--hardware", default="h100-sxm", help="profile (e.g. h100-sxm@ib-ndr-8x400: the fitted network)")
     args = ap.parse_args()
     ratios = []
-    for case in QUICK if args.quick else CASES:
+    cases = QUICK if args.quick else CASES
+    if args.cases:
+        cases = [CASES[int(k)] for k in args.cases.split(",")]
+    for case in cases:
         title, rows = case_rows(*case, hardware=args.hardware)
         print(f"\n#### {title}\n")
         print("| program | collectives | step (ms) | bound (ms) | peak (GiB) | wall (s) |")

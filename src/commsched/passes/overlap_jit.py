@@ -217,6 +217,34 @@ def _kernel_end(ar, st, t, work):
     return busy_until + int(_kernel_wall(work - work_in_overlap, False, ar.compute_slowdown))
 
 
+@njit_inline
+def _release_deferred(st, ready, deferred, issuable, waits):
+    """ListScheduler.release_deferred."""
+    while deferred and (deferred[0][0] <= st[_T] or not (ready or waits or issuable)):
+        e = heapq.heappop(deferred)
+        heapq.heappush(ready, (e[1], e[2], e[3], e[4]))
+
+
+@njit_inline
+def _pick_compute(ar, st, done, budget, guard, ready, waits, skipped):
+    """The kernel ListScheduler.run_compute runs (taken off the ready heap), or -1 when none fits."""
+    entry = heapq.heappop(ready)
+    if not waits or _fits(ar, st, done, entry[3], budget, guard):
+        return entry[3]
+    picked = -1
+    skipped.clear()
+    skipped.append(entry)
+    while ready and len(skipped) < _PEEK:
+        entry = heapq.heappop(ready)
+        if _fits(ar, st, done, entry[3], budget, guard):
+            picked = entry[3]
+            break
+        skipped.append(entry)
+    for skip in skipped:
+        heapq.heappush(ready, skip)
+    return picked
+
+
 @njit
 def schedule_once_jit(ar, key1, key2, budget, not_before, guard):
     """One attempt (see :func:`commsched.passes.overlap_list.schedule_once`); ``ar``: the Prep's arrays
@@ -247,10 +275,8 @@ def schedule_once_jit(ar, key1, key2, budget, not_before, guard):
             _make_ready(ar, st, node, key1, key2, not_before, comm_end, ready, deferred, issuable, waits)
     skipped = [(z, z, z, z)]
     while st[_COUNT] < n:
-        if deferred:  # release_deferred
-            while deferred and (deferred[0][0] <= st[_T] or not (ready or waits or issuable)):
-                e = heapq.heappop(deferred)
-                heapq.heappush(ready, (e[1], e[2], e[3], e[4]))
+        if deferred:
+            _release_deferred(st, ready, deferred, issuable, waits)
         issued = False
         while issuable:  # issue_what_fits
             c = issuable[0][1]
@@ -269,20 +295,7 @@ def schedule_once_jit(ar, key1, key2, budget, not_before, guard):
         if issued:
             continue
         if ready:  # run_compute
-            entry = heapq.heappop(ready)
-            picked = entry[3]
-            if waits and not _fits(ar, st, done, entry[3], budget, guard):
-                picked = -1
-                skipped.clear()
-                skipped.append(entry)
-                while ready and len(skipped) < _PEEK:
-                    entry = heapq.heappop(ready)
-                    if _fits(ar, st, done, entry[3], budget, guard):
-                        picked = entry[3]
-                        break
-                    skipped.append(entry)
-                for skip in skipped:
-                    heapq.heappush(ready, skip)
+            picked = _pick_compute(ar, st, done, budget, guard, ready, waits, skipped)
             if picked >= 0:
                 _commit(ar, st, picked, done, at, order, indeg, users_left, key1, key2, not_before, comm_end, ready,
                         deferred, issuable, waits)  # fmt: skip

@@ -257,26 +257,11 @@ def _fx_order(g: Graph, pos: np.ndarray, removed: set[int], rename: dict[str, st
     data_ref, dep_ref = list(at_old), list(at_old)
     for v in removed:
         data_ref[v], dep_ref[v] = ref(names[v], True), ref(names[v], False)
-    src: list[int] = []
-    dst: list[int] = []
-    for i, v in enumerate(kept):
-        for u in f.inputs[v]:
-            src.append(data_ref[u])
-            dst.append(i)
+    src, dst = _fx_edges(f, items, len(kept), data_ref, dep_ref)
     for k, it in enumerate(added):
         for name in it.inputs:
             src.append(ref(name, True))
             dst.append(len(kept) + k)
-    if out_id is not None:
-        for u in f.inputs[out_id]:
-            src.append(data_ref[u])
-            dst.append(len(items) - 1)
-    for v in range(n):  # ordering edges (in-place hazards), remapped like ir_control_edges
-        b = dep_ref[v]
-        if b >= 0:
-            for d in f.deps[v]:
-                src.append(dep_ref[d])
-                dst.append(b)
     m = len(items)
     a, b = np.asarray(src, np.int64), np.asarray(dst, np.int64)
     keep = (a >= 0) & (a != b)
@@ -303,6 +288,27 @@ def _fx_order(g: Graph, pos: np.ndarray, removed: set[int], rename: dict[str, st
     if len(order) != m:
         raise GraphError("the bucketed graph has a cycle: the plan does not fit this order")
     return [items[i] for i in order.tolist()]
+
+
+def _fx_edges(f: _Facts, items: list, num_kept: int, data_ref: list[int], dep_ref: list[int]):
+    """(src, dst) item indices of the old nodes' data edges (the kept ones and the output's) and of every
+    ordering edge; -1 for a removed node nothing stands for."""
+    src: list[int] = []
+    dst: list[int] = []
+    old = list(enumerate(items[:num_kept]))
+    if f.out_id is not None:
+        old.append((len(items) - 1, f.out_id))
+    for i, v in old:
+        for u in f.inputs[v]:
+            src.append(data_ref[u])
+            dst.append(i)
+    for v in range(len(f.names)):  # ordering edges (in-place hazards), remapped like ir_control_edges
+        b = dep_ref[v]
+        if b >= 0:
+            for d in f.deps[v]:
+                src.append(dep_ref[d])
+                dst.append(b)
+    return src, dst
 
 
 def _emit(g: Graph, pos, removed: set[int], rename: dict[str, str], smap_late: dict[int, str], added) -> Graph:

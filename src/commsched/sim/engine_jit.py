@@ -210,16 +210,10 @@ def _kernel_end(ce, t, work, lat, bw, model):
     return fin
 
 
-@njit
-def run_single_stream_jit(order, node_class, dur, wait_of, sync, group, lat, bw, link, num_groups, sync_ns,
-                          compute_slowdown, comm_slowdown):  # fmt: skip
-    """Simulate ``order`` on one compute stream. ``node_class``: 0 kernel, 1 collective, 2 wait, 3 instantaneous.
-    Returns (start, end, issue, blocked, ok); ``ok`` False when a collective can never finish."""
-    n = len(dur)
-    start = np.zeros(n, np.int64)
-    end = np.zeros(n, np.int64)
-    issue = np.full(n, -1, np.int64)
-    blocked = np.zeros(n, np.int64)
+@njit_inline
+def _comm_state(node_class, group, link, num_groups, start, end):
+    """The comm engine's state (CommEngine.__init__) as a tuple of arrays; marks collectives unfinished in ``end``."""
+    n = len(node_class)
     qcount = np.zeros(num_groups, np.int64)
     for i in range(n):
         if node_class[i] == _COLL:
@@ -232,7 +226,7 @@ def run_single_stream_jit(order, node_class, dur, wait_of, sync, group, lat, bw,
     for i in range(n):
         if node_class[i] == _COLL and link[i] + 2 > num_links:
             num_links = link[i] + 2
-    ce = (
+    return (
         np.zeros(4, np.int64),  # 0 scalars
         np.full(num_groups, -1, np.int64),  # 1 cur
         np.zeros(num_groups, np.bool_),  # 2 in_bw
@@ -250,6 +244,19 @@ def run_single_stream_jit(order, node_class, dur, wait_of, sync, group, lat, bw,
         end,  # 14
         np.zeros(num_groups, np.int64),  # 15 busy
     )
+
+
+@njit
+def run_single_stream_jit(order, node_class, dur, wait_of, sync, group, lat, bw, link, num_groups, sync_ns,
+                          compute_slowdown, comm_slowdown):  # fmt: skip
+    """Simulate ``order`` on one compute stream. ``node_class``: 0 kernel, 1 collective, 2 wait, 3 instantaneous.
+    Returns (start, end, issue, blocked, ok); ``ok`` False when a collective can never finish."""
+    n = len(dur)
+    start = np.zeros(n, np.int64)
+    end = np.zeros(n, np.int64)
+    issue = np.full(n, -1, np.int64)
+    blocked = np.zeros(n, np.int64)
+    ce = _comm_state(node_class, group, link, num_groups, start, end)
     st = ce[0]
     sees = compute_slowdown != 1.0 or comm_slowdown != 1.0
     model = (compute_slowdown, comm_slowdown, comm_slowdown != 1.0)
