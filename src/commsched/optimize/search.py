@@ -163,7 +163,7 @@ def _collector_paused():
     """The cyclic garbage collector off while the search runs (back on, as it was, after): the search allocates
     millions of small lists and tuples, and every full collection rescans the caller's whole heap (a traced
     module's FX graph and fake tensors: about 450k objects on a 5k-node step), which cost about 15 % of the
-    search's time. Nothing the search makes needs the collector: it is freed by reference counting."""
+    search's CPU time. What the search leaves in reference cycles is collected once the collector is back on."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:

@@ -5,7 +5,8 @@ keyed topological sort) run thousands of times per ``commsched.optimize`` call; 
 node and attempt. Their compiled forms (:mod:`commsched.passes.overlap_jit`, :mod:`commsched.sim.engine_jit`) give
 bit-identical results (integer nanoseconds; the float work counters follow the same IEEE operations in the same
 order, no fast-math) and the tests compare both forms. The timing rules stay in :mod:`commsched.sim.model`: the
-kernels compile its scalar rule functions (:data:`RULES`).
+kernels compile its scalar rule functions (``comm_start_rule``, ``kernel_wall_rule``, ...), which
+:class:`~commsched.sim.model.StreamModel`'s methods call too.
 
 ``COMMSCHED_JIT=0`` in the environment turns the compiled loops off (the pure-Python ones run). Compiled code is
 cached on disk next to the modules (numba's ``cache=True``), so only the first run on a machine compiles.
