@@ -77,10 +77,13 @@ def _step(g: Graph, costs: CostEstimate, dur: np.ndarray, is_coll: np.ndarray) -
     return Step(g.kinds.tolist(), dur.tolist(), g.wait_of.tolist(), g.coll_sync.tolist(), model, comm, out)
 
 
-def _run_compiled(g: Graph, costs: CostEstimate, dur: np.ndarray, is_coll: np.ndarray, order: np.ndarray):
-    """The single-stream loop, compiled (:mod:`commsched.sim.engine_jit`): (start, end, issue, blocked) arrays."""
-    from commsched.sim.engine_jit import run_single_stream_jit
-
+def _compiled_args(g: Graph, costs: CostEstimate, dur: np.ndarray, is_coll: np.ndarray) -> tuple:
+    """The order-independent arguments of the compiled loop, kept on ``g`` for the next simulation with ``costs``
+    (a pass simulates many orders of one graph)."""
+    kept = g.__dict__.setdefault("_commsched_sim_args", [])
+    for c, args in kept:
+        if c is costs:  # the entry holds ``costs``: its identity cannot be reused meanwhile
+            return args
     lat = latency_ns(g, costs, dur)
     link = _links(g, costs, is_coll)
     kinds = g.kinds
@@ -89,11 +92,21 @@ def _run_compiled(g: Graph, costs: CostEstimate, dur: np.ndarray, is_coll: np.nd
     node_class[kinds == OpKind.COLLECTIVE] = 1
     node_class[kinds == OpKind.WAIT] = 2
     model = StreamModel.from_costs(costs)
-    start, end, issue, blocked, ok = run_single_stream_jit(
-        order.astype(np.int64), node_class, dur, g.wait_of.astype(np.int64), g.coll_sync.astype(np.bool_),
+    args = (
+        node_class, dur.astype(np.int64), g.wait_of.astype(np.int64), g.coll_sync.astype(np.bool_),
         g.coll_group.astype(np.int64), lat.astype(np.int64), (dur - lat).astype(np.int64), link,
         len(g.groups), int(model.sync_ns), float(model.compute_slowdown), float(model.comm_slowdown),
     )  # fmt: skip
+    kept[:] = [(costs, args)]  # the latest costs only
+    return args
+
+
+def _run_compiled(g: Graph, costs: CostEstimate, dur: np.ndarray, is_coll: np.ndarray, order: np.ndarray):
+    """The single-stream loop, compiled (:mod:`commsched.sim.engine_jit`): (start, end, issue, blocked) arrays."""
+    from commsched.sim.engine_jit import run_single_stream_jit
+
+    args = _compiled_args(g, costs, dur, is_coll)
+    start, end, issue, blocked, ok = run_single_stream_jit(order.astype(np.int64), *args)
     if not ok:
         raise RuntimeError("a collective can never finish: it was not issued")
     return start, end, issue, blocked
