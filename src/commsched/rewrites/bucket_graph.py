@@ -19,7 +19,9 @@ import numpy as np
 
 from commsched.ir import CollType, Graph, GraphBuilder, GraphError, OpKind
 from commsched.ir.graph import csr
+from commsched.ir.transform import kahn_order
 from commsched.rewrites.bucket_plan import Bucket, BucketPlan
+from commsched.sim.jit import ENABLED as JIT_ENABLED
 
 _COLL_TARGET = {
     "all_gather": "_c10d_functional.all_gather_into_tensor.default",
@@ -229,7 +231,7 @@ def _fx_order(g: Graph, pos: np.ndarray, removed: set[int], rename: dict[str, st
 
     The FX list at sort time is the surviving old nodes, then the new ones in creation order (inserted before the
     output), then the output; placeholders first by position, the output last, the rest by (priority, position)."""
-    from commsched.passes.overlap_jit import kahn_jit  # the keyed topological sort, compiled where numba is
+    from commsched.passes.overlap_jit import kahn_jit  # the keyed topological sort, compiled
 
     f = _facts(g)
     n, out_id, names = len(g), f.out_id, f.names
@@ -284,7 +286,10 @@ def _fx_order(g: Graph, pos: np.ndarray, removed: set[int], rename: dict[str, st
             val[i] = float(pos[it])
     rank = np.empty(m, np.float64)
     rank[np.lexsort((np.arange(m), val, cls))] = np.arange(m)
-    order = kahn_jit(succ_ptr.astype(np.int64), succ_idx.astype(np.int64), indeg, rank)
+    if JIT_ENABLED:
+        order = kahn_jit(succ_ptr.astype(np.int64), succ_idx.astype(np.int64), indeg, rank)
+    else:
+        order = np.asarray(kahn_order(succ_ptr, succ_idx, indeg, rank), np.int64)
     if len(order) != m:
         raise GraphError("the bucketed graph has a cycle: the plan does not fit this order")
     return [items[i] for i in order.tolist()]
