@@ -80,3 +80,26 @@ def test_cli_lists_the_transforms_tried_and_can_turn_them_off(tmp_path):
         assert res.exit_code == 0, res.output
         tried = json.loads((tmp_path / flag / "optimize.json").read_text())["tried"]
         assert any(t["label"].startswith("decomposed TP") and t["verdict"] for t in tried) == expected, flag
+
+
+def test_plans_no_faster_than_the_best_by_their_bound_are_not_built():
+    """On llama3-70b FSDP+TP at 512 ranks the traced program's bound with every TP collective free is still above
+    the best bucketed schedule, so no plan on the traced program is built (its verdict gives both numbers); the
+    bound holds for a plan that is built anyway, and the split is still tried on the best bucketed program."""
+    import re
+
+    from commsched.cost import estimate_costs
+    from commsched.hardware import for_graph
+    from commsched.rewrites.decompose_tp import decompose_tp
+    from commsched.workloads import build
+
+    w = build("llama3-70b", parallel="fsdp+tp", world_size=512, layers=1)
+    o = commsched.optimize(w.graph_module, "h100-sxm", group_sizes=w.graph.group_sizes())
+    (pruned,) = [t for t in o.tried if t.label == "decomposed TP on the traced program"]
+    bound_ms, best_ms = map(float, re.findall(r"([\d.]+) ms", pruned.verdict))
+    assert pruned.verdict.startswith("pruned: with its") and bound_ms >= best_ms
+    assert any("+ decomposed TP" in t.label for t in o.tried)  # made on the best bucketed program instead
+    plan = tp_plans(w.graph_module)[0]
+    g2 = from_fx(decompose_tp(w.graph_module, plan.splits, graph=w.graph).gm, group_sizes=w.graph.group_sizes())
+    sim = commsched.simulate_costs(g2, estimate_costs(g2, for_graph("h100-sxm", g2)))
+    assert sim.lower_bound_s * 1e3 >= bound_ms - 0.01  # the pruning bound is a bound of the transformed program

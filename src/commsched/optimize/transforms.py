@@ -96,9 +96,23 @@ def transform_variants(
     and scheduled: bucketing and splitting compose. Empty when ``gm`` has no TP site."""
     from commsched.optimize.search import PROBE, Tried, _scheduled, _Variant
 
+    sites = find_tp_sites(gm)
+    if not sites:
+        return []
+    suffix = ", collectives reordered" if knobs.get("reorder_collectives") else ""
+    pruned = _bound_prune(g, cost(g), sites, variants, knobs)
+    if pruned is not None:  # no plan on the traced program can win; on the best bucketed one it still may
+        out = [Tried("decomposed TP on the traced program", None, verdict=pruned)]
+        base = _best_bucketed(variants, knobs)
+        if base is not None:
+            why = _bound_prune(base.graph, base.costs, sites, variants, knobs)
+            if why is None:
+                return out + _on_bucketed(gm, g, base, tp_plans(gm, sites)[:1], cost, knobs, suffix)
+            out.append(Tried(f"{base.label.split(', collectives')[0]} + decomposed TP", None, verdict=why))
+        return out
     probed: list[tuple[int, TransformPlan, Graph, CostEstimate]] = []
     out: list = []
-    for plan in tp_plans(gm):
+    for plan in tp_plans(gm, sites):
         built = _build(plan, gm, g, cost)
         if isinstance(built, Tried):
             out.append(built)
@@ -109,7 +123,6 @@ def transform_variants(
             continue
         probed.append((probe.sim.makespan_ns, plan, *built))
     probed.sort(key=lambda q: q[0])
-    suffix = ", collectives reordered" if knobs.get("reorder_collectives") else ""
     for k, (ns, plan, g2, c2) in enumerate(probed):
         if k < finalists:
             full = _scheduled(_label(plan) + suffix, g2, c2, knobs, plan)
@@ -123,6 +136,35 @@ def transform_variants(
     if base is not None and probed:
         out += _on_bucketed(gm, g, base, [probed[0][1]], cost, knobs, suffix)
     return out
+
+
+def _bound_prune(g: Graph, costs: CostEstimate, sites: list[TPSite], variants, knobs) -> str | None:
+    """Why no plan made on program ``g`` can win, or None. A split never makes a node cheaper (smaller GEMMs run
+    less efficiently, chunks re-read their weights, each chunk's collective pays its latency), so a transformed
+    program's lower bound is at least the bound of ``g`` with every collective it splits free (the sites' names that
+    ``g`` still holds); when that is no faster than the best variant so far within the budget, no plan can win and
+    none is built (on a 5.7k-node FSDP+TP step the plans cost more than the rest of the search)."""
+    import dataclasses
+
+    import numpy as np
+
+    from commsched.optimize.search import _Variant
+    from commsched.sim import simulate_costs
+
+    limit = knobs["memory_budget"].bytes if knobs.get("memory_budget") is not None else None
+    best = min((v.sim.makespan_s for v in variants if isinstance(v, _Variant)
+                and (limit is None or v.sim.peak_memory_bytes <= limit)), default=None)  # fmt: skip
+    if best is None:
+        return None
+    index = {name: i for i, name in enumerate(g.names)}
+    free = np.asarray([index[s.collective] for s in sites if s.collective in index], dtype=np.int64)
+    node_s, latency_s = costs.node_s.copy(), costs.coll_latency_s.copy()
+    node_s[free], latency_s[free] = 0.0, 0.0
+    bound_s = simulate_costs(g, dataclasses.replace(costs, node_s=node_s, coll_latency_s=latency_s)).lower_bound_s
+    if bound_s < best:
+        return None
+    return (f"pruned: with its {len(free)} split collectives free the step's lower bound is {bound_s * 1e3:.2f} ms, "
+            f"no faster than the best variant's {best * 1e3:.2f} ms")  # fmt: skip
 
 
 def _label(plan: TransformPlan) -> str:
