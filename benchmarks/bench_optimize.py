@@ -28,6 +28,7 @@ CASES = [  # (preset, parallel, world, layers, seq_len or None, mode): the issue
     ("llama3-70b", "tp", 8, 16, None, "decode"),
     ("llama3-8b", "ddp", 64, 4, 2048, "train"),
     ("mixtral-8x7b", "ep", 8, 2, 2048, "train"),
+    ("mixtral-8x7b", "fsdp+ep", 64, 2, 2048, "train"),  # EP with FSDP (torchtitan's MoE mesh)
     # issue 18 (program transforms) adds these three
     ("llama3-8b", "tp+sp", 8, 4, None, "prefill"),
     ("mixtral-8x7b", "ep", 8, 2, 2048, "prefill"),
