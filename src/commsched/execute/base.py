@@ -119,7 +119,10 @@ def ray_available() -> bool:
     """Whether the optional Ray backend can be imported (without importing it)."""
     import importlib.util
 
-    return importlib.util.find_spec("ray") is not None
+    try:
+        return importlib.util.find_spec("ray") is not None
+    except (ImportError, ValueError):  # a broken install, or ray blocked in sys.modules
+        return False
 
 
 def make_executor(*, jobs: int | None = None, ray_address: str | None = None, progress: Any = None) -> Executor:
