@@ -28,9 +28,11 @@ def _specs(n: int, sleep_s: float = 0.0, **extra) -> list[dict]:
 
 
 def test_in_process_map_is_in_order():
-    got = []
+    got: list[int] = []
     with LocalExecutor(jobs=1) as ex:
-        out = ex.map("exec_helpers:square_after", _specs(4), fail=exec_helpers.fail, on_result=lambda i, r: got.append(i))
+        out = ex.map(
+            "exec_helpers:square_after", _specs(4), fail=exec_helpers.fail, on_result=lambda i, _r: got.append(i)
+        )
     assert [r["square"] for r in out] == [0, 1, 4, 9] and got == [0, 1, 2, 3]
     assert {r["pid"] for r in out} == {os.getpid()}
 
