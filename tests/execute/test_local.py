@@ -4,15 +4,13 @@ leaves no process behind, ``--ray-address`` without Ray is one line."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import exec_helpers
 import psutil
 import pytest
+from exec_helpers import alive, interrupt_cli
 from typer.testing import CliRunner
 
 from commsched.cli import app
@@ -82,48 +80,10 @@ def test_ray_address_without_ray_is_one_line(monkeypatch):
     assert lines == ["error: --ray-address needs Ray, which is not installed: pip install 'commsched[ray]'"]
 
 
-def interrupt_cli(args: list[str], tmp_path: Path, wait_for: int) -> tuple[int, float, list[psutil.Process]]:
-    """Start ``commsched ARGS`` in its own process group, wait until it has ``wait_for`` descendants, send SIGINT to
-    the group as a terminal's Ctrl-C does; (exit code, seconds to exit, the descendants seen)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "COMMSCHED_CACHE_DIR": str(tmp_path / "cache")}
-    proc = subprocess.Popen([sys.executable, "-m", "commsched", *args], env=env, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-    seen: dict[int, psutil.Process] = {}
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        for child in psutil.Process(proc.pid).children(recursive=True):
-            seen.setdefault(child.pid, child)
-        if len(seen) >= wait_for:
-            break
-        time.sleep(0.2)
-    time.sleep(2.0)  # the workers are warming up or tracing
-    for child in psutil.Process(proc.pid).children(recursive=True):
-        seen.setdefault(child.pid, child)
-    t0 = time.monotonic()
-    os.killpg(proc.pid, signal.SIGINT)
-    try:
-        rc = proc.wait(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    return rc, time.monotonic() - t0, list(seen.values())
-
-
-def alive(procs: list[psutil.Process]) -> list[psutil.Process]:
-    out = []
-    for p in procs:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.NoSuchProcess:
-            continue
-    return out
-
-
 @slow
 def test_ctrl_c_stops_the_local_pool_within_5_s_and_leaves_nothing(tmp_path):
     args = ["sweep", "llama3-8b", "-p", "fsdp,ddp", "-w", "8,64", "-l", "2", "-j", "2", "--json", "rows.json"]
-    rc, exit_s, procs = interrupt_cli(args, tmp_path, wait_for=1)
+    rc, exit_s, procs = interrupt_cli(args, tmp_path, ready=lambda seen: len(seen) >= 1)
     assert procs, "the sweep started no worker"
     assert rc == 130 and exit_s < 5.0
     deadline = time.monotonic() + 5

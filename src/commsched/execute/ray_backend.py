@@ -57,6 +57,8 @@ class RayExecutor:
         self.ray, self.address, self.progress = ray, address, progress
         self._say(f"connecting to Ray ({address})")
         self._own = address == "local"
+        # ray.init sets variables of this process (RAY_AUTH_MODE, ...) that would follow a later init elsewhere
+        self._environ = {k: v for k, v in os.environ.items() if k.startswith("RAY_") or k == "PYTHONBREAKPOINT"}
         try:
             if self._own:
                 src = str(Path(__file__).resolve().parents[2])  # the folder that holds this commsched
@@ -73,6 +75,7 @@ class RayExecutor:
         self._worker_cls = _actor_class(ray)
         self._actors: list[Any] = []
         self._ready: list[Any] = []
+        self._start_error = ""
 
     def _say(self, text: str) -> None:
         if self.progress is not None:
@@ -131,7 +134,7 @@ class RayExecutor:
                         new = self._spawn()
                         starting[new.info.remote()] = new
                 if not refs and todo:
-                    raise ExecutorError(f"no Ray actor could start on {self.address}")
+                    raise ExecutorError(f"no Ray actor could start on {self.address}: {self._start_error}")
         except BaseException:
             self.close()
             raise
@@ -143,8 +146,9 @@ class RayExecutor:
         ray = self.ray
         try:
             info = ray.get(ref)
-        except ray.exceptions.RayActorError:
+        except ray.exceptions.RayActorError as exc:  # it could not start (e.g. commsched not importable there)
             self._drop(actor)
+            self._start_error = error_text("actor", exc)
             return False
         except ray.exceptions.RayError as exc:
             raise self._lost(exc) from None
@@ -179,6 +183,10 @@ class RayExecutor:
             except Exception:  # already dead, or the head is gone
                 continue
         ray.shutdown()
+        for key in [k for k in os.environ if k.startswith("RAY_") or k == "PYTHONBREAKPOINT"]:
+            if key not in self._environ:
+                del os.environ[key]
+        os.environ.update(self._environ)
 
     def __enter__(self) -> RayExecutor:
         return self
