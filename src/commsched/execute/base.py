@@ -70,17 +70,26 @@ def source_fingerprint() -> str:
 
 @functools.cache
 def versions() -> dict[str, str]:
-    """The versions that decide a result: commsched (with :func:`source_fingerprint`), torch, numpy."""
-    import numpy
-    import torch
-
+    """The versions that decide a result: commsched (with :func:`source_fingerprint`), torch, numpy. Read from the
+    installed distributions, so that a run whose traces are all cached never imports torch (seconds)."""
     from commsched import __version__
 
     return {
         "commsched_version": f"{__version__}+{source_fingerprint()}",
-        "torch_version": str(torch.__version__),
-        "numpy_version": str(numpy.__version__),
+        "torch_version": _installed("torch"),
+        "numpy_version": _installed("numpy"),
     }
+
+
+def _installed(name: str) -> str:
+    """``name``'s version as its distribution records it (as ``name.__version__`` says, e.g. 2.13.0+cpu), else as
+    the imported module says."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:  # e.g. built from source, not installed as a distribution
+        return str(importlib.import_module(name).__version__)
 
 
 def check_versions(theirs: dict[str, str], where: str) -> None:

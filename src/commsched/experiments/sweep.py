@@ -114,17 +114,34 @@ class SweepRow:
         return cls(**kw)
 
 
-def _check_names(preset: str, parallels: Sequence[str], hardware: Sequence[str], schedule: str | None) -> list:
-    """Reject names that would fail every configuration, before starting any process; the profiles, resolved here
-    (user folder included) so they travel by content."""
-    from commsched import hardware as hw_profiles
-    from commsched.passes import resolve_passes
+def _check_workload(preset: str, parallels: Sequence[str]) -> None:
+    """Reject a preset or parallelism that would fail every configuration (imports torch: seconds)."""
     from commsched.workloads import PARALLELISMS, get_preset
 
     get_preset(preset)  # ValueError naming the known presets
     for p in parallels:
         if p not in PARALLELISMS:
             raise ValueError(f"parallel {p!r}: expected one of {', '.join(PARALLELISMS)}")
+
+
+def _all_cached(tasks: list[dict[str, Any]]) -> bool:
+    """Whether this machine's trace cache holds every task's trace (then its names were valid when traced)."""
+    from commsched.execute.cache import trace_key, trace_path
+
+    def key(t: dict[str, Any]) -> str:
+        return trace_key(
+            t["preset"], t["parallel"], t["world_size"], t["layers"], build_options(t["parallel"], t["build_kw"])
+        )
+
+    return all(t["cache"] and not any(t["optimize"]) and trace_path(key(t)).is_file() for t in tasks)
+
+
+def _check_names(hardware: Sequence[str], schedule: str | None) -> list:
+    """Reject profile or pass names that would fail every configuration, before starting any process; the profiles,
+    resolved here (user folder included) so they travel by content."""
+    from commsched import hardware as hw_profiles
+    from commsched.passes import resolve_passes
+
     profiles = []
     for h in hardware:
         try:
@@ -237,8 +254,12 @@ def run_sweep(
     if gpus_per_node is not None and gpus_per_node < 1:
         raise ValueError(f"gpus_per_node={gpus_per_node}: expected >= 1")
     names = _as_list(hardware, "hardware")
-    profiles = _check_names(preset, dims["parallel"], names, schedule)
+    profiles = _check_names(names, schedule)
     tasks = _tasks(preset, dims, profiles, layers, schedule, gpus_per_node, cache, build_kw)
+    if _all_cached(tasks) and ray_address is None and executor is None:
+        processes = 1  # nothing to trace: estimating and simulating here beats starting workers (and torch)
+    else:
+        _check_workload(preset, dims["parallel"])
     store = RowStore(_store_key(tasks)) if resume else None
     results = store.load() if store is not None else {}
     todo = [t for t in tasks if t["index"] not in results]
