@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,7 +24,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+# a snapshot of the source: every process of the benchmark runs the same code (the rows carry its hash) even if the
+# checkout changes meanwhile
+TMP = Path(tempfile.mkdtemp(prefix="scaleout"))
+SRC = Path(shutil.copytree(ROOT / "src" / "commsched", TMP / "src" / "commsched", ignore=shutil.ignore_patterns(
+    "__pycache__"))).parent  # fmt: skip
+sys.path.insert(0, str(SRC))
 sys.path.insert(0, str(ROOT / "tests" / "execute"))
 
 
@@ -33,7 +39,7 @@ def load() -> str:
 
 def cli(args: list[str], cache: Path, home: Path, out: Path) -> tuple[float, list]:
     """``commsched sweep ARGS --json OUT`` in a fresh process; (wall seconds, rows)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "COMMSCHED_CACHE_DIR": str(cache), "HOME": str(home)}
+    env = {**os.environ, "PYTHONPATH": str(SRC), "COMMSCHED_CACHE_DIR": str(cache), "HOME": str(home)}
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "commsched", "sweep", *args, "--json", str(out)], env=env, check=True,
                    capture_output=True, cwd=home)  # fmt: skip
@@ -66,7 +72,7 @@ def main() -> None:
     args = ap.parse_args()
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, {load()}")
     sweep = ["llama3-8b", "-p", "fsdp,ddp", "-w", args.world_sizes, "-H", "h100-sxm,b200", "-l", str(args.layers)]
-    tmp = Path(tempfile.mkdtemp(prefix="scaleout"))
+    tmp = TMP
     home = tmp / "home"
     home.mkdir()
     results: dict[str, list] = {}
@@ -109,7 +115,7 @@ def _warm_backends(args, results: dict) -> None:
     with LocalExecutor(jobs=2, in_process=False) as ex:
         first, workers_s, results["local workers only (warm)"] = in_process(ex, kw)
     print(f"local pool, 2 workers only: first {first:.2f} s, warm {workers_s:.2f} s ({load()})")
-    head = Head()
+    head = Head(src=SRC)
     try:
         t0 = time.perf_counter()
         ex = RayExecutor(head.address)
@@ -126,4 +132,7 @@ def _warm_backends(args, results: dict) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:
+        shutil.rmtree(TMP, ignore_errors=True)

@@ -41,11 +41,11 @@ SWEEP = {
 class Head:
     """``ray start --head --block`` on 127.0.0.1 with a temporary HOME and temp dir; stopped by its own pid."""
 
-    def __init__(self) -> None:
+    def __init__(self, src: Path = ROOT / "src") -> None:
         self.home = Path(tempfile.mkdtemp(prefix="rayh", dir="/tmp"))  # short: Ray's socket paths have a limit
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
-        env = {**os.environ, "HOME": str(self.home), "PYTHONPATH": str(ROOT / "src"),
+        env = {**os.environ, "HOME": str(self.home), "PYTHONPATH": str(src),
                "COMMSCHED_CACHE_DIR": str(self.home / "cache")}  # fmt: skip
         cmd = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1",
                "--port", str(self.port), "--num-cpus", "2", "--block", "--include-dashboard=false",
@@ -115,6 +115,27 @@ def test_rows_equal_on_every_backend(head, tmp_path):
     assert {r.pid for r in ray_head}.isdisjoint({os.getpid()})  # computed on the head's actors
     assert not ray_workers(head.descendants())  # the run's actors are gone, the head is up
     assert {"gcs_server", "raylet"} <= {p.name() for p in head.descendants()}
+
+
+def test_optimize_gives_the_serial_search_on_ray(head, tmp_path):
+    from optimize_helpers import optimized
+
+    from commsched.execute.ray_backend import RayExecutor
+
+    serial = optimized("fsdp")
+    ex = RayExecutor(head.address)
+    try:
+        on_head = optimized("fsdp", ex)
+    finally:
+        ex.close()
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HOME": str(tmp_path)}
+    script = Path(__file__).with_name("optimize_helpers.py")
+    res = subprocess.run([sys.executable, str(script), "local"], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    on_local = json.loads(res.stdout.strip().splitlines()[-1])
+    assert sum(t["collectives"] is not None for t in serial["tried"]) >= 20
+    assert on_head == serial  # the winner, the candidates' order, every figure and verdict
+    assert on_local == json.loads(json.dumps(serial))
 
 
 def test_a_sigkilled_actor_gives_error_rows_and_the_sweep_completes(head):
