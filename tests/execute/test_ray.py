@@ -60,6 +60,7 @@ class Head:
             names = {p.name() for p in self.descendants()}
             if {"gcs_server", "raylet"} <= names:
                 time.sleep(3.0)  # the raylet registers with the GCS
+                self.started = self.descendants()  # stop() reaps these too, even once orphaned
                 return
             time.sleep(0.5)
         raise AssertionError("the Ray head did not come up in 90 s")
@@ -72,6 +73,7 @@ class Head:
 
     def stop(self) -> None:
         procs = [psutil.Process(self.proc.pid), *self.descendants()]
+        procs += [p for p in self.started if p.pid not in {q.pid for q in procs}]
         self.proc.send_signal(signal.SIGTERM)  # by its own process id, never by name
         self.proc.wait(timeout=60)
         deadline = time.monotonic() + 15
@@ -194,3 +196,31 @@ def test_ctrl_c_on_a_private_instance_leaves_nothing(tmp_path):
     while alive(procs) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not alive(procs), [p.cmdline()[:1] for p in alive(procs)]
+
+
+def test_a_lost_head_ends_the_run_with_one_line(tmp_path):
+    lost = Head()
+    try:
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT / "src"),
+            "HOME": str(tmp_path),
+            "COMMSCHED_CACHE_DIR": str(tmp_path),
+        }
+        args = ["sweep", "llama3-8b", "-p", "fsdp,ddp", "-w", "8,64,512", "-l", "2", "--ray-address", lost.address]
+        proc = subprocess.Popen([sys.executable, "-m", "commsched", *args], env=env, cwd=tmp_path, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        deadline = time.monotonic() + 120
+        while not ray_workers(lost.descendants()) and time.monotonic() < deadline:
+            time.sleep(0.3)
+        (gcs,) = [p for p in lost.descendants() if p.name() == "gcs_server"]
+        gcs.send_signal(signal.SIGKILL)  # the head's control store dies: the head is lost
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        lost.stop()
+    assert proc.returncode == 2
+    assert [line for line in err.splitlines() if line.startswith("error")] == [
+        f"error: lost the Ray head at {lost.address}: it does not answer"
+    ]

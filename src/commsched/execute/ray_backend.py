@@ -15,6 +15,9 @@ left alone; a ``local`` instance is shut down).
 from __future__ import annotations
 
 import os
+import socket
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,8 @@ from typing import Any
 from commsched.execute.base import ExecutorError, Fail, OnResult, check_versions, default_jobs, error_text
 
 POLL_S = 0.2  # how often the driver wakes up while waiting, so that Ctrl-C is seen at once
+HEAD_CHECK_S = 1.0  # how often the driver checks that the head's port still answers
+HEAD_LOST_AFTER = 3  # checks that fail in a row before the head counts as lost
 
 
 def _actor_class(ray: Any) -> Any:
@@ -76,6 +81,8 @@ class RayExecutor:
         self._actors: list[Any] = []
         self._ready: list[Any] = []
         self._start_error = ""
+        self._lost_head = False
+        self._head_fails, self._head_checked = 0, time.monotonic()
 
     def _say(self, text: str) -> None:
         if self.progress is not None:
@@ -110,6 +117,7 @@ class RayExecutor:
                 while idle and todo:
                     actor, index = idle.pop(), todo.pop()
                     running[actor.run.remote(fn, specs[index])] = (actor, index)
+                self._check_head()
                 refs = list(starting) + list(running)
                 ready, _ = ray.wait(refs, num_returns=1, timeout=POLL_S) if refs else ([], [])
                 for ref in ready:
@@ -167,6 +175,22 @@ class RayExecutor:
         except ray.exceptions.RayError as exc:
             raise self._lost(exc) from None
 
+    def _check_head(self) -> None:
+        """Raise ExecutorError once the head's GCS port has not answered for a few seconds (Ray itself would wait
+        a minute, then end this process with a fatal log)."""
+        if self._own or time.monotonic() - self._head_checked < HEAD_CHECK_S:
+            return
+        self._head_checked = time.monotonic()
+        host, _, port = self.address.rpartition(":")
+        try:
+            with socket.create_connection((host, int(port)), timeout=1.0):
+                self._head_fails = 0
+        except (OSError, ValueError):
+            self._head_fails += 1
+            if self._head_fails >= HEAD_LOST_AFTER:
+                self._lost_head = True
+                raise ExecutorError(f"lost the Ray head at {self.address}: it does not answer") from None
+
     def _drop(self, actor: Any) -> None:
         if actor in self._actors:
             self._actors.remove(actor)
@@ -177,12 +201,17 @@ class RayExecutor:
         if not ray.is_initialized():
             return
         actors, self._actors, self._ready = self._actors, [], []
-        for actor in actors:
-            try:
-                ray.kill(actor, no_restart=True)
-            except Exception:  # already dead, or the head is gone
-                continue
-        ray.shutdown()
+        if self._lost_head:  # nothing to ask a dead head; its actors died with it, or die when their raylet sees it
+            done = threading.Thread(target=ray.shutdown, daemon=True)
+            done.start()
+            done.join(3.0)
+        else:
+            for actor in actors:
+                try:
+                    ray.kill(actor, no_restart=True)
+                except Exception:  # already dead
+                    continue
+            ray.shutdown()
         for key in [k for k in os.environ if k.startswith("RAY_") or k == "PYTHONBREAKPOINT"]:
             if key not in self._environ:
                 del os.environ[key]
