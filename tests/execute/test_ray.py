@@ -200,6 +200,7 @@ def test_ctrl_c_on_a_private_instance_leaves_nothing(tmp_path):
 
 def test_a_lost_head_ends_the_run_with_one_line(tmp_path):
     lost = Head()
+    proc = None
     try:
         env = {
             **os.environ,
@@ -215,9 +216,9 @@ def test_a_lost_head_ends_the_run_with_one_line(tmp_path):
             time.sleep(0.3)
         (gcs,) = [p for p in lost.descendants() if p.name() == "gcs_server"]
         gcs.send_signal(signal.SIGKILL)  # the head's control store dies: the head is lost
-        out, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
+        if proc is not None and proc.poll() is None:
             proc.kill()
         lost.stop()
     assert proc.returncode == 2
