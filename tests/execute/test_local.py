@@ -92,3 +92,14 @@ def test_ctrl_c_stops_the_local_pool_within_5_s_and_leaves_nothing(tmp_path):
     assert not alive(procs)
     assert not (tmp_path / "rows.json").exists()  # nothing half-written
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_importing_commsched_imports_neither_ray_nor_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, commsched, commsched.execute, commsched.execute.local, commsched.experiments.sweep; "
+            "print('ray' in sys.modules, 'torch' in sys.modules)")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    assert out.split() == ["False", "False"]
