@@ -24,13 +24,19 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# a snapshot of the source: every process of the benchmark runs the same code (the rows carry its hash) even if the
-# checkout changes meanwhile
-TMP = Path(tempfile.mkdtemp(prefix="scaleout"))
-SRC = Path(shutil.copytree(ROOT / "src" / "commsched", TMP / "src" / "commsched", ignore=shutil.ignore_patterns(
-    "__pycache__"))).parent  # fmt: skip
-sys.path.insert(0, str(SRC))
-sys.path.insert(0, str(ROOT / "tests" / "execute"))
+TMP = SRC = Path()
+
+
+def snapshot() -> None:
+    """Copy the source: every process of the benchmark runs the same code (the rows carry its hash) even if the
+    checkout changes meanwhile. Only in the main process (spawned workers import this module too, and get the
+    snapshot through sys.path)."""
+    global TMP, SRC
+    TMP = Path(tempfile.mkdtemp(prefix="scaleout"))
+    SRC = TMP / "src"
+    shutil.copytree(ROOT / "src" / "commsched", SRC / "commsched", ignore=shutil.ignore_patterns("__pycache__"))
+    sys.path.insert(0, str(SRC))
+    sys.path.insert(0, str(ROOT / "tests" / "execute"))
 
 
 def load() -> str:
@@ -132,6 +138,7 @@ def _warm_backends(args, results: dict) -> None:
 
 
 if __name__ == "__main__":
+    snapshot()
     try:
         main()
     finally:

@@ -103,3 +103,15 @@ def test_importing_commsched_imports_neither_ray_nor_torch():
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
     assert out.split() == ["False", "False"]
+
+
+@slow
+def test_a_worker_of_other_versions_stops_the_run_with_one_line(monkeypatch):
+    from commsched.execute import local
+
+    def refuse(theirs: dict, where: str) -> None:
+        raise base.ExecutorError(f"mixed versions: torch 2.13.0 here, 9.9 on {where}")
+
+    monkeypatch.setattr(local, "check_versions", refuse)  # the driver checks each worker's warm-up answer
+    with LocalExecutor(jobs=2, in_process=False) as ex, pytest.raises(base.ExecutorError, match="mixed versions"):
+        ex.map("exec_helpers:square_after", _specs(3), fail=exec_helpers.fail)

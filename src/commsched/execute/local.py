@@ -23,7 +23,16 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
-from commsched.execute.base import Fail, OnResult, check_versions, default_jobs, error_text, resolve_fn, warm_up
+from commsched.execute.base import (
+    ExecutorError,
+    Fail,
+    OnResult,
+    check_versions,
+    default_jobs,
+    error_text,
+    resolve_fn,
+    warm_up,
+)
 
 
 def call(fn: str, spec: Any) -> Any:
@@ -102,6 +111,7 @@ class LocalExecutor:
         self._pool: ProcessPoolExecutor | None = None
         self._warm = 0  # workers that have warmed up
         self._board: _Board | None = None
+        self._broken: BaseException | None = None  # why a worker could not start
         self._lock = threading.Lock()
 
     def _say(self, text: str) -> None:
@@ -143,18 +153,19 @@ class LocalExecutor:
         return self._pool
 
     def _on_warm(self, fut: Future) -> None:
-        ok = not fut.cancelled() and fut.exception() is None
-        if ok:
-            try:
-                check_versions(fut.result(), f"worker {fut.result()['pid']}")
-            except Exception:
-                ok = False
+        error: BaseException | None = None
+        try:
+            info = fut.result()
+            check_versions(info, f"worker {info['pid']}")
+        except BaseException as exc:  # it could not start, or runs other code (ExecutorError: the run stops)
+            error = exc
         with self._lock:
             board = self._board
-            self._warm += ok
-        if board is None:
+            self._warm += error is None
+            self._broken = self._broken or error
+        if board is None:  # between maps: the next map sees _warm / _broken
             return
-        if ok:
+        if error is None:
             self._feed(board)
         else:
             board.fall_back()
@@ -189,9 +200,11 @@ class LocalExecutor:
         pool = self._start(workers)
         with self._lock:
             self._board = board
-            warm = self._warm
+            warm, broken = self._warm, self._broken
         for _ in range(warm):  # workers warmed by an earlier map take work at once
             self._feed(board)
+        if broken is not None:
+            board.fall_back()
         try:
             while len(board.done) < len(specs):
                 try:
@@ -203,6 +216,8 @@ class LocalExecutor:
                             finish(index, self._here(fn, specs[index], fail))
                         continue
                     item = board.finished.get()  # workers have every task left, or the pool failed (None)
+                if isinstance(self._broken, ExecutorError):  # a worker of other versions: no run at all
+                    raise self._broken
                 if item is not None and board.record(item[0]):
                     finish(*item)
         except BaseException:  # e.g. Ctrl-C: hand out nothing more
@@ -224,7 +239,7 @@ class LocalExecutor:
     def close(self) -> None:
         """Terminate and reap every worker without waiting for calls still running; idempotent."""
         pool, self._pool = self._pool, None
-        self._warm = 0
+        self._warm, self._broken = 0, None
         if pool is None:
             return
         processes = list((getattr(pool, "_processes", None) or {}).values())
