@@ -208,3 +208,25 @@ def test_degree_options_go_only_where_the_dimension_exists():
 def test_cli_help_has_an_example():
     res = runner.invoke(app, ["sweep", "--help"])
     assert res.exit_code == 0 and "Example: commsched sweep llama3-8b" in res.output
+
+
+@slow
+def test_fsdp_bucket_and_optimize_dimensions(tmp_path):
+    js = tmp_path / "rows.json"
+    args = ["sweep", "llama-tiny", "-p", "fsdp", "-w", "8", "-H", "h100-sxm", "-l", "1", "-j", "1"]
+    res = runner.invoke(app, [*args, "--fsdp-bucket", "param,block", "--optimize", "off,on", "--json", str(js)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(js.read_text())
+    rows = [SweepRow.from_dict(d) for d in data["rows"]]
+    assert [(r.fsdp_bucket, r.optimize) for r in rows] == [(b, o) for b in ("param", "block") for o in (False, True)]
+    assert all(r.ok for r in rows) and "(opt.)" in res.output and "fsdp/block" in res.output
+    for plain, opt in zip(rows[::2], rows[1::2]):
+        assert opt.optimize_kept and opt.step_time_s <= plain.step_time_input_s  # never worse than the traced order
+        assert plain.num_graph_nodes == opt.num_graph_nodes  # one trace, both settings
+    assert rows[0].num_graph_nodes != rows[2].num_graph_nodes  # block buckets: another program
+    # every stage's wall time travels in the JSON rows
+    for d in data["rows"]:
+        assert d["trace_wall_s"] >= 0 and d["schedule_wall_s"] > 0
+        assert (d["estimate_wall_s"] is None) == d["optimize"] and (d["simulate_wall_s"] is None) == d["optimize"]
+    bad = runner.invoke(app, [*args, "--optimize", "maybe"])
+    assert bad.exit_code == 2 and "'maybe' is not off or on" in bad.output

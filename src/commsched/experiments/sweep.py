@@ -165,6 +165,23 @@ def _as_list(value: Any, what: str) -> list[Any]:
     return items
 
 
+def _dimensions(parallel: Any, world_sizes: Any, fsdp_bucket: Any, optimize: Any) -> dict[str, list]:
+    """The swept values of each dimension, checked."""
+    dims = {
+        "parallel": _as_list(parallel, "parallel"),
+        "world_sizes": _as_list(world_sizes, "world_sizes"),
+        "fsdp_bucket": _as_list(fsdp_bucket, "fsdp_bucket"),
+        "optimize": _as_list(optimize, "optimize"),
+    }
+    for w in dims["world_sizes"]:
+        if not isinstance(w, int) or isinstance(w, bool) or w < 1:
+            raise ValueError(f"world_sizes: {w!r} is not a positive integer")
+    for b in dims["fsdp_bucket"]:
+        if b not in ("param", "block"):
+            raise ValueError(f"fsdp_bucket {b!r}: expected param or block")
+    return dims
+
+
 def default_processes() -> int:
     """One per CPU. Workers warm up before they take a trace and this process traces too, so an extra process
     costs little even where it cannot help (benchmarks/RESULTS.md: about even on 2 busy cores for 1 s traces,
@@ -237,22 +254,10 @@ def run_sweep(
     """
     from commsched.execute.cache import RowStore
 
-    dims = {
-        "parallel": _as_list(parallel, "parallel"),
-        "world_sizes": _as_list(world_sizes, "world_sizes"),
-        "fsdp_bucket": _as_list(fsdp_bucket, "fsdp_bucket"),
-        "optimize": _as_list(optimize, "optimize"),
-    }
-    for w in dims["world_sizes"]:
-        if not isinstance(w, int) or isinstance(w, bool) or w < 1:
-            raise ValueError(f"world_sizes: {w!r} is not a positive integer")
-    for b in dims["fsdp_bucket"]:
-        if b not in ("param", "block"):
-            raise ValueError(f"fsdp_bucket {b!r}: expected param or block")
-    if processes is not None and processes < 1:
-        raise ValueError(f"processes={processes}: expected >= 1")
-    if gpus_per_node is not None and gpus_per_node < 1:
-        raise ValueError(f"gpus_per_node={gpus_per_node}: expected >= 1")
+    dims = _dimensions(parallel, world_sizes, fsdp_bucket, optimize)
+    for name, value in (("processes", processes), ("gpus_per_node", gpus_per_node)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name}={value}: expected >= 1")
     names = _as_list(hardware, "hardware")
     profiles = _check_names(names, schedule)
     tasks = _tasks(preset, dims, profiles, layers, schedule, gpus_per_node, cache, build_kw)
