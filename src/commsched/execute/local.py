@@ -136,6 +136,14 @@ class LocalExecutor:
         self._run_pool(fn, specs, workers, fail, finish)
         return results
 
+    def prestart(self, n_tasks: int) -> LocalExecutor:
+        """Start the workers a ``map`` of ``n_tasks`` would use now, so that they import and warm up while this
+        process does something else; returns self."""
+        workers = min(n_tasks, self.jobs) - (1 if self.in_process else 0)
+        if workers > 0:
+            self._start(workers)
+        return self
+
     @staticmethod
     def _here(fn: str, spec: Any, fail: Fail) -> Any:
         try:

@@ -261,14 +261,20 @@ def run_sweep(
     names = _as_list(hardware, "hardware")
     profiles = _check_names(names, schedule)
     tasks = _tasks(preset, dims, profiles, layers, schedule, gpus_per_node, cache, build_kw)
-    if _all_cached(tasks) and ray_address is None and executor is None:
-        processes = 1  # nothing to trace: estimating and simulating here beats starting workers (and torch)
-    else:
-        _check_workload(preset, dims["parallel"])
     store = RowStore(_store_key(tasks)) if resume else None
     results = store.load() if store is not None else {}
     todo = [t for t in tasks if t["index"] not in results]
+    if _all_cached(todo) and ray_address is None and executor is None:
+        processes = 1  # nothing to trace: estimating and simulating here beats starting workers (and torch)
+    elif ray_address is None and executor is None:
+        # local workers start (import torch, warm up) while this process checks the names, importing torch too
+        executor = _early_pool(processes, in_process, len(todo), lambda: _check_workload(preset, dims["parallel"]))
+    else:
+        _check_workload(preset, dims["parallel"])
+    own = executor is not None and getattr(executor, "_sweep_owned", False)
     bar = _Progress(len(tasks) * len(names) * len(dims["optimize"]), console) if progress else None
+    if own:
+        executor.progress = bar
     if bar is not None and results:
         bar.advance(sum(len(r) for r in results.values()), f"{len(results)} task(s) from an interrupted run")
 
@@ -286,11 +292,28 @@ def run_sweep(
         if todo:
             _execute(todo, finish, bar, executor, processes, in_process, ray_address)
     finally:
+        if own:
+            executor.close()
         if bar is not None:
             bar.close()
     if store is not None:
         store.finish()
     return [SweepRow.from_dict(row) for t in tasks for row in results[t["index"]]]
+
+
+def _early_pool(processes: int | None, in_process: bool, n_tasks: int, check: Callable[[], None]) -> Any:
+    """A local pool whose workers are already starting, then ``check()`` here; the pool is closed if it raises."""
+    from commsched.execute.local import LocalExecutor
+
+    pool = LocalExecutor(jobs=processes, in_process=in_process)
+    pool._sweep_owned = True  # run_sweep closes it
+    try:
+        pool.prestart(n_tasks)
+        check()
+    except BaseException:
+        pool.close()
+        raise
+    return pool
 
 
 def _execute(todo: list, finish: Callable, bar: Any, executor: Any, processes: int | None, in_process: bool,
