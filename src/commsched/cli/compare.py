@@ -112,6 +112,11 @@ def _compare_many(targets, hardware, num_nodes, build, torch_peer, knobs, jobs, 
                     executor.close()
         except ExecutorError as exc:
             raise ValueError(str(exc)) from None
+        except KeyboardInterrupt:  # the executor has stopped every worker
+            from commsched.cli.common import err_console
+
+            err_console.print("interrupted")
+            raise typer.Exit(130) from None
         if json_out:
             from commsched.io import atomic_write_text
 
