@@ -1,10 +1,11 @@
 """``commsched.optimize`` against torch's three overlap configurations, in the same run, with the same costs.
 
-Usage: python benchmarks/bench_optimize.py [--quick] [--hardware PROFILE]
+Usage: python benchmarks/bench_optimize.py [--quick] [--case N ...] [--hardware PROFILE]
 Per traced zoo step (h100-sxm, nodes = world / 8): the traced order; torch 2.13's ``schedule_overlap_bucketing``
 plain, with collective bucketing, and with FSDP pre-bucketing + bucketing (all fed our per-node costs; bucketed
 collectives it creates are costed by our collective model when the result is re-imported); ours reorder-only (the
-``overlap`` pass with ``reorder_collectives``); and ``optimize``. Every program is simulated by our simulator with our
+``overlap`` pass with ``reorder_collectives``); ``optimize`` without program transforms (bucketing and reordering
+only); and ``optimize``. Every program is simulated by our simulator with our
 cost model; "bound" is the simulator's lower bound of that program. When torch's best configuration peaks above
 ``optimize``'s default budget (1.05 x the traced peak), ``optimize`` also runs with torch's best's peak as its budget,
 so the ratio compares at equal memory. Prints a markdown table for RESULTS.md.
@@ -27,6 +28,10 @@ CASES = [  # (preset, parallel, world, layers, seq_len or None, mode): the issue
     ("llama3-70b", "tp", 8, 16, None, "decode"),
     ("llama3-8b", "ddp", 64, 4, 2048, "train"),
     ("mixtral-8x7b", "ep", 8, 2, 2048, "train"),
+    # issue 18 (program transforms) adds these three
+    ("llama3-8b", "tp+sp", 8, 4, None, "prefill"),
+    ("mixtral-8x7b", "ep", 8, 2, 2048, "prefill"),
+    ("mixtral-8x7b", "ep", 8, 2, None, "decode"),
 ]
 QUICK = CASES[:2]
 
@@ -71,27 +76,35 @@ def case_rows(preset, parallel, world, layers, seq_len, mode="train", hardware="
     s = commsched.schedule(g, costs, "default", reorder_collectives=True)
     rows.append(("ours reorder-only", len(g.collectives), commsched.simulate_costs(g, costs, s.order),
                  time.perf_counter() - t0))  # fmt: skip
-    o = commsched.optimize(gm, hw, group_sizes=sizes)
-    rows.append(("optimize", len(o.graph.collectives), o.after, o.wall_s))
     torch_rows = [r for r in rows if r[0].startswith("torch") and r[2] is not None]
-    best_torch = min(torch_rows, key=lambda r: r[2].makespan_s)
-    torch_peak = best_torch[2].peak_memory_bytes
-    if torch_peak > o.budget_bytes or o.after.peak_memory_bytes > torch_peak:  # compare at torch's memory too
-        budget = MemoryBudget(bytes=torch_peak)
-        o2 = commsched.optimize(gm, hw, group_sizes=sizes, memory_budget=budget)
-        rows.append(("optimize, torch's best's peak as budget", len(o2.graph.collectives), o2.after, o2.wall_s))
+    torch_peak = min(torch_rows, key=lambda r: r[2].makespan_s)[2].peak_memory_bytes
+    labels = {False: "optimize without transforms", True: "optimize"}
+    kept = ""
+    for transforms in (False, True):  # issue 18: the same search without and with program transforms
+        o = commsched.optimize(gm, hw, group_sizes=sizes, transforms=transforms)
+        rows.append((labels[transforms], len(o.graph.collectives), o.after, o.wall_s))
+        kept = o.label
+        if torch_peak > o.budget_bytes or o.after.peak_memory_bytes > torch_peak:  # compare at torch's memory too
+            o2 = commsched.optimize(gm, hw, group_sizes=sizes, memory_budget=MemoryBudget(bytes=torch_peak),
+                                    transforms=transforms)  # fmt: skip
+            rows.append((f"{labels[transforms]}, torch's best's peak as budget", len(o2.graph.collectives),
+                         o2.after, o2.wall_s))  # fmt: skip
+            if o2.after.makespan_s < o.after.makespan_s:
+                kept += f" (at torch's peak: {o2.label})"
     title = f"{preset} / {parallel} / world {world} / {layers} layers" + (f" / seq {seq_len}" if seq_len else "")
     title += f" / {mode}" if mode != "train" else ""
-    return f"{title} — {len(g)} nodes, {hardware} x {hw.num_nodes} nodes; optimize kept: {o.label}", rows
+    return f"{title} — {len(g)} nodes, {hardware} x {hw.num_nodes} nodes; optimize kept: {kept}", rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="the first two cases only")
+    ap.add_argument("--case", action="append", type=int, help="run only this row of CASES (0-based; repeatable)")
     ap.add_argument("--hardware", default="h100-sxm", help="profile (e.g. h100-sxm@ib-ndr-8x400: the fitted network)")
     args = ap.parse_args()
-    ratios = []
-    for case in QUICK if args.quick else CASES:
+    ratios: dict[str, list[float]] = {}
+    cases = [CASES[i] for i in args.case] if args.case else QUICK if args.quick else CASES
+    for case in cases:
         title, rows = case_rows(*case, hardware=args.hardware)
         print(f"\n#### {title}\n")
         print("| program | collectives | step (ms) | bound (ms) | peak (GiB) | wall (s) |")
@@ -107,18 +120,22 @@ def main() -> None:
         if not torch_rows:
             continue
         best = min(torch_rows, key=lambda r: r[2].makespan_s)
-        # the fastest optimize row within torch's best's peak (equal or less memory)
-        ours = [r for r in rows if r[0].startswith("optimize") and r[2].peak_memory_bytes <= best[2].peak_memory_bytes]
-        if not ours:
-            print("\noptimize found no program within torch's best's peak")
-            continue
-        mine = min(ours, key=lambda r: r[2].makespan_s)
-        ratios.append(mine[2].makespan_s / best[2].makespan_s)
-        print(f"\noptimize / torch's best: {ratios[-1]:.3f} at {mine[2].peak_memory_bytes / 2**30:.2f} vs "
-              f"{best[2].peak_memory_bytes / 2**30:.2f} GiB; wall {mine[3]:.2f} s vs {best[3]:.2f} s")  # fmt: skip
-    if ratios:
-        geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-        print(f"\ngeomean optimize / torch's best over {len(ratios)} steps: {geo:.3f} (max {max(ratios):.3f})")
+        for key, prefix in (("without", "optimize without transforms"), ("with", "optimize")):
+            # the fastest row of this search within torch's best's peak (equal or less memory)
+            ours = [r for r in rows if r[0].startswith(prefix) and (key == "without") == ("without" in r[0])
+                    and r[2].peak_memory_bytes <= best[2].peak_memory_bytes]  # fmt: skip
+            if not ours:
+                print(f"\n{prefix} found no program within torch's best's peak")
+                continue
+            mine = min(ours, key=lambda r: r[2].makespan_s)
+            ratios.setdefault(key, []).append(mine[2].makespan_s / best[2].makespan_s)
+            print(f"\n{prefix} / torch's best: {ratios[key][-1]:.3f} at {mine[2].peak_memory_bytes / 2**30:.2f} vs "
+                  f"{best[2].peak_memory_bytes / 2**30:.2f} GiB, bound {mine[2].lower_bound_s * 1e3:.2f} ms; "
+                  f"wall {mine[3]:.2f} s vs {best[3]:.2f} s")  # fmt: skip
+    for key, rs in ratios.items():
+        geo = math.exp(sum(math.log(r) for r in rs) / len(rs))
+        print(f"\ngeomean optimize ({key} transforms) / torch's best over {len(rs)} steps: {geo:.3f} "
+              f"(max {max(rs):.3f})")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -68,7 +68,9 @@ def test_one_schedule_one_number_multi_stream(tmp_path):
     args = ["-s", "overlap,multi_stream", "-k", "compute_streams=2", "-k", "compute_interference=0.3"]
     res = runner.invoke(app, ["schedule", str(graph), "-H", "h100-sxm", *args, "--stats", "-o", str(out)])
     assert res.exit_code == 0, res.output
-    verdict = float(re.search(r"applied [^:]*: predicted ([0-9.]+) s \(simulated", res.output).group(1))
+    # the pass's note, in human units (issue 19.9): "predicted 12.345 ms (simulated ..."
+    number, unit = re.search(r"applied [^:]*: predicted ([0-9.]+) (s|ms|us) \(simulated", res.output).groups()
+    verdict = float(number) / {"s": 1, "ms": 1e3, "us": 1e6}[unit]
     saved = json.loads(out.read_text())
     assert saved["compute_interference"] == 0.3 and len(set(saved["streams"])) > 1
     sched = runner.invoke(app, ["schedule", str(graph), "-H", "h100-sxm", *args, "--json"])
@@ -77,7 +79,7 @@ def test_one_schedule_one_number_multi_stream(tmp_path):
     a, b = json.loads(sched.stdout), json.loads(sim.stdout)
     assert set(a) == set(b) and a["contention_s"] > 0
     assert a["makespan_s"] == b["makespan_s"] == a["simulated_makespan_s"] + a["contention_s"]
-    assert abs(a["makespan_s"] - verdict) < 1e-6  # the pass's note prints 6 decimals
+    assert abs(a["makespan_s"] - verdict) < 1e-6  # the note prints microseconds
     table = runner.invoke(app, ["simulate", str(graph), "-H", "h100-sxm", "--order", str(out)])
     ms = f"{1e3 * a['makespan_s']:.3f} ms"
     assert f"step time                  │ {ms}".replace(" ", "") in table.output.replace(" ", "")

@@ -69,3 +69,21 @@ def test_writing_through_a_symlink_replaces_its_target(tmp_path):
     assert atomic_write_text(link, "new") == link
     assert link.is_symlink() and target.read_text() == "new"
     assert sorted(p.name for p in target.parent.iterdir()) == ["real.json"]
+
+
+# ---------------------------------------------------------------- issue 19 item 9: written files get the umask's mode
+def test_written_files_get_the_umasks_mode_and_replaced_files_keep_theirs(tmp_path):
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        fresh = atomic_write_text(tmp_path / "a.json", "{}")
+        assert stat.S_IMODE(os.stat(fresh).st_mode) == 0o644  # mkstemp alone gives 0600
+        os.umask(0o027)
+        assert stat.S_IMODE(os.stat(atomic_write_bytes(tmp_path / "b.png", b"x")).st_mode) == 0o640
+        os.chmod(fresh, 0o664)
+        atomic_write_text(fresh, "[]")  # replacing a file keeps its mode
+        assert stat.S_IMODE(os.stat(fresh).st_mode) == 0o664
+    finally:
+        os.umask(old)

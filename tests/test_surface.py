@@ -42,6 +42,9 @@ def test_cli_commands():
         "compare",
         "rewrite",
         "sweep",
+        "optimize",
+        "run",
+        "replay",
     }
 
 

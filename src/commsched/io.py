@@ -114,8 +114,34 @@ def _remove_stale_temps(path: Path) -> None:
             (path.parent / name).unlink(missing_ok=True)
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux allows (``/proc/self/status``)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: set and restore (not atomic against another thread's umask change)
+    os.umask(mask)
+    return mask
+
+
+def _mode_for(path: Path) -> int:
+    """The permission bits a written file gets: an existing file's own, else ``0o666`` less the umask (what
+    ``open(path, "w")`` would give; ``mkstemp`` alone gives 0600)."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` (parents created) through a temporary file and a rename; returns the path.
+
+    The file gets the mode ``open(path, "w")`` would give it: a replaced file keeps its mode, a new one gets
+    ``0o666`` less the umask (0644 under the usual umask 022).
 
     A symlink at ``path`` is followed: its target is replaced, the link stays. The temporary file is
     ``.NAME.PID.RANDOM.tmp`` next to the target; one that a killed writer left behind (SIGKILL, SIGTERM: no cleanup
@@ -126,6 +152,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     _remove_stale_temps(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, _mode_for(path))
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         os.replace(tmp, path)

@@ -110,10 +110,10 @@ def test_gantt_png_is_a_picture(results):
 def test_html_is_self_contained(results):
     text = render_html(results["every collective"], context={"hardware": "test-gpu"})
     assert text.startswith("<!DOCTYPE html>") and text.rstrip().endswith("</html>")
-    for section in ("summary", "gantt", "exposed", "streams", "bounds"):
+    for section in ("summary", "timeline", "exposed", "streams", "bounds"):
         assert f'id="{section}"' in text
-    assert "data:image/png;base64," in text and "test-gpu" in text
-    assert 'src="http' not in text and "<script" not in text  # nothing to fetch
+    assert "test-gpu" in text and '<script type="application/json" id="timeline-data">' in text
+    assert "src=" not in text and "http://" not in text.replace("http://www.w3.org/2000/svg", "")  # nothing to fetch
 
 
 def test_html_renders_in_headless_chromium(results, tmp_path):
@@ -176,3 +176,22 @@ def test_simulate_cli_errors_are_one_line(tmp_path):
     assert result.exit_code == 2
     assert "error" in result.output.lower() and "missing.json" in result.output.replace("\n", "")
     assert "Traceback" not in result.output
+
+
+def test_gantt_legends_sit_above_their_plots_not_over_the_bars(results):
+    """Issue 19.11: the legend was drawn in the upper right corner, over the bars."""
+    import matplotlib.pyplot as plt
+
+    from commsched.report.gantt import gantt_figure
+
+    res = results["fsdp sunk waits"]
+    fig = gantt_figure(res, capacity_bytes=res.peak_memory_bytes * 1.1)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    try:
+        for ax in fig.axes:
+            legend, box = ax.get_legend(), ax.get_window_extent(renderer)
+            assert legend is not None
+            assert legend.get_window_extent(renderer).y0 >= box.y1 - 1  # above the plot area
+    finally:
+        plt.close(fig)

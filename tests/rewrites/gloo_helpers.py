@@ -79,8 +79,26 @@ def _fsdp2_case(opts: dict[str, Any]) -> tuple[list[torch.Tensor], list[torch.Te
     return before, after
 
 
+def _decompose_tp(workload, hardware: str) -> torch.fx.GraphModule:
+    from commsched.rewrites.decompose_tp import TPSplit, decompose_tp, find_tp_sites
+
+    # every TP site split in two (reductions along the dim the hardware string names: "m" or "n")
+    sites = find_tp_sites(workload.graph_module)
+    dim = hardware if hardware in ("m", "n") else "m"
+    splits = [TPSplit(s.collective, "m" if s.pattern == "ag_mm" else dim, 2) for s in sites]
+    res = decompose_tp(workload.graph_module, splits, graph=workload.graph)
+    if not res.changed:
+        raise RuntimeError("decompose_tp changed nothing: the check would prove nothing")
+    return res.gm
+
+
 # "fsdp2" runs torch's fully_shard on a tiny MLP (eager FSDP2 against its traced, rewritten step)
-REWRITES: dict[str, RewriteFn | None] = {"bucket": _bucket, "lower_all_reduce": _lower, "fsdp2": None}
+REWRITES: dict[str, RewriteFn | None] = {
+    "bucket": _bucket,
+    "lower_all_reduce": _lower,
+    "decompose_tp": _decompose_tp,
+    "fsdp2": None,
+}
 
 
 Case = tuple[str, dict[str, Any], str, str]  # (preset, build options, rewrite, hardware profile)

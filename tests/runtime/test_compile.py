@@ -306,3 +306,38 @@ def test_verify_with_optimize_compares_the_bucketed_program_within_rounding():
             noisy(torch.randn(32, DIM), shards)
     ((kind, opt),) = backend.results
     assert kind == "forward" and opt.label.startswith("bucketed")
+
+
+def test_post_grad_pass_on_inductor_cache_hits():
+    """Issue 19.8: compiled twice, the second compile came from Inductor's cache and its pass's ``last`` was None
+    with nothing saying why. Now ``scheduled`` counts the graphs the pass ran on (none on a hit, as documented),
+    and ``cache=False`` makes Inductor compile afresh, so ``last`` holds a schedule after every compile."""
+    from torch._inductor.utils import fresh_cache
+
+    def step(x, w):
+        return torch.relu(x @ w).sum(dim=0)
+
+    x, w = torch.randn(32, 16), torch.randn(16, 8)
+
+    def compile_twice(**options) -> list[CommschedPostGradPass]:
+        passes = []
+        for _ in range(2):
+            torch._dynamo.reset()
+            p = CommschedPostGradPass("cpu-local", **options)
+            with (
+                torch._inductor.config.patch(post_grad_custom_post_pass=p, fx_graph_cache=True),
+                torch._functorch.config.patch(enable_autograd_cache=True),
+            ):
+                torch.testing.assert_close(torch.compile(step)(x, w), step(x, w))
+            passes.append(p)
+        return passes
+
+    with fresh_cache():
+        cached = compile_twice()
+        fresh = compile_twice(cache=False)
+    torch._dynamo.reset()
+    assert cached[0].scheduled == 1 and cached[0].last is not None
+    assert cached[1].scheduled == 0 and cached[1].last is None  # served from the cache: the pass never ran
+    assert [p.scheduled for p in fresh] == [1, 1] and all(p.last is not None for p in fresh)
+    assert fresh[0].uuid() is None and cached[0].uuid() == CommschedPostGradPass("cpu-local").uuid()
+    assert fresh[1].last.names == cached[0].last.names  # the same graph, scheduled again

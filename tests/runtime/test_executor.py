@@ -15,7 +15,19 @@ from commsched.workloads import resolve
 def report():
     spec = resolve("llama-tiny", parallel="fsdp", world_size=2, seq_len=16, batch=2, dtype="float32", attention="sdpa")
     cfg = RunConfig(spec=spec, iters=2, warmup=1, calibrate_reps=2, op_reps=1, seed=5)
-    return run_local(cfg)
+    return run_local(cfg, progress=PROGRESS.append)
+
+
+PROGRESS: list[str] = []  # rank 0's progress lines as run_local handed them over while the ranks ran
+
+
+@pytest.mark.slow
+def test_progress_reaches_the_parent_while_the_ranks_run(report):
+    """Issue 19.10: minutes of a real run with nothing on screen. Rank 0's phases reach the parent as they happen
+    (polled twice a second, so fast phases may be passed over), ending with the last step of the timed loop."""
+    assert PROGRESS, "no progress line reached the parent"
+    assert PROGRESS[-1] == "step 3/3 (1 warm-up) of 3 orders"
+    assert len(PROGRESS) == len(set(PROGRESS))  # each line handed over once
 
 
 @pytest.mark.slow

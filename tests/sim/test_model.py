@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import numpy as np
 import pytest
@@ -65,6 +66,10 @@ def test_durations_follow_the_kinds(step):
     ids=["interference", "wait release", "fifo start"],
 )
 def test_one_rule_changed_in_the_model_changes_all_three(step, monkeypatch, rule):
+    # the pure-Python loops call the model's methods; the compiled ones (which compile the model's rule functions)
+    # are checked equal to them in tests/sim/test_simulator.py and tests/passes/test_overlap_jit.py
+    monkeypatch.setattr(sys.modules["commsched.sim.simulate"], "JIT_ENABLED", False)
+    monkeypatch.setattr(sys.modules["commsched.passes.overlap_list"], "JIT_ENABLED", False)
     g, costs, overlapped = step
     before = _three_timings(g, costs, overlapped)
     name, fn = rule

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from unittest import mock
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -11,6 +14,7 @@ from commsched.cost import CostEstimate, LinkClass
 from commsched.ir import GraphError, OpKind
 from commsched.memory import memory_profile
 from commsched.sim import simulate_costs
+from commsched.sim.jit import ENABLED as JIT_ENABLED
 from programs import trace_program
 from sim_helpers import assert_valid_simulation, eager_wait_order, layer_costs, simple_costs, trace_two_group_layer
 from strategies import graphs
@@ -155,8 +159,8 @@ def test_order_by_name_equals_order_by_id(traced):
 
 # ---------------------------------------------------------------- properties on random DAGs
 @st.composite
-def scenarios(draw):
-    g = draw(graphs(max_nodes=40, max_groups=3))
+def scenarios(draw, p_sync: float = 0.0):
+    g = draw(graphs(max_nodes=40, max_groups=3, p_sync=p_sync))
     n = len(g)
     us = draw(st.lists(st.integers(0, 50), min_size=n, max_size=n))
     node_s = np.asarray(us, float) * US
@@ -206,3 +210,16 @@ def test_single_stream_loop_equals_event_loop(scenario):
     events = simulate_costs(g, costs, order, engine="events")
     for field in ("start_ns", "end_ns", "issue_ns", "blocked_ns"):
         assert np.array_equal(getattr(fast, field), getattr(events, field)), field
+
+
+@pytest.mark.skipif(not JIT_ENABLED, reason="numba is a dependency; COMMSCHED_JIT=0 turns the compiled loop off")
+@given(st.one_of(scenarios(), scenarios(p_sync=0.3)))
+def test_compiled_single_stream_loop_equals_python_loop(scenario):
+    """The compiled single-stream loop (commsched.sim.engine_jit) times every node as the Python loop does (also
+    with synchronous collectives)."""
+    g, costs, order, _ = scenario
+    fast = simulate_costs(g, costs, order)
+    with mock.patch.object(sys.modules["commsched.sim.simulate"], "JIT_ENABLED", False):
+        slow = simulate_costs(g, costs, order)
+    for field in ("start_ns", "end_ns", "issue_ns", "blocked_ns"):
+        assert np.array_equal(getattr(fast, field), getattr(slow, field)), field

@@ -192,6 +192,31 @@ def test_ep(world, edp):
     assert w1.local_shape == (cfg.n_experts // ep, cfg.ffn_dim, cfg.dim)
 
 
+@pytest.mark.parametrize(("world", "efsdp"), [(8, 1), (1024, 128)])
+def test_fsdp_ep(world, efsdp):
+    """torchtitan's MoE mesh: dense parameters FSDP over every rank, experts split over 8 EP ranks and FSDP over the
+    other world / 8 (on dim 1: one expert a rank is fewer rows than FSDP ranks), tokens by all_to_all."""
+    w = traced("mixtral-8x7b", "fsdp+ep", world, LAYERS)
+    check_ir(w)
+    assert w.meta["mesh"] == {"efsdp": efsdp, "ep": 8}
+    layout, loss = w.spec.layout, loss_node(w.graph)
+    dense, experts = [p for p in layout if not p.expert], [p for p in layout if p.expert]
+    ag, rs = colls(w, AG, "world"), colls(w, RS, "world")
+    assert len([c for c in ag if c < loss]) == len(dense) and len(rs) == len(dense)
+    assert sorted(_in_bytes(w, rs)) == sorted(world * numel(p.shard_shape) * FP32 for p in dense)
+    assert len(colls(w, A2A, "ep")) == 4 * LAYERS
+    if efsdp == 1:  # one replica of each expert: nothing to gather or reduce
+        assert "efsdp" not in w.meta["groups"] and all(p.shard_shape == p.local_shape for p in experts)
+        return
+    assert w.meta["groups"]["efsdp"] == {**w.meta["groups"]["efsdp"], "size": efsdp, "stride": 8}
+    eag, ers = colls(w, AG, "efsdp"), colls(w, RS, "efsdp")
+    assert len(eag) == 2 * len(experts) and len(ers) == len(experts)  # gathered again in backward
+    assert sorted(_in_bytes(w, ers)) == sorted(efsdp * numel(p.shard_shape) * FP32 for p in experts)
+    for p in experts:  # dim 1 split evenly: no padding (plain FSDP at 1024 pads the 8 experts to 1024 rows)
+        assert p.fsdp_shard_dim == 1 and p.shard_shape[1] * efsdp == p.local_shape[1] and p.fsdp_pad_rows == 0
+    assert not any("experts" in row["param"] for row in w.meta["padding"]["params"])
+
+
 def _layer_flops(preset, parallel, mode, **kw):
     """Flops of one block (2 layers minus 1 layer), split into matmuls and attention."""
     ws = [traced(preset, parallel, 8, layers, mode=mode, **kw) for layers in (1, 2)]

@@ -6,6 +6,9 @@ import importlib
 
 import typer
 
+from commsched.cli.common import install_typer_conventions
+
+install_typer_conventions()
 app = typer.Typer(
     name="commsched",
     help="Hide communication behind computation: trace, estimate, schedule and simulate distributed steps.",
@@ -28,6 +31,7 @@ COMMAND_MODULES = (
     "commsched.cli.rewrite",
     "commsched.cli.sweep",
     "commsched.cli.run",
+    "commsched.cli.replay",
 )
 
 for _mod in COMMAND_MODULES:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from commsched.cli.common import console, err_console, user_errors
+from commsched.cli.common import console, error_line, user_errors
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -153,13 +153,15 @@ def print_nccl_comparisons(comparisons: list[LogComparison], out: Console) -> No
         log = c.log
         where = f"{c.nranks} ranks on {c.num_nodes} x {c.gpus_per_node}" if c.nranks else "ranks unknown"
         gpu = log.gpu or "GPU not named"
-        out.print(f"[bold]{log.source}:{log.line}[/]  {log.collective or '?'}, {where} ({gpu}) vs {c.hardware}")
+        out.print(f"[bold]{log.source}:{log.line}[/]  {log.collective or '?'}, {where} ({gpu}) vs {c.hardware}",
+                  soft_wrap=True)  # fmt: skip
         table = Table()
         for name in ("size (B)", "size", "measured busbw GB/s", "model busbw GB/s", "model algorithm", "rel err"):
             table.add_column(name, justify="left" if name in ("size", "model algorithm") else "right")
         for s in c.sizes:
             model = "-" if s.model_busbw_GBps is None else f"{s.model_busbw_GBps:.2f}"
             algo = f"{s.algorithm}/{s.protocol}" if s.algorithm else "-"
+            # nccl-tests' own size column first, so that a row is found in the log by its exact size
             table.add_row(str(s.size_bytes), _size(s.size_bytes), f"{s.measured_busbw_GBps:.2f}", model, algo,
                           _pct(s.rel_err))  # fmt: skip
         out.print(table)
@@ -180,7 +182,8 @@ def print_fit(fit: FitResult, out: Console) -> None:
         logs.setdefault((s.source, s.line), []).append(s)
     for (source, line), sizes in logs.items():
         first = sizes[0]
-        out.print(f"[bold]{source}:{line}[/]  {first.collective}, {first.nranks} ranks on {first.num_nodes} nodes")
+        out.print(f"[bold]{source}:{line}[/]  {first.collective}, {first.nranks} ranks on {first.num_nodes} nodes",
+                  soft_wrap=True)  # fmt: skip
         table = Table()
         for name in ("size", "measured busbw GB/s", f"{fit.base.name} GB/s", "err before", "fitted GB/s",
                      "err after", "fitted algorithm", "note"):  # fmt: skip
@@ -251,7 +254,7 @@ def _run_nccl_mode(
                                              collective=collective)  # fmt: skip
     except (ValueError, OSError) as exc:
         # one line however long the path: no wrapping; brackets of a quoted log line are not markup
-        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        error_line(str(exc))
         raise typer.Exit(2) from None
     if fit_args["fit"]:
         if json_out:
@@ -299,7 +302,7 @@ def _run_trace_mode(paths: list[Path] | None, out: Path | None, stray: list[str]
         cal = calibrate_from_traces(paths)
         written = None if out is None else cal.table.save(out)
     except (ValueError, OSError) as exc:
-        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        error_line(str(exc))
         raise typer.Exit(2) from None
     print_trace_calibration(cal, console)
     if written is not None:
@@ -398,7 +401,7 @@ def register(app: typer.Typer) -> None:
         if nccl_tests or logs or fit_only:
             if not nccl_tests or (fit_only and not fit):
                 need = "LOG arguments need --nccl-tests" if not nccl_tests else f"{', '.join(fit_only)} need --fit"
-                err_console.print(f"[bold red]error:[/] {need}", soft_wrap=True)
+                error_line(need)
                 raise typer.Exit(2)
             device_args = {"--device": device != "cpu", "--out": out is not None and not fit, "--world": world != 2,
                            "--quick": quick, "--threads": threads != 1, "--base": base is not None,

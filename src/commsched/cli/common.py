@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Annotated, Any
 
 import typer
@@ -27,6 +27,45 @@ def user_errors() -> Iterator[None]:
         fail(str(exc))
 
 
+def error_line(message: str) -> None:
+    """Print ``error: message`` on stderr as one line: never wrapped (at any width, piped or not), line breaks in
+    the message joined, brackets in names not markup. :func:`fail` also exits 2."""
+    from rich.markup import escape
+
+    text = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
+    err_console.print(f"[bold red]error:[/] {escape(text)}", soft_wrap=True)
+
+
+def install_typer_conventions() -> None:
+    """Make typer's own output follow the CLI's: a usage error (unknown option, bad value) is one ``error:`` line
+    naming the command's --help (typer draws a panel that wraps at the terminal's width), and a flag shows no
+    ``<bool>`` type in --help (it takes no value). Called once, when the app is built."""
+    from typer import core, rich_utils
+
+    if getattr(rich_utils, "_commsched_conventions", False):
+        return
+
+    def one_line_usage_error(exc: Any) -> None:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # typer has printed the help
+            return
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        error_line(f"{exc.format_message()}{hint}")
+
+    # typer's hooks as of 0.29; another version without them keeps its own rendering (tests/test_cli.py notices)
+    if hasattr(rich_utils, "rich_format_error"):
+        rich_utils.rich_format_error = one_line_usage_error
+    option = getattr(core, "TyperOption", None)
+    if option is not None and hasattr(option, "display_type_rich"):
+        display_type = option.display_type_rich
+
+        def flag_without_type(self: Any, ctx: Any) -> str | None:
+            return None if getattr(self, "is_flag", False) else display_type(self, ctx)
+
+        option.display_type_rich = flag_without_type
+    rich_utils._commsched_conventions = True
+
+
 def warn(lines: Iterable[str]) -> None:
     """Print each line as ``warning: line`` on stderr, one line each (stdout stays clean for --json)."""
     from rich.markup import escape
@@ -36,11 +75,67 @@ def warn(lines: Iterable[str]) -> None:
 
 
 def fail(message: str) -> None:
-    """Print ``error: message`` on one line (never wrapped, brackets in names are not markup) and exit 2."""
+    """Print ``error: message`` on one line (:func:`error_line`) and exit 2."""
+    error_line(message)
+    raise typer.Exit(2) from None
+
+
+class Stages:
+    """Progress of a command that runs in named stages: one rich line on stderr with the stage, a bar over the
+    stages (``2/3``), what the stage is doing and the elapsed time, cleared when done. Shown only where stderr is a
+    terminal and ``enabled`` (commands pass ``enabled=not json``), as sweep's and calibrate's bars; else every call
+    is a no-op, so piped output and --json stay clean.
+
+    ``with Stages(("trace", "import", "write")) as st: st.stage("trace", "layer 1/4"); st.detail("layer 2/4")``"""
+
+    def __init__(self, stages: Sequence[str], *, enabled: bool = True) -> None:
+        self.stages = tuple(stages)
+        self._bar: Any = None
+        self._task: Any = None
+        self._current = ""
+        if enabled and err_console.is_terminal:
+            from rich import progress
+
+            columns = (
+                progress.SpinnerColumn(),
+                progress.TextColumn("{task.description}"),
+                progress.BarColumn(bar_width=20),
+                progress.MofNCompleteColumn(),
+                progress.TimeElapsedColumn(),
+            )
+            self._bar = progress.Progress(*columns, console=err_console, transient=True)
+
+    def __enter__(self) -> Stages:
+        if self._bar is not None:
+            self._bar.start()
+            self._task = self._bar.add_task(self.stages[0] if self.stages else "", total=len(self.stages))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    def stage(self, name: str, detail: str = "") -> None:
+        """Stage ``name`` (one of ``stages``) begins: the stages before it count as done."""
+        self._current = name
+        done = self.stages.index(name) if name in self.stages else 0
+        self._update(detail, completed=done)
+
+    def detail(self, text: str) -> None:
+        """What the current stage is doing now (a layer, a rank, an iteration)."""
+        self._update(text)
+
+    def _update(self, detail: str, **fields: Any) -> None:
+        if self._bar is not None:
+            text = f"{self._current}: {detail}" if detail else self._current
+            self._bar.update(self._task, description=escape_markup(text), refresh=True, **fields)
+
+
+def escape_markup(text: str) -> str:
+    """``text`` with rich markup escaped (file and node names may hold brackets)."""
     from rich.markup import escape
 
-    err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
-    raise typer.Exit(2) from None
+    return escape(text)
 
 
 # The hardware arguments of every command that estimates costs: commsched.hardware.for_graph reads them, as

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from commsched.cli import common as opt
-from commsched.cli.common import console, user_errors, warn
+from commsched.cli.common import console, err_console, user_errors, warn
 
 
 def register(app: typer.Typer) -> None:
@@ -29,6 +29,7 @@ def register(app: typer.Typer) -> None:
         torch_peer: bool = typer.Option(True, "--torch/--no-torch", help="run torch's OverlapScheduler too (preset)"),
         exact_max_nodes: int = typer.Option(300, help="run the CP-SAT scheduler on graphs up to this many nodes"),
         exact_time_limit: float = typer.Option(20.0, help="CP-SAT time limit in seconds"),
+        table: Path = typer.Option(None, "--table", help="measured times (JSON/CSV table or a profiler trace)"),
         json_out: Path = typer.Option(None, "--json", help="write the rows as JSON"),
         jobs: int = typer.Option(
             None, "--jobs", "-j", min=1, help="several targets: processes at once (default: CPUs)"
@@ -37,6 +38,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run the input order, each seed pass, our scheduler, the CP-SAT optimum (small graphs) and, for a preset,
         torch's own OverlapScheduler with our costs; simulate every order and print one table.
+
+        With --table, every scheduler sees the measured times, and the header line says how many ops and
+        collectives the table matched.
 
         Several targets (comma-separated) are compared each on its own worker (--jobs, --ray-address: see
         README "Scaling out"), one table each.
@@ -65,15 +69,24 @@ def register(app: typer.Typer) -> None:
             else:
                 from commsched.workloads import build
 
-                with console.status(f"tracing {target} / {parallel} / world {world_size} / {layers} layers"):
+                with err_console.status(f"tracing {target} / {parallel} / world {world_size} / {layers} layers"):
                     given = {"seq_len": seq_len, "batch": batch, "tp_size": tp_size}
                     w = build(target, parallel=parallel, world_size=world_size, layers=layers, mode=mode,
                               **{k: v for k, v in given.items() if v is not None})  # fmt: skip
                 graph, gm = w.graph, (w.graph_module if torch_peer else None)
             hw = for_graph(hardware, graph, num_nodes=num_nodes)
             nodes = hw.num_nodes
-            costs = estimate_costs(graph, hw)
-            with console.status("scheduling") as status:
+            match = None
+            if table is not None:
+                from commsched.cost import load_measured
+                from commsched.report.table_match import table_match
+
+                measured = load_measured(table)
+                costs = estimate_costs(graph, hw, table=measured)
+                match = table_match(graph, costs, measured)
+            else:
+                costs = estimate_costs(graph, hw)
+            with err_console.status("scheduling") as status:
                 result = compare_schedulers(
                     graph,
                     costs,
@@ -83,6 +96,8 @@ def register(app: typer.Typer) -> None:
                     progress=lambda name: status.update(f"scheduling: {name}"),
                 )
             result.meta.update({"target": target, "hardware": hardware, "num_nodes": nodes, "nodes": len(graph)})
+            if match is not None:
+                result.meta["table_match"] = match.to_dict()
             if json_out:
                 from commsched.io import atomic_write_text
 
@@ -90,6 +105,10 @@ def register(app: typer.Typer) -> None:
         from commsched.report.capacity import step_warnings
 
         warn(step_warnings(graph.meta, hw, result.input_peak_bytes))  # the traced order's peak
+        if match is not None and match.matched_nothing:
+            warn([f"{match.line()}: every time is the model's (another shape, dtype or group size?)"])
+        elif match is not None:
+            console.print(match.line(), highlight=False, soft_wrap=True)
         print_compare(result, console, f"{target}: {len(graph)} nodes on {hardware} x {nodes} node(s)")
         if json_out:
             console.print(f"wrote [bold]{json_out}[/]")

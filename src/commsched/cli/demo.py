@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from commsched.cli.common import HardwareOption, console, user_errors, warn
+from commsched.cli.common import HardwareOption, console, err_console, user_errors, warn
 
 DEFAULT_PRESET, DEFAULT_PARALLEL, DEFAULT_LAYERS, DEFAULT_WORLD = "llama3-8b", "fsdp", 4, 64
 
@@ -41,14 +41,14 @@ def register(app: typer.Typer) -> None:
 
         with user_errors():
             spec = resolve(preset, parallel=parallel, world_size=world_size, layers=layers)
-            with console.status(f"tracing {preset} / {parallel} / {layers} layers at world {world_size}") as status:
+            with err_console.status(f"tracing {preset} / {parallel} / {layers} layers at world {world_size}") as status:
                 g = trace_spec(spec, progress=lambda msg: status.update(msg)).graph
             save_graph(g, out_dir / "graph.json")
             hw = for_graph(hardware, g)
             nodes = hw.num_nodes
-            with console.status(f"estimating {len(g)} nodes on {hardware} x {nodes} nodes"):
+            with err_console.status(f"estimating {len(g)} nodes on {hardware} x {nodes} nodes"):
                 costs = estimate_costs(g, hw)
-            with console.status("simulating and scheduling"):
+            with err_console.status("simulating and scheduling"):
                 before = simulate_costs(g, costs)
                 ours = schedule(g, costs, "default")
                 ours_reorder = schedule(g, costs, "default", reorder_collectives=True)
@@ -65,8 +65,11 @@ def register(app: typer.Typer) -> None:
             from commsched.report.capacity import step_warnings
 
             warnings = step_warnings(g.meta, hw, max(r.peak_memory_bytes for _, r in results))
-            write_comparison_html(results, out_dir / "report.html", context=context,
-                                  capacity_bytes=hw.compute.hbm_capacity_bytes, warnings=warnings)  # fmt: skip
+            from commsched.passes.overlap import OverlapConfig
+
+            budget = OverlapConfig().memory_budget.limit_bytes(before.peak_memory_bytes)  # the schedules' cap
+            write_comparison_html(results, out_dir / "report.html", context=context, hardware=hw,
+                                  memory_budget_bytes=budget, warnings=warnings)  # fmt: skip
         warn(warnings)
         print_demo_report(
             summarize(g),

@@ -23,7 +23,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Estimate every node of a graph on a hardware profile; print totals and the top ops.
 
+        With --table, says how many of the graph's ops and collectives the table timed (the model times the rest).
+
         Example: commsched estimate graph.json --hardware h100-sxm --num-nodes 4
+
+        Example: commsched estimate graph.json -H cpu-local --table trace.json --no-fusion
         """
         import json
 
@@ -39,13 +43,24 @@ def register(app: typer.Typer) -> None:
             measured = load_measured(table) if table is not None else None
             est = estimate_costs(g, hw, table=measured, fusion=not no_fusion)
             summary = cost_summary(g, est, top=top)
+            match = None
+            if measured is not None:
+                from commsched.report.table_match import table_match
+
+                match = table_match(g, est, measured)
             from commsched.memory import memory_profile
             from commsched.report.capacity import step_warnings
 
             warnings = step_warnings(g.meta, hw, memory_profile(g).peak_bytes)  # the graph's own order
+        if match is not None and match.matched_nothing:
+            warnings.append(f"{match.line()}: every time is the model's (another shape, dtype or group size?)")
         warn(warnings)
         if json_out:
             summary = {**summary, "warnings": warnings}
+            if match is not None:
+                summary["table_match"] = match.to_dict()
             console.print_json(json.dumps(summary))
         else:
             print_cost_summary(summary, console, title=str(graph))
+            if match is not None:
+                console.print(match.line(), highlight=False, soft_wrap=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from commsched.cli import common as opt
-from commsched.cli.common import console, user_errors, warn
+from commsched.cli.common import console, err_console, user_errors, warn
 
 
 def register(app: typer.Typer) -> None:
@@ -31,11 +31,19 @@ def register(app: typer.Typer) -> None:
         out_dir: Path = typer.Option(
             None, "--out-dir", "-o", help="write graph.json, scheduled.json, trace.json, optimize.json"
         ),
+        transforms: bool = typer.Option(
+            True,
+            "--transforms/--no-transforms",
+            help="also try program transforms (decomposed TP collectives, e.g. --parallel tp+sp --mode prefill)",
+        ),
     ) -> None:
         """Try program variants (the traced program, its schedule, its collectives bucketed at several
-        granularities), schedule and simulate each alike, keep the fastest within the memory budget.
+        granularities, its TP collectives split into chunks that overlap their matmuls), schedule and simulate
+        each alike, keep the fastest within the memory budget.
 
         Example: commsched optimize llama3-8b --parallel fsdp --world-size 64 --layers 2 --seq-len 2048 -o opt_out
+
+        Example: commsched optimize llama3-8b --parallel tp+sp --mode prefill --layers 1 --no-transforms
         """
         from commsched.optimize import optimize as run_optimize
         from commsched.report.terminal_optimize import print_optimized
@@ -48,13 +56,13 @@ def register(app: typer.Typer) -> None:
             else:
                 from commsched.workloads import build
 
-                with console.status(f"tracing {target} / {parallel} / world {world_size} / {layers} layers"):
+                with err_console.status(f"tracing {target} / {parallel} / world {world_size} / {layers} layers"):
                     w = build(target, parallel=parallel, world_size=world_size, layers=layers, mode=mode,
                               seq_len=seq_len)  # fmt: skip
                 program, groups = w.graph_module, w.graph.group_sizes()
-            with console.status("optimizing: scheduling and simulating every program variant"):
+            with err_console.status("optimizing: scheduling and simulating every program variant"):
                 o = run_optimize(program, hardware, num_nodes=num_nodes, memory_budget=memory_budget,
-                                 group_sizes=groups, table=table)  # fmt: skip
+                                 group_sizes=groups, table=table, transforms=transforms)  # fmt: skip
             if out_dir is not None:
                 _write(o, out_dir)
             from commsched.hardware import for_graph

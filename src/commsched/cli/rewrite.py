@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from commsched.cli import common as opt
-from commsched.cli.common import console, user_errors
+from commsched.cli.common import console, err_console, user_errors
 
 
 def register(app: typer.Typer) -> None:
@@ -52,7 +52,7 @@ def register(app: typer.Typer) -> None:
             if plan_on not in ("schedule", "trace"):
                 raise ValueError(f"--plan-on {plan_on!r}: expected 'schedule' or 'trace'")
             hw = hardware.for_graph(hardware_name, num_nodes=num_nodes, world_size=world_size)
-            with console.status(f"tracing {preset} / {parallel} at world {world_size}"):
+            with err_console.status(f"tracing {preset} / {parallel} at world {world_size}"):
                 w = build(preset, parallel=parallel, world_size=world_size, layers=layers, mode=mode,
                           seq_len=seq_len, batch=batch)  # fmt: skip
             sizes = {g["name"]: g["size"] for g in w.meta["groups"].values()}

@@ -7,7 +7,15 @@ from pathlib import Path
 
 import typer
 
-from commsched.cli.common import HardwareOption, KnobOption, console, err_console, parse_knobs, user_errors
+from commsched.cli.common import (
+    HardwareOption,
+    KnobOption,
+    Stages,
+    console,
+    error_line,
+    parse_knobs,
+    user_errors,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -46,6 +54,9 @@ def register(app: typer.Typer) -> None:
         backend: str = typer.Option(None, "--backend", help="gloo | nccl (default: nccl with a GPU per rank)"),
         seed: int = typer.Option(0, "--seed", help="parameters and batch"),
         json_out: Path = typer.Option(None, "--json", help="also write the full report (every step time) as JSON"),
+        profile: Path = typer.Option(
+            None, "--profile", help="also profile one step per order: DIR/ORDER-rankR.json.gz (commsched replay)"
+        ),
     ) -> None:
         """Run PRESET's training step for real on WORLD_SIZE ranks with the original order, commsched's order and
         torch's OverlapScheduler order; check that every order's outputs are bit-identical; report the measured step
@@ -98,6 +109,7 @@ def register(app: typer.Typer) -> None:
                 memory_budget=memory_budget,
                 threads=threads,
                 compute_nice=compute_nice,
+                profile_dir=str(profile) if profile is not None else None,
             )
             torchrun = launched_by_torchrun()
             if torchrun and bandwidth:
@@ -107,20 +119,22 @@ def register(app: typer.Typer) -> None:
         else:
             try:
                 ctx = shaped_network(bandwidth, delay=delay) if bandwidth else contextlib.nullcontext()
-                status = f"running {world_size} ranks ({', '.join(names)}; {iters} steps each)"
-                with signals_stop_the_run(), user_errors(), ctx as net, console.status(status):
-                    report = run_local(cfg, network=net, backend=backend)
+                what = f"{world_size} ranks: {', '.join(names)}, {warmup} + {iters} steps each"
+                with signals_stop_the_run(), user_errors(), ctx as net, Stages(("run",)) as stages:
+                    stages.stage("run", what)  # each rank traces, calibrates, then runs every order
+                    report = run_local(cfg, network=net, backend=backend, progress=stages.detail)
             except typer.Exit:
                 raise
             except RunStopped as exc:  # ranks terminated and the namespace deleted on the way here
                 removed = ", network namespace removed" if bandwidth else ""
-                err_console.print(f"[bold red]error:[/] {exc}: ranks terminated{removed}")
+                error_line(f"{exc}: ranks terminated{removed}")
                 raise typer.Exit(128 + exc.signum) from None
             except ShapedNetworkUnavailable as exc:
-                err_console.print(f"[bold red]error:[/] {exc}")
+                error_line(str(exc))
                 raise typer.Exit(2) from None
-            except RuntimeError as exc:  # a rank failed: its traceback is in the message
-                err_console.print(f"[bold red]error:[/] {exc}")
+            except RuntimeError as exc:  # a rank failed: its traceback is in the message; its first and last line
+                lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+                error_line(" ... ".join(dict.fromkeys([lines[0], lines[-1]])) if lines else type(exc).__name__)
                 raise typer.Exit(1) from None
         if report is None:  # a rank other than 0 under torchrun
             return

@@ -12,6 +12,7 @@ from commsched.cli.common import (
     KnobOption,
     NumNodesOption,
     console,
+    err_console,
     parse_knobs,
     user_errors,
     warn,
@@ -64,9 +65,9 @@ def register(app: typer.Typer) -> None:
             knobs = parse_knobs(knob)
             check_knobs(passes, knobs)  # before the costs are estimated
             hw = for_graph(hardware, g, num_nodes=num_nodes, gpus_per_node=gpus_per_node)
-            with console.status(f"estimating {len(g)} nodes on {hardware}"):
+            with err_console.status(f"estimating {len(g)} nodes on {hardware}"):
                 costs = estimate_costs(g, hw, table=load_measured(table) if table is not None else None)
-            with console.status(f"running {passes}"):
+            with err_console.status(f"running {passes}"):
                 result = run_schedule(g, costs, passes, **knobs)
             before = predict(g, costs)
             after = predict(g, costs, result.order, result.streams, result.compute_interference)

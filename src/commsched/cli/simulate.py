@@ -7,7 +7,15 @@ from pathlib import Path
 
 import typer
 
-from commsched.cli.common import GpusPerNodeOption, HardwareOption, NumNodesOption, console, user_errors, warn
+from commsched.cli.common import (
+    GpusPerNodeOption,
+    HardwareOption,
+    NumNodesOption,
+    console,
+    err_console,
+    user_errors,
+    warn,
+)
 from commsched.io import read_input_json
 
 
@@ -58,10 +66,10 @@ def register(app: typer.Typer) -> None:
             g = load_graph(graph)
             hw = for_graph(hardware, g, num_nodes=num_nodes, gpus_per_node=gpus_per_node)
             num_nodes = hw.num_nodes
-            with console.status(f"estimating {len(g)} nodes on {hardware} x {num_nodes} node(s)"):
+            with err_console.status(f"estimating {len(g)} nodes on {hardware} x {num_nodes} node(s)"):
                 costs = estimate_costs(g, hw)
             sched = load_order(g, order) if order else None
-            with console.status("simulating"):
+            with err_console.status("simulating"):
                 step = predict(g, costs, *((sched.order, sched.streams, sched.compute_interference) if sched else ()))
             res = step.sim
             context = {"hardware": hardware, "nodes in cluster": num_nodes}
@@ -89,8 +97,10 @@ def write_reports(res, *, trace=None, html=None, gantt=None, context=None, hw=No
     if html:
         from commsched.report.html import write_html
 
-        with console.status("rendering the HTML report"):
-            written.append(write_html(res, html, context=context, capacity_bytes=capacity, warnings=warnings))
+        with err_console.status("rendering the HTML report"):
+            written.append(
+                write_html(res, html, context=context, capacity_bytes=capacity, warnings=warnings, hardware=hw)
+            )
     if gantt:
         from commsched.report.gantt import write_gantt
 

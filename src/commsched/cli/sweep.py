@@ -8,7 +8,15 @@ from pathlib import Path
 
 import typer
 
-from commsched.cli.common import GpusPerNodeOption, LayersOption, ModeOption, console, err_console, user_errors
+from commsched.cli.common import (
+    GpusPerNodeOption,
+    LayersOption,
+    ModeOption,
+    console,
+    err_console,
+    error_line,
+    user_errors,
+)
 
 
 def parse_list(text: str, what: str, *, as_int: bool = False) -> list:
@@ -125,7 +133,7 @@ def register(app: typer.Typer) -> None:
         for p in ((json_path,) if json_path else ()) + ((out,) if out and ok else ()):
             console.print(f"wrote [bold]{p}[/]")
         if not ok:
-            err_console.print("[bold red]error:[/] no configuration succeeded")
+            error_line("no configuration succeeded")
             raise typer.Exit(2)
 
 

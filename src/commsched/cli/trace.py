@@ -10,6 +10,7 @@ from commsched.cli.common import (
     LayersOption,
     ModeOption,
     ParallelOption,
+    Stages,
     WorldSizeOption,
     console,
     user_errors,
@@ -67,13 +68,23 @@ def register(app: typer.Typer) -> None:
                 fsdp_bucket=fsdp_bucket,
                 **{k: v for k, v in options.items() if v is not None},
             )
-            with console.status(f"tracing {preset} / {parallel} / {mode} at world {world_size}") as status:
-                w = trace_spec(spec, progress=lambda msg: status.update(msg))
-            if out is not None:
-                save_graph(w.graph, out)
+            with Stages(("trace", "import", "write") if out is not None else ("trace", "import")) as stages:
+                stages.stage("trace", f"{preset} / {parallel} / {mode} at world {world_size}")
+                w = trace_spec(spec, progress=lambda msg: _trace_progress(stages, msg))
+                if out is not None:
+                    stages.stage("write", str(out))
+                    save_graph(w.graph, out)
         if out is not None:
             console.print(f"wrote [bold]{out}[/] ({len(w.graph)} nodes)")
         print_graph_info(summarize(w.graph), console, title=w.meta["workload"])
         from commsched.report.capacity import step_warnings
 
         warn(step_warnings(w.meta, None, None))
+
+
+def _trace_progress(stages: Stages, message: str) -> None:
+    """``trace_spec``'s phase messages as stages: "importing ..." begins the import, the rest detail the trace."""
+    if message.startswith("importing"):
+        stages.stage("import", message.removeprefix("importing ").strip())
+    else:
+        stages.detail(message.removeprefix("tracing: "))

@@ -43,15 +43,16 @@ _COMM = re.compile(r"^(nccl|gloo|mpi|ucc|xccl):(\w+)$")
 _DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
-class _Events:
+class TraceEvents:
     """A trace's events, read field by field: a value the importer uses is checked, and a bad one is a ValueError
-    naming the file, the event and the field, with what was expected."""
+    naming the file, the event and the field, with what was expected. The one reader of profiler traces: the
+    measured table, ``calibrate --trace`` (:func:`trace_collectives`) and ``commsched replay`` all read through it."""
 
     def __init__(self, path: Path, events: list[Any]) -> None:
         self.path, self.events = path, events
 
     def fail(self, e: dict, field: str, expected: str, value: Any) -> ValueError:
-        i = next(k for k, x in enumerate(self.events) if x is e)
+        i = next((k for k, x in enumerate(self.events) if x is e), -1)
         text = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
         return ValueError(f"{self.path}: traceEvents[{i}] field {field!r}: expected {expected}, got {text}")
 
@@ -79,7 +80,7 @@ class _Events:
         return n if isinstance(n, str) else ""
 
 
-def _collective(ev: _Events, e: dict, world: int, *, kernels: bool = False) -> tuple[str, int, int] | None:
+def collective_of(ev: TraceEvents, e: dict, world: int, *, kernels: bool = False) -> tuple[str, int, int] | None:
     """(kind, group size, nbytes in the nccl-tests convention) of a communication event, or None. With ``kernels``
     also device kernels that carry ``Collective name`` (NCCL kernels in recent Kineto traces)."""
     args = ev.args(e)
@@ -125,7 +126,7 @@ def _collective(ev: _Events, e: dict, world: int, *, kernels: bool = False) -> t
 _WHAT = "PyTorch profiler Chrome trace"
 
 
-def _load_trace(path: Path, data: Any = None) -> tuple[_Events, dict[str, Any], int]:
+def load_trace(path: Path, data: Any = None) -> tuple[TraceEvents, dict[str, Any], int]:
     """(events, distributedInfo, world size) of a Chrome trace file (or of its parsed ``data``); ValueError naming
     the file when it is not one."""
     if data is None:
@@ -138,27 +139,27 @@ def _load_trace(path: Path, data: Any = None) -> tuple[_Events, dict[str, Any], 
     world = info.get("world_size", 1)
     if isinstance(world, bool) or not isinstance(world, int) or not 1 <= world <= MAX_RANKS:
         raise ValueError(f"{path}: distributedInfo.world_size: expected an integer in [1, {MAX_RANKS}], got {world!r}")
-    return _Events(path, events), info, world
+    return TraceEvents(path, events), info, world
 
 
-def _ext_id(e: dict, args: dict) -> Any:
+def external_id(e: dict, args: dict) -> Any:
     """An event's ``External id`` where it is a number or a string (else None: it links nothing)."""
     ext = args.get("External id")
     return ext if isinstance(ext, (int, float, str)) and not isinstance(ext, bool) else None
 
 
-def _device_us(ev: _Events) -> dict[Any, float]:
+def _device_us(ev: TraceEvents) -> dict[Any, float]:
     """Summed device time (us) of the kernels, memcpys and memsets per ``External id``."""
     device_us: dict[Any, float] = defaultdict(float)
     for e in ev.events:
         if isinstance(e, dict) and e.get("cat") in _DEVICE_CATS and e.get("ph") == "X":
-            ext = _ext_id(e, ev.args(e))
+            ext = external_id(e, ev.args(e))
             if ext is not None:
                 device_us[ext] += ev.us(e, e.get("dur", 0.0))
     return device_us
 
 
-def _op_key(ev: _Events, e: dict, args: dict) -> tuple | None:
+def _op_key(ev: TraceEvents, e: dict, args: dict) -> tuple | None:
     """(name, input shapes, dtype of the first tensor) of a ``cpu_op`` event with recorded shapes, or None."""
     dims, types = args.get("Input Dims"), args.get("Input type")
     if not isinstance(dims, list) or not isinstance(types, list):
@@ -177,7 +178,7 @@ def table_from_chrome_trace(path: str | os.PathLike[str], data: Any = None) -> M
     """Read a profiler Chrome trace (JSON, optionally gzip) into a measured table (``data``: the file's parsed JSON,
     when the caller has read it). ValueError naming the file, the event and the field for a value it cannot use."""
     path = Path(path)
-    ev, _, world = _load_trace(path, data)
+    ev, _, world = load_trace(path, data)
     device_us = _device_us(ev)
     on_device = bool(device_us)
     op_times: dict[tuple, list[float]] = defaultdict(list)
@@ -185,9 +186,9 @@ def table_from_chrome_trace(path: str | os.PathLike[str], data: Any = None) -> M
     for e in ev.events:
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
-        coll = _collective(ev, e, world)
+        coll = collective_of(ev, e, world)
         if coll is not None:
-            dur = device_us.get(_ext_id(e, ev.args(e)), 0.0) if on_device else 0.0
+            dur = device_us.get(external_id(e, ev.args(e)), 0.0) if on_device else 0.0
             coll_times[coll].append((dur or ev.us(e, e.get("dur", 0.0))) * 1e-6)
             continue
         if e.get("cat") != "cpu_op" or ev.name(e).startswith(("c10d::", "ProfilerStep")):
@@ -196,7 +197,7 @@ def table_from_chrome_trace(path: str | os.PathLike[str], data: Any = None) -> M
         key = _op_key(ev, e, args)
         if key is None:
             continue
-        dur_us = device_us.get(_ext_id(e, args), 0.0) if on_device else ev.us(e, e.get("dur", 0.0))
+        dur_us = device_us.get(external_id(e, args), 0.0) if on_device else ev.us(e, e.get("dur", 0.0))
         if on_device and dur_us <= 0:
             continue
         op_times[key].append(dur_us * 1e-6)
@@ -240,7 +241,7 @@ def trace_collectives(path: str | os.PathLike[str]) -> TraceCollectives:
     duration on a CPU one), else from the ``nccl:*`` / ``gloo:*`` CPU annotations (their own duration). The process
     group is ``Process Group Name`` when recorded, else the trace's default group."""
     path = Path(path)
-    ev, info, world = _load_trace(path)
+    ev, info, world = load_trace(path)
     configs = info.get("pg_config", [])
     configs = [c for c in configs if isinstance(c, dict)] if isinstance(configs, list) else []
     default = next((str(c.get("pg_name")) for c in configs if c.get("pg_desc") == "default_pg"), "default")
@@ -254,7 +255,7 @@ def trace_collectives(path: str | os.PathLike[str]) -> TraceCollectives:
     device_us = _device_us(ev) if source == "record_param_comms" else {}
     occurrences: dict[CollectiveKey, list[float]] = defaultdict(list)
     for e in chosen:
-        coll = _collective(ev, e, world, kernels=True)
+        coll = collective_of(ev, e, world, kernels=True)
         if coll is None:
             continue
         args = ev.args(e)
@@ -262,7 +263,7 @@ def trace_collectives(path: str | os.PathLike[str]) -> TraceCollectives:
         ranks = _group_ranks(args.get("Process Group Ranks"))
         if ranks is not None:
             group_ranks.setdefault(group, ranks)
-        dur_us = device_us.get(_ext_id(e, args), 0.0) or ev.us(e, e.get("dur", 0.0))
+        dur_us = device_us.get(external_id(e, args), 0.0) or ev.us(e, e.get("dur", 0.0))
         occurrences[(*coll, group)].append(dur_us * 1e-6)
     rank = info.get("rank")
     if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < MAX_RANKS):

@@ -19,7 +19,9 @@ is absolute (a multiple of the traced program's peak), so a bucketed program can
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import os
 import time
 from collections.abc import Callable
@@ -137,6 +139,7 @@ def optimize(
     group_sizes: dict[str, int] | None = None,
     finalists: int = 2,
     table: MeasuredTable | str | None = None,
+    transforms: bool = True,
     executor: Any = None,
     granularities: tuple = GRANULARITIES,
 ) -> Optimized:
@@ -148,11 +151,36 @@ def optimize(
     which the analytic model gives). ``finalists``: bucket plans per order they were planned on (traced, scheduled)
     that get the full scheduling search after the one-attempt probe. ``table``: measured times (a
     ``MeasuredTable``, or a table / profiler trace path, e.g. from ``commsched calibrate --trace``) used for every
-    variant before the model; bucketed collectives of other sizes are interpolated. Never worse than the traced
+    variant before the model; bucketed collectives of other sizes are interpolated. ``transforms``: also try
+    program transforms (decomposed TP collectives, :mod:`commsched.optimize.transforms`). Never worse than the traced
     order; see the module docstring for the search. ``executor`` (:mod:`commsched.execute`): judge the bucket
     plans on its workers (:mod:`commsched.optimize.parallel`; the same result); ``granularities``: the bucket caps
     tried (default :data:`GRANULARITIES`)."""
     t0 = time.perf_counter()
+    with _collector_paused():
+        out = _optimize(program, hardware, num_nodes, gpus_per_node, memory_budget, reorder_collectives, group_sizes,
+                        finalists, table, transforms, executor, granularities)  # fmt: skip
+    out.wall_s = time.perf_counter() - t0
+    return out
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """The cyclic garbage collector off while the search runs (back on, as it was, after): the search allocates
+    millions of small lists and tuples, and every full collection rescans the caller's whole heap (a traced
+    module's FX graph and fake tensors: about 450k objects on a 5k-node step), which cost about 15 % of the
+    search's CPU time. What the search leaves in reference cycles is collected once the collector is back on."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _optimize(program, hardware, num_nodes, gpus_per_node, memory_budget, reorder_collectives, group_sizes,
+              finalists, table, transforms, executor=None, granularities=GRANULARITIES) -> Optimized:  # fmt: skip
     gm, g = _import(program, group_sizes)
     hw = for_graph(hardware, g, num_nodes=num_nodes, gpus_per_node=gpus_per_node)
     if isinstance(table, (str, os.PathLike)):
@@ -173,16 +201,17 @@ def optimize(
             from commsched.optimize import parallel
 
             variants += parallel.bucketed(*args, executor=executor, table=table)
+        if transforms:  # program transforms (issue 18): candidates like any other, see optimize/transforms.py
+            from commsched.optimize.transforms import transform_variants
+
+            variants += transform_variants(gm, g, cost, knobs, finalists, variants)
     best, tried = _judge(variants, limit)
     best = best.rebuild() if hasattr(best, "rebuild") else best  # a finalist judged on a worker, built here
     out_gm = None
     if gm is not None:
         out_gm = _final_module(gm, g, best)
         best = _as_returned(out_gm, g, cost, best)
-    return Optimized(
-        best.label, best.graph, best.schedule, best.costs, before, best.sim, limit, tried, out_gm,
-        time.perf_counter() - t0,
-    )  # fmt: skip
+    return Optimized(best.label, best.graph, best.schedule, best.costs, before, best.sim, limit, tried, out_gm)
 
 
 def _as_returned(out_gm: Any, g: Graph, cost: Callable[[Graph], CostEstimate], best: _Variant) -> _Variant:
@@ -206,6 +235,8 @@ def _final_module(gm: Any, g: Graph, best: _Variant) -> Any:
 
     if best.plan is None:
         return apply_schedule(copy_graph_module(gm), best.schedule)
+    if hasattr(best.plan, "apply_fx"):  # a program transform (optimize/transforms.py)
+        return apply_schedule(best.plan.apply_fx(gm, g), best.schedule)
     plan, order = best.plan
     return apply_schedule(apply_bucket_plan(gm, g, plan, order).gm, best.schedule)
 

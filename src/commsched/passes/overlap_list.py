@@ -11,7 +11,10 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
+import numpy as np
+
 from commsched.passes.overlap_prep import Prep, range_max
+from commsched.sim.jit import ENABLED as JIT_ENABLED
 
 PRIORITIES = ("feeds", "input", "feeders")
 """how ready compute is ranked: "feeds" (what feeds the earliest collective, then the longest path to the end),
@@ -29,6 +32,7 @@ class Attempt:
     at: list[int]  # per node: compute-stream time when it runs (issue time for a collective)
     comm_start: dict[int, int]
     comm_end: dict[int, int]
+    arrays: tuple | None = None  # (order, at, comm_start, comm_end) as int64 arrays, from the compiled loop
 
 
 def _rank_keys(p: Prep, priority: str) -> tuple[list[int], list[int]]:
@@ -236,5 +240,27 @@ def schedule_once(
     ``not_before`` time has not come or it does not fit the budget while something else can run meanwhile; a kernel
     runs only if its allocation fits ``budget`` and its ``not_before`` time has come (unless nothing else can make
     progress). Ready compute is taken by ``priority`` (:data:`PRIORITIES`); ``guard``: see
-    :meth:`ListScheduler.fits`. O((N + E) log N)."""
+    :meth:`ListScheduler.fits`. O((N + E) log N). Runs compiled (:mod:`commsched.passes.overlap_jit`, identical
+    results) when numba is available."""
+    if JIT_ENABLED:
+        return _schedule_once_compiled(p, budget, not_before or {}, priority, guard)
     return ListScheduler(p, budget, not_before or {}, priority, guard).run()
+
+
+def _schedule_once_compiled(p: Prep, budget: int, not_before: dict[int, int], priority: str, guard: bool) -> Attempt:
+    from commsched.passes.overlap_jit import prep_arrays, rank_arrays, schedule_once_jit
+
+    ar = prep_arrays(p)
+    key1, key2 = rank_arrays(p, priority)
+    nb = np.zeros(p.n, np.int64)
+    for node, t in not_before.items():
+        nb[node] = t
+    order, at, start, end, complete = schedule_once_jit(ar, key1, key2, int(budget), nb, bool(guard))
+    if not complete:
+        raise RuntimeError("overlap scheduler made no progress: the ordering constraints have a cycle")
+    order_l = order.tolist()
+    is_coll = ar.is_coll
+    colls = order[is_coll[order]].tolist()  # in issue order, as the Python loop fills its dicts
+    start_l, end_l = start.tolist(), end.tolist()
+    comms = ({c: start_l[c] for c in colls}, {c: end_l[c] for c in colls})
+    return Attempt(order_l, at.tolist(), *comms, (order, at, start, end))

@@ -14,12 +14,20 @@ from commsched.ir.transform import kahn_order
 from commsched.memory import liveness
 from commsched.passes.overlap_list import Attempt
 from commsched.passes.overlap_prep import Prep
+from commsched.sim.jit import ENABLED as JIT_ENABLED
 
 
 def tighten(p: Prep, a: Attempt) -> list[int]:
     """The same timing with less memory: issue each collective at the last point before its communication starts
     (the FIFO stream could not start it earlier anyway), and run each wait at the first point after its collective
     ends (no stall, and the collective's inputs are released sooner). O(N log N)."""
+    if JIT_ENABLED:
+        return _tighten_compiled(p, a)
+    return tighten_reference(p, a)
+
+
+def tighten_reference(p: Prep, a: Attempt) -> list[int]:
+    """:func:`tighten` in pure Python (the specification of the compiled form)."""
     order = a.order
     n = len(order)
     # time at which the compute stream reaches each position (non-decreasing)
@@ -58,6 +66,22 @@ def tighten(p: Prep, a: Attempt) -> list[int]:
     for k, v in enumerate(order):
         by_key[v] = key[k]
     return kahn_order(p.succ_ptr, p.succ_idx, p.indeg, by_key)
+
+
+def _tighten_compiled(p: Prep, a: Attempt) -> list[int]:
+    """:func:`tighten` by the compiled loops (:mod:`commsched.passes.overlap_jit`; identical orders)."""
+    from commsched.passes.overlap_jit import chain_arrays, kahn_jit, prep_arrays, tighten_keys_jit
+
+    ar = prep_arrays(p)
+    if a.arrays is not None:
+        order, at, start, end = a.arrays
+    else:
+        order, at = np.asarray(a.order, np.int64), np.asarray(a.at, np.int64)
+        start, end = np.full(p.n, -1, np.int64), np.full(p.n, -1, np.int64)
+        start[list(a.comm_start)] = list(a.comm_start.values())
+        end[list(a.comm_end)] = list(a.comm_end.values())
+    by_key = tighten_keys_jit(ar, *chain_arrays(p), order, at, start, end)
+    return kahn_jit(ar.succ_ptr, ar.succ_idx, ar.indeg, by_key).tolist()
 
 
 def delay_past_peak(

@@ -19,6 +19,7 @@ from commsched.ir.order import collective_chains
 from commsched.ir.transform import kahn_order
 from commsched.memory import liveness, memory_profile
 from commsched.sim.bounds import heads_and_tails
+from commsched.sim.jit import ENABLED as JIT_ENABLED
 from commsched.sim.model import StreamModel, durations_ns
 
 
@@ -53,6 +54,8 @@ class Prep:
     data_preds: list[list[int]] = field(default_factory=list)  # preds without the FIFO chain edges
     feeder: list[bool] = field(default_factory=list)  # a short path leads from the node to a busiest-group collective
     tail: list[int] = field(default_factory=list)  # least time from the node's end to the end of the step
+    shared: dict = field(default_factory=dict, repr=False)  # arrays for the compiled loops, one per GraphPrep
+    cache: dict = field(default_factory=dict, repr=False)  # this Prep's own arrays for the compiled loops
 
 
 def base_arrays(g: Graph, costs: CostEstimate) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -78,6 +81,21 @@ class GraphPrep:
 
 
 def prepare_graph(
+    g: Graph, order: np.ndarray, costs: CostEstimate, extra_src: np.ndarray, extra_dst: np.ndarray
+) -> GraphPrep:
+    """The :class:`GraphPrep` of (``g``, ``order``, ``costs``, extra edges), kept on ``g`` for the next call with the
+    same inputs (``commsched.optimize`` schedules one bucketed graph twice: its probe, then its full search)."""
+    key = (np.asarray(order).tobytes(), np.asarray(extra_src).tobytes(), np.asarray(extra_dst).tobytes())
+    kept = g.__dict__.setdefault("_commsched_graph_prep", [])
+    for c, k, gp in kept:
+        if c is costs and k == key:  # the entry holds ``costs``: its identity cannot be reused meanwhile
+            return gp
+    gp = _prepare_graph(g, order, costs, extra_src, extra_dst)
+    kept[:] = [(costs, key, gp)]  # the latest only: a pass run keeps one
+    return gp
+
+
+def _prepare_graph(
     g: Graph, order: np.ndarray, costs: CostEstimate, extra_src: np.ndarray, extra_dst: np.ndarray
 ) -> GraphPrep:
     n = len(g)
@@ -126,6 +144,7 @@ def prepare_graph(
         data_preds=[pi_l[pp_l[i] : pp_l[i + 1]] for i in range(n)],
         feeder=feeders(g, dur_ns, order),
         tail=heads_and_tails(g, dur_ns)[1],
+        shared={},
     )
     return GraphPrep(fields, dur_ns, src, dst, pos)
 
@@ -171,6 +190,8 @@ def prepare(gp: GraphPrep, chains: dict[int, list[int]]) -> Prep:
     colls = sorted((c for chain in chains.values() for c in chain), key=lambda c: pos[c])
     # bottom level (longest remaining duration path; a collective's time counts towards its wait and the next
     # collective of its group) and feeds (the earliest-ranked collective a node leads to)
+    if JIT_ENABLED:
+        return _prepare_compiled(gp, chains, colls, succ_ptr, succ_idx, indeg)
     sp, si = succ_ptr.tolist(), succ_idx.tolist()
     d = gp.fields["dur_ns"]
     bottom = [0] * n
@@ -191,6 +212,24 @@ def prepare(gp: GraphPrep, chains: dict[int, list[int]]) -> Prep:
         bottom[node] = d[node] + best
         feeds[node] = first
     return Prep(**gp.fields, succ_ptr=sp, succ_idx=si, indeg=indeg.tolist(), bottom=bottom, feeds=feeds, chains=chains)
+
+
+def _prepare_compiled(gp: GraphPrep, chains, colls, succ_ptr, succ_idx, indeg) -> Prep:
+    """The levels of :func:`prepare` by the compiled loops (:mod:`commsched.passes.overlap_jit`; identical)."""
+    from commsched.passes.overlap_jit import kahn_jit, levels_jit
+
+    n = gp.fields["n"]
+    sp, si, deg = succ_ptr.astype(np.int64), succ_idx.astype(np.int64), indeg.astype(np.int64)
+    topo = kahn_jit(sp, si, deg, gp.pos.astype(np.float64))
+    if len(topo) != n:
+        raise RuntimeError("the ordering constraints have a cycle (collective order vs data dependencies)")
+    feeds = np.full(n, n + 1, np.int64)
+    feeds[np.asarray(colls, np.int64)] = np.arange(len(colls))
+    bottom = levels_jit(sp, si, topo, gp.dur_ns.astype(np.int64), feeds)
+    p = Prep(**gp.fields, succ_ptr=sp.tolist(), succ_idx=si.tolist(), indeg=deg.tolist(), bottom=bottom.tolist(),
+             feeds=feeds.tolist(), chains=chains)  # fmt: skip
+    p.cache["csr"] = (sp, si, deg)
+    return p
 
 
 def range_max(table: list[list[int]], lo: int, hi: int) -> int:

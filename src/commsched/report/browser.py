@@ -1,7 +1,9 @@
-"""Render an HTML file in headless Chromium and take a screenshot (used by tests and benchmarks)."""
+"""Render an HTML file in headless Chromium: a screenshot, or the DOM after its scripts ran and its console
+messages (used by tests, benchmarks and the README's screenshot)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import tempfile
@@ -17,6 +19,41 @@ def find_chromium() -> str | None:
         if path:
             return path
     return None
+
+
+def _flags(profile: str) -> list[str]:
+    return [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+    ]
+
+
+_CONSOLE = re.compile(r":CONSOLE[^\]]*\] (.*)$")
+
+
+def load_page(html_path: str | Path, *, fragment: str = "", timeout_s: float = 120) -> tuple[str, list[str]]:
+    """Load ``html_path`` (``#fragment`` appended when given) in headless Chromium and return the DOM after its
+    scripts ran, and every console message the page produced (``console.log`` / ``error`` and uncaught
+    exceptions, each as ``"text", source: URL (line)``). Raises as :func:`screenshot` does."""
+    browser = find_chromium()
+    if browser is None:
+        raise FileNotFoundError("no Chromium found on PATH; install it (Debian: apt-get install -y chromium)")
+    url = Path(html_path).resolve().as_uri() + (f"#{fragment}" if fragment else "")
+    with tempfile.TemporaryDirectory(prefix="commsched-chromium-") as profile:
+        cmd = [browser, *_flags(profile), "--enable-logging=stderr", "--v=0", "--dump-dom", url]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+    if not proc.stdout.strip():
+        tail = proc.stderr.strip().splitlines()[-3:]
+        raise RuntimeError(f"{browser} returned no DOM (exit {proc.returncode}): {' | '.join(tail)}")
+    console = [m.group(1) for line in proc.stderr.splitlines() if (m := _CONSOLE.search(line))]
+    return proc.stdout, console
 
 
 def screenshot(
@@ -35,15 +72,7 @@ def screenshot(
     with tempfile.TemporaryDirectory(prefix="commsched-chromium-") as profile:
         cmd = [
             browser,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            f"--user-data-dir={profile}",
+            *_flags(profile),
             f"--screenshot={png_path}",
             f"--window-size={width},{height}",
             html_path.as_uri(),

@@ -40,7 +40,19 @@ def gantt_png(
 ) -> bytes:
     """A PNG: one row per stream (kernels, collectives coloured by group, blocked waits in red) above the memory
     curve on the same time axis; ``capacity_bytes`` (the device's HBM) is a red line on the memory plot when the
-    peak comes within half of it."""
+    peak comes within half of it. Legends sit above their plots, never over the bars or the curve."""
+    plt = _figure()
+    fig = gantt_figure(res, title=title, width_in=width_in, capacity_bytes=capacity_bytes)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def gantt_figure(
+    res: SimResult, *, title: str | None = None, width_in: float = 12.0, capacity_bytes: float | None = None
+):
+    """The matplotlib figure of :func:`gantt_png` (its caller closes it)."""
     plt = _figure()
     g = res.graph
     scale, unit = _time_unit(res.makespan_ns)
@@ -78,13 +90,14 @@ def gantt_png(
     ax.set_yticks(range(rows), list(res.stream_names))
     ax.set_ylim(rows - 0.5, -0.5)
     ax.grid(axis="x", alpha=0.3)
-    ax.set_title(title or f"{g.meta.get('workload', 'graph')}: makespan {res.makespan_ns / scale:.3f} {unit}")
+    ax.set_title(title or f"{g.meta.get('workload', 'graph')}: makespan {res.makespan_ns / scale:.3f} {unit}",
+                 loc="left")  # fmt: skip
     handles = [
         plt.Rectangle((0, 0), 1, 1, color=COLORS["compute"], label="compute kernel"),
         plt.Rectangle((0, 0), 1, 1, color=COLORS["other"], label="other kernel"),
         plt.Rectangle((0, 0), 1, 1, color=COLORS["blocked"], label="waiting on comm"),
     ]
-    ax.legend(handles=handles, loc="upper right", fontsize=8, framealpha=0.8)
+    ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=3, fontsize=8, frameon=False)
 
     times, values = (a.astype(np.float64) for a in res.memory_over_time())
     mem_scale, mem_unit = (2**30, "GiB") if values.max(initial=0) >= 2**30 else (2**20, "MiB")
@@ -94,15 +107,12 @@ def gantt_png(
         over = values.max(initial=0) > capacity_bytes
         label = f"HBM capacity {capacity_bytes / mem_scale:.0f} {mem_unit}" + (": exceeded" if over else "")
         axm.axhline(capacity_bytes / mem_scale, color=COLORS["blocked"], linestyle="--", linewidth=1.2, label=label)
-        axm.legend(loc="upper right", fontsize=8, framealpha=0.8)
+        axm.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     axm.set_ylabel(f"memory ({mem_unit})")
     axm.set_xlabel(f"time ({unit})")
     axm.grid(alpha=0.3)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return buf.getvalue()
+    return fig
 
 
 def write_gantt(res: SimResult, path: str | Path, **kw) -> Path:

@@ -1,40 +1,36 @@
-"""A self-contained HTML report of a simulated step: summary, Gantt chart with memory curve, top exposed
-collectives, streams. Pictures are embedded as base64 PNG, so the file opens anywhere without other files."""
+"""A self-contained HTML report of a simulated step, or of several orders of one step: summary with MFU and
+tokens/s, an interactive timeline (one panel per order on a shared, zoomable time axis: compute, each process
+group's collectives, exposed communication in red, the memory curve with the HBM capacity), what the schedule
+moved and why each collective still exposed stays exposed (``report/why.py``), streams and bounds. Script and
+style are inline (``report/html_assets.py``), so the file opens anywhere with no network."""
 
 from __future__ import annotations
 
-import base64
 import html
+import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from commsched.io import atomic_write_text
-from commsched.report.gantt import gantt_png
-from commsched.report.tables import EXPOSED_COLUMNS, STREAM_COLUMNS, comparison_rows, exposed_rows, stream_rows
+from commsched.report import html_assets
+from commsched.report.rates import fmt_mfu, fmt_rate, step_rates
+from commsched.report.tables import STREAM_COLUMNS, comparison_rows, stream_rows
+from commsched.report.timeline import timeline_data, timeline_json
 from commsched.report.units import fmt_bytes, fmt_seconds
+from commsched.report.why import collective_facts, what_moved
 from commsched.sim.result import SimResult
 
-_CSS = """
-body { font-family: system-ui, -apple-system, Segoe UI, Helvetica, Arial, sans-serif; margin: 2rem; color: #222; }
-h1 { font-size: 1.5rem; margin-bottom: 0.2rem; } h2 { font-size: 1.15rem; margin-top: 2rem; }
-.sub { color: #666; margin-top: 0; }
-.cards { display: flex; flex-wrap: wrap; gap: 0.8rem; }
-.card { border: 1px solid #ddd; border-radius: 6px; padding: 0.6rem 1rem; min-width: 10rem; }
-.card .v { font-size: 1.3rem; font-weight: 600; } .card .k { color: #666; font-size: 0.85rem; }
-table { border-collapse: collapse; margin-top: 0.5rem; }
-th, td { padding: 0.25rem 0.8rem; border-bottom: 1px solid #eee; }
-th { text-align: left; background: #f6f6f6; } td.n { text-align: right; font-variant-numeric: tabular-nums; }
-img { max-width: 100%; border: 1px solid #eee; }
-.warn { color: #8a1c1c; background: #fdecea; border-left: 4px solid #d62728; padding: 0.4rem 0.8rem; }
-"""
+if TYPE_CHECKING:
+    from commsched.hardware import Hardware
 
 
-def _table(headers: list[str], rows: list[list[Any]], numeric_from: int = 1) -> str:
+def _table(headers: list[str], rows: list[list[Any]], numeric_from: int = 1, *, text: tuple[str, ...] = ()) -> str:
+    """Columns from ``numeric_from`` on are right-aligned numbers, except those named in ``text`` (the last one
+    named "why" wraps as prose)."""
+    classes = ["why" if h == "why" else "" if i < numeric_from or h in text else "n" for i, h in enumerate(headers)]
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = "".join(
-        "<tr>"
-        + "".join(f'<td class="{"n" if i >= numeric_from else ""}">{html.escape(str(v))}</td>' for i, v in enumerate(r))
-        + "</tr>"
+        "<tr>" + "".join(f'<td class="{classes[i]}">{html.escape(str(v))}</td>' for i, v in enumerate(r)) + "</tr>"
         for r in rows
     )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
@@ -46,7 +42,7 @@ def _page_head(title: str, context: dict[str, Any]) -> list[str]:
     return [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
+        f"<title>{html.escape(title)}</title><style>{html_assets.CSS}</style></head><body>",
         f'<h1>{html.escape(title)}</h1><p class="sub">{sub}</p>',
     ]
 
@@ -59,11 +55,86 @@ def _warnings(lines: list[str] | tuple[str, ...]) -> list[str]:
     return [f'<section id="warnings">{items}</section>']
 
 
-def _exposed_table(res: SimResult, k: int) -> str:
-    rows = exposed_rows(res, k)
-    if not rows:
+def _timeline_section(results: list[tuple[str, SimResult]], capacity_bytes: float | None) -> list[str]:
+    """The interactive timeline: a legend above (never over) the bars, zoom buttons, one panel per order on one
+    shared time axis, and the data and script that draw it."""
+    data = timeline_data(results, capacity_bytes=capacity_bytes)
+    colors = {**html_assets.COLORS, "comm": list(html_assets.COMM_COLORS)}
+    swatches = [
+        ("compute kernel", html_assets.COLORS["compute"], ""),
+        ("other kernel", html_assets.COLORS["other"], ""),
+        ("waiting on communication (exposed)", html_assets.COLORS["blocked"], ""),
+    ]
+    for lane, k in data["comm_lanes"].items():
+        swatches.append((f"collective on {lane}", html_assets.COMM_COLORS[k % len(html_assets.COMM_COLORS)], ""))
+    swatches += [("exposed collective", "", "outline"), ("memory", html_assets.COLORS["memory"], "")]
+    if capacity_bytes:
+        peak = max(r.peak_memory_bytes for _, r in results)
+        share = f"{100 * peak / capacity_bytes:.0f} %"
+        scale = "" if capacity_bytes <= 2 * peak else f": off the scale, the peak uses {share}"
+        swatches.append((f"HBM capacity ({fmt_bytes(capacity_bytes)}{scale})", "", "line"))
+    legend = "".join(
+        f'<span><i class="{cls}"{f" style=background:{color}" if color else ""}></i>{html.escape(label)}</span>'
+        for label, color, cls in swatches
+    )
+    shared = "one time axis for every order" if len(results) > 1 else "the step"
+    return [
+        '<section id="timeline"><h2>Timeline</h2>',
+        f'<div class="legend" id="legend">{legend}</div>',
+        '<div class="tools"><button id="zoom-in" type="button">zoom in</button>'
+        '<button id="zoom-out" type="button">zoom out</button><button id="zoom-reset" type="button">reset</button>'
+        f'<span id="zoom-level"></span><span>({shared}; wheel: zoom, drag: pan, double click: reset)</span></div>',
+        '<div id="timeline-panels"></div><div id="tip"></div>',
+        f'<script type="application/json" id="timeline-data">{timeline_json(data)}</script>',
+        f'<script type="application/json" id="timeline-colors">{json.dumps(colors)}</script>',
+        f"<script>{html_assets.JS}</script></section>",
+    ]
+
+
+def _exposed_table(res: SimResult, k: int, budget_bytes: float | None = None) -> str:
+    """The ``k`` most exposed collectives with why each stayed exposed (``report/why.py``)."""
+    facts = sorted((f for f in collective_facts(res, memory_budget_bytes=budget_bytes) if f.exposed_ns > 0),
+                   key=lambda f: -f.exposed_ns)[:k]  # fmt: skip
+    if not facts:
         return "<p>None: all communication is hidden behind computation.</p>"
-    return _table(list(EXPOSED_COLUMNS), rows, numeric_from=3)
+    rows = [
+        [f.name, f.type, f.group, fmt_bytes(f.nbytes), _ns(f.duration_ns), _ns(f.exposed_ns), f.reason, f.why]
+        for f in facts
+    ]
+    headers = ["collective", "type", "group", "bytes", "duration", "exposed", "reason", "why"]
+    return _table(headers, rows, numeric_from=3, text=("reason",))
+
+
+def _ns(ns: int) -> str:
+    return fmt_seconds(ns * 1e-9)
+
+
+def _moved_section(before: SimResult, after: SimResult, label: str, budget_bytes: float | None, k: int = 40) -> str:
+    """What ``after`` changed against ``before``: counts by status, then the ``k`` collectives most exposed."""
+    rows = what_moved(before, after, memory_budget_bytes=budget_bytes)
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    body = [
+        [r.name, r.type, r.group, fmt_bytes(r.nbytes), _ns(r.exposed_before_ns), _ns(r.exposed_after_ns),
+         _ns(r.issue_shift_ns), r.status, r.reason, r.why if r.exposed_after_ns > 0 else ""]
+        for r in rows[:k]
+    ]  # fmt: skip
+    headers = ["collective", "type", "group", "bytes", "exposed before", "exposed after", "issue moved", "status",
+               "reason", "why"]  # fmt: skip
+    more = f"<p>... and {len(rows) - k} more, all less exposed.</p>" if len(rows) > k else ""
+    return (
+        f'<section class="moved" id="moved-{html.escape(label)}"><h3>{html.escape(label)} against the first order: '
+        f"{html.escape(summary)}</h3>{_table(headers, body, numeric_from=3, text=('status', 'reason'))}{more}"
+        "</section>"
+    )
+
+
+def _capacity(capacity_bytes: float | None, hardware: Hardware | None) -> float | None:
+    if capacity_bytes is None and hardware is not None and hardware.compute.hbm_capacity_bytes > 0:
+        return float(hardware.compute.hbm_capacity_bytes)
+    return capacity_bytes
 
 
 def render_html(
@@ -73,12 +144,17 @@ def render_html(
     context: dict[str, Any] | None = None,
     capacity_bytes: float | None = None,
     warnings: tuple[str, ...] | list[str] = (),
+    hardware: Hardware | None = None,
+    memory_budget_bytes: float | None = None,
 ) -> str:
     """The report as one HTML string. ``context``: extra key/value lines for the header (hardware, world size...);
-    ``capacity_bytes``: the device's HBM, a line on the memory plot; ``warnings``: lines shown under the title."""
+    ``capacity_bytes``: the device's HBM, a line on the memory curve (default: ``hardware``'s); ``warnings``: lines
+    shown under the title; ``hardware``: its peak FLOP/s gives MFU; ``memory_budget_bytes``: the cap the order was
+    scheduled under, named where an earlier issue would pass it."""
     g = res.graph
     title = title or f"commsched: {g.meta.get('workload', 'simulated step')}"
-    png = base64.b64encode(gantt_png(res, capacity_bytes=capacity_bytes)).decode("ascii")
+    capacity_bytes = _capacity(capacity_bytes, hardware)
+    rates = step_rates(res, hardware)
     cards = [
         ("step time", fmt_seconds(res.makespan_s)),
         ("lower bound", fmt_seconds(res.lower_bound_s)),
@@ -86,6 +162,8 @@ def render_html(
         ("exposed comm", fmt_seconds(res.exposed_comm_s)),
         ("overlap (HTA)", f"{100 * res.overlap_ratio:.1f} %"),
         ("peak memory", fmt_bytes(res.peak_memory_bytes)),
+        (f"MFU ({rates.dtype})", fmt_mfu(rates.mfu)),
+        ("tokens / s", fmt_rate(rates.tokens_per_s)),
     ]
     cards_html = "".join(
         f'<div class="card"><div class="v">{html.escape(v)}</div><div class="k">{html.escape(k)}</div></div>'
@@ -103,10 +181,9 @@ def render_html(
         *_page_head(title, ctx),
         *_warnings(warnings),
         f'<section id="summary"><h2>Summary</h2><div class="cards">{cards_html}</div></section>',
-        '<section id="gantt"><h2>Timeline and memory</h2>',
-        f'<img alt="Gantt chart of the streams above the memory curve" src="data:image/png;base64,{png}"></section>',
-        '<section id="exposed"><h2>Top exposed collectives</h2>',
-        _exposed_table(res, 15),
+        *_timeline_section([("simulated step", res)], capacity_bytes),
+        '<section id="exposed"><h2>Top exposed collectives, and why</h2>',
+        _exposed_table(res, 15, memory_budget_bytes),
         "</section>",
         '<section id="streams"><h2>Streams</h2>',
         _table(list(STREAM_COLUMNS), stream_rows(res)),
@@ -132,16 +209,22 @@ def render_comparison_html(
     context: dict[str, Any] | None = None,
     capacity_bytes: float | None = None,
     warnings: tuple[str, ...] | list[str] = (),
+    hardware: Hardware | None = None,
+    memory_budget_bytes: float | None = None,
 ) -> str:
-    """One report for several orders of the same graph (e.g. the input order and the scheduled one): a comparison
-    table first, then each order's timeline and most exposed collectives (``capacity_bytes`` and ``warnings`` as
-    in :func:`render_html`)."""
+    """One report for several orders of the same graph (e.g. the input order and the scheduled ones): a table with
+    each order's step, MFU and tokens/s, every order's timeline on one shared time axis, then what each later order
+    moved against the first and why what stays exposed does (arguments as in :func:`render_html`)."""
     if not results:
         raise ValueError("render_comparison_html needs at least one (label, SimResult)")
     g = results[0][1].graph
     title = title or f"commsched: {g.meta.get('workload', 'simulated step')}"
+    capacity_bytes = _capacity(capacity_bytes, hardware)
     first = results[0][1]
     rows = comparison_rows(results, bound=lambda r: f"{r.bound_ratio:.3f}")
+    for row, (_, r) in zip(rows, results, strict=True):
+        rates = step_rates(r, hardware)
+        row += [fmt_mfu(rates.mfu), fmt_rate(rates.tokens_per_s)]
     ctx = {
         "nodes": len(g),
         "collectives": len(g.collectives),
@@ -149,25 +232,23 @@ def render_comparison_html(
         "binding bound": first.bound.binding,
         **(context or {}),
     }
+    dtype = step_rates(first).dtype
+    headers = ["order", "step time", "speedup", "makespan / bound", "exposed comm", "overlap (HTA)", "peak memory",
+               f"MFU ({dtype})", "tokens / s"]  # fmt: skip
     parts = [
         *_page_head(title, ctx),
         *_warnings(warnings),
         '<section id="comparison"><h2>Orders compared</h2>',
-        _table(
-            ["order", "step time", "speedup", "makespan / bound", "exposed comm", "overlap (HTA)", "peak memory"], rows
-        ),
+        _table(headers, rows),
         "</section>",
+        *_timeline_section(results, capacity_bytes),
     ]
-    for k, (label, r) in enumerate(results):
-        png = base64.b64encode(gantt_png(r, title=label, capacity_bytes=capacity_bytes)).decode("ascii")
-        parts += [
-            f'<section id="order-{k}"><h2>{html.escape(label)}: timeline and memory</h2>',
-            f'<img alt="Gantt chart of {html.escape(label)}" src="data:image/png;base64,{png}">',
-            "<h3>Top exposed collectives</h3>",
-            _exposed_table(r, 10),
-            "</section>",
-        ]
-    parts.append("</body></html>")
+    if len(results) > 1:
+        parts.append('<section id="what-moved"><h2>What moved, and why the rest stays exposed</h2>')
+        parts += [_moved_section(first, r, label, memory_budget_bytes) for label, r in results[1:]]
+        parts.append("</section>")
+    parts += ['<section id="exposed"><h2>First order: top exposed collectives, and why</h2>',
+              _exposed_table(first, 10, memory_budget_bytes), "</section>", "</body></html>"]  # fmt: skip
     return "\n".join(parts)
 
 

@@ -9,7 +9,7 @@ from commsched.cost.model import CostEstimate
 from commsched.ir import Graph, OpKind
 from commsched.passes.registry import PassStats
 from commsched.report.tables import new_table
-from commsched.report.units import fmt_seconds
+from commsched.report.units import column_label, fmt_seconds, fmt_value, humanize
 
 _COLUMNS = (
     ("collective", "collective"),
@@ -41,11 +41,9 @@ def print_pass_stats(stats: PassStats, console: Console, max_rows: int = 40) -> 
         console.print(f"  estimated exposed time hidden: {fmt_seconds(improvement)} after {moves} moves")
     elif stats.rows:
         keys = list(stats.rows[0])
-        table = new_table(title, keys, left=len(keys))
+        table = new_table(title, [column_label(k) for k in keys], left=1)
         for row in stats.rows[:max_rows]:
-            table.add_row(
-                *(fmt_seconds(v) if k.endswith("_s") and isinstance(v, float) else str(v) for k, v in row.items())
-            )
+            table.add_row(*(fmt_value(k, row.get(k)) for k in keys))
         console.print(table)
     else:
         console.print(f"[bold]{title}[/]")
@@ -53,7 +51,7 @@ def print_pass_stats(stats: PassStats, console: Console, max_rows: int = 40) -> 
         reasons = ", ".join(f"{k}: {v}" for k, v in sorted(stats.refused.items(), key=lambda kv: -kv[1]))
         console.print(f"  stop reasons: {reasons}")
     for note in stats.notes:
-        console.print(f"  {note}")
+        console.print(f"  {humanize(note)}", soft_wrap=True, highlight=False)
 
 
 def overlap_timeline(g: Graph, order: np.ndarray, costs: CostEstimate, max_lines: int | None = None) -> list[str]:

@@ -26,11 +26,16 @@ def new_table(
     """A rich table without an outer edge whose ``columns`` hold text (left-aligned: the first ``left`` columns, or
     those named in ``left``) or numbers (right-aligned: the others). ``no_wrap`` / ``overflow`` apply to every
     column (rich's defaults otherwise); ``table_options`` go to :class:`rich.table.Table` (box, padding...)."""
-    table = Table(title=title, show_edge=False, **table_options)
+    table = Table(title=title, show_edge=False, **{"min_width": title_width(title), **table_options})
     for k, col in enumerate(columns):
         is_text = k < left if isinstance(left, int) else col in left
         table.add_column(col, justify="left" if is_text else "right", no_wrap=no_wrap, overflow=overflow)
     return table
+
+
+def title_width(title: str | None) -> int | None:
+    """The least width a table needs for ``title`` to stay on one line (rich wraps a title at the table's width)."""
+    return len(title) + 2 if title else None
 
 
 EXPOSED_COLUMNS = ("collective", "type", "group", "bytes", "duration", "exposed")

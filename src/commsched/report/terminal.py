@@ -17,8 +17,9 @@ from commsched.report.tables import (
     exposed_rows,
     new_table,
     stream_rows,
+    title_width,
 )
-from commsched.report.units import fmt_bytes, fmt_percent, fmt_seconds
+from commsched.report.units import fmt_bytes, fmt_percent, fmt_seconds, humanize
 from commsched.sim.result import SimResult
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 def summary_table(res: SimResult, title: str = "simulated step", contention_s: float = 0.0) -> Table:
     """Step time (with ``contention_s``, the charge of kernels overlapping on several compute streams), its bound,
     exposed communication, overlap and peak memory."""
-    t = Table(title=title, show_header=False, show_edge=False, pad_edge=False)
+    t = Table(title=title, show_header=False, show_edge=False, pad_edge=False, min_width=title_width(title))
     t.add_column("metric", style="bold")
     t.add_column("value", justify="right")
     b = res.bound
@@ -105,7 +106,7 @@ def print_demo_report(
     console.print(comparison_table(results, title=title))
     for st in stats:
         for note in st.notes:
-            console.print(f"  {st.name}: {note}")
+            console.print(f"  {st.name}: {humanize(note)}", soft_wrap=True, highlight=False)
 
 
 def print_pass_list(passes: Mapping[str, PassSpec], presets: Mapping[str, Sequence[str]], console: Console) -> None:

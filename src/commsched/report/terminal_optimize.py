@@ -29,4 +29,13 @@ def print_optimized(o: Optimized, console: Console, title: str) -> None:
         n = "-" if t.collectives is None else str(t.collectives)
         table.add_row(t.label, n, probe, step, peak, t.verdict, style=style)
     console.print(table)
-    console.print(o.summary(), highlight=False)
+    console.print(optimized_line(o), highlight=False, soft_wrap=True)
+
+
+def optimized_line(o: Optimized) -> str:
+    """``Optimized.summary()`` in human units: what was kept, how much faster, its peak against the budget."""
+    return (
+        f"kept {o.label}: {fmt_seconds(o.after.makespan_s)} vs traced {fmt_seconds(o.before.makespan_s)} "
+        f"({o.speedup:.3f}x), peak {fmt_bytes(o.after.peak_memory_bytes)} (budget {fmt_bytes(o.budget_bytes)}), "
+        f"{len(o.tried)} variant(s) in {o.wall_s:.2f} s"
+    )

@@ -9,7 +9,7 @@ from rich.console import Console
 
 from commsched.report.rewrite_report import RewriteReport
 from commsched.report.tables import new_table
-from commsched.report.units import fmt_bytes, fmt_seconds
+from commsched.report.units import fmt_bytes, fmt_mapping, fmt_seconds
 
 if TYPE_CHECKING:
     from commsched.rewrites.bucket_plan import BucketPlan
@@ -29,7 +29,7 @@ def print_bucket_plan(plan: BucketPlan, console: Console, max_rows: int) -> None
     console.print(table)
     s = plan.summary()
     console.print(f"  {s['merged_buckets']} buckets merge {s['collectives_merged']} of {s['collectives']} "
-                  f"collectives; closed by {s['closed_by']}")  # fmt: skip
+                  f"collectives; closed by {fmt_mapping(s['closed_by'])}")  # fmt: skip
     caps = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in s["caps_bytes"].items())
     console.print(f"  caps (90 % of asymptotic bus bandwidth): {caps}")
 
@@ -39,7 +39,7 @@ def print_rewrite_result(
 ) -> None:
     """The lowering's counts, then the step before and after (collectives, step, exposed comm, peak memory)."""
     if report.lower_all_reduce is not None and report.lower_all_reduce.counts:
-        console.print(f"all_reduce lowering: {report.lower_all_reduce.counts}")
+        console.print(f"all_reduce lowering: {fmt_mapping(report.lower_all_reduce.counts)}")
     table = new_table(title, ("", "collectives", "step", "exposed comm", "peak memory"))
     for label, r in (("before", before), ("after", after)):
         table.add_row(label, str(len(r.graph.collectives)), fmt_seconds(r.makespan_s), fmt_seconds(r.exposed_comm_s),

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
 
 def fmt_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -40,3 +45,46 @@ def fmt_seconds_short(s: float) -> str:
 def fmt_percent(ratio: float) -> str:
     """A ratio (0.558) as a percentage ("55.8 %"): how every table shows overlap and other shares."""
     return f"{100 * ratio:.1f} %"
+
+
+def fmt_value(key: str, value: Any) -> str:
+    """One value of a record as a table shows it: seconds (``*_s``) and bytes (``*_bytes``, ``bytes``) in human
+    units, a mapping as ``k=v, k=v``, a list comma-separated, a float in 4 significant digits."""
+    if isinstance(value, Mapping):
+        return fmt_mapping(value)
+    if isinstance(value, bool) or value is None:
+        return {True: "yes", False: "no", None: "-"}[value]
+    if isinstance(value, (list, tuple)):
+        return ", ".join(fmt_value(key, v) for v in value)
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        if key.endswith("_s"):
+            return fmt_seconds(value)
+        if key.endswith("bytes"):
+            return fmt_bytes(value)
+        if isinstance(value, float):
+            return f"{value:.4g}"
+    return str(value)
+
+
+def fmt_mapping(mapping: Mapping[str, Any]) -> str:
+    """A mapping as ``k=v, k=v`` (each value by :func:`fmt_value`), never a Python dict's repr."""
+    return ", ".join(f"{k}={fmt_value(str(k), v)}" for k, v in mapping.items()) or "-"
+
+
+def column_label(key: str) -> str:
+    """A record's key as a column heading: units dropped (the cells carry them), underscores as spaces."""
+    for suffix in ("_bytes", "_s"):
+        if key.endswith(suffix) and len(key) > len(suffix):
+            key = key[: -len(suffix)]
+    return key.replace("_", " ")
+
+
+_RAW_BYTES = re.compile(r"\b(\d{4,}) B\b")
+_RAW_SECONDS = re.compile(r"(?<![\w.])(\d+\.\d+) s\b")
+
+
+def humanize(text: str) -> str:
+    """A message written with raw units (``4366331293 B``, ``0.028201 s``, as the passes' notes are) with those
+    numbers in human units (``4.07 GiB``, ``28.201 ms``)."""
+    text = _RAW_BYTES.sub(lambda m: fmt_bytes(int(m.group(1))), text)
+    return _RAW_SECONDS.sub(lambda m: fmt_seconds(float(m.group(1))), text)

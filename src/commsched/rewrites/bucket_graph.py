@@ -12,14 +12,16 @@ so a schedule of the bucketed IR applies to the rewritten module by name.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Sequence
 
 import numpy as np
 
 from commsched.ir import CollType, Graph, GraphBuilder, GraphError, OpKind
+from commsched.ir.graph import csr
+from commsched.ir.transform import kahn_order
 from commsched.rewrites.bucket_plan import Bucket, BucketPlan
+from commsched.sim.jit import ENABLED as JIT_ENABLED
 
 _COLL_TARGET = {
     "all_gather": "_c10d_functional.all_gather_into_tensor.default",
@@ -186,132 +188,210 @@ def _member_results(g: Graph, out: list, names: dict, kind: str, members: list[i
             rename[g.names[int(w)] + "\0data"] = names["out"][j]  # data users of the wait read the member's result
 
 
+class _Facts:
+    """Per-node facts of a source graph as plain lists (built once per graph: the search buckets one graph many
+    times, and numpy scalar access per node is the slow part of a rewrite)."""
+
+    def __init__(self, g: Graph) -> None:
+        n = len(g)
+        self.names, self.targets = g.names, g.targets
+        self.kinds = g.kinds.tolist()
+        self.op_kinds = [OpKind(k) for k in self.kinds]
+        ip, ii, dp, di = g.in_ptr.tolist(), g.in_idx.tolist(), g.dep_ptr.tolist(), g.dep_idx.tolist()
+        self.inputs = [ii[ip[v] : ip[v + 1]] for v in range(n)]
+        self.deps = [di[dp[v] : dp[v + 1]] for v in range(n)]
+        self.flops = g.flops.tolist()
+        self.side_effect = g.side_effect.tolist()
+        bp, nbytes, storage = g.buf_ptr.tolist(), g.buf_nbytes.tolist(), g.buf_storage.tolist()
+        self.buffers = [
+            [(g.buf_shape[b], g.buf_dtype[b], nbytes[b], storage[b]) for b in range(bp[v], bp[v + 1])]
+            for v in range(n)
+        ]
+        self.storage_owner, self.storage_nbytes = g.storage_owner.tolist(), g.storage_nbytes.tolist()
+        ct, grp, ib, ob, sync = (a.tolist() for a in (g.coll_type, g.coll_group, g.coll_in_bytes, g.coll_out_bytes,
+                                                       g.coll_sync))  # fmt: skip
+        self.coll = [
+            (CollType(ct[v]), grp[v], g.coll_reduce_op.get(v), ib[v], ob[v], sync[v]) if ct[v] >= 0 else None
+            for v in range(n)
+        ]
+        self.wait_of = g.wait_of.tolist()
+        self.placeholder = [t == "placeholder" for t in g.targets]
+        self.out_id = next((v for v in range(n - 1, -1, -1) if self.kinds[v] == OpKind.OUTPUT), None)
+
+
+def _facts(g: Graph) -> _Facts:
+    cache = g.__dict__.setdefault("_commsched_bucket_facts", [])
+    if not cache:
+        cache.append(_Facts(g))
+    return cache[0]
+
+
 def _fx_order(g: Graph, pos: np.ndarray, removed: set[int], rename: dict[str, str], added: list[_New]) -> list:
     """The node sequence :func:`commsched.rewrites.fxutil.stable_toposort` leaves: old node ids and new nodes.
 
     The FX list at sort time is the surviving old nodes, then the new ones in creation order (inserted before the
     output), then the output; placeholders first by position, the output last, the rest by (priority, position)."""
-    out_id = next((v for v in range(len(g) - 1, -1, -1) if g.kinds[v] == OpKind.OUTPUT), None)
-    items: list = [v for v in range(len(g)) if v not in removed and v != out_id] + added
+    from commsched.passes.overlap_jit import kahn_jit  # the keyed topological sort, compiled
+
+    f = _facts(g)
+    n, out_id, names = len(g), f.out_id, f.names
+    kept = [v for v in range(n) if v not in removed and v != out_id]
+    items: list = kept + added
     if out_id is not None:
         items.append(out_id)
-    at = {(it if isinstance(it, int) else it.name): i for i, it in enumerate(items)}
-    name_at = {g.names[v]: i for v, i in at.items() if isinstance(v, int)}
-    name_at.update((k, i) for k, i in at.items() if isinstance(k, str))
+    at_old = [-1] * n  # old node -> its item index (-1: removed)
+    for i, v in enumerate(kept):
+        at_old[v] = i
+    if out_id is not None:
+        at_old[out_id] = len(items) - 1
+    name_at = {it.name: len(kept) + k for k, it in enumerate(added)}
+    index = g.index
 
-    def ref(name: str, data: bool) -> int | None:
+    def ref(name: str, data: bool) -> int:
         name = rename.get(name + "\0data", name) if data else rename.get(name, name)
-        return name_at.get(name)
+        i = name_at.get(name)
+        if i is None:
+            v = index.get(name)
+            i = -1 if v is None else at_old[v]
+        return i
 
-    succ: list[list[int]] = [[] for _ in items]
-    indeg = [0] * len(items)
-    seen: set[tuple[int, int]] = set()
-
-    def edge(a: int | None, b: int) -> None:
-        if a is None or a == b or (a, b) in seen:
-            return
-        seen.add((a, b))
-        succ[a].append(b)
-        indeg[b] += 1
-
+    # what an old node stands for, as data and as an ordering dependency (only removed nodes are renamed)
+    data_ref, dep_ref = list(at_old), list(at_old)
+    for v in removed:
+        data_ref[v], dep_ref[v] = ref(names[v], True), ref(names[v], False)
+    src, dst = _fx_edges(f, items, len(kept), data_ref, dep_ref)
+    for k, it in enumerate(added):
+        for name in it.inputs:
+            src.append(ref(name, True))
+            dst.append(len(kept) + k)
+    m = len(items)
+    a, b = np.asarray(src, np.int64), np.asarray(dst, np.int64)
+    keep = (a >= 0) & (a != b)
+    pairs = np.unique(a[keep] * m + b[keep])  # each edge once
+    a, b = pairs // m, pairs % m
+    succ_ptr, succ_idx = csr(m, b, a)
+    indeg = np.bincount(b, minlength=m).astype(np.int64)
+    # the sort key (class, value, item): placeholders by item, the rest by priority / position, the output last;
+    # as ranks, so that the keyed sort's (key, item) order is the tuple order
+    cls = np.ones(m, np.int64)
+    val = np.empty(m, np.float64)
     for i, it in enumerate(items):
-        if isinstance(it, int):
-            for u in g.inputs(it).tolist():
-                edge(ref(g.names[u], True), i)
+        if isinstance(it, _New):
+            val[i] = it.priority
+        elif f.placeholder[it]:
+            cls[i], val[i] = 0, float(i)
+        elif it == out_id:
+            cls[i], val[i] = 2, 0.0
         else:
-            for name in it.inputs:
-                edge(ref(name, True), i)
-    for v in range(len(g)):  # ordering edges (in-place hazards), remapped like ir_control_edges
-        dst = ref(g.names[v], False)
-        for d in g.deps(v).tolist():
-            if dst is not None:
-                edge(ref(g.names[d], False), dst)
-    keys = []
-    for i, it in enumerate(items):
-        if isinstance(it, int) and g.targets[it] == "placeholder":
-            keys.append((0, float(i), 0))
-        elif isinstance(it, int) and it == out_id:
-            keys.append((2, 0.0, i))
-        else:
-            keys.append((1, float(pos[it]) if isinstance(it, int) else it.priority, i))
-    heap = [(keys[i], i) for i in range(len(items)) if indeg[i] == 0]
-    heapq.heapify(heap)
-    out = []
-    while heap:
-        _, i = heapq.heappop(heap)
-        out.append(items[i])
-        for s in succ[i]:
-            indeg[s] -= 1
-            if indeg[s] == 0:
-                heapq.heappush(heap, (keys[s], s))
-    if len(out) != len(items):
+            val[i] = float(pos[it])
+    rank = np.empty(m, np.float64)
+    rank[np.lexsort((np.arange(m), val, cls))] = np.arange(m)
+    if JIT_ENABLED:
+        order = kahn_jit(succ_ptr.astype(np.int64), succ_idx.astype(np.int64), indeg, rank)
+    else:
+        order = np.asarray(kahn_order(succ_ptr, succ_idx, indeg, rank), np.int64)
+    if len(order) != m:
         raise GraphError("the bucketed graph has a cycle: the plan does not fit this order")
-    return out
+    return [items[i] for i in order.tolist()]
+
+
+def _fx_edges(f: _Facts, items: list, num_kept: int, data_ref: list[int], dep_ref: list[int]):
+    """(src, dst) item indices of the old nodes' data edges (the kept ones and the output's) and of every
+    ordering edge; -1 for a removed node nothing stands for."""
+    src: list[int] = []
+    dst: list[int] = []
+    old = list(enumerate(items[:num_kept]))
+    if f.out_id is not None:
+        old.append((len(items) - 1, f.out_id))
+    for i, v in old:
+        for u in f.inputs[v]:
+            src.append(data_ref[u])
+            dst.append(i)
+    for v in range(len(f.names)):  # ordering edges (in-place hazards), remapped like ir_control_edges
+        b = dep_ref[v]
+        if b >= 0:
+            for d in f.deps[v]:
+                src.append(dep_ref[d])
+                dst.append(b)
+    return src, dst
 
 
 def _emit(g: Graph, pos, removed: set[int], rename: dict[str, str], smap_late: dict[int, str], added) -> Graph:
     """Build the bucketed graph in FX order, with storages created where their owner runs (as from_fx does)."""
+    f = _facts(g)
+    names = f.names
     b = GraphBuilder(g.meta)
     for grp in g.groups:
         b.group(grp.name, grp.size, grp.stride)
     ids: dict[str, int] = {}
     smap: dict[int, int] = {}  # old storage -> new storage
     last_writer: dict[int, int] = {}  # new storage -> the node that last wrote it in place
+    new_id = [-1] * len(g)  # old node -> its new id (kept nodes, once emitted)
 
     def storage_of(name: str, k: int = 0) -> int:
         return b.node_storages(ids[rename.get(name + "\0data", name)])[k]
 
+    def as_data(u: int) -> int:  # the new id standing for old node u's data
+        return ids[rename.get(names[u] + "\0data", names[u])] if u in removed else new_id[u]
+
+    def as_reader(d: int) -> int:  # ... and for old node d as an ordering dependency
+        return ids[rename.get(names[d] + "\0reader", names[d])] if d in removed else new_id[d]
+
     for it in _fx_order(g, pos, removed, rename, added):
         if isinstance(it, _New):
-            bufs = []
-            for shape, dtype, nbytes, st in it.buffers:
-                st = None if st is None else storage_of(st) if isinstance(st, str) else storage_of(*st)
-                bufs.append((shape, dtype, nbytes, st))
-            inputs = [ids[rename.get(x + "\0data", x)] for x in it.inputs]  # a member may read an earlier one
-            # read after an in-place write: after the writer (from_fx's rule; the member read its input directly,
-            # a new node may read it through a view)
-            deps = (
-                []
-                if it.kind in (OpKind.VIEW, OpKind.WAIT)
-                else sorted(
-                    {w for i in inputs for st in b.node_storages(i) if (w := last_writer.get(st)) is not None}
-                    - set(inputs)
-                )
-            )
-            nid = b.add_node(it.name, it.target, it.kind, inputs, buffers=bufs, side_effect=it.side_effect, deps=deps)
-            if it.coll is not None:
-                b.set_collective(nid, *it.coll)
-            if it.wait_of is not None:
-                b.set_wait(nid, ids[it.wait_of])
-            ids[it.name] = nid
+            _emit_new(b, it, ids, last_writer, rename, storage_of)
             continue
         v = it
         nid = len(b)
         bufs = []
-        for buf in g.buffers(v):
-            s = int(buf.storage)
-            if int(g.storage_owner[s]) == v:
-                smap[s] = b.new_storage(int(g.storage_nbytes[s]), nid)
+        for shape, dtype, nbytes, s in f.buffers[v]:
+            if f.storage_owner[s] == v:
+                smap[s] = b.new_storage(f.storage_nbytes[s], nid)
             elif s not in smap:
                 smap[s] = storage_of(smap_late[s])
-            bufs.append((buf.shape, buf.dtype, buf.nbytes, smap[s]))
-        inputs = [ids[rename.get(g.names[u] + "\0data", g.names[u])] for u in g.inputs(v).tolist()]
-        deps = {ids[rename.get(g.names[d] + "\0reader", g.names[d])] for d in g.deps(v).tolist()}
-        nid = b.add_node(g.names[v], g.targets[v], OpKind(int(g.kinds[v])), inputs, buffers=bufs,
-                         flops=float(g.flops[v]), side_effect=bool(g.side_effect[v]), deps=sorted(deps))  # fmt: skip
-        ids[g.names[v]] = nid
-        kind = int(g.kinds[v])
-        if kind not in _NOT_WRITERS:  # an in-place result: its output lives on an input's storage
+            bufs.append((shape, dtype, nbytes, smap[s]))
+        inputs = [as_data(u) for u in f.inputs[v]]
+        deps = sorted({as_reader(d) for d in f.deps[v]})
+        nid = b.add_node(names[v], f.targets[v], f.op_kinds[v], inputs, buffers=bufs, flops=f.flops[v],
+                         side_effect=f.side_effect[v], deps=deps)  # fmt: skip
+        ids[names[v]] = new_id[v] = nid
+        if f.kinds[v] not in _NOT_WRITERS:  # an in-place result: its output lives on an input's storage
             read = {st for i in inputs for st in b.node_storages(i)}
             for buf in bufs:
                 if buf[3] in read:
                     last_writer[buf[3]] = nid
-        if g.coll_type[v] >= 0:
-            b.set_collective(nid, CollType(int(g.coll_type[v])), int(g.coll_group[v]), g.coll_reduce_op.get(v),
-                             int(g.coll_in_bytes[v]), int(g.coll_out_bytes[v]), bool(g.coll_sync[v]))  # fmt: skip
-        if g.wait_of[v] >= 0:
-            b.set_wait(nid, ids[rename.get(g.names[int(g.wait_of[v])], g.names[int(g.wait_of[v])])])
+        coll = f.coll[v]
+        if coll is not None:
+            b.set_collective(nid, *coll)
+        w = f.wait_of[v]
+        if w >= 0:
+            b.set_wait(nid, ids[rename.get(names[w], names[w])])
     return b.build(validate=False)
+
+
+def _emit_new(b: GraphBuilder, it: _New, ids: dict[str, int], last_writer: dict[int, int], rename: dict[str, str],
+              storage_of) -> None:  # fmt: skip
+    """Append one node the rewrite adds."""
+    bufs = []
+    for shape, dtype, nbytes, st in it.buffers:
+        st = None if st is None else storage_of(st) if isinstance(st, str) else storage_of(*st)
+        bufs.append((shape, dtype, nbytes, st))
+    inputs = [ids[rename.get(x + "\0data", x)] for x in it.inputs]  # a member may read an earlier one
+    # read after an in-place write: after the writer (from_fx's rule; the member read its input directly, a new
+    # node may read it through a view)
+    deps = (
+        []
+        if it.kind in (OpKind.VIEW, OpKind.WAIT)
+        else sorted(
+            {w for i in inputs for st in b.node_storages(i) if (w := last_writer.get(st)) is not None} - set(inputs)
+        )
+    )
+    nid = b.add_node(it.name, it.target, it.kind, inputs, buffers=bufs, side_effect=it.side_effect, deps=deps)
+    if it.coll is not None:
+        b.set_collective(nid, *it.coll)
+    if it.wait_of is not None:
+        b.set_wait(nid, ids[it.wait_of])
+    ids[it.name] = nid
 
 
 def noncontiguous_inputs(gm, g: Graph) -> frozenset[str]:

@@ -204,8 +204,15 @@ def _custom_graph_pass_base() -> type:
 class CommschedPostGradPass(_custom_graph_pass_base()):
     """An Inductor post-grad pass: ``torch._inductor.config.post_grad_custom_post_pass = CommschedPostGradPass()``.
 
-    Schedules the post-grad FX graph in place (see :func:`schedule_fx`); ``last`` keeps the last Schedule.
-    ``uuid()`` names the configuration, so Inductor's cache tells differently scheduled graphs apart.
+    Schedules the post-grad FX graph in place (see :func:`schedule_fx`); ``last`` keeps the last Schedule and
+    ``scheduled`` counts the graphs this pass scheduled. ``uuid()`` names the configuration, so Inductor's cache
+    tells differently scheduled graphs apart.
+
+    **Inductor's cache.** A graph Inductor has compiled before under the same configuration (same graph, same
+    ``uuid()``, in this process or from its on-disk FX graph cache) is loaded already scheduled, and Inductor does
+    not call the pass: ``last`` then keeps what it held (None for a new pass) and ``scheduled`` does not move.
+    ``cache=False`` makes ``uuid()`` None, which tells Inductor to compile every graph under this pass afresh (its
+    FX graph and AOTAutograd caches are bypassed), so the pass runs, and ``last`` is set, on every compile.
 
     ``optimize``: the graph goes through :func:`commsched.optimize` and its contents are replaced, in place, by the
     kept program's (placeholders and output node kept); ``knobs`` then go to ``optimize``. ``results`` lists every
@@ -220,6 +227,7 @@ class CommschedPostGradPass(_custom_graph_pass_base()):
         num_nodes: int | None = None,
         gpus_per_node: int | None = None,
         optimize: bool = False,
+        cache: bool = True,
         **knobs: Any,
     ) -> None:
         if not isinstance(hardware, str):
@@ -227,8 +235,9 @@ class CommschedPostGradPass(_custom_graph_pass_base()):
         if optimize:
             _check_optimize_args(passes, None, knobs)
         self.hardware, self.passes, self.knobs, self.optimize = hardware, passes, dict(knobs), optimize
-        self.num_nodes, self.gpus_per_node = num_nodes, gpus_per_node
-        self.last = None
+        self.num_nodes, self.gpus_per_node, self.cache = num_nodes, gpus_per_node, cache
+        self.last = None  # the Schedule of the last graph this pass scheduled (see "Inductor's cache" above)
+        self.scheduled = 0  # graphs this pass scheduled (a graph served from Inductor's cache is not counted)
         self.results: list[Optimized] = []  # one per graph optimized
         self.refused: list[str] = []  # why optimize was not run on a graph (it was scheduled instead)
 
@@ -244,6 +253,7 @@ class CommschedPostGradPass(_custom_graph_pass_base()):
             _replace_graph_body(graph, kept.graph)
             self.results.append(opt)
             self.last = opt.schedule
+            self.scheduled += 1
             return
         knobs = self.knobs
         if reason is not None:
@@ -251,10 +261,14 @@ class CommschedPostGradPass(_custom_graph_pass_base()):
             self.refused.append(reason)
             knobs = {k: v for k, v in knobs.items() if k in _SCHEDULER_KNOBS}
         self.last = schedule_fx(graph, self.hardware, passes=self.passes, **shape, **knobs)
+        self.scheduled += 1
 
-    def uuid(self) -> str:
+    def uuid(self) -> str | None:
+        """The configuration's cache key; None with ``cache=False`` (Inductor then caches no graph it runs on)."""
         from commsched import __version__
 
+        if not self.cache:
+            return None
         shape = [self.num_nodes, self.gpus_per_node]
         key = [__version__, self.hardware, self.passes, shape, sorted(self.knobs.items())]
         if self.optimize:  # appended only when set: the default configuration keeps its cache key

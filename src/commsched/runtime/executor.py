@@ -44,6 +44,8 @@ from commsched.report.run_report import (
 )
 from commsched.runtime.apply import apply_schedule, copy_graph_module
 from commsched.runtime.numerics import SAME, OutputDiff, compare_outputs
+from commsched.runtime.profile import profile_variants
+from commsched.runtime.profile import sync_device as _sync
 from commsched.workloads.program import StepProgram, WorkloadSpec
 
 if TYPE_CHECKING:
@@ -96,6 +98,9 @@ class RunConfig:
     """timed repetitions of each distinct collective on the link"""
     op_reps: int = 3
     """op-by-op runs to time every compute op"""
+    profile_dir: str | None = None
+    """after the timed steps, run one more step of each variant under the PyTorch profiler (CPU activities, plus
+    CUDA on a GPU) and write ``{profile_dir}/{variant}-rank{r}.json.gz`` (what ``commsched replay`` reads)"""
     comm_slowdown: bool = True
     """let the prediction charge communication's slowdown while compute runs (measured by the interference probe;
     on a CPU run gloo competes with compute for the cores); False: communication runs at its calibrated speed"""
@@ -300,11 +305,6 @@ def _identical(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     return len(a) == len(b) and all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a, b))
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _reference_error(cfg: RunConfig, rank: int, outputs: list[torch.Tensor]) -> float:
     from commsched.workloads.real import expected_rank_outputs, reference_outputs
 
@@ -324,11 +324,12 @@ def _time_variants(
     inputs: list[torch.Tensor],
     device: torch.device,
     rtols: Mapping[str, float] | None = None,
+    on_step: Callable[[int, int], None] | None = None,
 ) -> tuple[dict[str, list[float]], dict[str, bool], dict[str, OutputDiff], list[torch.Tensor]]:
     """Per variant: step seconds of each timed iteration on this rank, and whether every output of every step was
     bit-identical to the original order's first output; for the variants in ``rtols`` (rewritten programs), also
     how far their outputs were from it, within that relative tolerance (``numerics.compare_outputs``). Also
-    returns that first output."""
+    returns that first output. ``on_step(done, total)`` after each step of every variant."""
     names = list(modules)
     first_name = "original" if "original" in modules else names[0]
     times: dict[str, list[float]] = {v: [] for v in names}
@@ -351,6 +352,8 @@ def _time_variants(
                 identical[v] = identical[v] and _identical(_outputs(out), reference)
                 if v in diffs:
                     diffs[v] = diffs[v].merge(compare_outputs(_outputs(out), reference, rtols[v]))
+            if on_step is not None:
+                on_step(it + 1, cfg.warmup + cfg.iters)
     return times, identical, diffs, reference
 
 
@@ -375,14 +378,19 @@ class _RankResult:
 
 
 def run_rank(
-    cfg: RunConfig, *, backend: str | None = None, on_report: Callable[[RunReport], None] | None = None
+    cfg: RunConfig,
+    *,
+    backend: str | None = None,
+    on_report: Callable[[RunReport], None] | None = None,
+    on_progress: Callable[[str], None] | None = None,
 ) -> RunReport | None:
     """This rank's part of a run; rank 0 returns the report, the others None.
 
     Initialises torch.distributed from the environment (env://: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, as
     torchrun sets them) unless it already is, and then destroys it again. ``backend``: "gloo" or "nccl" (default:
     NCCL when CUDA is available, else gloo). ``on_report``: called on rank 0 with the report once every rank has
-    finished, before the process groups are torn down (a teardown that fails cannot lose the results)."""
+    finished, before the process groups are torn down (a teardown that fails cannot lose the results).
+    ``on_progress``: called on rank 0 with one line at each phase and after each step."""
     import datetime
 
     from commsched.frontends.fx import from_fx
@@ -403,12 +411,14 @@ def run_rank(
         dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=600))
     backend = dist.get_backend()
     niced = contextlib.ExitStack()
+    say = on_progress if on_progress is not None and dist.get_rank() == 0 else (lambda _text: None)
     try:
         torch.set_num_threads(cfg.threads)
         rank, world = dist.get_rank(), dist.get_world_size()
         if world != cfg.spec.plan.world_size:
             raise ValueError(f"the run has {world} ranks; the workload was resolved for {cfg.spec.plan.world_size}")
         device = rank_device(backend)
+        say(f"{world} ranks started; tracing the step")
         t_start = time.perf_counter()
         groups = create_groups(cfg.spec.plan, rank)
         # after every process group exists: their communication threads keep the default priority
@@ -417,6 +427,7 @@ def run_rank(
         check_same_graph(gm)
         trace_s = time.perf_counter() - t_start
         inputs = [t.detach().to(device) for t in program.real_inputs(seed=cfg.seed)]
+        say(f"traced in {trace_s:.1f} s; measuring collectives and kernels")
 
         # calibration: every rank measures, rank 0 plans
         graph = from_fx(gm, meta=workload_meta(program, groups))
@@ -438,6 +449,7 @@ def run_rank(
             optimized = build_optimized(gm, graph, cfg, inputs, rows, op_median, device)
             optimize_s = time.perf_counter() - t_start - trace_s - calib_s
 
+        say("planning the orders")
         plan_box: list[Any] = [None]
         failure: Exception | None = None
         if rank == 0:
@@ -453,7 +465,13 @@ def run_rank(
         plan: _Plan = plan_box[0]
 
         modules, rtols = _variant_modules(cfg, gm, plan, optimized)
-        times, identical, diffs, first = _time_variants(cfg, modules, inputs, device, rtols)
+
+        def step_done(done: int, total: int) -> None:
+            say(f"step {done}/{total} ({cfg.warmup} warm-up) of {len(modules)} orders")
+
+        times, identical, diffs, first = _time_variants(cfg, modules, inputs, device, rtols, step_done)
+        if cfg.profile_dir is not None:
+            profile_variants(cfg.profile_dir, modules, inputs, device, rank)
         ref_err = _reference_error(cfg, rank, first) if cfg.check_reference else None
 
         gathered: list[Any] = [None] * world

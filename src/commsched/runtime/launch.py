@@ -9,10 +9,10 @@ import os
 import signal
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from commsched.io import free_port
+from commsched.io import atomic_write_text, free_port
 from commsched.report.run_report import RunReport
 from commsched.runtime.executor import RunConfig, run_rank
 from commsched.runtime.netns import ShapedNetwork
@@ -34,7 +34,10 @@ def _entry(rank: int, world: int, port: int, cfg: RunConfig, net: ShapedNetwork 
     def save(report: RunReport) -> None:
         report.save(Path(out) / "report.json")  # atomically: the parent reads it only whole
 
-    run_rank(cfg, backend=backend, on_report=save)
+    def progress(text: str) -> None:
+        atomic_write_text(Path(out) / "progress.txt", text)  # the parent polls it between joins
+
+    run_rank(cfg, backend=backend, on_report=save, on_progress=progress)
 
 
 def _report_after_exit(folder: Path, exc: BaseException) -> RunReport:
@@ -107,12 +110,29 @@ def _stop_ranks(processes, grace_s: float = 5.0) -> None:
             p.join()
 
 
-def run_local(cfg: RunConfig, *, network: ShapedNetwork | None = None, backend: str | None = None) -> RunReport:
+def _show_progress(path: Path, shown: str | None, progress: Callable[[str], None] | None) -> str | None:
+    """Hand ``progress`` rank 0's progress line when it changed; returns the line shown."""
+    if progress is None or not path.exists():
+        return shown
+    text = path.read_text()
+    if text != shown:
+        progress(text)
+    return text
+
+
+def run_local(
+    cfg: RunConfig,
+    *,
+    network: ShapedNetwork | None = None,
+    backend: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> RunReport:
     """Run ``cfg`` on ``spec.plan.world_size`` local processes (spawned; inside ``network`` when given) and return
     rank 0's report, ``network`` described in it. ``backend``: "gloo" (default without CUDA) or "nccl" (default
     with one GPU per rank). Raises RuntimeError when a rank fails (its traceback is in the message), unless it
     failed after every rank had finished its steps (while tearing down): then the report comes back with
-    ``teardown_error`` saying so."""
+    ``teardown_error`` saying so. ``progress``: called with rank 0's latest progress line (ranks started, traced,
+    planned, each step) while the ranks run."""
     import torch
     import torch.multiprocessing as mp
 
@@ -126,8 +146,9 @@ def run_local(cfg: RunConfig, *, network: ShapedNetwork | None = None, backend: 
             _entry, args=(world, free_port(), cfg, network, backend, d), nprocs=world, start_method="spawn", join=False
         )
         try:
-            while not context.join():
-                pass
+            shown = None
+            while not context.join(timeout=0.5):
+                shown = _show_progress(Path(d) / "progress.txt", shown, progress)
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
             report = _report_after_exit(Path(d), exc)
         except BaseException:  # stopped (a signal, Ctrl-C): no rank may outlive the run or its network namespace

@@ -83,6 +83,44 @@ def latency_ns(g: Graph, costs: CostEstimate, dur_ns: np.ndarray) -> np.ndarray:
     return np.where(g.coll_type >= 0, lat, 0)
 
 
+# The scalar rules, as plain functions of numbers: the methods of :class:`StreamModel` call them, and the compiled
+# loops (:mod:`commsched.sim.jit`) compile these same functions, so each rule is still written once.
+def comm_start_rule(issue_ns: int, group_free_ns: int, sync_ns: int) -> int:
+    """See :meth:`StreamModel.comm_start_ns`."""
+    ready = issue_ns + sync_ns
+    return ready if ready > group_free_ns else group_free_ns
+
+
+def latest_issue_rule(comm_start_ns: int, sync_ns: int) -> int:
+    """See :meth:`StreamModel.latest_issue_ns`."""
+    return comm_start_ns - sync_ns
+
+
+def wait_release_rule(coll_end_ns: int, sync_ns: int) -> int:
+    """See :meth:`StreamModel.wait_release_ns`."""
+    return coll_end_ns + sync_ns
+
+
+def kernel_wall_rule(work_ns: float, comm_in_flight: bool, compute_slowdown: float) -> float:
+    """See :meth:`StreamModel.kernel_wall_ns`."""
+    return work_ns * compute_slowdown if comm_in_flight else work_ns
+
+
+def kernel_work_rule(wall_ns: float, comm_in_flight: bool, compute_slowdown: float) -> float:
+    """See :meth:`StreamModel.kernel_work_ns`."""
+    return wall_ns / compute_slowdown if comm_in_flight else wall_ns
+
+
+def kernel_end_rule(t_ns: int, wall_ns: float) -> int:
+    """See :meth:`StreamModel.kernel_end_ns` (``wall_ns``: :func:`kernel_wall_rule` of the work left)."""
+    return t_ns + math.ceil(wall_ns - EPS_NS)
+
+
+def comm_divisor_rule(sharing: int, kernel_running: bool, comm_slowdown: float) -> float:
+    """See :meth:`StreamModel.comm_divisor`."""
+    return sharing * comm_slowdown if kernel_running else float(sharing)
+
+
 @dataclass(frozen=True)
 class StreamModel:
     """The rules of the module docstring with one cost estimate's parameters."""
@@ -102,16 +140,15 @@ class StreamModel:
     def comm_start_ns(self, issue_ns: int, group_free_ns: int) -> int:
         """When a collective issued at ``issue_ns`` starts on its group's comm stream, which is free from
         ``group_free_ns`` (the end of the group's previous collective)."""
-        ready = issue_ns + self.sync_ns
-        return ready if ready > group_free_ns else group_free_ns
+        return comm_start_rule(issue_ns, group_free_ns, self.sync_ns)
 
     def latest_issue_ns(self, comm_start_ns: int) -> int:
         """The latest issue time at which a collective can still start at ``comm_start_ns``."""
-        return comm_start_ns - self.sync_ns
+        return latest_issue_rule(comm_start_ns, self.sync_ns)
 
     def wait_release_ns(self, coll_end_ns: int) -> int:
         """When a wait on a collective that ends at ``coll_end_ns`` unblocks its stream."""
-        return coll_end_ns + self.sync_ns
+        return wait_release_rule(coll_end_ns, self.sync_ns)
 
     def available_ns(self, avail_ns: int, other_stream: bool) -> int:
         """When a node available at ``avail_ns`` may be used by a node on another (or the same) compute stream."""
@@ -130,19 +167,19 @@ class StreamModel:
 
     def kernel_wall_ns(self, work_ns: float, comm_in_flight: bool) -> float:
         """Wall time a kernel needs for ``work_ns`` of its work at the current rate."""
-        return work_ns * self.compute_slowdown if comm_in_flight else work_ns
+        return kernel_wall_rule(work_ns, comm_in_flight, self.compute_slowdown)
 
     def kernel_work_ns(self, wall_ns: float, comm_in_flight: bool) -> float:
         """Work a kernel does in ``wall_ns`` of wall time at the current rate."""
-        return wall_ns / self.compute_slowdown if comm_in_flight else wall_ns
+        return kernel_work_rule(wall_ns, comm_in_flight, self.compute_slowdown)
 
     def kernel_end_ns(self, t_ns: int, work_ns: float, comm_in_flight: bool) -> int:
         """End of ``work_ns`` of kernel work started at ``t_ns`` if the rate stays as it is."""
-        return t_ns + math.ceil(self.kernel_wall_ns(work_ns, comm_in_flight) - EPS_NS)
+        return kernel_end_rule(t_ns, self.kernel_wall_ns(work_ns, comm_in_flight))
 
     def comm_divisor(self, sharing: int, kernel_running: bool) -> float:
         """Wall time per unit of a bandwidth phase's work: ``sharing`` collectives share its link."""
-        return sharing * self.comm_slowdown if kernel_running else float(sharing)
+        return comm_divisor_rule(sharing, kernel_running, self.comm_slowdown)
 
     def planning_comm_ns(self, dur_ns: np.ndarray, is_coll: np.ndarray) -> np.ndarray:
         """Durations for a planner without kernel-driven comm rates: collectives at their slowed speed."""

@@ -41,6 +41,16 @@ def _overlap_ns(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarra
     return int((times[1:] - times[:-1])[both].sum())
 
 
+def comm_overlap_ns(
+    comp_start: np.ndarray, comp_end: np.ndarray, comm_start: np.ndarray, comm_end: np.ndarray
+) -> tuple[int, int]:
+    """Holistic Trace Analysis' overlap terms: (time both compute and communication run, time communication runs),
+    each side a union of intervals. The overlap ratio is their quotient; the exposed communication their
+    difference. Used for simulated and measured timelines alike (``commsched replay``)."""
+    comp, comm = _union(comp_start, comp_end), _union(comm_start, comm_end)
+    return _overlap_ns(comp, comm), int((comm[1] - comm[0]).sum())
+
+
 @dataclass(frozen=True, eq=False)
 class SimResult:
     """One simulated step. Times are int64 nanoseconds per node; ``*_s`` properties convert to seconds.
@@ -101,10 +111,10 @@ class SimResult:
         g = self.graph
         kernels = np.isin(g.kinds, (OpKind.COMPUTE, OpKind.OTHER))
         colls = g.coll_type >= 0
-        comp = _union(self.start_ns[kernels], self.end_ns[kernels])
-        comm = _union(self.start_ns[colls], self.end_ns[colls])
-        comm_ns = int((comm[1] - comm[0]).sum())
-        return _overlap_ns(comp, comm) / comm_ns if comm_ns else 0.0
+        both_ns, comm_ns = comm_overlap_ns(
+            self.start_ns[kernels], self.end_ns[kernels], self.start_ns[colls], self.end_ns[colls]
+        )
+        return both_ns / comm_ns if comm_ns else 0.0
 
     @cached_property
     def stream_busy_ns(self) -> np.ndarray:

@@ -9,12 +9,13 @@ from typing import Any
 import numpy as np
 
 from commsched.cost.model import CostEstimate
-from commsched.ir.graph import Graph
+from commsched.ir.graph import Graph, OpKind
 from commsched.ir.order import as_order, check_topological
 from commsched.memory.liveness import memory_profile
 from commsched.sim.bounds import lower_bound
 from commsched.sim.comm import CommEngine
 from commsched.sim.engine import Step, Timeline, run_multi_stream, run_single_stream
+from commsched.sim.jit import ENABLED as JIT_ENABLED
 from commsched.sim.model import StreamModel, durations_ns, latency_ns
 from commsched.sim.result import SimResult
 
@@ -45,16 +46,22 @@ def _resolve_streams(g: Graph, streams: Sequence[int] | np.ndarray | None) -> np
     return arr.astype(np.int64)
 
 
-def _step(g: Graph, costs: CostEstimate, dur: np.ndarray, is_coll: np.ndarray) -> Step:
-    """The simulation loops' input for ``g``: per-node facts, the stream model, a comm engine, an empty timeline."""
-    n = len(g)
-    lat = latency_ns(g, costs, dur)
+def _links(g: Graph, costs: CostEstimate, is_coll: np.ndarray) -> np.ndarray:
+    """Per node: its collective's link class (0 for other nodes); ValueError naming a collective without one."""
     link = np.where(is_coll, np.asarray(costs.coll_link, np.int64), 0)
     if is_coll.any() and link[is_coll].min() < 0:
         bad = int(np.flatnonzero(is_coll & (link < 0))[0])
         raise ValueError(
             f"CostEstimate.coll_link of collective {g.names[bad]!r} is {int(link[bad])}; expected a LinkClass"
         )
+    return link
+
+
+def _step(g: Graph, costs: CostEstimate, dur: np.ndarray, is_coll: np.ndarray) -> Step:
+    """The simulation loops' input for ``g``: per-node facts, the stream model, a comm engine, an empty timeline."""
+    n = len(g)
+    lat = latency_ns(g, costs, dur)
+    link = _links(g, costs, is_coll)
     model = StreamModel.from_costs(costs)
     out = Timeline(start=[0] * n, end=np.where(is_coll, -1, 0).tolist(), issue=[-1] * n, blocked=[0] * n)
     comm = CommEngine(
@@ -68,6 +75,41 @@ def _step(g: Graph, costs: CostEstimate, dur: np.ndarray, is_coll: np.ndarray) -
         end_ns=out.end,
     )
     return Step(g.kinds.tolist(), dur.tolist(), g.wait_of.tolist(), g.coll_sync.tolist(), model, comm, out)
+
+
+def _compiled_args(g: Graph, costs: CostEstimate, dur: np.ndarray, is_coll: np.ndarray) -> tuple:
+    """The order-independent arguments of the compiled loop, kept on ``g`` for the next simulation with ``costs``
+    (a pass simulates many orders of one graph)."""
+    kept = g.__dict__.setdefault("_commsched_sim_args", [])
+    for c, args in kept:
+        if c is costs:  # the entry holds ``costs``: its identity cannot be reused meanwhile
+            return args
+    lat = latency_ns(g, costs, dur)
+    link = _links(g, costs, is_coll)
+    kinds = g.kinds
+    node_class = np.full(len(g), 3, np.int64)  # instantaneous
+    node_class[np.isin(kinds, (OpKind.COMPUTE, OpKind.OTHER))] = 0
+    node_class[kinds == OpKind.COLLECTIVE] = 1
+    node_class[kinds == OpKind.WAIT] = 2
+    model = StreamModel.from_costs(costs)
+    args = (
+        node_class, dur.astype(np.int64), g.wait_of.astype(np.int64), g.coll_sync.astype(np.bool_),
+        g.coll_group.astype(np.int64), lat.astype(np.int64), (dur - lat).astype(np.int64), link,
+        len(g.groups), int(model.sync_ns), float(model.compute_slowdown), float(model.comm_slowdown),
+    )  # fmt: skip
+    kept[:] = [(costs, args)]  # the latest costs only
+    return args
+
+
+def _run_compiled(g: Graph, costs: CostEstimate, dur: np.ndarray, is_coll: np.ndarray, order: np.ndarray):
+    """The single-stream loop, compiled (:mod:`commsched.sim.engine_jit`): (start, end, issue, blocked) arrays."""
+    from commsched.sim.engine_jit import run_single_stream_jit
+
+    args = _compiled_args(g, costs, dur, is_coll)
+    start, end, issue, blocked, ok = run_single_stream_jit(order.astype(np.int64), *args)
+    if not ok:
+        raise RuntimeError("a collective can never finish: it was not issued")
+    return start, end, issue, blocked
 
 
 def simulate_costs(
@@ -98,14 +140,18 @@ def simulate_costs(
     stream = _resolve_streams(g, streams)
     dur = durations_ns(g, costs)
     is_coll = g.coll_type >= 0
-    step = _step(g, costs, dur, is_coll)
     num_streams = int(stream.max(initial=0)) + 1
-    if num_streams == 1 and engine == "auto":
-        run_single_stream(step, order_arr.tolist())
+    if num_streams == 1 and engine == "auto" and JIT_ENABLED:
+        start, end, issue, blocked = _run_compiled(g, costs, dur, is_coll, order_arr)
     else:
-        ptr, idx = g.predecessors_csr()
-        run_multi_stream(step, order_arr.tolist(), stream.tolist(), num_streams, ptr.tolist(), idx.tolist(), g.names)
-    start, end, issue, blocked = step.out.start, step.out.end, step.out.issue, step.out.blocked
+        step = _step(g, costs, dur, is_coll)
+        if num_streams == 1 and engine == "auto":
+            run_single_stream(step, order_arr.tolist())
+        else:
+            ptr, idx = g.predecessors_csr()
+            run_multi_stream(step, order_arr.tolist(), stream.tolist(), num_streams, ptr.tolist(), idx.tolist(),
+                             g.names)  # fmt: skip
+        start, end, issue, blocked = step.out.start, step.out.end, step.out.issue, step.out.blocked
     names = tuple(f"compute:{s}" for s in range(num_streams)) + tuple(f"comm:{grp.name}" for grp in g.groups)
     node_stream = np.where(is_coll, num_streams + g.coll_group.astype(np.int64), stream)
     return SimResult(

@@ -18,6 +18,7 @@ PARALLELISMS: dict[str, str] = {
     "fsdp+tp": "2-D mesh: FSDP over the outer dimension, tensor parallelism inside (stride 1)",
     "fsdp+tp+sp": "2-D mesh: FSDP outside, tensor + sequence parallelism inside",
     "ep": "expert parallelism (MoE): all_to_all dispatch/combine; dense grads all-reduced over all ranks",
+    "fsdp+ep": "2-D for MoE (torchtitan): dense params FSDP over all ranks; experts split over EP, FSDP over the rest",
     "none": "one rank, no communication (a reference for real runs)",
 }
 MODES: dict[str, str] = {
@@ -40,6 +41,7 @@ class ParallelPlan:
     fsdp: int = 1  # FSDP shard degree
     dp: int = 1  # DDP replicas whose gradients are all-reduced (also the dense-gradient group of "ep")
     ep: int = 1  # expert-parallel degree
+    expert_fsdp: int = 0  # FSDP degree of expert parameters (0: the same as ``fsdp``; "fsdp+ep": world / ep)
 
     @property
     def dims(self) -> dict[str, int]:
@@ -73,6 +75,21 @@ class ParallelPlan:
             seen.setdefault(ranks[0], ranks)
         return [seen[k] for k in sorted(seen)]
 
+    def fsdp_degree(self, expert: bool) -> int:
+        """Ranks one parameter is FSDP-sharded over (1: not sharded)."""
+        return self.expert_fsdp if (expert and self.expert_fsdp) else self.fsdp
+
+    def fsdp_dim(self, expert: bool) -> str:
+        """The mesh dimension (or ``"world"``) whose group shards a parameter under FSDP."""
+        if self.parallel == "fsdp+ep":
+            return "efsdp" if expert else "world"
+        return "fsdp"
+
+    def fsdp_index(self, rank: int, expert: bool) -> int:
+        """``rank``'s index in the FSDP group of a parameter (which shard it stores)."""
+        dim = self.fsdp_dim(expert)
+        return rank if dim == "world" else self.coords(rank)[dim]
+
     @property
     def data_parallel_degree(self) -> int:
         """Replicas that each see their own batch (tokens per step multiply by this)."""
@@ -87,6 +104,7 @@ class ParallelPlan:
             "fsdp": self.fsdp,
             "dp": self.dp,
             "ep": self.ep,
+            **({"expert_fsdp": self.expert_fsdp} if self.expert_fsdp else {}),
         }
 
 
@@ -122,18 +140,8 @@ def make_plan(
         if parallel == "fsdp":
             return ParallelPlan(parallel=parallel, world_size=world_size, mesh=(("fsdp", world_size),), fsdp=world_size)
         return ParallelPlan(parallel=parallel, world_size=world_size, mesh=(("dp", world_size),), dp=world_size)
-    if parallel == "ep":
-        if n_experts < 1:
-            raise ValueError("parallel='ep' needs a mixture-of-experts model (n_experts > 0), e.g. mixtral-8x7b")
-        ep = ep_size if ep_size is not None else math.gcd(world_size, n_experts)
-        if ep < 2 or world_size % ep or n_experts % ep:
-            raise ValueError(
-                f"parallel='ep': ep_size={ep} must be >= 2 and divide both world_size={world_size} "
-                f"and n_experts={n_experts}"
-            )
-        return ParallelPlan(
-            parallel=parallel, world_size=world_size, mesh=(("edp", world_size // ep), ("ep", ep)), ep=ep, dp=world_size
-        )
+    if parallel in ("ep", "fsdp+ep"):
+        return _expert_plan(parallel, world_size, ep_size, n_experts, tp_size)
     # tensor-parallel families
     if parallel.startswith("fsdp"):
         if tp_size is not None:
@@ -175,6 +183,31 @@ def make_plan(
         tp=tp,
         sp=parallel == "tp+sp",
         dp=world_size // tp,
+    )
+
+
+def _expert_plan(
+    parallel: str, world_size: int, ep_size: int | None, n_experts: int, tp_size: int | None
+) -> ParallelPlan:
+    """``ep``: experts over the inner ``ep`` ranks, gradients all-reduced (dense over the world, experts over
+    ``edp``); ``fsdp+ep``: the same split, FSDP instead of all-reduce (dense over the world, experts over
+    ``efsdp``)."""
+    if n_experts < 1:
+        raise ValueError(f"parallel={parallel!r} needs a mixture-of-experts model (n_experts > 0), e.g. mixtral-8x7b")
+    if tp_size not in (None, 1):
+        raise ValueError(f"parallel={parallel!r} has no tensor parallelism; tp_size={tp_size} is not allowed")
+    ep = ep_size if ep_size is not None else math.gcd(world_size, n_experts)
+    if ep < 2 or world_size % ep or n_experts % ep:
+        raise ValueError(
+            f"parallel={parallel!r}: ep_size={ep} must be >= 2 and divide both world_size={world_size} "
+            f"and n_experts={n_experts}"
+        )
+    if parallel == "ep":
+        mesh = (("edp", world_size // ep), ("ep", ep))
+        return ParallelPlan(parallel=parallel, world_size=world_size, mesh=mesh, ep=ep, dp=world_size)
+    mesh = (("efsdp", world_size // ep), ("ep", ep))
+    return ParallelPlan(
+        parallel=parallel, world_size=world_size, mesh=mesh, ep=ep, fsdp=world_size, expert_fsdp=world_size // ep
     )
 
 

@@ -3,7 +3,9 @@
 Sharding follows the systems the plans imitate: Megatron / torchtitan tensor parallelism (column-parallel weights
 split on the output dimension, row-parallel on the input dimension, the vocabulary split for the embedding and
 the output layer, padded to a multiple of the TP degree); expert parallelism splits the expert dimension; FSDP2
-splits dim 0 of the (TP-local) tensor into ``ceil(rows / fsdp)`` rows per rank, padding the tail with zeros.
+splits dim 0 of the (TP-local) tensor into ``ceil(rows / fsdp)`` rows per rank, padding the tail with zeros. Under
+``fsdp+ep`` expert weights are FSDP-sharded over their own group (world / ep ranks), on dim 1 when their local dim 0
+(experts per rank) has fewer rows than that group has ranks, as torchtitan's ``shard_placement_fn`` does.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class ParamInfo:
     fsdp_pad_rows: int  # rows of zeros appended to dim 0 of local_shape before the FSDP split
     vocab_pad_rows: int  # rows appended to the vocabulary so that it divides the TP degree
     sp_partial: bool  # replicated under TP, but sequence parallelism leaves a partial gradient on each TP rank
+    fsdp_shard_dim: int = 0  # the dimension FSDP splits (1 for expert weights with fewer experts than FSDP ranks)
 
     @property
     def numel(self) -> int:
@@ -101,12 +104,7 @@ def param_layout(cfg: ModelConfig, plan: ParallelPlan) -> list[ParamInfo]:
             local[tp_dim] //= plan.tp  # divisibility was checked when the spec was resolved
         if expert and plan.ep > 1:
             local[0] //= plan.ep
-        shard = list(local)
-        pad_rows = 0
-        if plan.fsdp > 1:
-            rows = -(-local[0] // plan.fsdp)
-            pad_rows = rows * plan.fsdp - local[0]
-            shard[0] = rows
+        shard, pad_rows, shard_dim = _fsdp_shard(local, plan.fsdp_degree(expert), expert and plan.expert_fsdp > 0)
         out.append(
             ParamInfo(
                 name=_full_name(unit, key, cfg.is_moe),
@@ -120,9 +118,24 @@ def param_layout(cfg: ModelConfig, plan: ParallelPlan) -> list[ParamInfo]:
                 fsdp_pad_rows=pad_rows,
                 vocab_pad_rows=vocab_pad,
                 sp_partial=plan.sp and key in ("attention_norm", "ffn_norm", "norm"),
+                fsdp_shard_dim=shard_dim,
             )
         )
     return out
+
+
+def _fsdp_shard(local: list[int], degree: int, own_group: bool) -> tuple[list[int], int, int]:
+    """(shard shape, padding rows, shard dim) of a local tensor FSDP-sharded over ``degree`` ranks; an expert weight
+    on its own FSDP group (``fsdp+ep``) with fewer rows than ranks is split on dim 1 when that divides evenly."""
+    shard = list(local)
+    if degree <= 1:
+        return shard, 0, 0
+    if own_group and local[0] < degree and len(local) > 1 and local[1] % degree == 0:
+        shard[1] = local[1] // degree
+        return shard, 0, 1
+    rows = -(-local[0] // degree)
+    shard[0] = rows
+    return shard, rows * degree - local[0], 0
 
 
 def init_full_params(cfg: ModelConfig, *, seed: int = 0, std: float = 0.02) -> dict[str, torch.Tensor]:
@@ -150,9 +163,10 @@ def shard_for_rank(p: ParamInfo, full: torch.Tensor, plan: ParallelPlan, rank: i
         t = t.chunk(plan.tp, dim=p.tp_dim)[coords["tp"]]
     if p.expert and plan.ep > 1:
         t = t.chunk(plan.ep, dim=0)[coords["ep"]]
-    if plan.fsdp > 1:
+    if plan.fsdp_degree(p.expert) > 1:
         if p.fsdp_pad_rows:
             t = torch.cat([t, t.new_zeros(p.fsdp_pad_rows, *t.shape[1:])])
-        rows = p.shard_shape[0]
-        t = t[coords["fsdp"] * rows : (coords["fsdp"] + 1) * rows]
+        d, index = p.fsdp_shard_dim, plan.fsdp_index(rank, p.expert)
+        rows = p.shard_shape[d]
+        t = t.narrow(d, index * rows, rows)
     return t.contiguous().clone()

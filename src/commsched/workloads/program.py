@@ -271,8 +271,18 @@ class StepProgram:
         sp_group = self.comm.tp if (plan.sp and spec.train) else None
         common = dict(compute_dtype=spec.dtype, reduce_dtype=spec.reduce_dtype)
         if plan.fsdp > 1:
+            expert = {}
+            if plan.expert_fsdp:  # fsdp+ep: experts on their own FSDP group (none: one replica of each expert)
+                expert_group = self.groups.get(plan.fsdp_dim(True)) if plan.expert_fsdp > 1 else None
+                expert = dict(expert_group=expert_group, expert_grad_scale=1.0 / plan.ep)
             return FSDPSource(
-                spec.layout, params, group=self.groups["fsdp"], bucket=spec.fsdp_bucket, sp_group=sp_group, **common
+                spec.layout,
+                params,
+                group=self.groups[plan.fsdp_dim(False)],
+                bucket=spec.fsdp_bucket,
+                sp_group=sp_group,
+                **expert,
+                **common,
             )
         buckets = [
             DDPBuckets(

@@ -33,6 +33,13 @@ from commsched.workloads.collectives import (
 from commsched.workloads.params import ParamInfo
 
 
+class _Same:
+    """The default of ``FSDPSource(expert_group=...)``: expert weights share the dense group."""
+
+
+_SAME = _Same()
+
+
 class ParamSource:
     """Replicated parameters (DDP, TP, EP, inference): cast to the compute dtype, gradients optionally bucketed."""
 
@@ -114,8 +121,9 @@ class _GradTap(Function):
 
 
 class FSDPSource(ParamSource):
-    """FSDP2 over ``group``: see the module docstring. ``reshard(unit)`` says whether a unit is re-gathered in
-    backward (FSDP2 keeps the final norm + output unsharded after forward, as torchtitan configures it)."""
+    """FSDP2 over ``group`` (expert weights over ``expert_group`` when given; ``None`` there: experts not sharded):
+    see the module docstring. ``reshard(unit)`` says whether a unit is re-gathered in backward (FSDP2 keeps the final
+    norm + output unsharded after forward, as torchtitan configures it)."""
 
     def __init__(
         self,
@@ -128,52 +136,110 @@ class FSDPSource(ParamSource):
         bucket: str = "param",
         reshard: Callable[[str], bool] = lambda unit: unit != "final",
         sp_group: Group | None = None,
+        expert_group: Group | _Same | None = _SAME,
+        expert_grad_scale: float = 1.0,
     ) -> None:
         super().__init__(
-            layout, params, compute_dtype=compute_dtype, reduce_dtype=reduce_dtype, train=True, sp_group=sp_group
+            layout,
+            params,
+            compute_dtype=compute_dtype,
+            reduce_dtype=reduce_dtype,
+            train=True,
+            sp_group=sp_group,
+            expert_grad_scale=expert_grad_scale,
         )
         if bucket not in ("param", "block"):
             raise ValueError(f"fsdp_bucket={bucket!r}: expected 'param' or 'block'")
-        self.group, self.bucket, self.reshard = group, bucket, reshard
+        self.bucket, self.reshard = bucket, reshard
+        expert = group if isinstance(expert_group, _Same) else expert_group
+        self.group_of = [expert if p.expert else group for p in self.layout]
         self.regathered: dict[int, torch.Tensor] = {}
+
+    def _by_group(self, pids: list[int]) -> list[tuple[Group | None, list[int]]]:
+        """``pids`` split by FSDP group, in first-use order."""
+        out: dict[str | None, tuple[Group | None, list[int]]] = {}
+        for pid in pids:
+            g = self.group_of[pid]
+            out.setdefault(None if g is None else g.name, (g, []))[1].append(pid)
+        return list(out.values())
 
     # -------------------------------------------------------------- gathering
     def _gather(self, pids: list[int]) -> list[torch.Tensor]:
-        """Unsharded compute-dtype parameters of ``pids`` (no autograd)."""
-        shards = [self.params[pid].detach().to(self.compute_dtype) for pid in pids]
+        """Unsharded compute-dtype parameters of ``pids`` (no autograd): one all_gather per parameter, or with
+        ``bucket="block"`` one flat all_gather per FSDP group of the unit."""
+        shards = {pid: self.params[pid].detach().to(self.compute_dtype) for pid in pids}
         if self.bucket == "param":
-            return [self._unpad(pid, all_gather(s, self.group)) for pid, s in zip(pids, shards, strict=True)]
+            return [self._gather_param(pid, shards[pid]) for pid in pids]
+        got: dict[int, torch.Tensor] = {}
+        for group, members in self._by_group(pids):
+            got.update(zip(members, self._gather_flat(members, [shards[pid] for pid in members], group), strict=True))
+        return [got[pid] for pid in pids]
+
+    def _gather_param(self, pid: int, shard: torch.Tensor) -> torch.Tensor:
+        group = self.group_of[pid]
+        return shard if group is None else self._unshard(pid, all_gather(shard, group), group.size)
+
+    def _gather_flat(self, pids: list[int], shards: list[torch.Tensor], group: Group | None) -> list[torch.Tensor]:
+        if group is None:
+            return shards
         # FSDP2 copy-in / copy-out: one flat all_gather, then each parameter copied out of the [world, total] layout
-        flat = all_gather(torch.cat([s.reshape(-1) for s in shards]), self.group).view(self.group.size, -1)
+        flat = all_gather(torch.cat([s.reshape(-1) for s in shards]), group).view(group.size, -1)
         sizes = [s.numel() for s in shards]
         pieces = torch.split_with_sizes_copy(flat, sizes, dim=1)
         return [
-            self._unpad(pid, piece.view(-1, *self.layout[pid].shard_shape[1:]))
+            self._unshard(pid, piece.view(-1, *self.layout[pid].shard_shape[1:]), group.size)
             for pid, piece in zip(pids, pieces, strict=True)
         ]
 
-    def _unpad(self, pid: int, full: torch.Tensor) -> torch.Tensor:
-        rows = self.layout[pid].local_shape[0]
-        return full if full.shape[0] == rows else full.narrow(0, 0, rows)
+    def _unshard(self, pid: int, gathered: torch.Tensor, world: int) -> torch.Tensor:
+        """The local tensor from its shards concatenated on dim 0: padding dropped, or dim-1 shards put back."""
+        info = self.layout[pid]
+        if info.fsdp_shard_dim == 1:
+            parts = gathered.view(world, *info.shard_shape).movedim(0, 1)
+            return parts.reshape(info.local_shape)
+        rows = info.local_shape[0]
+        return gathered if gathered.shape[0] == rows else gathered.narrow(0, 0, rows)
 
     def _reduce(self, pids: list[int], grads: list[torch.Tensor | None]) -> list[torch.Tensor]:
         """Reduce-scatter unsharded gradients into gradient shards in the reduce dtype."""
-        padded = []
-        for pid, g in zip(pids, grads, strict=True):
-            info = self.layout[pid]
-            if g is None:
-                g = torch.zeros(info.local_shape, dtype=self.reduce_dtype)
-            g = g.to(self.reduce_dtype)
-            if info.fsdp_pad_rows:
-                g = torch.cat([g, g.new_zeros(info.fsdp_pad_rows, *g.shape[1:])])
-            padded.append(g)
+        laid_out = {pid: self._shard_major(pid, g) for pid, g in zip(pids, grads, strict=True)}
         if self.bucket == "param":
-            return [reduce_scatter(g, self.group) / self.group.size for g in padded]
-        world = self.group.size
-        flat = torch.cat([g.reshape(world, -1) for g in padded], dim=1).reshape(-1)
-        shard = reduce_scatter(flat, self.group) / world
+            got = {pid: self._reduce_param(pid, laid_out[pid]) for pid in pids}
+        else:
+            got = {}
+            for group, members in self._by_group(pids):
+                shards = self._reduce_flat(members, [laid_out[pid] for pid in members], group)
+                got.update(zip(members, shards, strict=True))
+        for pid in pids:
+            scale = self.grad_scale.get(pid, 1.0)  # experts under fsdp+ep: 1 / ep (see ParamSource)
+            if scale != 1.0:
+                got[pid] = got[pid] * scale
+        return [got[pid] for pid in pids]
+
+    def _reduce_param(self, pid: int, g: torch.Tensor) -> torch.Tensor:
+        group = self.group_of[pid]
+        return g if group is None else reduce_scatter(g, group) / group.size
+
+    def _reduce_flat(self, pids: list[int], grads: list[torch.Tensor], group: Group | None) -> list[torch.Tensor]:
+        if group is None:
+            return grads
+        world = group.size
+        flat = torch.cat([g.reshape(world, -1) for g in grads], dim=1).reshape(-1)
+        shard = reduce_scatter(flat, group) / world
         sizes = [self.params[pid].numel() for pid in pids]
         return [s.view(self.params[pid].shape) for pid, s in zip(pids, shard.split(sizes), strict=True)]
+
+    def _shard_major(self, pid: int, g: torch.Tensor | None) -> torch.Tensor:
+        """An unsharded gradient in the reduce dtype, laid out so that shard ``i`` is its ``i``-th slice of dim 0."""
+        info = self.layout[pid]
+        g = torch.zeros(info.local_shape, dtype=self.reduce_dtype) if g is None else g.to(self.reduce_dtype)
+        group = self.group_of[pid]
+        if info.fsdp_shard_dim == 1 and group is not None:
+            split = g.view(info.local_shape[0], group.size, *info.shard_shape[1:]).movedim(1, 0)
+            return split.reshape(group.size * info.shard_shape[0], *info.shard_shape[1:])
+        if info.fsdp_pad_rows:
+            g = torch.cat([g, g.new_zeros(info.fsdp_pad_rows, *g.shape[1:])])
+        return g
 
     # -------------------------------------------------------------- units
     def run(self, unit: str, fn: Callable[..., Any], *args: Any) -> Any:

@@ -1,0 +1,171 @@
+"""Program transforms as :func:`commsched.optimize` candidates (issue 18): programs that differ from the traced one
+by more than bucketing, each judged by the simulator like every other variant.
+
+Today one transform: decomposed TP collectives (:mod:`commsched.rewrites.decompose_tp`, async TP with functional
+collectives). Its plans are a few global choices over the step's TP sites: ``k`` chunks in :data:`CHUNKS`, the
+reduce side split along ``m`` (rows) or ``n`` (columns), every site or only one side (the all_gathers, or the
+reduce_scatters / all_reduces). Each plan is applied to the FX module, re-imported, costed by the same cost model
+(smaller GEMMs at their lower shape efficiency, one launch per kernel, each collective's latency, the copies that
+reassemble chunks) and judged by the same one-attempt probe as bucket plans; the ``finalists`` fastest get the full
+``overlap`` search. A plan the simulator finds slower loses with its numbers in ``Optimized.tried``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from commsched.cost import CostEstimate
+from commsched.ir import Graph
+from commsched.rewrites.decompose_tp import TPSite, TPSplit, decompose_tp, find_tp_sites
+
+CHUNKS = (2, 4)
+"""chunk counts tried: more chunks hide more of each transfer but pay a launch, a collective's latency and a less
+efficient GEMM per chunk (the cost model charges each)"""
+_SIDES = {"every site": ("ag_mm", "mm_rs", "mm_ar"), "all_gathers": ("ag_mm",), "reductions": ("mm_rs", "mm_ar")}
+_NAMES = {"ag_mm": "all_gather->mm", "mm_rs": "mm->reduce_scatter", "mm_ar": "mm->all_reduce"}
+
+
+@dataclasses.dataclass
+class TransformPlan:
+    """One candidate program transform: a label, the splits it makes and (once built) the rewritten module.
+
+    ``source``: the (GraphModule, IR) it rewrites when that is not the traced step (a bucketed program, whose
+    bucket plan the label names); ``shape``: (chunks, dim of the reductions, side) it was made from."""
+
+    label: str
+    splits: tuple[TPSplit, ...]
+    sites: tuple[TPSite, ...]
+    shape: tuple[int, str, str] = (0, "", "")
+    source: tuple[Any, Graph] | None = None
+    _gm: Any = None
+
+    def where(self) -> str:
+        """The sites it splits, by pattern: e.g. ``4 all_gather->mm, 4 mm->reduce_scatter``."""
+        counts: dict[str, int] = {}
+        for s in self.sites:
+            counts[s.pattern] = counts.get(s.pattern, 0) + 1
+        return ", ".join(f"{n} {_NAMES[p]}" for p, n in counts.items())
+
+    def apply_fx(self, gm: Any, graph: Graph) -> Any:
+        """The transformed copy of ``gm`` (``graph``: its IR), or of ``source`` when set; built once, its code not
+        compiled (the search only imports it; ``runtime.apply_schedule`` recompiles the kept one)."""
+        if self._gm is None:
+            src, src_graph = self.source if self.source is not None else (gm, graph)
+            self._gm = decompose_tp(src, self.splits, graph=src_graph, recompile=False).gm
+        return self._gm
+
+
+def _plan(sites: list[TPSite], k: int, dim: str, side: str) -> TransformPlan | None:
+    chosen = []
+    for s in sites:
+        d = "m" if s.pattern == "ag_mm" else dim
+        if s.pattern in _SIDES[side] and s.can_split(d, k):
+            chosen.append((s, TPSplit(s.collective, d, k)))
+    if not chosen:
+        return None
+    label = f"decomposed TP (k={k}, reductions split along {dim}, {side})"
+    return TransformPlan(label, tuple(sp for _, sp in chosen), tuple(s for s, _ in chosen), (k, dim, side))
+
+
+def tp_plans(gm: Any, sites: list[TPSite] | None = None) -> list[TransformPlan]:
+    """The decomposed-TP plans of ``gm`` (module docstring), distinct split sets only, in a fixed order."""
+    sites = find_tp_sites(gm) if sites is None else sites
+    plans: list[TransformPlan] = []
+    seen: set[tuple[TPSplit, ...]] = set()
+    for k in CHUNKS:
+        for dim in ("n", "m"):
+            for side in _SIDES:
+                if side != "every site" and k != CHUNKS[0]:  # one side alone: the fewest chunks only
+                    continue
+                plan = _plan(sites, k, dim, side)
+                if plan is not None and plan.splits not in seen:
+                    seen.add(plan.splits)
+                    plans.append(plan)
+    return plans
+
+
+def transform_variants(
+    gm: Any, g: Graph, cost: Callable[[Graph], CostEstimate], knobs: dict, finalists: int = 2, variants: list = ()
+) -> list:
+    """Every transform plan of ``gm`` (IR ``g``) built, re-imported, costed with ``cost`` and probed; the
+    ``finalists`` fastest scheduled with ``knobs`` (the search's ``_Variant``, ``plan``: the
+    :class:`TransformPlan`), the rest a ``Tried`` with the probe's verdict. When ``variants`` (the search's so far)
+    hold a bucketed program within the budget, the best probe's plan is also made on the fastest one's FX rewrite
+    and scheduled: bucketing and splitting compose. Empty when ``gm`` has no TP site."""
+    from commsched.optimize.search import PROBE, Tried, _scheduled, _Variant
+
+    probed: list[tuple[int, TransformPlan, Graph, CostEstimate]] = []
+    out: list = []
+    for plan in tp_plans(gm):
+        built = _build(plan, gm, g, cost)
+        if isinstance(built, Tried):
+            out.append(built)
+            continue
+        probe = _scheduled(_label(plan), *built, {**knobs, **PROBE}, plan)
+        if isinstance(probe, Tried):
+            out.append(probe)
+            continue
+        probed.append((probe.sim.makespan_ns, plan, *built))
+    probed.sort(key=lambda q: q[0])
+    suffix = ", collectives reordered" if knobs.get("reorder_collectives") else ""
+    for k, (ns, plan, g2, c2) in enumerate(probed):
+        if k < finalists:
+            full = _scheduled(_label(plan) + suffix, g2, c2, knobs, plan)
+            if isinstance(full, _Variant):
+                full.probe_s = ns / 1e9
+            out.append(full)
+        else:
+            why = f"pruned: probe {ns / probed[0][0] - 1:.1%} slower than the best transform plan's"
+            out.append(Tried(_label(plan), len(g2.collectives), verdict=why, probe_s=ns / 1e9))
+    base = _best_bucketed(variants, knobs)
+    if base is not None and probed:
+        out += _on_bucketed(gm, g, base, [probed[0][1]], cost, knobs, suffix)
+    return out
+
+
+def _label(plan: TransformPlan) -> str:
+    return f"{plan.label}: {plan.where()}"
+
+
+def _build(plan: TransformPlan, gm: Any, g: Graph, cost: Callable[[Graph], CostEstimate]):
+    """(IR, costs) of the plan's program, or a ``Tried`` saying why it could not be built."""
+    from commsched.frontends.fx import from_fx
+    from commsched.optimize.search import Tried
+
+    try:
+        g2 = from_fx(plan.apply_fx(gm, g), group_sizes=g.group_sizes(), meta=g.meta)
+    except Exception as exc:  # a plan that cannot be built is a verdict, not a failed search
+        return Tried(_label(plan), None, verdict=f"failed: {exc}")
+    return g2, cost(g2)
+
+
+def _best_bucketed(variants: list, knobs: dict) -> Any:
+    from commsched.optimize.search import _Variant
+
+    limit = knobs["memory_budget"].bytes if knobs.get("memory_budget") is not None else None
+    fits = [v for v in variants if isinstance(v, _Variant) and isinstance(v.plan, tuple)
+            and (limit is None or v.sim.peak_memory_bytes <= limit)]  # fmt: skip
+    return min(fits, key=lambda v: v.sim.makespan_ns, default=None)
+
+
+def _on_bucketed(gm: Any, g: Graph, base: Any, plans: list[TransformPlan], cost, knobs: dict, suffix: str) -> list:
+    """``plans``' shapes made on the bucketed program of variant ``base`` and fully scheduled."""
+    from commsched.frontends.fx import from_fx
+    from commsched.optimize.search import _scheduled
+    from commsched.rewrites import apply_bucket_plan
+
+    gm_b = apply_bucket_plan(gm, g, *base.plan).gm
+    g_b = from_fx(gm_b, group_sizes=g.group_sizes(), meta=g.meta)
+    sites = find_tp_sites(gm_b)
+    out = []
+    for p in plans:
+        plan = _plan(sites, *p.shape)
+        if plan is None:
+            continue
+        plan.label = f"{base.label.split(', collectives')[0]} + {plan.label}"
+        plan.source = (gm_b, g_b)
+        built = _build(plan, gm_b, g_b, cost)
+        out.append(built if not isinstance(built, tuple) else _scheduled(_label(plan) + suffix, *built, knobs, plan))
+    return out
