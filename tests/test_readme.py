@@ -26,6 +26,9 @@ SKIPPED = {
     "python3 -m venv .venv && . .venv/bin/activate": "installation",
     "pip install torch==2.13.0 && pip install -e '.[dev]'": "installation",
     "torchrun --nnodes 2 --nproc-per-node 8 -m commsched.cli run llama-tiny --world-size 16": "needs 2 hosts x 8 ranks",
+    "pip install 'commsched[ray]'": "installation",
+    "commsched sweep llama3-8b --parallel fsdp,ddp --world-size 8,64,512,1024 --hardware h100-sxm,b200 --layers 2 "
+    "--ray-address 10.0.0.1:6379": "needs a Ray cluster (tests/execute/test_ray.py starts a head on 127.0.0.1)",
 }
 SHELL_LANGUAGES = ("bash", "console", "sh")
 # a shaped network needs root (ip netns, tc): such examples are skipped, with the reason, when not root
@@ -100,6 +103,7 @@ def workspace(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(folder)
         mp.setenv("COMMSCHED_PROFILE_DIR", str(folder / "profiles"))
+        mp.setenv("COMMSCHED_CACHE_DIR", str(folder / "cache"))  # traces and sweep progress, not the user's
         yield state
     import torch
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from commsched.cli import app
@@ -76,3 +77,40 @@ def test_compare_cli_takes_tp_size_seq_len_batch_and_prints_failures_whole(tmp_p
     failed = [r for r in rows if r["makespan_s"] is None]
     for r in failed:
         assert f"{r['scheduler']}: {r['note']}" in res.output  # the whole note, on one line
+
+
+def _figures(out: list[dict]) -> list:
+    """Every row's figures, without the pass wall times (which differ run to run)."""
+    return [(o["target"], o.get("error"), [{k: v for k, v in r.items() if k != "wall_s"} for r in
+             o.get("result", {}).get("rows", [])]) for o in out]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_compare_many_sends_graphs_by_content_and_agrees_across_workers(tmp_path):
+    from commsched.execute.local import LocalExecutor
+    from commsched.experiments.compare import compare_many, result_from_dict
+    from commsched.frontends.json_io import save_graph
+
+    save_graph(build("llama-tiny", parallel="tp", world_size=4, layers=1).graph, tmp_path / "tp.json")
+    targets = [str(tmp_path / "tp.json"), "llama-tiny", "llama-nope"]
+    kw = {"hardware": "h100-sxm", "build": {"parallel": "fsdp", "world_size": 8, "layers": 1}, "torch_peer": False,
+          "exact_max_nodes": 0}  # fmt: skip
+    with LocalExecutor(jobs=1) as ex:
+        here = compare_many(targets, executor=ex, **kw)
+    with LocalExecutor(jobs=2, in_process=False) as ex:
+        pooled = compare_many(targets, executor=ex, **kw)
+    assert _figures(here) == _figures(pooled)
+    assert [o["target"] for o in here] == targets and here[2]["error"].startswith("trace: ValueError: unknown preset")
+    res = result_from_dict(here[1]["result"])
+    assert res.meta["nodes"] > 0 and res.row("overlap (ours)").makespan_s <= res.row("input order").makespan_s
+    (tmp_path / "tp.json").unlink()  # the graph went by content: the result does not need the file any more
+    assert result_from_dict(pooled[0]["result"]).meta["target"] == targets[0]
+
+
+def test_cli_compares_several_targets(tmp_path):
+    out = tmp_path / "many.json"
+    args = ["compare", "llama-tiny,llama-nope", "-w", "8", "-l", "1", "--no-torch", "--exact-max-nodes", "0", "-j", "1"]
+    res = CliRunner().invoke(app, [*args, "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "llama-tiny: " in res.output and "error llama-nope: trace: ValueError" in res.output
+    assert [t["target"] for t in json.loads(out.read_text())["targets"]] == ["llama-tiny", "llama-nope"]

@@ -13,9 +13,7 @@ from typer.testing import CliRunner
 from commsched import hardware
 from commsched.cli import app
 from commsched.cost import estimate_costs
-from commsched.experiments import sweep as sweep_module
-from commsched.experiments.sweep import SweepRow, build_options, run_sweep, sweep_to_dict
-from commsched.experiments.sweep import _run_task as real_run_task
+from commsched.experiments.sweep import RUN_FIELDS, SweepRow, build_options, run_sweep, sweep_to_dict
 from commsched.passes import schedule
 from commsched.report.sweep_plot import sweep_png, write_sweep_plot
 from commsched.sim import simulate_costs
@@ -24,6 +22,11 @@ from commsched.workloads import build
 PROFILES = ["h100-sxm", "b200"]
 slow = pytest.mark.slow  # the shared `rows` fixture spawns two worker processes (~7 s once per module)
 runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("COMMSCHED_CACHE_DIR", str(tmp_path / "cache"))
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +40,8 @@ def rows() -> list[SweepRow]:
         layers=1,
         processes=2,
         in_process=False,
+        cache=False,
+        resume=False,
     )
 
 
@@ -51,7 +56,8 @@ def test_rows_in_argument_order(rows):
         assert (a.parallel, a.world_size) == (b.parallel, b.world_size)
         assert a.trace_wall_s == b.trace_wall_s and a.num_graph_nodes == b.num_graph_nodes
     assert {r.num_nodes for r in ok if r.world_size == 64} == {8}  # 8 GPUs per node on both profiles
-    assert all(r.pid > 0 and r.pid != os.getpid() for r in rows)  # traced in the workers, errors included
+    assert all(r.pid > 0 and r.pid != os.getpid() for r in ok)  # traced in the workers
+    assert all(r.commsched_version.startswith("0.") and r.torch_version and r.numpy_version for r in ok)
 
 
 @slow
@@ -105,19 +111,16 @@ def test_this_process_and_a_worker_share_the_traces(rows):
     # one worker plus this process; which of them traces what depends on timing, the numbers must not
     both = run_sweep("llama-tiny", parallel=["fsdp", "tp"], world_sizes=[8], hardware=PROFILES, layers=1, processes=2)
     expect = [r for r in rows if r.world_size == 8]
-    timing = ("trace_wall_s", "estimate_wall_s", "schedule_wall_s", "simulate_wall_s", "pid")
-    assert [{k: v for k, v in r.to_dict().items() if k not in timing} for r in both] == [
-        {k: v for k, v in r.to_dict().items() if k not in timing} for r in expect
-    ]
+    assert [r.result_dict() for r in both] == [r.result_dict() for r in expect]
 
 
 @slow
 def test_in_process_run_matches_workers(rows):
     local = run_sweep("llama-tiny", parallel="fsdp", world_sizes=[8], hardware=PROFILES, layers=1, processes=1)
     pooled = [r for r in rows if (r.parallel, r.world_size) == ("fsdp", 8)]
-    timing = ("trace_wall_s", "estimate_wall_s", "schedule_wall_s", "simulate_wall_s", "pid")
-    strip = [{k: v for k, v in r.to_dict().items() if k not in timing} for r in local + pooled]
+    strip = [r.result_dict() for r in local + pooled]
     assert strip[:2] == strip[2:]
+    assert set(RUN_FIELDS) <= set(local[0].to_dict()) and not set(RUN_FIELDS) & set(strip[0])
 
 
 def test_no_schedule_reports_the_traced_order():
@@ -149,7 +152,7 @@ def test_names_wrong_everywhere_raise(kw, message):
 def test_json_round_trip(rows):
     text = json.dumps(sweep_to_dict(rows, wall_s=1.0), allow_nan=False)
     data = json.loads(text)
-    assert data["format"] == "commsched.sweep" and data["version"] == 1 and data["wall_s"] == 1.0
+    assert data["format"] == "commsched.sweep" and data["version"] == 2 and data["wall_s"] == 1.0
     back = [SweepRow.from_dict(d) for d in data["rows"]]
     assert [b.to_dict() for b in back] == [r.to_dict() for r in rows]
     with pytest.raises(ValueError, match=r"unknown field\(s\) \['step_time'\]"):
@@ -194,26 +197,6 @@ def test_cli_errors():
     assert res.exit_code == 2 and "'x' is not an integer" in res.output
 
 
-def _die_in_worker(task):
-    # spawned workers inherit the environment, so they can tell themselves apart from the sweeping process
-    if os.environ.get("COMMSCHED_TEST_SWEEP_PARENT") != str(os.getpid()):
-        os._exit(3)
-    return real_run_task(task)
-
-
-@slow
-def test_dead_worker_becomes_error_rows_and_the_rest_run_here(monkeypatch):
-    monkeypatch.setenv("COMMSCHED_TEST_SWEEP_PARENT", str(os.getpid()))
-    monkeypatch.setattr(sweep_module, "_run_task", _die_in_worker)
-    # one worker and no tracing here: the worker dies on its first task, then the pool is broken and the rest run here
-    got = run_sweep(
-        "llama-tiny", parallel="tp", world_sizes=[2, 4, 8], hardware="h100-sxm", layers=1, processes=1, in_process=False
-    )
-    assert [r.world_size for r in got] == [2, 4, 8]
-    assert not got[0].ok and got[0].error.startswith("worker: BrokenProcessPool")
-    assert all(r.ok and r.pid == os.getpid() for r in got[1:])
-
-
 def test_degree_options_go_only_where_the_dimension_exists():
     kw = {"tp_size": 8, "ep_size": 4, "seq_len": 128}
     assert build_options("fsdp", kw) == {"seq_len": 128}
@@ -227,20 +210,23 @@ def test_cli_help_has_an_example():
     assert res.exit_code == 0 and "Example: commsched sweep llama3-8b" in res.output
 
 
-def test_board_hands_out_from_both_ends_and_counts_each_task_once():
-    from commsched.experiments.sweep import _Board, _TraceTask
-
-    tasks = [_TraceTask(i, "llama-tiny", "fsdp", 2**i, ("h100-sxm",), 1, None, None, ()) for i in range(1, 5)]
-    board = _Board(tasks, run_here=True)
-    assert board.next_for_worker().index == 1 and board.next_for_worker().index == 2
-    assert board.next_for_here().index == 4 and board.next_for_here().index == 3
-    assert board.next_for_here() is None and list(board.in_flight) == [1, 2]
-    got = []
-    board.record(tasks[1], ["worker"], lambda t, rows: got.append((t.index, rows)))
-    board.record(tasks[1], ["again"], lambda t, rows: got.append((t.index, rows)))  # counted once
-    assert got == [(2, ["worker"])] and board.done == {2} and list(board.in_flight) == [1]
-    # workers only: this process takes nothing until the pool gives a task back
-    board = _Board(tasks, run_here=False)
-    assert board.next_for_here() is None
-    board.give_back(board.next_for_worker())
-    assert board.finished.get_nowait() is None and board.next_for_here().index == 4
+@slow
+def test_fsdp_bucket_and_optimize_dimensions(tmp_path):
+    js = tmp_path / "rows.json"
+    args = ["sweep", "llama-tiny", "-p", "fsdp", "-w", "8", "-H", "h100-sxm", "-l", "1", "-j", "1"]
+    res = runner.invoke(app, [*args, "--fsdp-bucket", "param,block", "--optimize", "off,on", "--json", str(js)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(js.read_text())
+    rows = [SweepRow.from_dict(d) for d in data["rows"]]
+    assert [(r.fsdp_bucket, r.optimize) for r in rows] == [(b, o) for b in ("param", "block") for o in (False, True)]
+    assert all(r.ok for r in rows) and "(opt.)" in res.output and "fsdp/block" in res.output
+    for plain, opt in zip(rows[::2], rows[1::2]):
+        assert opt.optimize_kept and opt.step_time_s <= plain.step_time_input_s  # never worse than the traced order
+        assert plain.num_graph_nodes == opt.num_graph_nodes  # one trace, both settings
+    assert rows[0].num_graph_nodes != rows[2].num_graph_nodes  # block buckets: another program
+    # every stage's wall time travels in the JSON rows
+    for d in data["rows"]:
+        assert d["trace_wall_s"] >= 0 and d["schedule_wall_s"] > 0
+        assert (d["estimate_wall_s"] is None) == d["optimize"] and (d["simulate_wall_s"] is None) == d["optimize"]
+    bad = runner.invoke(app, [*args, "--optimize", "maybe"])
+    assert bad.exit_code == 2 and "'maybe' is not off or on" in bad.output

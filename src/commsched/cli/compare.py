@@ -14,7 +14,9 @@ from commsched.cli.common import console, err_console, user_errors, warn
 def register(app: typer.Typer) -> None:
     @app.command()
     def compare(
-        target: str = typer.Argument(..., help="a graph JSON file, or a zoo preset name (e.g. llama3-8b)"),
+        target: str = typer.Argument(
+            ..., help="a graph JSON file or a zoo preset name (e.g. llama3-8b); several, comma-separated"
+        ),
         parallel: opt.ParallelOption = "fsdp",
         world_size: opt.WorldSizeOption = 8,
         layers: opt.LayersOption = 4,
@@ -29,12 +31,19 @@ def register(app: typer.Typer) -> None:
         exact_time_limit: float = typer.Option(20.0, help="CP-SAT time limit in seconds"),
         table: Path = typer.Option(None, "--table", help="measured times (JSON/CSV table or a profiler trace)"),
         json_out: Path = typer.Option(None, "--json", help="write the rows as JSON"),
+        jobs: int = typer.Option(
+            None, "--jobs", "-j", min=1, help="several targets: processes at once (default: CPUs)"
+        ),
+        ray_address: str = typer.Option(None, "--ray-address", help="several targets: on Ray ('local' or HOST:PORT)"),
     ) -> None:
         """Run the input order, each seed pass, our scheduler, the CP-SAT optimum (small graphs) and, for a preset,
         torch's own OverlapScheduler with our costs; simulate every order and print one table.
 
         With --table, every scheduler sees the measured times, and the header line says how many ops and
         collectives the table matched.
+
+        Several targets (comma-separated) are compared each on its own worker (--jobs, --ray-address: see
+        README "Scaling out"), one table each.
 
         Example: commsched compare llama3-8b --parallel fsdp --world-size 256 --layers 8 --json rows.json
         """
@@ -43,6 +52,14 @@ def register(app: typer.Typer) -> None:
         from commsched.hardware import for_graph
         from commsched.report.terminal_experiments import print_compare
 
+        targets = [t.strip() for t in target.split(",") if t.strip()]
+        if len(targets) > 1 or ray_address is not None:
+            given = {"seq_len": seq_len, "batch": batch, "tp_size": tp_size}
+            build = {"parallel": parallel, "world_size": world_size, "layers": layers, "mode": mode,
+                     **{k: v for k, v in given.items() if v is not None}}  # fmt: skip
+            knobs = {"exact_max_nodes": exact_max_nodes, "exact_time_limit_s": exact_time_limit}
+            _compare_many(targets, hardware, num_nodes, build, torch_peer, knobs, jobs, ray_address, json_out)
+            return
         with user_errors():
             gm = None
             if Path(target).exists():
@@ -95,3 +112,48 @@ def register(app: typer.Typer) -> None:
         print_compare(result, console, f"{target}: {len(graph)} nodes on {hardware} x {nodes} node(s)")
         if json_out:
             console.print(f"wrote [bold]{json_out}[/]")
+
+
+def _compare_many(targets, hardware, num_nodes, build, torch_peer, knobs, jobs, ray_address, json_out) -> None:
+    """Several targets on an executor, one table each; exit 2 when none could be compared."""
+    from commsched.execute import ExecutorError, make_executor
+    from commsched.experiments.compare import compare_many, result_from_dict
+    from commsched.report.terminal_experiments import print_compare
+
+    with user_errors():
+        try:
+            with console.status(f"comparing {len(targets)} targets"):
+                executor = make_executor(jobs=jobs, ray_address=ray_address)
+                try:
+                    out = compare_many(targets, hardware=hardware, num_nodes=num_nodes, build=build,
+                                       torch_peer=torch_peer, executor=executor, **knobs)  # fmt: skip
+                finally:
+                    executor.close()
+        except ExecutorError as exc:
+            raise ValueError(str(exc)) from None
+        except KeyboardInterrupt:  # the executor has stopped every worker
+            from commsched.cli.common import err_console
+
+            err_console.print("interrupted")
+            raise typer.Exit(130) from None
+        if json_out:
+            from commsched.io import atomic_write_text
+
+            atomic_write_text(json_out, json.dumps({"targets": out}, indent=1))
+    for item in out:
+        if "error" in item:
+            from rich.markup import escape
+
+            console.print(f"[red]error[/] {escape(item['target'])}: {escape(item['error'])}", highlight=False,
+                          soft_wrap=True)  # fmt: skip
+            continue
+        res = result_from_dict(item["result"])
+        print_compare(
+            res, console, f"{item['target']}: {res.meta['nodes']} nodes on {hardware} x {res.meta['num_nodes']} node(s)"
+        )
+    if json_out:
+        console.print(f"wrote [bold]{json_out}[/]")
+    if all("error" in item for item in out):
+        from commsched.cli.common import fail
+
+        fail("no target could be compared")

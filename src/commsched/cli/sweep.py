@@ -48,21 +48,31 @@ def register(app: typer.Typer) -> None:
         batch: int = typer.Option(None, "--batch", min=1, help="sequences per data-parallel replica"),
         tp_size: int = typer.Option(None, "--tp-size", min=1, help="tensor-parallel degree (tp*, fsdp+tp*)"),
         ep_size: int = typer.Option(None, "--ep-size", min=1, help="expert-parallel degree (ep)"),
-        fsdp_bucket: str = typer.Option("param", "--fsdp-bucket", help="param: one collective per parameter; block"),
+        fsdp_bucket: str = typer.Option(
+            "param", "--fsdp-bucket", help="comma-separated FSDP buckets: param (one collective per parameter), block"
+        ),
         schedule: str = typer.Option("default", "--schedule", "-s", help="pass preset or comma-separated passes"),
+        optimize: str = typer.Option("off", "--optimize", help="off, on, or off,on: also run commsched optimize"),
         gpus_per_node: GpusPerNodeOption = None,
         jobs: int = typer.Option(None, "--jobs", "-j", min=1, help="processes tracing at once (default: one per CPU)"),
+        ray_address: str = typer.Option(
+            None, "--ray-address", help="run on Ray: 'local' (a private instance) or a head's HOST:PORT"
+        ),
+        no_cache: bool = typer.Option(False, "--no-cache", help="trace everything (neither read nor fill the cache)"),
         out: Path = typer.Option(None, "--out", "-o", help="write a PNG plot of step time and peak memory"),
         json_path: Path = typer.Option(None, "--json", help="write the rows as JSON"),
     ) -> None:
         """Trace PRESET at every (parallelism, world size), simulate it on every hardware profile in the traced
         order and in the order SCHEDULE chooses, and print step time, exposed communication, overlap and peak
         memory per configuration. --jobs N traces N configurations at once (this process and N - 1 spawned
-        workers); a configuration that fails is reported as an error row. Exits 2 when none succeeds.
+        workers); --ray-address runs them on Ray actors instead (pip install 'commsched[ray]'). Traces are cached
+        (see README "Scaling out"); Ctrl-C keeps the finished rows and the same command resumes. A configuration
+        that fails is reported as an error row. Exits 2 when none succeeds.
 
         Example: commsched sweep llama3-8b --parallel fsdp --world-size 8,64,512 --hardware h100-sxm,b200
         --layers 4 --out sweep.png --json rows.json --jobs 2
         """
+        from commsched.execute import ExecutorError
         from commsched.experiments.sweep import default_processes, run_sweep, sweep_to_dict
         from commsched.io import atomic_write_text
         from commsched.report.terminal_experiments import print_sweep
@@ -71,25 +81,35 @@ def register(app: typer.Typer) -> None:
             parallels = parse_list(parallel, "--parallel")
             worlds = parse_list(world_size, "--world-size", as_int=True)
             profiles = parse_list(hardware, "--hardware")
+            buckets = parse_list(fsdp_bucket, "--fsdp-bucket")
+            optimizing = _on_off(optimize)
             options = {"seq_len": seq_len, "batch": batch, "tp_size": tp_size, "ep_size": ep_size}
             build_kw = {k: v for k, v in options.items() if v is not None}
-            if fsdp_bucket != "param":
-                build_kw["fsdp_bucket"] = fsdp_bucket
             t0 = time.perf_counter()
-            rows = run_sweep(
-                preset,
-                parallel=parallels,
-                world_sizes=worlds,
-                hardware=profiles,
-                layers=layers,
-                schedule=schedule,
-                processes=jobs,
-                gpus_per_node=gpus_per_node,
-                mode=mode,
-                progress=True,
-                console=err_console,
-                **build_kw,
-            )
+            try:
+                rows = run_sweep(
+                    preset,
+                    parallel=parallels,
+                    world_sizes=worlds,
+                    hardware=profiles,
+                    layers=layers,
+                    schedule=schedule,
+                    optimize=optimizing,
+                    fsdp_bucket=buckets,
+                    processes=jobs,
+                    ray_address=ray_address,
+                    cache=not no_cache,
+                    gpus_per_node=gpus_per_node,
+                    mode=mode,
+                    progress=True,
+                    console=err_console,
+                    **build_kw,
+                )
+            except ExecutorError as exc:
+                raise ValueError(str(exc)) from None
+            except KeyboardInterrupt:
+                err_console.print("interrupted: the finished rows are kept; the same command resumes the sweep")
+                raise typer.Exit(130) from None
             wall_s = time.perf_counter() - t0
             ok = [r for r in rows if r.ok]
             if json_path is not None:
@@ -97,7 +117,8 @@ def register(app: typer.Typer) -> None:
                     "preset": preset,
                     "schedule": schedule,
                     "mode": mode,
-                    "jobs": min(jobs or default_processes(), len(parallels) * len(worlds)),
+                    "jobs": min(jobs or default_processes(), len(parallels) * len(worlds) * len(buckets)),
+                    "ray_address": ray_address,
                     "wall_s": wall_s,
                 }
                 atomic_write_text(json_path, json.dumps(sweep_to_dict(rows, **context), indent=1))
@@ -114,6 +135,16 @@ def register(app: typer.Typer) -> None:
         if not ok:
             error_line("no configuration succeeded")
             raise typer.Exit(2)
+
+
+def _on_off(text: str) -> list[bool]:
+    """``--optimize``: off, on, or both."""
+    values = {"off": False, "on": True}
+    items = parse_list(text, "--optimize")
+    bad = [v for v in items if v not in values]
+    if bad:
+        raise ValueError(f"--optimize: {bad[0]!r} is not off or on (expected off, on or off,on)")
+    return [values[v] for v in items]
 
 
 def _warn_capacity(rows: list) -> None:

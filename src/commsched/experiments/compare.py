@@ -211,3 +211,79 @@ def program_rows(graph: Graph, costs: CostEstimate, gm: Any, lower_bound_s: floa
     o = optimize(gm, hw, group_sizes=sizes)
     out.append(row("optimize (ours)", o.graph, o.after, o.wall_s))
     return out
+
+
+COMPARE_FN = "commsched.experiments.compare:compare_task"
+
+
+def compare_task(spec: dict[str, Any]) -> dict[str, Any]:
+    """One target of :func:`compare_many`, on any worker: the graph (sent as its JSON dict) or the preset (traced
+    here), costed on the profile (sent as a ``Hardware``) and compared; ``{"target", "result"}`` or
+    ``{"target", "error"}``, plain data."""
+    from commsched.cost import estimate_costs
+    from commsched.execute.base import error_text, versions
+    from commsched.hardware import for_graph, nodes_for_world, world_size_of
+
+    stage = "trace"
+    try:
+        if spec["graph"] is not None:
+            from commsched.frontends.json_io import graph_from_dict
+
+            graph, gm = graph_from_dict(spec["graph"], spec["target"]), None
+        else:
+            from commsched.workloads import build
+
+            w = build(spec["target"], **spec["build"])
+            graph, gm = w.graph, (w.graph_module if spec["torch"] else None)
+        stage = "compare"
+        profile = spec["hardware"]
+        nodes = spec["num_nodes"] or nodes_for_world(world_size_of(graph) or 1, profile.gpus_per_node)
+        hw = for_graph(profile, num_nodes=nodes)
+        result = compare_schedulers(graph, estimate_costs(graph, hw), gm=gm, **spec["knobs"])
+    except Exception as exc:  # one target that fails must not sink the others
+        return {"target": spec["target"], "error": error_text(stage, exc)}
+    result.meta.update({"target": spec["target"], "hardware": spec["hardware_name"], "num_nodes": hw.num_nodes,
+                        "nodes": len(graph), **versions()})  # fmt: skip
+    return {"target": spec["target"], "result": result.to_dict()}
+
+
+def compare_many(
+    targets: list[str],
+    *,
+    hardware: str,
+    num_nodes: int | None = None,
+    build: dict[str, Any] | None = None,
+    torch_peer: bool = True,
+    executor: Any = None,
+    **knobs: Any,
+) -> list[dict[str, Any]]:
+    """:func:`compare_schedulers` on several graphs (JSON files, read here and sent by content) or zoo presets
+    (traced on the worker with ``build`` options), each a task on ``executor`` (default: the local pool); one
+    ``{"target", "result"}`` (``CompareResult.to_dict()``) or ``{"target", "error"}`` per target, in order.
+    ``knobs``: ``exact_max_nodes``, ``exact_time_limit_s``. The CP-SAT row stops at a wall-clock limit, so it is
+    outside the every-backend-agrees guarantee; the other rows are pure functions of the target."""
+    from pathlib import Path
+
+    from commsched import hardware as hw_profiles
+    from commsched.execute.local import LocalExecutor
+    from commsched.frontends.json_io import graph_to_dict, load_graph
+
+    profile = hw_profiles.get(hardware)  # resolved here: a user profile travels by content
+    specs = []
+    for target in targets:
+        graph = graph_to_dict(load_graph(target)) if Path(target).exists() else None
+        specs.append({"target": target, "graph": graph, "build": build or {}, "torch": torch_peer, "knobs": knobs,
+                      "hardware": profile, "hardware_name": hardware, "num_nodes": num_nodes})  # fmt: skip
+    own = executor is None
+    executor = LocalExecutor() if own else executor
+    try:
+        return executor.map(COMPARE_FN, specs, fail=lambda spec, text: {"target": spec["target"], "error": text})
+    finally:
+        if own:
+            executor.close()
+
+
+def result_from_dict(data: dict[str, Any]) -> CompareResult:
+    """The inverse of :meth:`CompareResult.to_dict`."""
+    rows = [CompareRow(**r) for r in data["rows"]]
+    return CompareResult(rows, data["lower_bound_s"], data["bound_binding"], data["input_peak_bytes"], data["meta"])

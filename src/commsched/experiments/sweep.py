@@ -1,47 +1,46 @@
-"""What-if sweeps: one workload preset over parallelisms x world sizes x hardware profiles.
+"""What-if sweeps: one workload preset over parallelisms x world sizes x FSDP buckets x hardware x optimize on/off.
 
 ``run_sweep("llama3-8b", parallel="fsdp", world_sizes=[8, 64, 512], hardware=["h100-sxm", "b200"], layers=4)``
-returns one :class:`SweepRow` per (parallel, world_size, hardware): the simulated step time in the traced order
-and in the scheduled order, exposed communication, overlap, peak memory, the lower bound, and how long each
-stage took.
+returns one :class:`SweepRow` per configuration: the simulated step time in the traced order and in the scheduled
+(or optimized) program, exposed communication, overlap, peak memory, the lower bound, and how long each stage took.
 
-Work is split by trace: each (parallel, world_size) is traced once, in one process, which then estimates, schedules
-and simulates it on every hardware profile (tracing takes seconds, the rest tens of milliseconds, so shipping graphs
-between processes would cost more than it saves). With ``processes = N > 1``, this process and N - 1 workers of a
-``ProcessPoolExecutor`` take traces from one list, each the next when it is free (this process has imported torch
-anyway, so it works rather than waits). Workers are *spawned*: fresh interpreters that import torch themselves,
-because torch after ``fork`` can deadlock on locks or threads the parent held. A worker starts with a warm-up
-(imports, a tiny trace: seconds) and only then takes a trace, so extra processes never hold work this process could
-have done; they pay off for long traces or many cores (benchmarks/RESULTS.md).
+Work is split by trace: each (parallel, world_size, fsdp_bucket) is one task (:mod:`commsched.experiments.sweep_task`),
+traced once (or read from the trace cache, :mod:`commsched.execute.cache`), then estimated, scheduled and simulated on
+every hardware profile (tracing takes seconds, the rest tens of milliseconds, so shipping graphs between processes
+would cost more than it saves). Tasks run on an executor (:mod:`commsched.execute`): the local pool by default (this
+process and ``jobs - 1`` warmed, spawned workers), or Ray with ``ray_address``. Hardware profiles are resolved here
+and travel inside the task by content, so a calibrated profile in this user's folder gives the same rows on a remote
+worker. Every backend gives the same rows, apart from :data:`RUN_FIELDS` (wall times, where a row ran, cache hits).
 
 A configuration that fails, in its trace or on one profile, or whose worker dies, becomes a row with ``error`` set;
-the sweep itself only raises for input that is wrong everywhere (an unknown preset, parallelism, profile or pass).
+the sweep itself only raises for input that is wrong everywhere (an unknown preset, parallelism, profile or pass) or
+for a run that cannot go on (:class:`commsched.execute.ExecutorError`: mixed versions, a lost Ray head). Finished
+rows are kept in the row store as they come in, so a sweep interrupted (Ctrl-C) resumes where it stopped.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import math
-import multiprocessing
-import os
-import queue
-import signal
-import threading
-import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
+from commsched.experiments.sweep_task import build_options, error_rows
+
 SWEEP_FORMAT = "commsched.sweep"
-SWEEP_VERSION = 1
+SWEEP_VERSION = 2  # 2: optimize, fsdp_bucket, optimize_kept, trace_cached, host and the versions in every row
+TASK_FN = "commsched.experiments.sweep_task:run_task"
+RUN_FIELDS = ("trace_wall_s", "estimate_wall_s", "schedule_wall_s", "simulate_wall_s", "pid", "host", "trace_cached")
+"""how a row was computed rather than what it says: differs between runs and backends"""
+__all__ = ["RUN_FIELDS", "SweepRow", "build_options", "default_processes", "run_sweep", "sweep_to_dict"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SweepRow:
     """One configuration of a sweep. ``*_input_*`` fields are the traced (program) order; the others the order the
     ``schedule`` passes chose (the same as the input order when ``schedule`` is None). ``error`` is set, and the
-    metrics are NaN / -1, when the configuration failed; ``trace_wall_s`` is shared by the rows of one trace."""
+    metrics are NaN / -1, when the configuration failed; ``trace_wall_s`` is shared by the rows of one trace;
+    ``*_version`` are those of the process that computed the row."""
 
     preset: str
     parallel: str
@@ -51,6 +50,8 @@ class SweepRow:
     gpus_per_node: int = -1
     layers: int = -1
     schedule: str | None = None
+    optimize: bool = False  # True: commsched.optimize (order and collectives) instead of ``schedule``
+    fsdp_bucket: str = "param"
     num_graph_nodes: int = -1
     tokens_per_step: int = -1
     fsdp_pad_bytes: int = -1  # bytes of padding in each FSDP all_gather (shards rounded up to divide the world)
@@ -67,7 +68,13 @@ class SweepRow:
     estimate_wall_s: float = math.nan
     schedule_wall_s: float = math.nan
     simulate_wall_s: float = math.nan
+    optimize_kept: str | None = None  # the variant optimize kept
+    trace_cached: bool = False  # the graph came from the trace cache
     pid: int = -1  # the process that traced and simulated this configuration
+    host: str = ""
+    commsched_version: str = ""
+    torch_version: str = ""
+    numpy_version: str = ""
     error: str | None = None
 
     @property
@@ -83,6 +90,10 @@ class SweepRow:
     def compute_bound_s(self) -> float:
         """The part of the scheduled step not spent waiting on communication (step time - exposed comm)."""
         return self.step_time_s - self.exposed_comm_s
+
+    def result_dict(self) -> dict[str, Any]:
+        """:meth:`to_dict` without :data:`RUN_FIELDS`: what every backend and every run must agree on."""
+        return {k: v for k, v in self.to_dict().items() if k not in RUN_FIELDS}
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON values; NaN becomes None."""
@@ -103,142 +114,38 @@ class SweepRow:
         return cls(**kw)
 
 
-@dataclasses.dataclass(frozen=True)
-class _TraceTask:
-    """What one worker does: trace one (preset, parallel, world_size), then evaluate it on every profile."""
-
-    index: int
-    preset: str
-    parallel: str
-    world_size: int
-    hardware: tuple[str, ...]
-    layers: int | None
-    schedule: str | None
-    gpus_per_node: int | None
-    build_kw: tuple[tuple[str, Any], ...]
-
-
-def _error_text(stage: str, exc: BaseException) -> str:
-    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{stage}: {type(exc).__name__}" + (f": {msg}" if msg else "")
-
-
-def _error_rows(task: _TraceTask, error: str, **fields: Any) -> list[SweepRow]:
-    return [
-        SweepRow(
-            preset=task.preset,
-            parallel=task.parallel,
-            world_size=task.world_size,
-            hardware=h,
-            schedule=task.schedule,
-            error=error,
-            **fields,
-        )
-        for h in task.hardware
-    ]
-
-
-def _evaluate(task: _TraceTask, workload: Any, hardware: str, trace_wall_s: float) -> SweepRow:
-    """Estimate, schedule and simulate one traced workload on one hardware profile."""
-    from commsched import hardware as hw_profiles
-    from commsched.cost import estimate_costs
-    from commsched.passes import schedule as run_schedule
-    from commsched.report.step import predict
-    from commsched.sim import simulate_costs
-
-    g, meta = workload.graph, workload.meta
-    common = {
-        "preset": task.preset,
-        "parallel": task.parallel,
-        "world_size": task.world_size,
-        "hardware": hardware,
-        "layers": int(meta.get("layers", -1)),
-        "schedule": task.schedule,
-        "num_graph_nodes": len(g),
-        "tokens_per_step": int(meta.get("tokens_per_step", -1)),
-        "fsdp_pad_bytes": int(meta.get("padding", {}).get("fsdp_all_gather_pad_bytes", 0)),
-        "trace_wall_s": trace_wall_s,
-        "pid": os.getpid(),
-    }
-    stage = "hardware"
-    try:
-        hw = hw_profiles.for_graph(hardware, world_size=task.world_size, gpus_per_node=task.gpus_per_node)
-        common.update(num_nodes=hw.num_nodes, gpus_per_node=hw.gpus_per_node)
-        stage = "estimate"
-        t0 = time.perf_counter()
-        costs = estimate_costs(g, hw)
-        t1 = time.perf_counter()
-        stage = "schedule"
-        sched = None if task.schedule is None else run_schedule(g, costs, task.schedule)
-        t2 = time.perf_counter()
-        stage = "simulate"
-        before = simulate_costs(g, costs)
-        # the schedule's one step time: with several compute streams, plus the contention its pass charged
-        step = None if sched is None else predict(g, costs, sched.order, sched.streams, sched.compute_interference)
-        after = before if step is None else step.sim
-        t3 = time.perf_counter()
-    except Exception as exc:  # one failing configuration must not sink the sweep
-        return SweepRow(**common, error=_error_text(stage, exc))
-    return SweepRow(
-        **common,
-        step_time_input_s=before.makespan_s,
-        step_time_s=after.makespan_s if step is None else step.makespan_s,
-        exposed_comm_input_s=before.exposed_comm_s,
-        exposed_comm_s=after.exposed_comm_s,
-        overlap_ratio_input=before.overlap_ratio,
-        overlap_ratio=after.overlap_ratio,
-        peak_memory_input_bytes=before.peak_memory_bytes,
-        peak_memory_bytes=after.peak_memory_bytes,
-        lower_bound_s=after.lower_bound_s,
-        estimate_wall_s=t1 - t0,
-        schedule_wall_s=t2 - t1,
-        simulate_wall_s=t3 - t2,
-    )
-
-
-# a degree option only means something to the parallelisms with that mesh dimension; sweeping "fsdp,fsdp+tp" with
-# tp_size=8 gives it to fsdp+tp alone (the workload builder rejects tp_size for fsdp)
-_DEGREE_OPTIONS = {"tp_size": "tp", "ep_size": "ep"}
-
-
-def build_options(parallel: str, build_kw: dict[str, Any]) -> dict[str, Any]:
-    """The subset of ``build_kw`` that :func:`commsched.workloads.build` should get for ``parallel``."""
-    dims = set(parallel.split("+"))
-    return {k: v for k, v in build_kw.items() if k not in _DEGREE_OPTIONS or _DEGREE_OPTIONS[k] in dims}
-
-
-def _run_task(task: _TraceTask) -> list[SweepRow]:
-    """Worker entry point (must be importable by name for spawned processes). Never raises for a bad config."""
-    from commsched.workloads import build
-
-    t0 = time.perf_counter()
-    try:
-        workload = build(
-            task.preset,
-            parallel=task.parallel,
-            world_size=task.world_size,
-            layers=task.layers,
-            **build_options(task.parallel, dict(task.build_kw)),
-        )
-    except Exception as exc:
-        return _error_rows(task, _error_text("trace", exc), trace_wall_s=time.perf_counter() - t0, pid=os.getpid())
-    trace_wall_s = time.perf_counter() - t0
-    return [_evaluate(task, workload, h, trace_wall_s) for h in task.hardware]
-
-
-def _check_names(preset: str, parallels: Sequence[str], hardware: Sequence[str], schedule: str | None) -> None:
-    """Reject names that would fail every configuration, before starting any process."""
-    from commsched import hardware as hw_profiles
-    from commsched.passes import resolve_passes
+def _check_workload(preset: str, parallels: Sequence[str]) -> None:
+    """Reject a preset or parallelism that would fail every configuration (imports torch: seconds)."""
     from commsched.workloads import PARALLELISMS, get_preset
 
     get_preset(preset)  # ValueError naming the known presets
     for p in parallels:
         if p not in PARALLELISMS:
             raise ValueError(f"parallel {p!r}: expected one of {', '.join(PARALLELISMS)}")
+
+
+def _all_cached(tasks: list[dict[str, Any]]) -> bool:
+    """Whether this machine's trace cache holds every task's trace (then its names were valid when traced)."""
+    from commsched.execute.cache import trace_key, trace_path
+
+    def key(t: dict[str, Any]) -> str:
+        return trace_key(
+            t["preset"], t["parallel"], t["world_size"], t["layers"], build_options(t["parallel"], t["build_kw"])
+        )
+
+    return all(t["cache"] and not any(t["optimize"]) and trace_path(key(t)).is_file() for t in tasks)
+
+
+def _check_names(hardware: Sequence[str], schedule: str | None) -> list:
+    """Reject profile or pass names that would fail every configuration, before starting any process; the profiles,
+    resolved here (user folder included) so they travel by content."""
+    from commsched import hardware as hw_profiles
+    from commsched.passes import resolve_passes
+
+    profiles = []
     for h in hardware:
         try:
-            hw_profiles.get(h)
+            profiles.append((h, hw_profiles.get(h)))
         except FileNotFoundError as exc:
             raise ValueError(str(exc)) from None
     if schedule is not None:
@@ -246,10 +153,11 @@ def _check_names(preset: str, parallels: Sequence[str], hardware: Sequence[str],
             resolve_passes(schedule)
         except ValueError as exc:
             raise ValueError(f"schedule {schedule!r}: {exc}") from None
+    return profiles
 
 
-def _as_list(value: str | Sequence[Any], what: str) -> list[Any]:
-    items = [value] if isinstance(value, (str, int)) else list(value)
+def _as_list(value: Any, what: str) -> list[Any]:
+    items = [value] if isinstance(value, (str, int, bool)) else list(value)
     if not items:
         raise ValueError(f"{what}: expected at least one value")
     if len(set(items)) != len(items):
@@ -257,21 +165,53 @@ def _as_list(value: str | Sequence[Any], what: str) -> list[Any]:
     return items
 
 
-def _spawn_context() -> multiprocessing.context.BaseContext:
-    return multiprocessing.get_context("spawn")
-
-
-def _worker_init() -> None:
-    # Ctrl-C reaches the whole process group: a worker just exits (its task becomes error rows) and the sweeping
-    # process raises KeyboardInterrupt, rather than every worker printing a traceback from deep inside torch
-    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+def _dimensions(parallel: Any, world_sizes: Any, fsdp_bucket: Any, optimize: Any) -> dict[str, list]:
+    """The swept values of each dimension, checked."""
+    dims = {
+        "parallel": _as_list(parallel, "parallel"),
+        "world_sizes": _as_list(world_sizes, "world_sizes"),
+        "fsdp_bucket": _as_list(fsdp_bucket, "fsdp_bucket"),
+        "optimize": _as_list(optimize, "optimize"),
+    }
+    for w in dims["world_sizes"]:
+        if not isinstance(w, int) or isinstance(w, bool) or w < 1:
+            raise ValueError(f"world_sizes: {w!r} is not a positive integer")
+    for b in dims["fsdp_bucket"]:
+        if b not in ("param", "block"):
+            raise ValueError(f"fsdp_bucket {b!r}: expected param or block")
+    return dims
 
 
 def default_processes() -> int:
     """One per CPU. Workers warm up before they take a trace and this process traces too, so an extra process
     costs little even where it cannot help (benchmarks/RESULTS.md: about even on 2 busy cores for 1 s traces,
     1.3-1.5x faster for 8 s ones)."""
-    return os.cpu_count() or 1
+    from commsched.execute.base import default_jobs
+
+    return default_jobs()
+
+
+def _tasks(preset: str, dims: dict[str, list], profiles: list, layers: int | None, schedule: str | None,
+           gpus_per_node: int | None, cache: bool, build_kw: dict[str, Any]) -> list[dict[str, Any]]:  # fmt: skip
+    """One task spec per (parallel, world size, FSDP buckets), in that nested order."""
+    tasks = []
+    for p in dims["parallel"]:
+        for w in dims["world_sizes"]:
+            for bucket in dims["fsdp_bucket"]:
+                kw = dict(sorted({**build_kw, **({"fsdp_bucket": bucket} if bucket != "param" else {})}.items()))
+                tasks.append({
+                    "index": len(tasks), "preset": preset, "parallel": p, "world_size": w, "layers": layers,
+                    "schedule": schedule, "gpus_per_node": gpus_per_node, "build_kw": kw, "hardware": profiles,
+                    "optimize": dims["optimize"], "cache": cache,
+                })  # fmt: skip
+    return tasks
+
+
+def _store_key(tasks: list[dict[str, Any]]) -> list:
+    """The row store's configuration: the task specs with each profile as its data."""
+    from commsched.hardware import hardware_to_dict
+
+    return [{**t, "hardware": [(n, hardware_to_dict(hw)) for n, hw in t["hardware"]]} for t in tasks]
 
 
 def run_sweep(
@@ -282,206 +222,117 @@ def run_sweep(
     hardware: str | Sequence[str],
     layers: int | None = None,
     schedule: str | None = "default",
+    optimize: bool | Sequence[bool] = False,
+    fsdp_bucket: str | Sequence[str] = "param",
     processes: int | None = None,
     in_process: bool = True,
+    ray_address: str | None = None,
+    executor: Any = None,
+    cache: bool = True,
+    resume: bool = True,
     gpus_per_node: int | None = None,
     progress: bool = False,
     console: Any = None,
     on_rows: Callable[[list[SweepRow]], None] | None = None,
     **build_kw: Any,
 ) -> list[SweepRow]:
-    """Simulate ``preset`` for every (parallel, world_size, hardware), rows in that nested order of the arguments.
+    """Simulate ``preset`` for every (parallel, world_size, fsdp_bucket, hardware, optimize), rows in that nested
+    order of the arguments.
 
     ``schedule``: a pass preset or comma-separated passes for :func:`commsched.passes.schedule` ("default" is our
-    scheduler), or None to report the traced order only. ``processes``: processes tracing at once, this one
-    included (default: one per trace, at most one per CPU); 1 runs everything in this process.
-    ``in_process=False`` keeps this process out of it: ``processes`` spawned workers do all the traces (unless their
-    pool breaks, then the rest run here). Nodes per
-    configuration: ``ceil(world_size / gpus_per_node)`` (the profile's GPUs per node unless ``gpus_per_node`` is
-    given). ``build_kw`` go to :func:`commsched.workloads.build` (``seq_len``, ``batch``, ``mode``, ``tp_size``,
-    ...); ``tp_size`` / ``ep_size`` only to parallelisms with a tp / ep dimension. ``progress`` shows a rich
-    progress bar on ``console`` (default: stderr); ``on_rows`` receives each trace's rows, in this process, as
-    they finish.
+    scheduler), or None to report the traced order only. ``optimize``: False, True or both (``[False, True]``):
+    True runs :func:`commsched.optimize.optimize` (the program's collectives too) instead of ``schedule``.
+    ``fsdp_bucket``: FSDP collective granularities ("param", "block"). Where: ``processes`` local processes
+    (default one per CPU; this one included unless ``in_process=False``; 1 runs everything here), or Ray at
+    ``ray_address`` ("local" or a head's address), or a given ``executor`` (kept open). ``cache``: read and fill
+    the trace cache. ``resume``: keep finished rows in the row store and take those of an interrupted run of the
+    same sweep. Nodes per configuration: ``ceil(world_size / gpus_per_node)`` (the profile's unless given).
+    ``build_kw`` go to :func:`commsched.workloads.build` (``seq_len``, ``batch``, ``mode``, ``tp_size``, ...);
+    ``tp_size`` / ``ep_size`` only to parallelisms with a tp / ep dimension. ``progress`` shows one rich progress
+    bar on ``console`` (default: stderr); ``on_rows`` receives each task's rows, in this process, as they finish.
     Raises ValueError for names that fail everywhere; a failing configuration is a row with ``error`` set.
     """
-    parallels = _as_list(parallel, "parallel")
-    worlds = _as_list(world_sizes, "world_sizes")
-    profiles = tuple(_as_list(hardware, "hardware"))
-    for w in worlds:
-        if not isinstance(w, int) or isinstance(w, bool) or w < 1:
-            raise ValueError(f"world_sizes: {w!r} is not a positive integer")
-    if processes is not None and processes < 1:
-        raise ValueError(f"processes={processes}: expected >= 1")
-    if gpus_per_node is not None and gpus_per_node < 1:
-        raise ValueError(f"gpus_per_node={gpus_per_node}: expected >= 1")
-    _check_names(preset, parallels, profiles, schedule)
+    from commsched.execute.cache import RowStore
 
-    tasks = [
-        _TraceTask(i, preset, p, w, profiles, layers, schedule, gpus_per_node, tuple(sorted(build_kw.items())))
-        for i, (p, w) in enumerate((p, w) for p in parallels for w in worlds)
-    ]
-    jobs = min(len(tasks), processes or default_processes())
-    workers = jobs if not in_process else jobs - 1
-    results: dict[int, list[SweepRow]] = {}
-    bar = _Progress(len(tasks) * len(profiles), console) if progress else None
+    dims = _dimensions(parallel, world_sizes, fsdp_bucket, optimize)
+    for name, value in (("processes", processes), ("gpus_per_node", gpus_per_node)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name}={value}: expected >= 1")
+    names = _as_list(hardware, "hardware")
+    profiles = _check_names(names, schedule)
+    tasks = _tasks(preset, dims, profiles, layers, schedule, gpus_per_node, cache, build_kw)
+    store = RowStore(_store_key(tasks)) if resume else None
+    results = store.load() if store is not None else {}
+    todo = [t for t in tasks if t["index"] not in results]
+    if _all_cached(todo) and ray_address is None and executor is None:
+        processes = 1  # nothing to trace: estimating and simulating here beats starting workers (and torch)
+    elif ray_address is None and executor is None:
+        # local workers start (import torch, warm up) while this process checks the names, importing torch too
+        executor = _early_pool(processes, in_process, len(todo), lambda: _check_workload(preset, dims["parallel"]))
+    else:
+        _check_workload(preset, dims["parallel"])
+    own = executor is not None and getattr(executor, "_sweep_owned", False)
+    bar = _Progress(len(tasks) * len(names) * len(dims["optimize"]), console) if progress else None
+    if own:
+        executor.progress = bar
+    if bar is not None and results:
+        bar.advance(sum(len(r) for r in results.values()), f"{len(results)} task(s) from an interrupted run")
 
-    def finish(task: _TraceTask, rows: list[SweepRow]) -> None:
-        results[task.index] = rows
+    def finish(i: int, rows: list[dict[str, Any]]) -> None:
+        task = todo[i]
+        results[task["index"]] = rows
+        if store is not None:
+            store.add(task["index"], rows)
         if bar is not None:
-            bar.advance(len(rows), f"{task.parallel} world {task.world_size}")
+            bar.advance(len(rows), f"{task['parallel']} world {task['world_size']}")
         if on_rows is not None:
-            on_rows(rows)
+            on_rows([SweepRow.from_dict(r) for r in rows])
 
     try:
-        if workers == 0:
-            for task in tasks:
-                if bar is not None:
-                    bar.describe(f"tracing {task.parallel} world {task.world_size}")
-                finish(task, _run_task(task))
-        else:
-            _run_pool(tasks, workers, in_process, finish, bar)
+        if todo:
+            _execute(todo, finish, bar, executor, processes, in_process, ray_address)
     finally:
+        if own:
+            executor.close()
         if bar is not None:
             bar.close()
-    return [row for i in range(len(tasks)) for row in results[i]]
+    if store is not None:
+        store.finish()
+    return [SweepRow.from_dict(row) for t in tasks for row in results[t["index"]]]
 
 
-def _warm_up() -> int:
-    """A worker's first call: import torch and trace a tiny model, so that the lazy imports of the first trace
-    (sympy, dynamo: seconds) happen before the worker asks for real work."""
-    from commsched.workloads import build
+def _early_pool(processes: int | None, in_process: bool, n_tasks: int, check: Callable[[], None]) -> Any:
+    """A local pool whose workers are already starting, then ``check()`` here; the pool is closed if it raises."""
+    from commsched.execute.local import LocalExecutor
 
-    build("llama-tiny", parallel="fsdp", world_size=2, layers=1)
-    return os.getpid()
-
-
-class _Board:
-    """The shared state of a pooled sweep: tasks not handed out (``todo``), tasks a worker is on (``in_flight``,
-    in hand-out order), tasks finished (``done``). Callbacks run on the pool's result thread, so every access holds
-    ``lock``; finished rows travel to the sweeping thread through ``finished`` (None: a wake-up)."""
-
-    def __init__(self, tasks: list[_TraceTask], run_here: bool) -> None:
-        self.todo = collections.deque(tasks)
-        self.in_flight: dict[int, _TraceTask] = {}
-        self.done: set[int] = set()
-        self.run_here = run_here
-        self.lock = threading.Lock()
-        self.finished: queue.SimpleQueue[tuple[_TraceTask, list[SweepRow]] | None] = queue.SimpleQueue()
-
-    def next_for_worker(self) -> _TraceTask | None:
-        with self.lock:
-            if not self.todo:
-                return None
-            task = self.todo.popleft()
-            self.in_flight[task.index] = task
-            return task
-
-    def give_back(self, task: _TraceTask) -> None:
-        """A task the pool refused (broken or shut down): this process will run it."""
-        with self.lock:
-            self.in_flight.pop(task.index, None)
-            self.todo.appendleft(task)
-            self.run_here = True
-        self.finished.put(None)
-
-    def next_for_here(self) -> _TraceTask | None:
-        """The last task not handed out, if this process traces too (or took over from a failed pool).
-
-        It does not re-run a task a worker holds, to finish first: tried, it lost on a busy machine, since this
-        process cannot stop its copy when the worker's result comes in."""
-        with self.lock:
-            return self.todo.pop() if self.run_here and self.todo else None
-
-    def record(self, task: _TraceTask, rows: list[SweepRow], finish: Callable) -> None:
-        """Count the result of ``task``, once (called on the sweeping thread only)."""
-        with self.lock:
-            self.in_flight.pop(task.index, None)
-            first = task.index not in self.done
-            self.done.add(task.index)
-        if first:
-            finish(task, rows)
-
-
-def _run_pool(tasks: list[_TraceTask], workers: int, in_process: bool, finish: Callable, bar: _Progress | None) -> None:
-    """Run ``tasks`` in ``workers`` spawned processes and, if ``in_process``, in this one; each takes the next task
-    when it is free.
-
-    Workers take tasks from the front of the list, this process from the back. A worker gets its first task only
-    once it has warmed up, so a slow start never holds a task, and its next task from the pool's result thread
-    (a done-callback submits it), so it never waits on this process. A dead worker's task becomes error rows; if
-    the pool breaks, the tasks not yet handed out run here. At the end, workers still busy are terminated.
-    """
-    board = _Board(tasks, in_process)
-
-    def rows_of(task: _TraceTask, fut: Future) -> list[SweepRow]:
-        try:
-            return fut.result()
-        # the worker died (killed, out of memory), could not start, or was interrupted; BaseException too, because
-        # anything raised here would kill the pool's result thread and leave the workers waiting forever
-        except BaseException as exc:
-            return _error_rows(task, _error_text("worker", exc))
-
-    def feed(pool: ProcessPoolExecutor) -> None:
-        task = board.next_for_worker()
-        if task is None:
-            return
-        try:
-            fut = pool.submit(_run_task, task)
-        except Exception:  # the pool is broken or shutting down
-            board.give_back(task)
-            return
-        fut.add_done_callback(lambda f, t=task: (board.finished.put((t, rows_of(t, f))), feed(pool)))
-
-    def ready(pool: ProcessPoolExecutor, fut: Future) -> None:
-        if fut.cancelled() or fut.exception() is not None:
-            with board.lock:
-                board.run_here = True
-            board.finished.put(None)
-        else:
-            feed(pool)
-
-    if bar is not None:
-        bar.describe(f"starting {workers} worker process(es)")
-    pool = ProcessPoolExecutor(workers, mp_context=_spawn_context(), initializer=_worker_init)
+    pool = LocalExecutor(jobs=processes, in_process=in_process)
+    pool._sweep_owned = True  # run_sweep closes it
     try:
-        for _ in range(workers):
-            pool.submit(_warm_up).add_done_callback(lambda f: ready(pool, f))
-        while len(board.done) < len(tasks):
-            try:
-                item = board.finished.get_nowait()
-            except queue.Empty:
-                task = board.next_for_here()
-                if task is not None:
-                    if bar is not None:
-                        bar.describe(f"tracing {task.parallel} world {task.world_size}")
-                    board.record(task, _run_task(task), finish)
-                    continue
-                item = board.finished.get()  # workers have every task left, or the pool failed (None)
-            if item is not None:
-                board.record(*item, finish)
-    except BaseException:  # e.g. Ctrl-C: hand out nothing more
-        with board.lock:
-            board.todo.clear()
+        pool.prestart(n_tasks)
+        check()
+    except BaseException:
+        pool.close()
         raise
+    return pool
+
+
+def _execute(todo: list, finish: Callable, bar: Any, executor: Any, processes: int | None, in_process: bool,
+             ray_address: str | None) -> None:  # fmt: skip
+    """Run ``todo`` on ``executor``, or on one made here (and closed, also after Ctrl-C)."""
+    from commsched.execute.base import make_executor
+    from commsched.execute.local import LocalExecutor
+
+    own = executor is None
+    if own:
+        if ray_address is None:
+            executor = LocalExecutor(jobs=processes, in_process=in_process, progress=bar)
+        else:
+            executor = make_executor(jobs=processes, ray_address=ray_address, progress=bar)
+    try:
+        executor.map(TASK_FN, todo, fail=lambda spec, text: error_rows(spec, text), on_result=finish)
     finally:
-        _stop_workers(pool)
-
-
-def _stop_workers(pool: ProcessPoolExecutor) -> None:
-    """Shut ``pool`` down without waiting for calls still running (warm-ups, tasks this process finished first,
-    tasks after an interrupt)."""
-    if hasattr(pool, "terminate_workers"):  # Python >= 3.14
-        pool.terminate_workers()
-        return
-    # what terminate_workers does, for older Pythons: copy the processes before shutdown forgets them
-    processes = dict(getattr(pool, "_processes", None) or {})
-    pool.shutdown(wait=False, cancel_futures=True)
-    for proc in processes.values():
-        try:
-            if proc.is_alive():
-                proc.terminate()
-        except (ValueError, ProcessLookupError):  # already exited and closed
-            continue
+        if own:
+            executor.close()
 
 
 class _Progress:

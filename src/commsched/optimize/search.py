@@ -140,6 +140,8 @@ def optimize(
     finalists: int = 2,
     table: MeasuredTable | str | None = None,
     transforms: bool = True,
+    executor: Any = None,
+    granularities: tuple = GRANULARITIES,
 ) -> Optimized:
     """Optimize one step: a ``torch.fx.GraphModule`` (traced with ``_c10d_functional`` collectives; import it inside
     its (fake) process group or give ``group_sizes``) or a commsched ``Graph`` (reordering only: rewrites need the
@@ -151,11 +153,13 @@ def optimize(
     ``MeasuredTable``, or a table / profiler trace path, e.g. from ``commsched calibrate --trace``) used for every
     variant before the model; bucketed collectives of other sizes are interpolated. ``transforms``: also try
     program transforms (decomposed TP collectives, :mod:`commsched.optimize.transforms`). Never worse than the traced
-    order; see the module docstring for the search."""
+    order; see the module docstring for the search. ``executor`` (:mod:`commsched.execute`): judge the bucket
+    plans on its workers (:mod:`commsched.optimize.parallel`; the same result); ``granularities``: the bucket caps
+    tried (default :data:`GRANULARITIES`)."""
     t0 = time.perf_counter()
     with _collector_paused():
         out = _optimize(program, hardware, num_nodes, gpus_per_node, memory_budget, reorder_collectives, group_sizes,
-                        finalists, table, transforms)  # fmt: skip
+                        finalists, table, transforms, executor, granularities)  # fmt: skip
     out.wall_s = time.perf_counter() - t0
     return out
 
@@ -176,7 +180,7 @@ def _collector_paused():
 
 
 def _optimize(program, hardware, num_nodes, gpus_per_node, memory_budget, reorder_collectives, group_sizes,
-              finalists, table, transforms) -> Optimized:  # fmt: skip
+              finalists, table, transforms, executor=None, granularities=GRANULARITIES) -> Optimized:  # fmt: skip
     gm, g = _import(program, group_sizes)
     hw = for_graph(hardware, g, num_nodes=num_nodes, gpus_per_node=gpus_per_node)
     if isinstance(table, (str, os.PathLike)):
@@ -190,12 +194,19 @@ def _optimize(program, hardware, num_nodes, gpus_per_node, memory_budget, reorde
     variants: list[_Variant | Tried] = [traced, _scheduled("traced program, scheduled", g, costs, knobs)]
     if gm is not None:
         scheduled = variants[1] if isinstance(variants[1], _Variant) else traced
-        variants += _bucketed(gm, g, hw, (costs, cost), knobs, scheduled.schedule.order, finalists)
+        args = (gm, g, hw, (costs, cost), knobs, scheduled.schedule.order, finalists, granularities)
+        if executor is None:
+            variants += _bucketed(*args)
+        else:  # the same search, its candidates judged on the executor's workers
+            from commsched.optimize import parallel
+
+            variants += parallel.bucketed(*args, executor=executor, table=table)
         if transforms:  # program transforms (issue 18): candidates like any other, see optimize/transforms.py
             from commsched.optimize.transforms import transform_variants
 
             variants += transform_variants(gm, g, cost, knobs, finalists, variants)
     best, tried = _judge(variants, limit)
+    best = best.rebuild() if hasattr(best, "rebuild") else best  # a finalist judged on a worker, built here
     out_gm = None
     if gm is not None:
         out_gm = _final_module(gm, g, best)
@@ -252,12 +263,12 @@ def _scheduled(label: str, g: Graph, costs: CostEstimate, knobs: dict, plan: Any
 PLANNED_ON = ("traced order", "scheduled order")
 
 
-def _plans(g: Graph, hw: Any, costs: CostEstimate, scheduled_order: np.ndarray):
+def _plans(g: Graph, hw: Any, costs: CostEstimate, scheduled_order: np.ndarray, granularities: tuple = GRANULARITIES):
     """Every bucket plan the search considers: (label, plan, the order it was planned on, that order's name)."""
     from commsched.rewrites import BucketConfig, plan_buckets
 
     for plan_on, order in zip(PLANNED_ON, (None, scheduled_order), strict=True):
-        for cap_label, cap in GRANULARITIES:
+        for cap_label, cap in granularities:
             # the planner's own overlap estimate ("exposes" refusals) is left out: the simulator judges each plan,
             # and with it the plans differed by about one collective and 0.05 % on the benchmark steps
             label = f"bucketed ({cap_label}, planned on {plan_on})"
@@ -265,7 +276,10 @@ def _plans(g: Graph, hw: Any, costs: CostEstimate, scheduled_order: np.ndarray):
             yield label, plan_buckets(g, costs, order, hardware=hw, config=cfg), order, plan_on
 
 
-def _bucketed(gm: Any, g: Graph, hw: Any, costing: tuple, knobs: dict, scheduled_order, finalists: int) -> list:
+def _bucketed(
+    gm: Any, g: Graph, hw: Any, costing: tuple, knobs: dict, scheduled_order, finalists: int,
+    granularities: tuple = GRANULARITIES,
+) -> list:  # fmt: skip
     """Every distinct bucket plan applied on the IR (:func:`bucket_graph`, the graph the FX rewrite gives) and
     judged by one guarded list-scheduling attempt (:data:`PROBE`); per order the plans were made on, the
     ``finalists`` fastest get the full ``overlap`` search (with ``knobs``), the others keep the probe's verdict.
@@ -277,7 +291,7 @@ def _bucketed(gm: Any, g: Graph, hw: Any, costing: tuple, knobs: dict, scheduled
     seen: dict[tuple, str] = {}
     probed: dict[str, list[tuple[int, str, Graph, CostEstimate, tuple]]] = {name: [] for name in PLANNED_ON}
     costs, cost = costing
-    for label, plan, order, plan_on in _plans(g, hw, costs, scheduled_order):
+    for label, plan, order, plan_on in _plans(g, hw, costs, scheduled_order, granularities):
         key = tuple(b.members for b in plan.buckets if b.merged)
         if not key or key in seen:
             out.append(Tried(label, None, verdict="no merge" if not key else f"the same plan as: {seen[key]}"))

@@ -105,6 +105,8 @@ def transform_variants(
         out = [Tried("decomposed TP on the traced program", None, verdict=pruned)]
         base = _best_bucketed(variants, knobs)
         if base is not None:
+            if hasattr(base, "rebuild"):  # judged on an executor (optimize/parallel.py): its graph is built here
+                base = base.rebuild()
             why = _bound_prune(base.graph, base.costs, sites, variants, knobs)
             if why is None:
                 return out + _on_bucketed(gm, g, base, tp_plans(gm, sites)[:1], cost, knobs, suffix)

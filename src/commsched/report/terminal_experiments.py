@@ -59,7 +59,9 @@ def sweep_table(rows: Sequence[SweepRow], title: str) -> Table:
     columns += ("over-\nlap", "peak\nmemory", "lower\nbound")
     table = new_table(title, columns, left=("parallel", "hardware"), no_wrap=True, box=box.SIMPLE_HEAD, padding=0)
     for r in rows:
-        head = [r.parallel, str(r.world_size), r.hardware]
+        # the sweep's other dimensions, only when swept: FSDP buckets per block, optimize on
+        parallel = r.parallel + ("/block" if r.fsdp_bucket == "block" else "")
+        head = [parallel, str(r.world_size), r.hardware + (" (opt.)" if r.optimize else "")]
         if not r.ok:
             table.add_row(*head, "[red]error[/]", *[""] * 6)
             continue

@@ -1,0 +1,147 @@
+"""Scaling out a sweep (issue 24): the trace cache, the local pool, Ray; and the same rows on every backend.
+
+Usage: python benchmarks/bench_scaleout.py [--layers 2] [--world-sizes 8,64,512,1024] [--no-ray]
+The sweep: llama3-8b, {fsdp, ddp} x world sizes x {h100-sxm, b200} (16 configurations by default). Measured:
+(1) ``commsched sweep`` as fresh processes with an empty, then a warm trace cache (``-j 1``); (2) ``--no-cache``
+with ``-j 1`` and ``-j 2`` back to back; (3) ``--ray-address local -j 2 --no-cache`` (a private Ray instance,
+started by the run); (4) with a Ray head on 127.0.0.1 already up (``ray start --block``, stopped by its pid):
+a second sweep on warm actors against a second sweep on a warm local pool of 2, in this process. Then checks
+that every backend gave the same rows (wall times, pids and hosts aside). Prints the load average around each
+figure: the machine is shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TMP = SRC = Path()
+
+
+def snapshot() -> None:
+    """Copy the source: every process of the benchmark runs the same code (the rows carry its hash) even if the
+    checkout changes meanwhile. Only in the main process (spawned workers import this module too, and get the
+    snapshot through sys.path)."""
+    global TMP, SRC
+    TMP = Path(tempfile.mkdtemp(prefix="scaleout"))
+    SRC = TMP / "src"
+    shutil.copytree(ROOT / "src" / "commsched", SRC / "commsched", ignore=shutil.ignore_patterns("__pycache__"))
+    sys.path.insert(0, str(SRC))
+    sys.path.insert(0, str(ROOT / "tests" / "execute"))
+
+
+def load() -> str:
+    return f"load {os.getloadavg()[0]:.1f}"
+
+
+def cli(args: list[str], cache: Path, home: Path, out: Path) -> tuple[float, list]:
+    """``commsched sweep ARGS --json OUT`` in a fresh process; (wall seconds, rows)."""
+    env = {**os.environ, "PYTHONPATH": str(SRC), "COMMSCHED_CACHE_DIR": str(cache), "HOME": str(home)}
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "commsched", "sweep", *args, "--json", str(out)], env=env, check=True,
+                   capture_output=True, cwd=home)  # fmt: skip
+    wall = time.perf_counter() - t0
+    return wall, json.loads(out.read_text())["rows"]
+
+
+def stripped(rows: list) -> list:
+    from commsched.experiments.sweep import SweepRow
+
+    return [(r if isinstance(r, SweepRow) else SweepRow.from_dict(r)).result_dict() for r in rows]
+
+
+def in_process(executor, kw: dict) -> tuple[float, float, list]:
+    """Two sweeps on one executor: (first wall, second wall, the second's rows)."""
+    from commsched.experiments.sweep import run_sweep
+
+    t0 = time.perf_counter()
+    run_sweep("llama3-8b", **kw, executor=executor)
+    t1 = time.perf_counter()
+    rows = run_sweep("llama3-8b", **kw, executor=executor)
+    return t1 - t0, time.perf_counter() - t1, rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--world-sizes", default="8,64,512,1024")
+    ap.add_argument("--no-ray", action="store_true")
+    args = ap.parse_args()
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, {load()}")
+    sweep = ["llama3-8b", "-p", "fsdp,ddp", "-w", args.world_sizes, "-H", "h100-sxm,b200", "-l", str(args.layers)]
+    tmp = TMP
+    home = tmp / "home"
+    home.mkdir()
+    results: dict[str, list] = {}
+
+    # untimed: a first process after a while reads torch's libraries from disk; no timed run should pay for that
+    cli(["llama-tiny", "-w", "2", "-l", "1", "-j", "1", "--no-cache"], tmp / "c0", home, tmp / "0.json")
+    cold, results["jobs 1 (cold cache)"] = cli([*sweep, "-j", "1"], tmp / "cache", home, tmp / "a.json")
+    print(f"cold cache, -j 1: {cold:.2f} s ({load()})")
+    warm, results["warm cache"] = cli(sweep, tmp / "cache", home, tmp / "b.json")
+    print(f"warm cache: {warm:.2f} s ({load()}): {cold / warm:.1f}x faster")
+
+    one, results["jobs 1"] = cli([*sweep, "-j", "1", "--no-cache"], tmp / "c1", home, tmp / "c.json")
+    print(f"--no-cache -j 1: {one:.2f} s ({load()}); the warm cache run: {one / warm:.1f}x faster than this")
+    two, results["jobs 2"] = cli([*sweep, "-j", "2", "--no-cache"], tmp / "c2", home, tmp / "d.json")
+    print(f"--no-cache -j 2: {two:.2f} s ({load()}): {two / one:.2f}x the -j 1 wall")
+
+    if not args.no_ray:
+        ray_wall, results["ray local"] = cli([*sweep, "-j", "2", "--no-cache", "--ray-address", "local"],
+                                             tmp / "c3", home, tmp / "e.json")  # fmt: skip
+        print(f"--ray-address local -j 2 --no-cache (starts Ray): {ray_wall:.2f} s ({load()})")
+        _warm_backends(args, results)
+
+    want = stripped(results["jobs 1"])
+    for name, rows in results.items():
+        print(f"rows equal to --no-cache -j 1: {name}: {stripped(rows) == want} ({len(rows)} rows)")
+    if not all(stripped(rows) == want for rows in results.values()):
+        raise SystemExit("rows differ between backends")
+
+
+def _warm_backends(args, results: dict) -> None:
+    """A warm local pool of 2 and warm actors on a head that is up, each timed on its second sweep."""
+    from test_ray import Head
+
+    from commsched.execute.local import LocalExecutor
+    from commsched.execute.ray_backend import RayExecutor
+
+    kw = {"parallel": ["fsdp", "ddp"], "world_sizes": [int(w) for w in args.world_sizes.split(",")],
+          "hardware": ["h100-sxm", "b200"], "layers": args.layers, "cache": False, "resume": False}  # fmt: skip
+    with LocalExecutor(jobs=2) as ex:
+        first, local_s, results["local pool (warm)"] = in_process(ex, kw)
+    print(f"local pool of 2, this process tracing too: first {first:.2f} s, warm {local_s:.2f} s ({load()})")
+    with LocalExecutor(jobs=2, in_process=False) as ex:
+        first, workers_s, results["local workers only (warm)"] = in_process(ex, kw)
+    print(f"local pool, 2 workers only: first {first:.2f} s, warm {workers_s:.2f} s ({load()})")
+    head = Head(src=SRC)
+    try:
+        t0 = time.perf_counter()
+        ex = RayExecutor(head.address)
+        connect = time.perf_counter() - t0
+        try:
+            first, ray_s, results["ray head (warm)"] = in_process(ex, kw)
+        finally:
+            ex.close()
+    finally:
+        head.stop()
+    print(f"Ray head up (2 CPUs): connect {connect:.2f} s, first sweep {first:.2f} s (actors warm up), "
+          f"warm {ray_s:.2f} s ({load()}): {ray_s / workers_s:.2f}x the 2 local workers, "
+          f"{ray_s / local_s:.2f}x the local pool")  # fmt: skip
+
+
+if __name__ == "__main__":
+    snapshot()
+    try:
+        main()
+    finally:
+        shutil.rmtree(TMP, ignore_errors=True)

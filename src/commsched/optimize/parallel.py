@@ -1,0 +1,130 @@
+"""``optimize``'s bucket-plan candidates judged on an executor (:mod:`commsched.execute`): the same search as
+:func:`commsched.optimize.search._bucketed`, with the probes and the full searches mapped over workers.
+
+The plans are made here (cheap) and deduplicated; each candidate travels as a small spec (its label, plan and the
+order it was planned on) with the search's context by content (the traced Graph, the Hardware, the measured table,
+the FX module's non-contiguous inputs, the knobs), and comes back as a row of figures. A candidate is a pure
+function of its spec, so every backend gives the same rows; ties are broken by candidate index, as in the serial
+search. The finalists come back as :class:`Evaluated` stand-ins; the one the search keeps is rebuilt here
+(:meth:`Evaluated.rebuild`: the same deterministic passes), so only the winner's graph and schedule are ever built
+twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from types import SimpleNamespace
+from typing import Any
+
+from commsched.execute.base import error_text
+from commsched.optimize import search
+
+PROBE_FN = "commsched.optimize.parallel:judge_candidate"
+
+
+@dataclasses.dataclass
+class Evaluated(search._Variant):
+    """A finalist judged on a worker: ``sim`` holds its figures only (``makespan_ns``, ``makespan_s``,
+    ``peak_memory_bytes``), ``graph`` its collective count; :meth:`rebuild` makes the real variant."""
+
+    spec: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def rebuild(self) -> search._Variant:
+        g2, c2 = _bucketed_graph(self.spec)
+        variant = search._scheduled(self.label, g2, c2, self.spec["ctx"]["knobs"], self.plan)
+        variant.probe_s = self.probe_s
+        return variant
+
+
+def _cost(ctx: dict[str, Any]):
+    from commsched.cost import estimate_costs
+
+    return functools.partial(estimate_costs, hardware=ctx["hw"], table=ctx["table"])
+
+
+def _bucketed_graph(spec: dict[str, Any]) -> tuple[Any, Any]:
+    from commsched.rewrites.bucket_graph import bucket_graph
+
+    ctx = spec["ctx"]
+    plan, order = spec["plan"]
+    g2 = bucket_graph(ctx["graph"], plan, order, ctx["noncontig"])
+    return g2, _cost(ctx)(g2)
+
+
+def judge_candidate(spec: dict[str, Any]) -> dict[str, Any]:
+    """One candidate, on any worker: its bucketed graph costed and scheduled with the probe's knobs
+    (``spec["stage"] == "probe"``) or the full search's; a row of figures, or of the verdict why it has none."""
+    knobs = spec["ctx"]["knobs"]
+    if spec["stage"] == "probe":
+        knobs = {**knobs, **search.PROBE}
+    try:
+        g2, c2 = _bucketed_graph(spec)
+    except Exception as exc:  # a plan that cannot be applied: a verdict, as a failed schedule is
+        return {"label": spec["label"], "collectives": None, "verdict": f"failed: {error_text('bucket', exc)}"}
+    v = search._scheduled(spec["label"], g2, c2, knobs, spec["plan"])
+    if isinstance(v, search.Tried):
+        return {"label": v.label, "collectives": v.collectives, "verdict": v.verdict}
+    sim = v.sim
+    return {"label": v.label, "collectives": len(g2.collectives), "makespan_ns": int(sim.makespan_ns),
+            "makespan_s": float(sim.makespan_s), "peak_memory_bytes": int(sim.peak_memory_bytes)}  # fmt: skip
+
+
+def _failed(spec: dict[str, Any], text: str) -> dict[str, Any]:
+    return {"label": spec["label"], "collectives": None, "verdict": f"failed: {text}"}
+
+
+def bucketed(gm: Any, g: Any, hw: Any, costing: tuple, knobs: dict, scheduled_order: Any, finalists: int,
+             granularities: tuple = search.GRANULARITIES, *, executor: Any, table: Any = None) -> list:  # fmt: skip
+    """:func:`commsched.optimize.search._bucketed` with the candidates judged on ``executor``: the same list of
+    variants and verdicts, in the same order, the finalists as :class:`Evaluated`."""
+    from commsched.rewrites.bucket_graph import noncontiguous_inputs
+
+    ctx = {"graph": g, "hw": hw, "table": table, "noncontig": noncontiguous_inputs(gm, g), "knobs": knobs}
+    out: list[Any] = []
+    seen: dict[tuple, str] = {}
+    specs: list[dict[str, Any]] = []
+    for label, plan, order, plan_on in search._plans(g, hw, costing[0], scheduled_order, granularities):
+        key = tuple(b.members for b in plan.buckets if b.merged)
+        if not key or key in seen:
+            out.append(search.Tried(label, None, verdict="no merge" if not key else f"the same plan as: {seen[key]}"))
+            continue
+        seen[key] = label
+        specs.append({"index": len(specs), "label": label, "plan": (plan, order), "plan_on": plan_on,
+                      "stage": "probe", "ctx": ctx})  # fmt: skip
+    probes = executor.map(PROBE_FN, specs, fail=_failed)
+    probed: dict[str, list[tuple[int, int, dict]]] = {name: [] for name in search.PLANNED_ON}
+    for spec, row in zip(specs, probes, strict=True):
+        if "makespan_ns" not in row:  # no order within the budget even for the probe, or it failed
+            out.append(search.Tried(row["label"], row["collectives"], verdict=row["verdict"]))
+            continue
+        probed[spec["plan_on"]].append((row["makespan_ns"], spec["index"], spec))
+    return out + _finals(probed, specs, probes, knobs, finalists, executor)
+
+
+def _finals(probed: dict, specs: list, probes: list, knobs: dict, finalists: int, executor: Any) -> list:
+    """Per order the plans were made on, the ``finalists`` best probes (ties: the earlier candidate) get the full
+    search on ``executor``; the others keep the probe's verdict."""
+    suffix = ", collectives reordered" if knobs["reorder_collectives"] else ""
+    ranked = [sorted(family, key=lambda q: q[:2]) for family in probed.values()]
+    final_specs = [{**spec, "label": spec["label"] + suffix, "stage": "full"}
+                   for family in ranked for _, _, spec in family[:finalists]]  # fmt: skip
+    fulls = iter(executor.map(PROBE_FN, final_specs, fail=_failed))
+    out: list[Any] = []
+    for family in ranked:
+        for k, (ns, index, spec) in enumerate(family):
+            if k < finalists:
+                out.append(_finalist(next(fulls), {**spec, "label": spec["label"] + suffix}, ns))
+            else:
+                why = f"pruned: probe {ns / family[0][0] - 1:.1%} slower than the best plan's made on the same order"
+                out.append(search.Tried(spec["label"], probes[index]["collectives"], verdict=why, probe_s=ns / 1e9))
+    return out
+
+
+def _finalist(row: dict[str, Any], spec: dict[str, Any], probe_ns: int) -> Any:
+    if "makespan_ns" not in row:
+        return search.Tried(row["label"], row["collectives"], verdict=row["verdict"], probe_s=probe_ns / 1e9)
+    sim = SimpleNamespace(makespan_ns=row["makespan_ns"], makespan_s=row["makespan_s"],
+                          peak_memory_bytes=row["peak_memory_bytes"])  # fmt: skip
+    graph = SimpleNamespace(collectives=range(row["collectives"]))
+    return Evaluated(row["label"], graph, None, None, sim, spec["plan"], probe_ns / 1e9, spec=spec)

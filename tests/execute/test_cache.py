@@ -1,0 +1,113 @@
+"""The trace cache (versioned JSON graphs under a key of everything that decides a trace) and the row store (an
+interrupted sweep resumes)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from commsched.execute import base, cache
+from commsched.experiments import sweep_task
+from commsched.experiments.sweep import run_sweep
+from commsched.frontends.json_io import load_graph
+
+KW = {"parallel": ["fsdp", "ddp"], "world_sizes": [8], "hardware": ["h100-sxm", "b200"], "layers": 1, "processes": 1}
+
+
+def test_cache_folder_respects_the_environment(monkeypatch, tmp_path):
+    monkeypatch.delenv("COMMSCHED_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache.cache_dir() == tmp_path / "xdg" / "commsched"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache.cache_dir() == tmp_path / "home" / ".cache" / "commsched"
+    monkeypatch.setenv("COMMSCHED_CACHE_DIR", str(tmp_path / "mine"))
+    assert cache.cache_dir() == tmp_path / "mine"
+
+
+def test_the_key_covers_every_field_and_the_versions(monkeypatch):
+    args = ("llama3-8b", "fsdp", 64, 2, {"mode": "train", "seq_len": 1024, "batch": 2, "dtype": "bfloat16"})
+    key = cache.trace_key(*args)
+    assert key == cache.trace_key(*args) and len(key) == 32
+    changed = [
+        ("llama3-70b", *args[1:]),
+        (args[0], "ddp", *args[2:]),
+        (*args[:2], 128, *args[3:]),
+        (*args[:3], 4, args[4]),
+        (*args[:4], {**args[4], "mode": "prefill"}),
+        (*args[:4], {**args[4], "seq_len": 2048}),
+        (*args[:4], {**args[4], "batch": 1}),
+        (*args[:4], {**args[4], "dtype": "float32"}),
+    ]
+    assert len({cache.trace_key(*a) for a in changed} | {key}) == len(changed) + 1
+    mine = base.versions()
+    for field in ("commsched_version", "torch_version"):
+        monkeypatch.setattr(cache, "versions", lambda f=field: {**mine, f: "other"})
+        assert cache.trace_key(*args) != key, field
+
+
+def test_a_rerun_traces_nothing_and_gives_the_same_rows():
+    first = run_sweep("llama-tiny", **KW)
+    second = run_sweep("llama-tiny", **KW)
+    assert not any(r.trace_cached for r in first) and all(r.trace_cached for r in second)
+    assert [r.result_dict() for r in first] == [r.result_dict() for r in second]
+    assert all(r.trace_wall_s < 0.5 for r in second)
+    files = sorted((cache.cache_dir() / "traces").glob("*.json"))
+    assert len(files) == 2  # one per trace, not per hardware profile
+    head = json.loads(files[0].read_text())
+    assert (head["format"], head["version"]) == ("commsched.graph", 1)  # the project's graph format, not pickle
+    assert {len(load_graph(f)) for f in files} == {r.num_graph_nodes for r in first}
+    assert not list((cache.cache_dir() / "sweeps").glob("*.json"))  # a finished sweep leaves no progress file
+
+
+def test_no_cache_neither_reads_nor_writes():
+    rows = run_sweep("llama-tiny", **KW, cache=False)
+    assert not any(r.trace_cached for r in rows) and all(r.ok for r in rows)
+    assert not (cache.cache_dir() / "traces").exists()
+
+
+def test_an_unreadable_entry_is_a_miss_and_is_rewritten():
+    (row,) = run_sweep("llama-tiny", **{**KW, "parallel": "fsdp", "hardware": "h100-sxm"})
+    (path,) = (cache.cache_dir() / "traces").glob("*.json")
+    path.write_text('{"format": "commsched.graph", "version": 1, "nod')  # a torn or foreign file
+    sweep_task._MEMORY.clear()  # as a fresh process would start
+    (again,) = run_sweep("llama-tiny", **{**KW, "parallel": "fsdp", "hardware": "h100-sxm"})
+    assert not again.trace_cached and again.result_dict() == row.result_dict()
+    assert len(load_graph(path)) == row.num_graph_nodes
+
+
+class _Stop(KeyboardInterrupt):
+    pass
+
+
+def test_an_interrupted_sweep_resumes_where_it_stopped():
+    done = []
+
+    def stop_after_first(rows):
+        done.append(rows)
+        raise _Stop  # as Ctrl-C would, after the first task's rows were stored
+
+    with pytest.raises(_Stop):
+        run_sweep("llama-tiny", **KW, on_rows=stop_after_first)
+    (progress,) = (cache.cache_dir() / "sweeps").glob("*.json")
+    stored = json.loads(progress.read_text())
+    assert stored["format"] == "commsched.sweep-progress" and list(stored["results"]) == ["0"]
+    resumed = run_sweep("llama-tiny", **KW)
+    # the first task's rows come from the store (its wall times too), the second was computed now
+    assert [r.trace_wall_s for r in resumed[:2]] == [r.trace_wall_s for r in done[0]]
+    assert not progress.exists()
+    fresh = run_sweep("llama-tiny", **KW, resume=False)
+    assert [r.result_dict() for r in resumed] == [r.result_dict() for r in fresh]
+
+
+def test_another_configuration_does_not_resume_from_the_store(tmp_path):
+    store = cache.RowStore([{"preset": "llama-tiny", "world_size": 8}])
+    store.add(0, [{"x": 1}])
+    assert cache.RowStore([{"preset": "llama-tiny", "world_size": 8}]).load() == {0: [{"x": 1}]}
+    assert cache.RowStore([{"preset": "llama-tiny", "world_size": 16}]).load() == {}
+    Path(store.path).write_text("not json")
+    assert cache.RowStore([{"preset": "llama-tiny", "world_size": 8}]).load() == {}
+    assert os.environ["COMMSCHED_CACHE_DIR"] in str(store.path)

@@ -1,0 +1,117 @@
+"""The local executor: results in task order, warm workers reused, a SIGKILLed worker becomes a failed task, Ctrl-C
+leaves no process behind, ``--ray-address`` without Ray is one line."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import exec_helpers
+import psutil
+import pytest
+from exec_helpers import alive, interrupt_cli
+from typer.testing import CliRunner
+
+from commsched.cli import app
+from commsched.execute import base
+from commsched.execute.local import LocalExecutor
+
+ROOT = Path(__file__).resolve().parents[2]
+slow = pytest.mark.slow
+
+
+def _specs(n: int, sleep_s: float = 0.0, **extra) -> list[dict]:
+    return [{"x": i, "sleep_s": sleep_s * ((i * 7) % 3), **extra} for i in range(n)]
+
+
+def test_in_process_map_is_in_order():
+    got: list[int] = []
+    with LocalExecutor(jobs=1) as ex:
+        out = ex.map(
+            "exec_helpers:square_after", _specs(4), fail=exec_helpers.fail, on_result=lambda i, _r: got.append(i)
+        )
+    assert [r["square"] for r in out] == [0, 1, 4, 9] and got == [0, 1, 2, 3]
+    assert {r["pid"] for r in out} == {os.getpid()}
+
+
+@slow
+def test_pool_results_in_task_order_and_warm_workers_are_reused():
+    specs = _specs(6, sleep_s=0.3)
+    with LocalExecutor(jobs=2, in_process=False) as ex:
+        first = ex.map("exec_helpers:square_after", specs, fail=exec_helpers.fail)
+        pids = set(ex.worker_pids())
+        t0 = time.perf_counter()
+        second = ex.map("exec_helpers:square_after", _specs(2), fail=exec_helpers.fail)
+        warm_s = time.perf_counter() - t0
+        assert set(ex.worker_pids()) == pids  # the same processes took the second map
+    assert [r["square"] for r in first] == [i * i for i in range(6)]
+    assert {r["pid"] for r in first} <= pids and os.getpid() not in {r["pid"] for r in first}
+    assert [r["x"] for r in second] == [0, 1] and warm_s < 2.0  # no new warm-up (seconds) for a warm pool
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+@slow
+def test_sigkilled_worker_fails_its_task_and_the_run_completes():
+    specs = _specs(4, driver_pid=os.getpid())
+    specs[1]["die"] = True
+    with LocalExecutor(jobs=2, in_process=False) as ex:
+        out = ex.map("exec_helpers:die_in_worker", specs, fail=exec_helpers.fail)
+    assert [r["x"] for r in out] == [0, 1, 2, 3]
+    assert out[1]["error"].startswith("worker: BrokenProcessPool")
+    # a task the other worker held when the pool broke fails alike; the rest run in this process
+    for r in out[:1] + out[2:]:
+        assert r.get("square") == r["x"] ** 2 or r["error"].startswith("worker: BrokenProcessPool")
+    assert out[3]["square"] == 9 and out[3]["pid"] == os.getpid()
+
+
+def test_versions_are_checked_with_one_line(monkeypatch):
+    mine = base.versions()
+    base.check_versions(dict(mine), "worker 1")
+    with pytest.raises(base.ExecutorError, match=r"mixed versions: torch .* here, 9\.9 on host:1"):
+        base.check_versions({**mine, "torch_version": "9.9"}, "host:1")
+
+
+def test_ray_address_without_ray_is_one_line(monkeypatch):
+    monkeypatch.setattr(base, "ray_available", lambda: False)
+    res = CliRunner().invoke(app, ["sweep", "llama-tiny", "-w", "8", "-l", "1", "--ray-address", "local"])
+    assert res.exit_code == 2
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert lines == ["error: --ray-address needs Ray, which is not installed: pip install 'commsched[ray]'"]
+
+
+@slow
+def test_ctrl_c_stops_the_local_pool_within_5_s_and_leaves_nothing(tmp_path):
+    args = ["sweep", "llama3-8b", "-p", "fsdp,ddp", "-w", "8,64", "-l", "2", "-j", "2", "--json", "rows.json"]
+    rc, exit_s, procs = interrupt_cli(args, tmp_path, ready=lambda seen: len(seen) >= 1)
+    assert procs, "the sweep started no worker"
+    assert rc == 130 and exit_s < 5.0
+    deadline = time.monotonic() + 5
+    while alive(procs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(procs)
+    assert not (tmp_path / "rows.json").exists()  # nothing half-written
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_importing_commsched_imports_neither_ray_nor_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, commsched, commsched.execute, commsched.execute.local, commsched.experiments.sweep; "
+            "print('ray' in sys.modules, 'torch' in sys.modules)")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    assert out.split() == ["False", "False"]
+
+
+@slow
+def test_a_worker_of_other_versions_stops_the_run_with_one_line(monkeypatch):
+    from commsched.execute import local
+
+    def refuse(theirs: dict, where: str) -> None:
+        raise base.ExecutorError(f"mixed versions: torch 2.13.0 here, 9.9 on {where}")
+
+    monkeypatch.setattr(local, "check_versions", refuse)  # the driver checks each worker's warm-up answer
+    with LocalExecutor(jobs=2, in_process=False) as ex, pytest.raises(base.ExecutorError, match="mixed versions"):
+        ex.map("exec_helpers:square_after", _specs(3), fail=exec_helpers.fail)

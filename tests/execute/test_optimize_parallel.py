@@ -1,0 +1,28 @@
+"""optimize's candidates judged on the local pool: the same kept variant, order and per-candidate figures as the
+serial search (the Ray backends: test_ray.py)."""
+
+from __future__ import annotations
+
+import pytest
+from optimize_helpers import optimized
+
+from commsched.execute.local import LocalExecutor
+
+
+@pytest.fixture(scope="module")
+def serial() -> dict:
+    return {p: optimized(p) for p in ("fsdp", "ddp")}
+
+
+def test_the_searches_judge_enough_candidates(serial):
+    fsdp, ddp = serial["fsdp"], serial["ddp"]
+    assert len(fsdp["tried"]) == 36 and sum(t["collectives"] is not None for t in fsdp["tried"]) >= 20
+    assert sum(t["verdict"].startswith("pruned") for t in fsdp["tried"]) >= 10  # probes ranked, then pruned
+    assert ddp["kept"].startswith("bucketed") and ddp["collectives"]["kept"] < ddp["collectives"]["traced"]
+
+
+@pytest.mark.slow
+def test_a_pool_of_workers_gives_the_serial_search(serial):
+    with LocalExecutor(jobs=2, in_process=False) as ex:
+        pooled = {p: optimized(p, ex) for p in ("fsdp", "ddp")}
+    assert pooled == serial  # winner, order of the candidates, every figure and verdict; the DDP winner rebuilt
