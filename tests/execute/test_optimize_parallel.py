@@ -26,3 +26,24 @@ def test_a_pool_of_workers_gives_the_serial_search(serial):
     with LocalExecutor(jobs=2, in_process=False) as ex:
         pooled = {p: optimized(p, ex) for p in ("fsdp", "ddp")}
     assert pooled == serial  # winner, order of the candidates, every figure and verdict; the DDP winner rebuilt
+
+
+@pytest.mark.slow
+def test_the_optimize_command_judges_on_a_pool_with_the_same_answer(tmp_path):
+    """`commsched optimize --jobs 2`: the candidates run on two processes, and optimize.json (kept program, every
+    variant's figures and verdict) is the one-process run's."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from commsched.cli import app
+
+    args = ["optimize", "llama3-8b", "-p", "ddp", "-w", "8", "--layers", "1", "--seq-len", "256"]
+    out = {}
+    for jobs in ("1", "2"):
+        res = CliRunner().invoke(app, [*args, "--jobs", jobs, "-o", str(tmp_path / jobs)])
+        assert res.exit_code == 0, res.output
+        data = json.loads((tmp_path / jobs / "optimize.json").read_text())
+        data.pop("wall_s", None)
+        out[jobs] = data
+    assert out["1"] == out["2"] and len(out["1"]["tried"]) >= 10

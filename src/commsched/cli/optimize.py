@@ -36,6 +36,10 @@ def register(app: typer.Typer) -> None:
             "--transforms/--no-transforms",
             help="also try program transforms (decomposed TP collectives, e.g. --parallel tp+sp --mode prefill)",
         ),
+        jobs: int = typer.Option(
+            None, "--jobs", "-j", min=1, help="judge bucket plans on N processes (default: this one only)"
+        ),
+        ray_address: str = typer.Option(None, "--ray-address", help="judge bucket plans on Ray ('local' or HOST:PORT)"),
     ) -> None:
         """Try program variants (the traced program, its schedule, its collectives bucketed at several
         granularities, its TP collectives split into chunks that overlap their matmuls), schedule and simulate
@@ -44,6 +48,9 @@ def register(app: typer.Typer) -> None:
         Example: commsched optimize llama3-8b --parallel fsdp --world-size 64 --layers 2 --seq-len 2048 -o opt_out
 
         Example: commsched optimize llama3-8b --parallel tp+sp --mode prefill --layers 1 --no-transforms
+
+        With --jobs N (N > 1) or --ray-address, the bucket plans' probes and full searches run as tasks on an
+        executor (README "Scaling out"): the same kept program, order and verdicts as in one process.
         """
         from commsched.optimize import optimize as run_optimize
         from commsched.report.terminal_optimize import print_optimized
@@ -61,8 +68,9 @@ def register(app: typer.Typer) -> None:
                               seq_len=seq_len)  # fmt: skip
                 program, groups = w.graph_module, w.graph.group_sizes()
             with err_console.status("optimizing: scheduling and simulating every program variant"):
-                o = run_optimize(program, hardware, num_nodes=num_nodes, memory_budget=memory_budget,
-                                 group_sizes=groups, table=table, transforms=transforms)  # fmt: skip
+                kw = dict(num_nodes=num_nodes, memory_budget=memory_budget, group_sizes=groups, table=table,
+                          transforms=transforms)  # fmt: skip
+                o = _run(run_optimize, program, hardware, kw, jobs, ray_address)
             if out_dir is not None:
                 _write(o, out_dir)
             from commsched.hardware import for_graph
@@ -73,6 +81,26 @@ def register(app: typer.Typer) -> None:
         print_optimized(o, console, f"{target}: {len(o.before.graph)} nodes on {hardware}")
         if out_dir is not None:
             console.print(f"wrote [bold]{out_dir}[/] (graph.json, scheduled.json, trace.json, optimize.json)")
+
+
+def _run(run_optimize, program, hardware, kw: dict, jobs: int | None, ray_address: str | None):
+    """``optimize`` in this process, or with its candidates judged on an executor (``--jobs`` > 1, ``--ray-address``);
+    an executor that cannot start is a one-line error, Ctrl-C stops its workers (exit 130)."""
+    if (jobs or 1) <= 1 and ray_address is None:
+        return run_optimize(program, hardware, **kw)
+    from commsched.execute import ExecutorError, make_executor
+
+    try:
+        executor = make_executor(jobs=jobs, ray_address=ray_address)
+        try:
+            return run_optimize(program, hardware, executor=executor, **kw)
+        finally:
+            executor.close()
+    except ExecutorError as exc:
+        raise ValueError(str(exc)) from None
+    except KeyboardInterrupt:  # the executor has stopped every worker
+        err_console.print("interrupted")
+        raise typer.Exit(130) from None
 
 
 def _write(o, out_dir: Path) -> None:

@@ -90,16 +90,24 @@ def bucketed(gm: Any, g: Any, hw: Any, costing: tuple, knobs: dict, scheduled_or
             out.append(search.Tried(label, None, verdict="no merge" if not key else f"the same plan as: {seen[key]}"))
             continue
         seen[key] = label
+        out.append(len(specs))  # this candidate's place: a failed probe's verdict goes here, as in the serial search
         specs.append({"index": len(specs), "label": label, "plan": (plan, order), "plan_on": plan_on,
                       "stage": "probe", "ctx": ctx})  # fmt: skip
     probes = executor.map(PROBE_FN, specs, fail=_failed)
     probed: dict[str, list[tuple[int, int, dict]]] = {name: [] for name in search.PLANNED_ON}
     for spec, row in zip(specs, probes, strict=True):
-        if "makespan_ns" not in row:  # no order within the budget even for the probe, or it failed
-            out.append(search.Tried(row["label"], row["collectives"], verdict=row["verdict"]))
-            continue
-        probed[spec["plan_on"]].append((row["makespan_ns"], spec["index"], spec))
-    return out + _finals(probed, specs, probes, knobs, finalists, executor)
+        if "makespan_ns" in row:
+            probed[spec["plan_on"]].append((row["makespan_ns"], spec["index"], spec))
+    out = [_probe_failed(probes[item]) if isinstance(item, int) else item for item in out]
+    # no order within the budget even for the probe, or it failed: its verdict; a probed one: to the finals
+    return [item for item in out if item is not None] + _finals(probed, specs, probes, knobs, finalists, executor)
+
+
+def _probe_failed(row: dict[str, Any]) -> Any:
+    """The verdict of a candidate whose probe found no order (or failed), None when it was probed."""
+    if "makespan_ns" in row:
+        return None
+    return search.Tried(row["label"], row["collectives"], verdict=row["verdict"])
 
 
 def _finals(probed: dict, specs: list, probes: list, knobs: dict, finalists: int, executor: Any) -> list:
