@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Annotated, Any
 
 import typer
@@ -185,3 +185,22 @@ def parse_knobs(items: list[str]) -> dict[str, Any]:
         else:
             knobs[name] = value
     return knobs
+
+
+def run_on_executor(fn: Callable[[Any], Any], jobs: int | None, ray_address: str | None) -> Any:
+    """``fn(executor)`` on the executor of ``--jobs`` / ``--ray-address``, closed after: one that cannot start is a
+    ValueError (a one-line error under :func:`user_errors`); Ctrl-C, after the executor stopped every worker, is
+    "interrupted" and exit 130."""
+    from commsched.execute import ExecutorError, make_executor
+
+    try:
+        executor = make_executor(jobs=jobs, ray_address=ray_address)
+        try:
+            return fn(executor)
+        finally:
+            executor.close()
+    except ExecutorError as exc:
+        raise ValueError(str(exc)) from None
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        raise typer.Exit(130) from None

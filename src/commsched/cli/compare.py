@@ -116,26 +116,17 @@ def register(app: typer.Typer) -> None:
 
 def _compare_many(targets, hardware, num_nodes, build, torch_peer, knobs, jobs, ray_address, json_out) -> None:
     """Several targets on an executor, one table each; exit 2 when none could be compared."""
-    from commsched.execute import ExecutorError, make_executor
+    from commsched.cli.common import run_on_executor
     from commsched.experiments.compare import compare_many, result_from_dict
     from commsched.report.terminal_experiments import print_compare
 
     with user_errors():
-        try:
-            with console.status(f"comparing {len(targets)} targets"):
-                executor = make_executor(jobs=jobs, ray_address=ray_address)
-                try:
-                    out = compare_many(targets, hardware=hardware, num_nodes=num_nodes, build=build,
-                                       torch_peer=torch_peer, executor=executor, **knobs)  # fmt: skip
-                finally:
-                    executor.close()
-        except ExecutorError as exc:
-            raise ValueError(str(exc)) from None
-        except KeyboardInterrupt:  # the executor has stopped every worker
-            from commsched.cli.common import err_console
-
-            err_console.print("interrupted")
-            raise typer.Exit(130) from None
+        with console.status(f"comparing {len(targets)} targets"):
+            out = run_on_executor(
+                lambda ex: compare_many(targets, hardware=hardware, num_nodes=num_nodes, build=build,
+                                        torch_peer=torch_peer, executor=ex, **knobs),
+                jobs, ray_address,
+            )  # fmt: skip
         if json_out:
             from commsched.io import atomic_write_text
 

@@ -84,23 +84,10 @@ def register(app: typer.Typer) -> None:
 
 
 def _run(run_optimize, program, hardware, kw: dict, jobs: int | None, ray_address: str | None):
-    """``optimize`` in this process, or with its candidates judged on an executor (``--jobs`` > 1, ``--ray-address``);
-    an executor that cannot start is a one-line error, Ctrl-C stops its workers (exit 130)."""
+    """``optimize`` here, or with its candidates judged on an executor (``--jobs`` > 1, ``--ray-address``)."""
     if (jobs or 1) <= 1 and ray_address is None:
         return run_optimize(program, hardware, **kw)
-    from commsched.execute import ExecutorError, make_executor
-
-    try:
-        executor = make_executor(jobs=jobs, ray_address=ray_address)
-        try:
-            return run_optimize(program, hardware, executor=executor, **kw)
-        finally:
-            executor.close()
-    except ExecutorError as exc:
-        raise ValueError(str(exc)) from None
-    except KeyboardInterrupt:  # the executor has stopped every worker
-        err_console.print("interrupted")
-        raise typer.Exit(130) from None
+    return opt.run_on_executor(lambda ex: run_optimize(program, hardware, executor=ex, **kw), jobs, ray_address)
 
 
 def _write(o, out_dir: Path) -> None:
