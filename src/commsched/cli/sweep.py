@@ -15,6 +15,7 @@ from commsched.cli.common import (
     console,
     err_console,
     error_line,
+    exit_interrupted,
     user_errors,
 )
 
@@ -108,8 +109,7 @@ def register(app: typer.Typer) -> None:
             except ExecutorError as exc:
                 raise ValueError(str(exc)) from None
             except KeyboardInterrupt:
-                err_console.print("interrupted: the finished rows are kept; the same command resumes the sweep")
-                raise typer.Exit(130) from None
+                exit_interrupted("interrupted: the finished rows are kept; the same command resumes the sweep")
             wall_s = time.perf_counter() - t0
             ok = [r for r in rows if r.ok]
             if json_path is not None:
