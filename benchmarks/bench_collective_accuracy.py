@@ -1,7 +1,7 @@
 """How far off is the collective model? Every public nccl-tests / rccl-tests log shipped with commsched, against the
 shipped profile of its GPU, with no calibration (issue 17's baseline).
 
-Usage: python benchmarks/bench_collective_accuracy.py [--per-log] [--held-out]
+Usage: python benchmarks/bench_collective_accuracy.py [--per-log] [--held-out] [--cross-cluster]
 Data: src/commsched/cost/data/nccl_tests (sources.toml cites each log). Ranks and nodes come from the index (some
 logs' headers were elided); the model is ``plan_collective`` on the GPU's shipped profile at that placement
 (``ranks / nodes`` per node). Error = model busbw / measured busbw - 1 per size (the smaller of out-of-place and
@@ -15,6 +15,10 @@ fields, as ``calibrate --fit --network`` and the shipped network profiles), then
 held-out logs (bound hits allowed and reported), beside the shipped profile's error on the same held-out logs: the
 median over sizes, the worst log's median, the worst size. Then how far two H100 InfiniBand clusters measure from
 each other at the same sizes and node counts: a floor for any model not fitted to the cluster at hand.
+
+``--cross-cluster``: leave one cluster out over the H100 InfiniBand clusters of the data folder (whole sources): the
+network's fields fitted on each other cluster alone and on all the others at once, judged on the one left out; does a
+network fitted on several clusters sit between them and hold better on a cluster it never saw?
 """
 
 from __future__ import annotations
@@ -176,14 +180,51 @@ def held_out(index: dict[str, dict]) -> None:
     print(f"\nTwo H100 IB clusters measured against each other (gj-aion vs qoofyk, 2 and 4 nodes): {cells}")
 
 
+IB_CLUSTERS = {  # H100, 8 per node, 8 x 400G InfiniBand NDR; default NCCL settings (the tuned runs are left out)
+    "gj-aion (2/4/8 nodes)": [f"nccl_tests_issue309_h100_{n}node_ib_ar_gjaion.txt" for n in (2, 4, 8)],
+    "qoofyk (2/4 nodes)": ["nccl_tests_issue309_h100_2node_ib_ar_qoofyk.txt",
+                           "nccl_tests_issue309_h100_4node_ib_vm_ar_qoofyk.txt"],
+    "xxrjun cluster01 (10 nodes)": [f"xxrjun_cluster01_h100_10node_g8_{c}.txt"
+                                    for c in ("all_reduce", "all_gather", "reduce_scatter")],
+}  # fmt: skip
+
+
+def _network_fit(files: list[str], index: dict[str, dict]):
+    return fit_profile([indexed(index[f]) for f in files], "h100-sxm", allow_bounds=True, network_only=True)
+
+
+def cross_cluster(index: dict[str, dict]) -> None:
+    """Leave one H100 IB cluster out: fitted on each other cluster alone, then on all the others at once."""
+    print("| held out | network fitted on | size class | NCCL's constants: median / worst log / worst size | "
+          "fitted: median / worst log / worst size |")  # fmt: skip
+    print("|---|---|---|---|---|")
+    pooled: dict[str, list] = defaultdict(list)  # held-out sizes of fits on one cluster / on several
+    for held, held_files in IB_CLUSTERS.items():
+        others = [c for c in IB_CLUSTERS if c != held]
+        for fit_on in [[c] for c in others] + [others]:
+            fit = _network_fit([f for c in fit_on for f in IB_CLUSTERS[c]], index)
+            sizes = fit.evaluate([indexed(index[f]) for f in held_files])
+            label = " + ".join(c.split(" (")[0] for c in fit_on)
+            for name, errs in class_errors(sizes).items():
+                print(f"| {held} | {label} | {name} | {_pct3(*errs[:3])} | {_pct3(*errs[3:])} |")
+            pooled["several" if len(fit_on) > 1 else "one"] += sizes
+    for kind in ("one", "several"):
+        cells = ", ".join(f"{name} {errs[3]:.0%}" for name, errs in class_errors(pooled[kind]).items())
+        print(f"\nFitted on {kind} cluster{'s' if kind == 'several' else ''}, median over every held-out size: {cells}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--per-log", action="store_true", help="one row per log as well")
     ap.add_argument("--held-out", action="store_true", help="fit per class, error on held-out sources")
+    ap.add_argument("--cross-cluster", action="store_true", help="leave one H100 IB cluster out, fit on the others")
     args = ap.parse_args()
     index = tomllib.loads((DATA / "sources.toml").read_text())["log"]
     if args.held_out:
         held_out({e["file"]: e for e in index})
+        return
+    if args.cross_cluster:
+        cross_cluster({e["file"]: e for e in index})
         return
     summary: dict[tuple[str, str], list[float]] = defaultdict(list)
     left_out: dict[str, int] = defaultdict(int)
