@@ -35,7 +35,7 @@ import commsched
 from commsched import hardware
 from commsched.cost.collectives import bus_factor, plan_collective
 from commsched.cost.nccl_fit import fit_profile
-from commsched.cost.nccl_tests import MODELLED, NcclTestsLog, read_nccl_tests
+from commsched.cost.nccl_tests import MODELLED, NcclTestsLog, compare_with_model, read_nccl_tests
 
 DATA = Path(commsched.__file__).parent / "cost" / "data" / "nccl_tests"
 SIZE_CLASSES = (("1-16 MB", 1 << 20, 16 << 20), ("16-256 MB", 16 << 20, 256 << 20), ("256 MB-8 GB", 256 << 20, 8 << 30))
@@ -98,6 +98,7 @@ SPLIT = {  # class: (profile, fit on, hold out), from the data folder's README (
     "H100 IB, several nodes": ("h100-sxm", [f"nccl_tests_issue309_h100_{n}node_ib_ar_gjaion.txt" for n in (2, 4, 8)],
                                ["nccl_tests_issue309_h100_2node_ib_ar_qoofyk.txt",
                                 "nccl_tests_issue309_h100_4node_ib_vm_ar_qoofyk.txt",
+                                "dstack_nebius_h100_2node_ib_ar.txt",
                                 "xxrjun_cluster01_h100_10node_g8_all_reduce.txt",
                                 "xxrjun_cluster01_h100_10node_g8_all_gather.txt",
                                 "xxrjun_cluster01_h100_10node_g8_reduce_scatter.txt"]),
@@ -161,6 +162,30 @@ def _pct3(a: float, b: float, c: float) -> str:
     return f"{a:.0%} / {b:.0%} / {c:.0%}"
 
 
+SHIPPED_NETWORKS = [  # (log, GPU profile, network profile or None): logs no network profile was fitted to
+    ("dstack_nebius_h100_2node_ib_ar.txt", "h100-sxm", "ib-ndr-8x400"),
+    ("dstack_lambda_b200_2node_ib_ar.txt", "b200", "ib-ndr-8x400"),
+    ("dstack_gcp_a4_b200_2node_roce_ar.txt", "b200", "roce-8x400"),
+    ("dstack_crusoe_a100_2node_ib_ar.txt", "a100-sxm-80g", None),  # 8 x 200G HDR: the GPU profile's own network
+]
+
+
+def _class_median(comparison, lo: int, hi: int) -> str:
+    errs = [abs(s.rel_err) for s in comparison.sizes if lo <= s.size_bytes <= hi and s.rel_err is not None]
+    return f"{statistics.median(errs):.0%}" if errs else "-"
+
+
+def shipped_networks(index: dict[str, dict]) -> None:
+    """The shipped profiles, unfitted, on held-out logs: the GPU profile alone (NCCL's constants) and under its
+    network profile. Median |busbw error| per size class."""
+    print("| log | GPU | network | " + " | ".join(f"{c}: GPU alone / with network" for c, _, _ in SIZE_CLASSES) + " |")
+    print("|---|---|---|" + "---|" * len(SIZE_CLASSES))
+    for file, gpu, network in SHIPPED_NETWORKS:
+        errs = [compare_with_model(indexed(index[file]), gpu if n is None else f"{gpu}@{n}") for n in (None, network)]
+        cells = [" / ".join(_class_median(c, lo, hi) for c in errs) for _, lo, hi in SIZE_CLASSES]
+        print(f"| {file} | {gpu} | {network or 'none (its own 8 x 200G, NCCL constants)'} | " + " | ".join(cells) + " |")
+
+
 def held_out(index: dict[str, dict]) -> None:
     print("| class | fit on | held out | fitted fields | size class | shipped: median / worst log / worst size | "
           "fitted: median / worst log / worst size | notes |")  # fmt: skip
@@ -175,6 +200,8 @@ def held_out(index: dict[str, dict]) -> None:
         for name, errs in class_errors(sizes).items():
             print(f"| {cls} | {len(fit_files)} | {len(hold_files)} | {'network' if network else 'NVLink'} | {name} | "
                   f"{_pct3(*errs[:3])} | {_pct3(*errs[3:])} | {note} |")  # fmt: skip
+    print()
+    shipped_networks(index)
     spread = cluster_spread(SPREAD, index)
     cells = ", ".join(f"{name}: median {statistics.median(v):.0%}, worst {max(v):.0%}" for name, v in spread.items())
     print(f"\nTwo H100 IB clusters measured against each other (gj-aion vs qoofyk, 2 and 4 nodes): {cells}")
@@ -186,6 +213,7 @@ IB_CLUSTERS = {  # H100, 8 per node, 8 x 400G InfiniBand NDR; default NCCL setti
                            "nccl_tests_issue309_h100_4node_ib_vm_ar_qoofyk.txt"],
     "xxrjun cluster01 (10 nodes)": [f"xxrjun_cluster01_h100_10node_g8_{c}.txt"
                                     for c in ("all_reduce", "all_gather", "reduce_scatter")],
+    "Nebius (dstack, 2 nodes)": ["dstack_nebius_h100_2node_ib_ar.txt"],
 }  # fmt: skip
 
 

@@ -37,3 +37,20 @@ def test_every_log_parses_and_agrees_with_its_index_entry(entry):
             if row.size_bytes >= 1 << 20:  # two printed decimals: small rows are rounding noise
                 algbw = row.size_bytes / (row.oop_time_us * 1e-6) / 1e9
                 assert row.oop_busbw_GBps == pytest.approx(algbw * factor, rel=0.02, abs=0.02), row.line
+
+
+@pytest.mark.parametrize(
+    ("file", "n_rows", "last"),
+    [
+        ("dstack_nebius_h100_2node_ib_ar.txt", 31, (8589934592, 34448.4, 467.54, 34381.0)),
+        ("dstack_lambda_b200_2node_ib_ar.txt", 29, (2147483648, 5784.75, 696.06, 5728.40)),
+        ("dstack_crusoe_a100_2node_ib_ar.txt", 29, (2147483648, 20749.1, 194.06, 20745.7)),
+        ("dstack_gcp_a4_b200_2node_roce_ar.txt", 11, (8589934592, 23563.0, 683.52, 23702.0)),
+    ],
+)  # fmt: skip
+def test_tables_pasted_into_docs_read_with_their_printed_numbers(file, n_rows, last):
+    """The dstack docs' example outputs: rows indented by the page, headers with or without '#', no rank lines (the
+    index gives 2 nodes of 8); every row is read, the last one as printed."""
+    (log,) = read_nccl_tests(DATA / file, collective="all_reduce")
+    r = log.rows[-1]
+    assert len(log.rows) == n_rows and (r.size_bytes, r.oop_time_us, r.oop_busbw_GBps, r.ip_time_us) == last

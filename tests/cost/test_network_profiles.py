@@ -5,6 +5,7 @@ source, holds on it."""
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from pathlib import Path
 
 import pytest
@@ -68,8 +69,6 @@ def test_a_network_fitted_on_two_ib_clusters_holds_on_a_third_it_never_saw():
     """benchmarks/RESULTS.md, "One H100 InfiniBand cluster left out": fitted on qoofyk's (nccl-tests#309) and a
     10-node cluster's logs at once, the network predicts gj-aion's 2/4/8-node all_reduce within issue 17's bar
     (median <= 10 % per size class), where NCCL's constants are 15-77 % off."""
-    import statistics
-
     from commsched.cost.nccl_fit import fit_profile
 
     qoofyk = ["nccl_tests_issue309_h100_2node_ib_ar_qoofyk.txt", "nccl_tests_issue309_h100_4node_ib_vm_ar_qoofyk.txt"]
@@ -82,3 +81,21 @@ def test_a_network_fitted_on_two_ib_clusters_holds_on_a_third_it_never_saw():
         after = statistics.median(abs(s.after_err) for s in inside)
         before = statistics.median(abs(s.before_err) for s in inside)
         assert after <= 0.10 < before, (lo, after, before)
+
+
+def _class_medians(comparison) -> list[float]:
+    classes = ((1 << 20, 16 << 20), (16 << 20, 256 << 20), (256 << 20, 8 << 30))
+    return [
+        statistics.median(abs(s.rel_err) for s in comparison.sizes if lo <= s.size_bytes <= hi) for lo, hi in classes
+    ]
+
+
+def test_the_shipped_ib_network_on_clusters_it_was_not_fitted_to():
+    """benchmarks/RESULTS.md (held-out, shipped profiles): on the dstack docs' Nebius H100 2-node log the fitted
+    InfiniBand network meets issue 17's bar in every size class (NCCL's constants: 53 % at 1-16 MB); on Lambda's B200
+    2-node log it is 11-15 % too slow, still far closer than NCCL's constants below 256 MB."""
+    h100 = _class_medians(compare_with_model(indexed("dstack_nebius_h100_2node_ib_ar.txt"), "h100-sxm@ib-ndr-8x400"))
+    assert max(h100) <= 0.10, h100
+    b200_log = indexed("dstack_lambda_b200_2node_ib_ar.txt")
+    fitted, nccl = (_class_medians(compare_with_model(b200_log, hw)) for hw in ("b200@ib-ndr-8x400", "b200"))
+    assert max(fitted) <= 0.20 and fitted[0] < nccl[0] / 3 and fitted[1] < nccl[1] / 2, (fitted, nccl)
