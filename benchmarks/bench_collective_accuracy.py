@@ -102,7 +102,8 @@ SPLIT = {  # class: (profile, fit on, hold out), from the data folder's README (
                                 "xxrjun_cluster01_h100_10node_g8_all_reduce.txt",
                                 "xxrjun_cluster01_h100_10node_g8_all_gather.txt",
                                 "xxrjun_cluster01_h100_10node_g8_reduce_scatter.txt"]),
-    "H100 EFA (p5)": ("h100-sxm", ["aws_ads_p5_2node_efa_ar.txt"], ["aws_ads_p5_2node_eks_ar_excerpt.txt"]),
+    "H100 EFA (p5), 2024 stack": ("h100-sxm", ["aws_ads_p5_2node_efa_ar.txt"], ["aws_do_eks_p5_2node_efa_ar.txt"]),
+    "H100 EFA (p5), 2023 stack": ("h100-sxm", ["aws_ads_p5_2node_efa_ar.txt"], ["aws_ads_p5_2node_eks_ar_excerpt.txt"]),
     "H200 RoCE 8x400G (GCP A3 Ultra)": ("h200-sxm", ["skypilot_gcp_a3ultra_h200_2node_rdma_all_gather.txt"],
                                         ["skypilot_gcp_a3ultra_h200_2node_rdma_all_gather_gcppods.txt"]),
     "A100 RoCE (OCI)": ("a100-sxm-80g", ["oci_oke_a100_40g_2node_roce_ar_2024.txt"],
@@ -183,7 +184,8 @@ def shipped_networks(index: dict[str, dict]) -> None:
     for file, gpu, network in SHIPPED_NETWORKS:
         errs = [compare_with_model(indexed(index[file]), gpu if n is None else f"{gpu}@{n}") for n in (None, network)]
         cells = [" / ".join(_class_median(c, lo, hi) for c in errs) for _, lo, hi in SIZE_CLASSES]
-        print(f"| {file} | {gpu} | {network or 'none (its own 8 x 200G, NCCL constants)'} | " + " | ".join(cells) + " |")
+        net = network or "none (its own 8 x 200G, NCCL constants)"
+        print(f"| {file} | {gpu} | {net} | " + " | ".join(cells) + " |")
 
 
 def held_out(index: dict[str, dict]) -> None:

@@ -46,11 +46,12 @@ def test_every_log_parses_and_agrees_with_its_index_entry(entry):
         ("dstack_lambda_b200_2node_ib_ar.txt", 29, (2147483648, 5784.75, 696.06, 5728.40)),
         ("dstack_crusoe_a100_2node_ib_ar.txt", 29, (2147483648, 20749.1, 194.06, 20745.7)),
         ("dstack_gcp_a4_b200_2node_roce_ar.txt", 11, (8589934592, 23563.0, 683.52, 23702.0)),
+        ("aws_do_eks_p5_2node_efa_ar.txt", 32, (2147483648, 9062.5, 444.31, 9060.4)),
     ],
 )  # fmt: skip
 def test_tables_pasted_into_docs_read_with_their_printed_numbers(file, n_rows, last):
-    """The dstack docs' example outputs: rows indented by the page, headers with or without '#', no rank lines (the
-    index gives 2 nodes of 8); every row is read, the last one as printed."""
+    """Example outputs pasted into docs (dstack, aws-do-eks): rows indented by the page, headers with or without '#',
+    launcher tags, no rank lines (the index gives 2 nodes of 8); every row is read, the last one as printed."""
     (log,) = read_nccl_tests(DATA / file, collective="all_reduce")
     r = log.rows[-1]
     assert len(log.rows) == n_rows and (r.size_bytes, r.oop_time_us, r.oop_busbw_GBps, r.ip_time_us) == last

@@ -19,7 +19,7 @@ DATA = Path(commsched.__file__).parent / "cost" / "data" / "nccl_tests"
 INDEX = {e["file"]: e for e in tomllib.loads((DATA / "sources.toml").read_text())["log"]}
 # network: (GPU it was fitted under, the fitted log, median |busbw error| >= 1 MiB after the fit; held-out logs)
 FITS = {
-    "efa-p5": ("h100-sxm", "aws_ads_p5_2node_efa_ar.txt", 0.03, ()),
+    "efa-p5": ("h100-sxm", "aws_ads_p5_2node_efa_ar.txt", 0.03, ("aws_do_eks_p5_2node_efa_ar.txt",)),
     "roce-8x400": ("h200-sxm", "skypilot_gcp_a3ultra_h200_2node_rdma_all_gather.txt", 0.03,
                    ("skypilot_gcp_a3ultra_h200_2node_rdma_all_gather_gcppods.txt",)),
     "tcpxo-8x200": ("h100-sxm", "gcp_a3mega_h100_2node_tcpxo_ar.txt", 0.03, ()),
