@@ -167,6 +167,7 @@ SHIPPED_NETWORKS = [  # (log, GPU profile, network profile or None): logs no net
     ("dstack_nebius_h100_2node_ib_ar.txt", "h100-sxm", "ib-ndr-8x400"),
     ("dstack_lambda_b200_2node_ib_ar.txt", "b200", "ib-ndr-8x400"),
     ("dstack_gcp_a4_b200_2node_roce_ar.txt", "b200", "roce-8x400"),
+    ("oci_hpc_h100_2node_roce_ar.txt", "h100-sxm", "roce-8x400"),
     ("dstack_crusoe_a100_2node_ib_ar.txt", "a100-sxm-80g", None),  # 8 x 200G HDR: the GPU profile's own network
 ]
 
