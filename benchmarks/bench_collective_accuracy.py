@@ -99,6 +99,7 @@ SPLIT = {  # class: (profile, fit on, hold out), from the data folder's README (
                                ["nccl_tests_issue309_h100_2node_ib_ar_qoofyk.txt",
                                 "nccl_tests_issue309_h100_4node_ib_vm_ar_qoofyk.txt",
                                 "dstack_nebius_h100_2node_ib_ar.txt",
+                                "skypilot_together_h100_2node_ib_ar.txt",
                                 "xxrjun_cluster01_h100_10node_g8_all_reduce.txt",
                                 "xxrjun_cluster01_h100_10node_g8_all_gather.txt",
                                 "xxrjun_cluster01_h100_10node_g8_reduce_scatter.txt"]),
