@@ -182,7 +182,9 @@ def why_not_split(spec: Any, parts: int = 2) -> str | None:
         per_seq = 1 if spec.mode == "decode" else spec.seq_len
         for b in micro_batch_sizes(spec.batch, parts):
             if b * per_seq % spec.plan.tp:
-                return f"sequence parallelism: a micro-batch's {b * per_seq} tokens do not divide over tp={spec.plan.tp}"
+                return (
+                    f"sequence parallelism: a micro-batch's {b * per_seq} tokens do not divide over tp={spec.plan.tp}"
+                )
     return None
 
 
@@ -246,7 +248,9 @@ def split_zoo_step(spec: Any, parts: int = 2) -> RewriteResult:
     result = RewriteResult(gm=gm, name="split_batch")
     result.extra["split"] = SplitBatch(sizes, dims)
     for c, b in enumerate(sizes):
-        result.rows.append({"micro_batch": c, "sequences": b, "nodes": sum(micro_batch_of(n) == c for n in gm.graph.nodes)})
+        result.rows.append(
+            {"micro_batch": c, "sequences": b, "nodes": sum(micro_batch_of(n) == c for n in gm.graph.nodes)}
+        )
     result.replaced["step"] = None  # every node of the step is replaced by the micro-batches'
     return result
 
