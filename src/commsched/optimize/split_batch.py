@@ -1,7 +1,8 @@
 """Split-batch overlap as an :func:`commsched.optimize` candidate (issue 18): the zoo step retraced as two
 micro-batches (:mod:`commsched.rewrites.split_batch`), costed by the same model, scheduled by the same ``overlap``
-search (with the search's knobs: collective reordering is what lets one micro-batch's collectives run under the
-other's compute) and judged by the simulator within the same memory budget as every other variant.
+search (with the search's knobs) in two program orders, the micro-batches interleaved node by node and one after
+the other (the list scheduler's priorities start from the program order), and judged by the simulator within the
+same memory budget as every other variant.
 
 Where it applies: a module the zoo traced and nobody changed since, whose batch is at least 2. Elsewhere the
 report says why it was not tried. Its label gives the micro-batches and the simulator's lower bound of the split
@@ -38,7 +39,7 @@ def split_batch_variants(gm: Any, g: Graph, cost: Callable[[Graph], CostEstimate
     failed. ``variants``: the search's so far (the first is the traced program, whose bound the label quotes)."""
     from commsched.frontends.fx import from_fx
     from commsched.optimize.search import Tried, _scheduled, _Variant
-    from commsched.rewrites.split_batch import split_zoo_step, traced_spec, why_not_split
+    from commsched.rewrites.split_batch import interleave_micro_batches, split_zoo_step, traced_spec, why_not_split
 
     spec = traced_spec(gm)
     if spec is None:
@@ -48,16 +49,22 @@ def split_batch_variants(gm: Any, g: Graph, cost: Callable[[Graph], CostEstimate
     if why is not None:
         return [Tried(LABEL, None, verdict=f"not applied: {why}")]
     try:
-        res = split_zoo_step(spec)
-        g2 = from_fx(res.gm, group_sizes=g.group_sizes(), meta=g.meta)
+        res = split_zoo_step(spec, interleave=False)
+        sequential = from_fx(res.gm, group_sizes=g.group_sizes(), meta=g.meta)
+        gm_i = interleave_micro_batches(res.gm, sequential)
+        programs = {"interleaved": (gm_i, from_fx(gm_i, group_sizes=g.group_sizes(), meta=g.meta)),
+                    "one after the other": (res.gm, sequential)}  # fmt: skip
     except Exception as exc:  # a transform that cannot be built is a verdict, not a failed search
         return [Tried(LABEL, None, verdict=f"failed: {exc}")]
     sizes = res.extra["split"].sizes
     suffix = ", collectives reordered" if knobs.get("reorder_collectives") else ""
-    label = f"{LABEL} ({' + '.join(map(str, sizes))} sequences{suffix})"
-    out = _scheduled(label, g2, cost(g2), knobs, SplitBatchPlan(res.gm, sizes))
     traced = next((v for v in variants if isinstance(v, _Variant)), None)
-    if isinstance(out, _Variant) and traced is not None:
-        out.label += (f"; lower bound {out.sim.lower_bound_s * 1e3:.3f} ms, traced program's "
-                      f"{traced.sim.lower_bound_s * 1e3:.3f} ms")  # fmt: skip
-    return [out]
+    out = []
+    for how, (gm2, g2) in programs.items():
+        label = f"{LABEL} ({' + '.join(map(str, sizes))} sequences, {how}{suffix})"
+        v = _scheduled(label, g2, cost(g2), knobs, SplitBatchPlan(gm2, sizes))
+        if isinstance(v, _Variant) and traced is not None:
+            v.label += (f"; lower bound {v.sim.lower_bound_s * 1e3:.3f} ms, traced program's "
+                        f"{traced.sim.lower_bound_s * 1e3:.3f} ms")  # fmt: skip
+        out.append(v)
+    return out
