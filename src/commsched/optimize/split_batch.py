@@ -5,8 +5,10 @@ the other (the list scheduler's priorities start from the program order), and ju
 same memory budget as every other variant.
 
 Where it applies: a module the zoo traced and nobody changed since, whose batch is at least 2. Elsewhere the
-report says why it was not tried. Its label gives the micro-batches and the simulator's lower bound of the split
-program next to the traced program's (the bound is what a split can move and reordering cannot).
+report says why it was not tried. A program whose lower bound (the simulator's, in its own costs) is no faster
+than the best variant found so far is not scheduled (its verdict gives both). Its label gives the micro-batches
+and the simulator's lower bound of the split program next to the traced program's (the bound is what a split can
+move and reordering cannot).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 from commsched.cost import CostEstimate
 from commsched.ir import Graph
+from commsched.sim import simulate_costs
 
 LABEL = "split batch"
 
@@ -59,12 +62,30 @@ def split_batch_variants(gm: Any, g: Graph, cost: Callable[[Graph], CostEstimate
     sizes = res.extra["split"].sizes
     suffix = ", collectives reordered" if knobs.get("reorder_collectives") else ""
     traced = next((v for v in variants if isinstance(v, _Variant)), None)
+    best_s = _best_so_far(variants, knobs)
     out = []
     for how, (gm2, g2) in programs.items():
         label = f"{LABEL} ({' + '.join(map(str, sizes))} sequences, {how}{suffix})"
-        v = _scheduled(label, g2, cost(g2), knobs, SplitBatchPlan(gm2, sizes))
+        c2 = cost(g2)
+        bound_s = simulate_costs(g2, c2).lower_bound_s
+        if best_s is not None and bound_s >= best_s:  # no schedule of it can win: not scheduled
+            why = (f"pruned: its lower bound {bound_s * 1e3:.3f} ms is no faster than the best variant's "
+                   f"{best_s * 1e3:.3f} ms")  # fmt: skip
+            out.append(Tried(label, len(g2.collectives), verdict=why))
+            continue
+        v = _scheduled(label, g2, c2, knobs, SplitBatchPlan(gm2, sizes))
         if isinstance(v, _Variant) and traced is not None:
             v.label += (f"; lower bound {v.sim.lower_bound_s * 1e3:.3f} ms, traced program's "
                         f"{traced.sim.lower_bound_s * 1e3:.3f} ms")  # fmt: skip
         out.append(v)
     return out
+
+
+def _best_so_far(variants: list, knobs: dict) -> float | None:
+    """The fastest step (s) among the search's variants within the budget, or None."""
+    from commsched.optimize.search import _Variant
+
+    limit = knobs["memory_budget"].bytes if knobs.get("memory_budget") is not None else None
+    fits = [v.sim.makespan_s for v in variants if isinstance(v, _Variant)
+            and (limit is None or v.sim.peak_memory_bytes <= limit)]  # fmt: skip
+    return min(fits, default=None)
