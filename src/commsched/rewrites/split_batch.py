@@ -39,6 +39,7 @@ import torch.fx
 import torch.fx.traceback as fx_traceback
 
 from commsched.ir import Graph, GraphError
+from commsched.rewrites.decompose_tp import TRANSFORM_META
 from commsched.rewrites.fxutil import RewriteResult, copy_graph_module, ir_control_edges, stable_toposort
 
 MICRO_BATCH = "micro_batch"
@@ -176,6 +177,9 @@ def trace_merged(fn: Step, inputs: Sequence[torch.Tensor]) -> torch.fx.GraphModu
             seen[c] = seen.get(c, 0) + 1
     share_across_micro_batches(gm)
     gm.graph.eliminate_dead_code()
+    for n in gm.graph.nodes:  # the merge of the outputs: the runtime compares them to a reduction's tolerance
+        if n.op == "call_function" and micro_batch_of(n) is None:
+            n.meta[TRANSFORM_META] = "split_batch"
     gm.recompile()
     return gm
 
