@@ -15,6 +15,7 @@ from commsched.frontends.fake_pg import fake_process_group
 from commsched.frontends.fx import from_fx
 from commsched.ir import GraphError
 from commsched.rewrites.split_batch import (
+    interleave_micro_batches,
     merged_step,
     micro_batch_of,
     micro_batch_sizes,
@@ -94,11 +95,16 @@ def test_micro_batched_program_computes_the_same_function(world, batch, parts, r
     assert len(scale) == sum(op == "mm" for op in ops)
     gen = torch.Generator().manual_seed(seed)
     inputs = [[torch.randn(*s, generator=gen, dtype=torch.float64) for s in shapes] for _ in range(world)]
-    before, after = run_spmd(gm, inputs), run_spmd(split, inputs)
-    for r in range(world):
-        for a, b in zip(before[r], after[r], strict=True):
-            assert a.shape == b.shape
-            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    interleaved = interleave_micro_batches(split, g)  # the order optimize schedules from
+    mbs = [micro_batch_of(n) for n in interleaved.graph.nodes if micro_batch_of(n) is not None]
+    assert mbs != sorted(mbs)  # micro-batch 1 starts before micro-batch 0 ends
+    before = run_spmd(gm, inputs)
+    for program in (split, interleaved):
+        after = run_spmd(program, inputs)
+        for r in range(world):
+            for a, b in zip(before[r], after[r], strict=True):
+                assert a.shape == b.shape
+                torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
 def test_a_traced_zoo_step_splits_into_two_annotated_micro_batches():
