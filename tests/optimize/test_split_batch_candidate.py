@@ -53,3 +53,19 @@ def test_where_the_split_does_not_apply_the_report_says_why():
     o = commsched.optimize(changed, "h100-sxm", group_sizes=w.graph.group_sizes())
     (t,) = [t for t in o.tried if t.label == "split batch"]
     assert t.verdict.startswith("not applied: not a zoo step as traced")
+
+
+def test_cli_tries_the_split_with_batch_and_lists_it(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from commsched.cli import app
+
+    args = ["optimize", "llama-tiny", "--parallel", "tp+sp", "--world-size", "2", "--layers", "1", "--mode", "prefill",
+            "--seq-len", "16", "--batch", "2", "-o", str(tmp_path)]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    tried = json.loads((tmp_path / "optimize.json").read_text())["tried"]
+    split = [t for t in tried if t["label"].startswith("split batch (1 + 1 sequences")]
+    assert len(split) == 2 and all(t["verdict"] for t in split)
