@@ -98,7 +98,8 @@ def _pure(node: torch.fx.Node) -> bool:
 
 
 def _written_families(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
-    """Roots of every view family an in-place op writes (a view's root: the root of its first argument)."""
+    """Every node in a view family some in-place op writes (a view's family: its first argument's; a written
+    view taints its base and every other view of it)."""
     root: dict[torch.fx.Node, torch.fx.Node] = {}
     written: set[torch.fx.Node] = set()
     for n in gm.graph.nodes:
@@ -119,22 +120,15 @@ def share_across_micro_batches(gm: torch.fx.GraphModule) -> int:
     replaced by it. Nodes reading a tensor some in-place op writes are left alone. Returns the nodes removed.
     O(N)."""
     tainted = _written_families(gm)
-    canon: dict[torch.fx.Node, torch.fx.Node] = {}
     first: dict[Any, list[torch.fx.Node]] = {}
     taken: dict[tuple[int, Any], int] = {}
     removed = 0
-
-    def key_of(n: torch.fx.Node) -> Any:
-        args = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: canon.get(a, a))
-        return (n.target, _hashable(args))
 
     for n in list(gm.graph.nodes):
         c = micro_batch_of(n)
         if c is None or not _pure(n) or any(a in tainted for a in n.all_input_nodes) or n in tainted:
             continue
-        key = key_of(n)
-        if key is None:
-            continue
+        key = (n.target, _hashable((n.args, n.kwargs)))  # a shared argument is already micro-batch 0's node
         if c == 0:
             first.setdefault(key, []).append(n)
             continue
@@ -142,7 +136,6 @@ def share_across_micro_batches(gm: torch.fx.GraphModule) -> int:
         candidates = first.get(key, [])
         if k < len(candidates):
             taken[(c, key)] = k + 1
-            canon[n] = candidates[k]
             n.replace_all_uses_with(candidates[k])
             gm.graph.erase_node(n)
             removed += 1
