@@ -17,7 +17,7 @@ import argparse
 import math
 import time
 
-CASES = [  # (preset, parallel, world, layers, seq_len or None, mode): the issue's acceptance set
+CASES = [  # (preset, parallel, world, layers, seq_len or None, mode[, batch]): the issue's acceptance set
     ("llama3-8b", "fsdp", 8, 4, None, "train"),
     ("llama3-8b", "fsdp", 64, 4, None, "train"),
     ("llama3-8b", "fsdp", 256, 4, None, "train"),
@@ -33,6 +33,10 @@ CASES = [  # (preset, parallel, world, layers, seq_len or None, mode): the issue
     ("llama3-8b", "tp+sp", 8, 4, None, "prefill"),
     ("mixtral-8x7b", "ep", 8, 2, 2048, "prefill"),
     ("mixtral-8x7b", "ep", 8, 2, None, "decode"),
+    # split-batch overlap (issue 18) needs >= 2 sequences: (..., batch)
+    ("llama3-8b", "tp+sp", 8, 4, 4096, "prefill", 2),
+    ("mixtral-8x7b", "ep", 8, 2, 2048, "prefill", 2),
+    ("mixtral-8x7b", "ep", 8, 2, 2048, "train", 2),
 ]
 QUICK = CASES[:2]
 
@@ -46,7 +50,9 @@ def _simulate_fx(gm, sizes, hw, meta):
     return g, simulate_costs(g, estimate_costs(g, hw))
 
 
-def case_rows(preset, parallel, world, layers, seq_len, mode="train", hardware="h100-sxm") -> tuple[str, list[tuple]]:
+def case_rows(
+    preset, parallel, world, layers, seq_len, mode="train", batch=None, hardware="h100-sxm"
+) -> tuple[str, list[tuple]]:
     import commsched
     from commsched.cost import estimate_costs
     from commsched.hardware import for_graph
@@ -54,7 +60,7 @@ def case_rows(preset, parallel, world, layers, seq_len, mode="train", hardware="
     from commsched.peers import run_torch_overlap_scheduler
     from commsched.workloads import build
 
-    w = build(preset, parallel=parallel, world_size=world, layers=layers, seq_len=seq_len, mode=mode)
+    w = build(preset, parallel=parallel, world_size=world, layers=layers, seq_len=seq_len, mode=mode, batch=batch)
     g, gm = w.graph, w.graph_module
     hw = for_graph(hardware, g)
     costs = estimate_costs(g, hw)
@@ -94,6 +100,7 @@ def case_rows(preset, parallel, world, layers, seq_len, mode="train", hardware="
                 kept += f" (at torch's peak: {o2.label})"
     title = f"{preset} / {parallel} / world {world} / {layers} layers" + (f" / seq {seq_len}" if seq_len else "")
     title += f" / {mode}" if mode != "train" else ""
+    title += f" / batch {batch}" if batch else ""
     return f"{title} — {len(g)} nodes, {hardware} x {hw.num_nodes} nodes; optimize kept: {kept}", rows
 
 

@@ -92,11 +92,18 @@ def _decompose_tp(workload, hardware: str) -> torch.fx.GraphModule:
     return res.gm
 
 
+def _split_batch(workload, hardware: str) -> torch.fx.GraphModule:
+    from commsched.rewrites.split_batch import split_zoo_step
+
+    return split_zoo_step(workload.spec).gm  # retraced on this rank, like the step itself
+
+
 # "fsdp2" runs torch's fully_shard on a tiny MLP (eager FSDP2 against its traced, rewritten step)
 REWRITES: dict[str, RewriteFn | None] = {
     "bucket": _bucket,
     "lower_all_reduce": _lower,
     "decompose_tp": _decompose_tp,
+    "split_batch": _split_batch,
     "fsdp2": None,
 }
 

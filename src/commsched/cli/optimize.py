@@ -22,6 +22,9 @@ def register(app: typer.Typer) -> None:
         layers: opt.LayersOption = 4,
         mode: opt.ModeOption = "train",
         seq_len: int = typer.Option(None, "--seq-len", help="sequence length (default: the preset's)"),
+        batch: int = typer.Option(
+            None, "--batch", min=1, help="sequences per data-parallel replica (>= 2: split-batch overlap is tried)"
+        ),
         hardware: opt.HardwareOption = "h100-sxm",
         num_nodes: opt.NumNodesOption = None,
         memory_budget: str = typer.Option("1.05", "--memory-budget", help="peak limit: 1.05 (x traced peak) or 40GiB"),
@@ -34,7 +37,8 @@ def register(app: typer.Typer) -> None:
         transforms: bool = typer.Option(
             True,
             "--transforms/--no-transforms",
-            help="also try program transforms (decomposed TP collectives, e.g. --parallel tp+sp --mode prefill)",
+            help="also try program transforms (decomposed TP collectives, e.g. --parallel tp+sp --mode prefill; "
+            "split-batch overlap with --batch 2 or more)",
         ),
         jobs: int = typer.Option(
             None, "--jobs", "-j", min=1, help="judge bucket plans on N processes (default: this one only)"
@@ -42,12 +46,15 @@ def register(app: typer.Typer) -> None:
         ray_address: str = typer.Option(None, "--ray-address", help="judge bucket plans on Ray ('local' or HOST:PORT)"),
     ) -> None:
         """Try program variants (the traced program, its schedule, its collectives bucketed at several
-        granularities, its TP collectives split into chunks that overlap their matmuls), schedule and simulate
-        each alike, keep the fastest within the memory budget.
+        granularities, its TP collectives split into chunks that overlap their matmuls, a zoo step of several
+        sequences as two interleaved micro-batches), schedule and simulate each alike, keep the fastest within the
+        memory budget.
 
         Example: commsched optimize llama3-8b --parallel fsdp --world-size 64 --layers 2 --seq-len 2048 -o opt_out
 
         Example: commsched optimize llama3-8b --parallel tp+sp --mode prefill --layers 1 --no-transforms
+
+        Example: commsched optimize llama3-8b --parallel tp+sp --mode prefill --layers 1 --seq-len 2048 --batch 2
 
         With --jobs N (N > 1) or --ray-address, the bucket plans' probes and full searches run as tasks on an
         executor (README "Scaling out"): the same kept program, order and verdicts as in one process.
@@ -65,7 +72,7 @@ def register(app: typer.Typer) -> None:
 
                 with err_console.status(f"tracing {target} / {parallel} / world {world_size} / {layers} layers"):
                     w = build(target, parallel=parallel, world_size=world_size, layers=layers, mode=mode,
-                              seq_len=seq_len)  # fmt: skip
+                              seq_len=seq_len, batch=batch)  # fmt: skip
                 program, groups = w.graph_module, w.graph.group_sizes()
             with err_console.status("optimizing: scheduling and simulating every program variant"):
                 kw = dict(num_nodes=num_nodes, memory_budget=memory_budget, group_sizes=groups, table=table,

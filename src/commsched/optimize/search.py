@@ -205,6 +205,9 @@ def _optimize(program, hardware, num_nodes, gpus_per_node, memory_budget, reorde
             from commsched.optimize.transforms import transform_variants
 
             variants += transform_variants(gm, g, cost, knobs, finalists, variants)
+            from commsched.optimize.split_batch import split_batch_variants  # two micro-batches (issue 18)
+
+            variants += split_batch_variants(gm, g, cost, knobs, variants)
     best, tried = _judge(variants, limit)
     best = best.rebuild() if hasattr(best, "rebuild") else best  # a finalist judged on a worker, built here
     out_gm = None

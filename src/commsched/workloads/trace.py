@@ -18,6 +18,9 @@ from commsched.workloads.presets import PRESETS
 from commsched.workloads.program import StepProgram, WorkloadSpec, dtype_name, resolve
 
 TRACED_RANK = 0
+WORKLOAD_META = "commsched_workload"
+"""``GraphModule.meta`` key of a traced step: (its ``WorkloadSpec``, its node names as traced), so that a rewrite can
+retrace the step (e.g. at a smaller batch: ``rewrites/split_batch.py``) and tell whether the module was changed since"""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -61,6 +64,7 @@ def trace_spec(spec: WorkloadSpec, progress: Callable[[str], None] | None = None
             f"tracing: forward of layer {i + 1}/{layers}" + (", then backward" if spec.train else "")
         )
         gm = trace_step(program)
+        gm.meta[WORKLOAD_META] = (spec, tuple(n.name for n in gm.graph.nodes))
         say(f"importing {len(gm.graph.nodes)} FX nodes into the commsched graph")
         meta = workload_meta(program, groups)
         graph = from_fx(gm, meta=meta)
