@@ -104,13 +104,19 @@ def check_versions(theirs: dict[str, str], where: str) -> None:
 
 def warm_up() -> dict[str, Any]:
     """A worker's first call: import torch and trace a tiny model, so that the lazy imports of a first trace
-    (sympy, dynamo: seconds) happen before the worker takes real work. Returns its pid, host and versions."""
+    (sympy, dynamo: seconds) happen before the worker takes real work; once per process (a forked child inherits
+    its parent's). Returns its pid, host and versions."""
     import socket
 
+    _warm_trace()
+    return {"pid": os.getpid(), "host": socket.gethostname(), **versions()}
+
+
+@functools.cache
+def _warm_trace() -> None:
     from commsched.workloads import build
 
     build("llama-tiny", parallel="fsdp", world_size=2, layers=1)
-    return {"pid": os.getpid(), "host": socket.gethostname(), **versions()}
 
 
 def error_text(stage: str, exc: BaseException) -> str:
