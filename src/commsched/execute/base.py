@@ -105,10 +105,15 @@ def check_versions(theirs: dict[str, str], where: str) -> None:
 def warm_up() -> dict[str, Any]:
     """A worker's first call: import torch and trace a tiny model, so that the lazy imports of a first trace
     (sympy, dynamo: seconds) happen before the worker takes real work; once per process (a forked child inherits
-    its parent's). Returns its pid, host and versions."""
+    its parent's). Returns :func:`hello`."""
+    _warm_trace()
+    return hello()
+
+
+def hello() -> dict[str, Any]:
+    """This process's pid, host and versions (what a worker answers first)."""
     import socket
 
-    _warm_trace()
     return {"pid": os.getpid(), "host": socket.gethostname(), **versions()}
 
 

@@ -1,12 +1,15 @@
 """The local backend: this process and ``jobs - 1`` worker processes take tasks from one list.
 
-**How workers start.** Where the platform has ``fork`` (Linux), this process warms up first
-(:func:`commsched.execute.base.warm_up`: imports torch, traces a tiny model; a first trace would pay the same lazy
-imports anyway) and then forks its workers: they start warm at once, sharing its imported modules, instead of
-spending seconds of CPU each on their own start-up, which on a few busy cores costs more than the work they take
-(benchmarks/RESULTS.md). torch on CPU is used after fork as its DataLoader workers use it: each child keeps one
-intra-op thread (a GNU OpenMP pool does not survive a fork). Elsewhere, or with ``start="spawn"``, workers are
-spawned (fresh interpreters) and warm up themselves before they take work.
+**How workers start.** Where the platform has ``fork`` (Linux), this process runs the first task itself and then
+forks its workers (with ``in_process=False``: after :func:`commsched.execute.base.warm_up`, a tiny trace). They start
+warm at once, sharing what that task loaded: torch and the lazy imports of a first trace, and the fake-tensor
+caches of the model's shapes (a first trace of a model costs several times the next ones, even after a warm-up on
+another model). A spawned worker spends seconds of CPU on all that again, which on a few busy cores costs more than
+the work it takes (benchmarks/RESULTS.md). No thread of this module runs while it forks, and a child opens new
+stdout / stderr objects (a lock another thread held at the fork stays held in the child); torch on CPU is used after
+fork as its DataLoader workers use it, with one intra-op thread each (a GNU OpenMP pool does not survive a fork).
+Elsewhere, or with ``start="spawn"``, workers are spawned (fresh interpreters) from the start and warm up before
+they take work.
 
 **Who runs what.** Workers take tasks from the front of the list, this process (unless ``in_process=False``) from the
 back; a task is never run twice. One thread per worker here sends it a task over a pipe and waits for the reply or
@@ -23,6 +26,7 @@ the whole process group: workers exit at once, this process raises KeyboardInter
 from __future__ import annotations
 
 import collections
+import gc
 import multiprocessing
 import os
 import queue
@@ -40,6 +44,7 @@ from commsched.execute.base import (
     check_versions,
     default_jobs,
     error_text,
+    hello,
     resolve_fn,
     warm_up,
 )
@@ -55,16 +60,16 @@ def default_start() -> str:
     return "fork" if sys.platform == "linux" and "fork" in multiprocessing.get_all_start_methods() else "spawn"
 
 
-def _worker_main(conn: Any) -> None:
-    """A worker's life: warm up (a forked one inherits this process's warm-up) and say hello, then answer
-    ``(fn, spec)`` messages with ``("ok", result)`` or ``("raised", text)`` until the pipe closes or says None."""
+def _worker_main(conn: Any, forked: bool) -> None:
+    """A worker's life: warm up (a forked one is warm) and say hello, then answer ``(fn, spec)`` messages with
+    ``("ok", result)`` or ``("raised", text)`` until the pipe closes or says None."""
     # Ctrl-C reaches the whole process group: a worker just exits, rather than printing a traceback from deep
     # inside torch; the driver raises KeyboardInterrupt and reaps it
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
-    if "torch" in sys.modules:  # forked from a process that has used torch: one intra-op thread (see the docstring)
-        sys.modules["torch"].set_num_threads(1)
+    if forked:
+        _after_fork()
     try:
-        conn.send(("hello", warm_up()))
+        conn.send(("hello", hello() if forked else warm_up()))
     except Exception as exc:
         conn.send(("error", error_text("warm-up", exc)))
         os._exit(1)
@@ -82,6 +87,19 @@ def _worker_main(conn: Any) -> None:
         conn.send(reply)
 
 
+def _after_fork() -> None:
+    """Fresh stdout / stderr objects (their locks may have been held by another thread of the parent), and one
+    intra-op thread for torch (see the module docstring)."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        try:
+            setattr(sys, name, open(stream.fileno(), "w", buffering=1, closefd=False))  # noqa: SIM115
+        except (AttributeError, OSError, ValueError):  # not a real file (a test's capture): keep it
+            continue
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
+
+
 class _Died(Exception):
     """The worker process ended before it answered."""
 
@@ -91,7 +109,8 @@ class _Worker:
 
     def __init__(self, ctx: Any) -> None:
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True, name="commsched-worker")
+        forked = ctx.get_start_method() == "fork"
+        self.proc = ctx.Process(target=_worker_main, args=(child, forked), daemon=True, name="commsched-worker")
         self.proc.start()
         child.close()  # only the worker holds its end: its death closes the pipe
 
@@ -224,9 +243,10 @@ class LocalExecutor:
         return min(n_tasks, self.jobs) - (1 if self.in_process else 0)
 
     def prestart(self, n_tasks: int) -> LocalExecutor:
-        """Start the workers a ``map`` of ``n_tasks`` would use now (forking: after warming this process up), before
-        this process starts threads of its own (a progress bar); returns self."""
-        self._start(self._needed(n_tasks))
+        """Spawning: start the workers a ``map`` of ``n_tasks`` would use now, so that they warm up while this
+        process does something else (forked workers start in ``map``, warm); returns self."""
+        if self.start == "spawn":
+            self._start(self._needed(n_tasks))
         return self
 
     @staticmethod
@@ -240,12 +260,16 @@ class LocalExecutor:
         missing = workers - len(self._workers)
         if missing <= 0:
             return
-        if self.start == "fork":
+        if self.start == "fork" and not self.in_process:  # else this process has just run a task
             self._say("warming up")
             warm_up()  # once per process: the forked workers inherit it
         self._say(f"starting {missing} worker process(es)")
         ctx = multiprocessing.get_context(self.start)
-        new = [_Worker(ctx) for _ in range(missing)]
+        gc.freeze()  # a forked child's collections skip what exists now: fewer of its pages copied on write
+        try:
+            new = [_Worker(ctx) for _ in range(missing)]
+        finally:
+            gc.unfreeze()
         with self._lock:
             self._workers += new
 
@@ -297,13 +321,16 @@ class LocalExecutor:
     def _run_pool(self, fn: str, specs: Sequence[Any], workers: int, fail: Fail, finish) -> None:
         self._fn, self._specs, self._fail = fn, specs, fail
         board = _Board(len(specs), self.in_process)
-        self._start(workers)
         with self._lock:
             self._board = board
-            serving = self._workers[:workers]
-        for worker in serving:
-            threading.Thread(target=self._serve, args=(worker, board), daemon=True).start()
         try:
+            if self.start == "fork" and self.in_process and len(self._workers) < workers:
+                index = board.next_for_here()  # this process's first task warms it for the workers it forks
+                board.record(index)
+                finish(index, self._here(fn, specs[index], fail))
+            self._start(workers)
+            for worker in self._workers[:workers]:
+                threading.Thread(target=self._serve, args=(worker, board), daemon=True).start()
             self._drive(board, fn, specs, fail, finish)
         except BaseException:  # e.g. Ctrl-C: hand out nothing more
             with board.lock:
