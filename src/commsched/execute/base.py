@@ -1,12 +1,12 @@
 """The executor interface: map a pure function over task specs, results in task order, on some set of workers.
 
-A task is ``(index, spec)``; the function is named by ``"module:function"`` (so a spawned process or a Ray actor
+A task is ``(index, spec)``; the function is named by ``"module:function"`` (so a worker process or a Ray actor
 imports it itself) and must be a pure function of its spec: hardware profiles, tables and graphs travel inside the
 spec by content, never as a path only the driver can read. It returns plain data (rows: lists and dicts of str,
 int, float, None) and never raises for a bad configuration; a task whose worker died or could not run it becomes
 ``fail(spec, error_text)``, built on the driver. Every backend returns the same list for the same tasks.
 
-Backends: :class:`commsched.execute.local.LocalExecutor` (this process and spawned workers) and
+Backends: :class:`commsched.execute.local.LocalExecutor` (this process and forked or spawned workers) and
 :class:`commsched.execute.ray_backend.RayExecutor` (warmed actors on a Ray cluster). ``import commsched`` imports
 neither torch nor ray; :func:`make_executor` imports a backend when asked for it.
 """
