@@ -54,6 +54,20 @@ def test_pool_results_in_task_order_and_warm_workers_are_reused(start):
 
 
 @slow
+def test_this_process_runs_a_task_then_forks_workers_that_inherit_its_state(monkeypatch):
+    monkeypatch.setattr(exec_helpers, "MARKED", False)
+    with LocalExecutor(jobs=2, start="fork") as ex:
+        out = ex.map("exec_helpers:mark_and_report", _specs(6, sleep_s=0.2), fail=exec_helpers.fail)
+        (worker,) = ex.worker_pids()
+    assert [r["x"] for r in out] == list(range(6))
+    # the last task ran here first, before any worker existed; the worker, forked after it, starts with its state
+    assert out[-1]["pid"] == os.getpid() and not out[-1]["inherited"]
+    mine = [r for r in out if r["pid"] == worker]
+    assert mine and all(r["inherited"] for r in mine)
+    assert {r["pid"] for r in out} == {os.getpid(), worker}
+
+
+@slow
 def test_sigkilled_worker_fails_its_task_and_a_spawned_replacement_finishes_the_run():
     specs = _specs(6, sleep_s=0.2, driver_pid=os.getpid())
     specs[1]["die"] = True
