@@ -129,3 +129,29 @@ def test_another_configuration_does_not_resume_from_the_store(tmp_path):
     Path(store.path).write_text("not json")
     assert cache.RowStore([{"preset": "llama-tiny", "world_size": 8}]).load() == {}
     assert os.environ["COMMSCHED_CACHE_DIR"] in str(store.path)
+
+
+class _LosesTheFirstTask:
+    """An executor whose worker 'dies' on the first task (``fail``), and runs the others here."""
+
+    name = "test"
+
+    def map(self, fn, specs, *, fail, on_result=None):
+        out = []
+        for i, spec in enumerate(specs):
+            out.append(fail(spec, "worker: worker 1 died of signal SIGKILL") if i == 0 else base.resolve_fn(fn)(spec))
+            if on_result is not None:
+                on_result(i, out[-1])
+        return out
+
+    def close(self):
+        return None
+
+
+def test_a_dead_workers_rows_are_not_stored_and_the_same_sweep_retries_them():
+    first = run_sweep("llama-tiny", **KW, executor=_LosesTheFirstTask())
+    assert all(r.error.startswith("worker:") for r in first[:2]) and all(r.ok for r in first[2:])
+    again = run_sweep("llama-tiny", **KW)
+    assert all(r.ok for r in again)
+    assert [r.to_dict() for r in again[2:]] == [r.to_dict() for r in first[2:]]  # stored: the first run's rows
+    assert [r.result_dict() for r in again] == [r.result_dict() for r in run_sweep("llama-tiny", **KW, resume=False)]
