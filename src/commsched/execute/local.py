@@ -113,15 +113,16 @@ class _Worker:
         self.proc = ctx.Process(target=_worker_main, args=(child, forked), daemon=True, name="commsched-worker")
         self.proc.start()
         child.close()  # only the worker holds its end: its death closes the pipe
+        self.lock = threading.Lock()  # held by the one thread talking to it (a map's thread may outlive its map)
 
     def reply(self) -> tuple[str, Any]:
         """The worker's next message; _Died if it ended first."""
-        ready = wait([self.conn, self.proc.sentinel])
-        if self.conn in ready:  # a reply sent just before dying still counts
-            try:
+        try:
+            ready = wait([self.conn, self.proc.sentinel])
+            if self.conn in ready:  # a reply sent just before dying still counts
                 return self.conn.recv()
-            except (EOFError, OSError):
-                pass
+        except (EOFError, OSError, ValueError):  # it died, or the executor closed (and stopped it)
+            pass
         raise _Died(self.how_it_ended())
 
     def ask(self, fn: str, spec: Any) -> tuple[str, Any]:
@@ -279,16 +280,19 @@ class LocalExecutor:
         while True:
             index = None
             try:
-                if worker.proc.pid not in self._greeted:
-                    self._greet(worker)
-                index = board.next_for_worker()
-                if index is None:
-                    return
-                kind, value = worker.ask(self._fn, self._specs[index])
+                with worker.lock:
+                    if worker.proc.pid not in self._greeted:
+                        self._greet(worker)
+                    index = board.next_for_worker()
+                    if index is None:
+                        return
+                    kind, value = worker.ask(self._fn, self._specs[index])
                 result = value if kind == "ok" else self._fail(self._specs[index], value)
                 board.finished.put((index, result))
             except _Died as exc:
-                if index is None:  # it died before it could take work: no replacement
+                if index is None:  # it could not start: no replacement (the next map starts a new one)
+                    with self._lock:
+                        self._workers = [w for w in self._workers if w is not worker]
                     board.fall_back()
                     return
                 board.finished.put((index, self._fail(self._specs[index], f"worker: {exc}")))
