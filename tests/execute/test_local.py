@@ -102,9 +102,11 @@ def test_ray_address_without_ray_is_one_line(monkeypatch):
 
 @slow
 def test_ctrl_c_stops_the_local_pool_within_5_s_and_leaves_nothing(tmp_path):
-    # 8 traces of 4 layers: the sweep cannot finish before the signal comes (one that had finished would be exiting
-    # and could die of the SIGINT while its pool's workers are joined at shutdown, which is not what is tested here)
-    args = ["sweep", "llama3-8b", "-p", "fsdp,ddp", "-w", "8,64,512,1024", "-l", "4", "-j", "2", "--json", "rows.json"]
+    # 16 traces of 4 layers: the sweep cannot finish before the signal comes, 2 s after its worker appears (the
+    # worker is forked once this process has traced once; a sweep that had finished would be exiting and could die of
+    # the SIGINT at shutdown, which is not what is tested here)
+    worlds = "8,16,32,64,128,256,512,1024"
+    args = ["sweep", "llama3-8b", "-p", "fsdp,ddp", "-w", worlds, "-l", "4", "-j", "2", "--json", "rows.json"]
     rc, exit_s, procs = interrupt_cli(args, tmp_path, ready=lambda seen: len(seen) >= 1)
     assert procs, "the sweep started no worker"
     assert rc == 130 and exit_s < 5.0
