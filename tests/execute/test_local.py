@@ -67,6 +67,17 @@ def test_this_process_runs_a_task_then_forks_workers_that_inherit_its_state(monk
     assert {r["pid"] for r in out} == {os.getpid(), worker}
 
 
+def test_a_process_that_initialised_cuda_spawns_its_workers(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # a forked child could not use CUDA
+    with LocalExecutor(jobs=2, in_process=False, start="fork") as ex:
+        ex.prestart(2)  # forking: nothing starts before map
+        assert not ex.worker_pids()
+        ex._start(1)
+        assert [w.forked for w in ex._workers] == [False]
+
+
 @slow
 def test_sigkilled_worker_fails_its_task_and_a_spawned_replacement_finishes_the_run():
     specs = _specs(6, sleep_s=0.2, driver_pid=os.getpid())

@@ -8,8 +8,8 @@ another model). A spawned worker spends seconds of CPU on all that again, which 
 the work it takes (benchmarks/RESULTS.md). No thread of this module runs while it forks, and a child opens new
 stdout / stderr objects (a lock another thread held at the fork stays held in the child); torch on CPU is used after
 fork as its DataLoader workers use it, with one intra-op thread each (a GNU OpenMP pool does not survive a fork).
-Elsewhere, or with ``start="spawn"``, workers are spawned (fresh interpreters) from the start and warm up before
-they take work.
+Elsewhere, with ``start="spawn"``, or once this process has initialised CUDA, workers are spawned (fresh
+interpreters) and warm up before they take work.
 
 **Who runs what.** Workers take tasks from the front of the list, this process (unless ``in_process=False``) from the
 back; a task is never run twice. One thread per worker here sends it a task over a pipe and waits for the reply or
@@ -100,6 +100,12 @@ def _after_fork() -> None:
         sys.modules["torch"].set_num_threads(1)
 
 
+def _fork_safe() -> bool:
+    """Whether this process may fork workers: not once it has initialised CUDA (a forked child cannot use it)."""
+    torch = sys.modules.get("torch")
+    return torch is None or not torch.cuda.is_initialized()
+
+
 class _Died(Exception):
     """The worker process ended before it answered."""
 
@@ -109,8 +115,8 @@ class _Worker:
 
     def __init__(self, ctx: Any) -> None:
         self.conn, child = ctx.Pipe()
-        forked = ctx.get_start_method() == "fork"
-        self.proc = ctx.Process(target=_worker_main, args=(child, forked), daemon=True, name="commsched-worker")
+        self.forked = ctx.get_start_method() == "fork"
+        self.proc = ctx.Process(target=_worker_main, args=(child, self.forked), daemon=True, name="commsched-worker")
         self.proc.start()
         child.close()  # only the worker holds its end: its death closes the pipe
         self.lock = threading.Lock()  # held by the one thread talking to it (a map's thread may outlive its map)
@@ -261,11 +267,12 @@ class LocalExecutor:
         missing = workers - len(self._workers)
         if missing <= 0:
             return
-        if self.start == "fork" and not self.in_process:  # else this process has just run a task
+        start = "fork" if self.start == "fork" and _fork_safe() else "spawn"
+        if start == "fork" and not self.in_process:  # else this process has just run a task
             self._say("warming up")
             warm_up()  # once per process: the forked workers inherit it
         self._say(f"starting {missing} worker process(es)")
-        ctx = multiprocessing.get_context(self.start)
+        ctx = multiprocessing.get_context(start)
         gc.freeze()  # a forked child's collections skip what exists now: fewer of its pages copied on write
         try:
             new = [_Worker(ctx) for _ in range(missing)]
