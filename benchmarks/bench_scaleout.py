@@ -1,13 +1,15 @@
 """Scaling out a sweep (issue 24): the trace cache, the local pool, Ray; and the same rows on every backend.
 
-Usage: python benchmarks/bench_scaleout.py [--layers 2] [--world-sizes 8,64,512,1024] [--no-ray]
+Usage: python benchmarks/bench_scaleout.py [--layers 2] [--world-sizes 8,64,512,1024] [--repeat 2] [--no-ray]
 The sweep: llama3-8b, {fsdp, ddp} x world sizes x {h100-sxm, b200} (16 configurations by default). Measured:
-(1) ``commsched sweep`` as fresh processes with an empty, then a warm trace cache (``-j 1``); (2) ``--no-cache``
-with ``-j 1`` and ``-j 2`` back to back; (3) ``--ray-address local -j 2 --no-cache`` (a private Ray instance,
-started by the run); (4) with a Ray head on 127.0.0.1 already up (``ray start --block``, stopped by its pid):
-a second sweep on warm actors against a second sweep on a warm local pool of 2, in this process. Then checks
-that every backend gave the same rows (wall times, pids and hosts aside). Prints the load average around each
-figure: the machine is shared.
+(1) ``commsched sweep`` as fresh processes with an empty cache (``-j 1``), then the same command again, twice each
+way: with the rows of the finished sweep stored (the row store answers; nothing is computed) and with the trace
+cache only (the row store emptied first: every configuration estimated, scheduled and simulated); (2)
+``--no-cache`` with ``-j 1`` and ``-j 2`` alternating, ``--repeat`` times each; (3) ``--ray-address local -j 2
+--no-cache`` (a private Ray instance, started by the run); (4) with a Ray head on 127.0.0.1 already up (``ray start
+--block``, stopped by its pid): a second sweep on warm actors against a second sweep on a warm local pool of 2, in
+this process. Then checks that every backend gave the same rows (wall times, pids and hosts aside). Prints the load
+average around each figure: the machine is shared.
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ def snapshot() -> None:
     global TMP, SRC
     TMP = Path(tempfile.mkdtemp(prefix="scaleout"))
     SRC = TMP / "src"
-    shutil.copytree(ROOT / "src" / "commsched", SRC / "commsched", ignore=shutil.ignore_patterns("__pycache__"))
+    # numba's compiled loops are cached next to their modules: copied too (with their sources' times, so that they
+    # stay valid), or the first process would compile them again (minutes on a busy machine)
+    shutil.copytree(ROOT / "src" / "commsched", SRC / "commsched", ignore=shutil.ignore_patterns("*.pyc"))
     sys.path.insert(0, str(SRC))
     sys.path.insert(0, str(ROOT / "tests" / "execute"))
 
@@ -74,6 +78,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--world-sizes", default="8,64,512,1024")
+    ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--no-ray", action="store_true")
     args = ap.parse_args()
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, {load()}")
@@ -87,13 +92,18 @@ def main() -> None:
     cli(["llama-tiny", "-w", "2", "-l", "1", "-j", "1", "--no-cache"], tmp / "c0", home, tmp / "0.json")
     cold, results["jobs 1 (cold cache)"] = cli([*sweep, "-j", "1"], tmp / "cache", home, tmp / "a.json")
     print(f"cold cache, -j 1: {cold:.2f} s ({load()})")
-    warm, results["warm cache"] = cli(sweep, tmp / "cache", home, tmp / "b.json")
-    print(f"warm cache: {warm:.2f} s ({load()}): {cold / warm:.1f}x faster")
+    for i in range(2):
+        stored, results[f"rows stored {i}"] = cli(sweep, tmp / "cache", home, tmp / "b.json")
+        print(f"same command, rows stored: {stored:.2f} s ({load()}): {cold / stored:.1f}x faster than cold")
+        shutil.rmtree(tmp / "cache" / "sweeps")
+        warm, results[f"warm trace cache {i}"] = cli(sweep, tmp / "cache", home, tmp / "b.json")
+        print(f"same command, trace cache only: {warm:.2f} s ({load()}): {cold / warm:.1f}x faster than cold")
 
-    one, results["jobs 1"] = cli([*sweep, "-j", "1", "--no-cache"], tmp / "c1", home, tmp / "c.json")
-    print(f"--no-cache -j 1: {one:.2f} s ({load()}); the warm cache run: {one / warm:.1f}x faster than this")
-    two, results["jobs 2"] = cli([*sweep, "-j", "2", "--no-cache"], tmp / "c2", home, tmp / "d.json")
-    print(f"--no-cache -j 2: {two:.2f} s ({load()}): {two / one:.2f}x the -j 1 wall")
+    for i in range(args.repeat):
+        one, results[f"jobs 1 #{i}"] = cli([*sweep, "-j", "1", "--no-cache"], tmp / "c1", home, tmp / "c.json")
+        print(f"--no-cache -j 1: {one:.2f} s ({load()})")
+        two, results[f"jobs 2 #{i}"] = cli([*sweep, "-j", "2", "--no-cache"], tmp / "c2", home, tmp / "d.json")
+        print(f"--no-cache -j 2: {two:.2f} s ({load()}): {two / one:.2f}x the -j 1 wall before it")
 
     if not args.no_ray:
         ray_wall, results["ray local"] = cli([*sweep, "-j", "2", "--no-cache", "--ray-address", "local"],
@@ -101,7 +111,7 @@ def main() -> None:
         print(f"--ray-address local -j 2 --no-cache (starts Ray): {ray_wall:.2f} s ({load()})")
         _warm_backends(args, results)
 
-    want = stripped(results["jobs 1"])
+    want = stripped(results["jobs 1 #0"])
     for name, rows in results.items():
         print(f"rows equal to --no-cache -j 1: {name}: {stripped(rows) == want} ({len(rows)} rows)")
     if not all(stripped(rows) == want for rows in results.values()):

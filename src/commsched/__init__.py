@@ -4,18 +4,39 @@ Pipeline: frontends -> ir -> cost -> passes -> sim -> report -> runtime (see doc
 ``import commsched`` needs numpy only; the FX frontend, the workload zoo and the runtime import torch when used.
 """
 
-from commsched import hardware
-from commsched.cost import CostEstimate, collective_time_s, estimate, estimate_costs
-from commsched.frontends.json_io import load_graph, save_graph
-from commsched.ir import CollType, Graph, GraphBuilder, GraphError, OpKind, ProcessGroup
-from commsched.memory import IncrementalMemory, memory_profile
-from commsched.optimize import Optimized, optimize
-from commsched.passes import PASSES, PRESETS, Schedule, ScheduleError, check_schedule, load_schedule, schedule
-from commsched.sim import SimResult, simulate, simulate_costs
-
 __version__ = "0.1.0"
 
+# every public name loads on first use (PEP 562): ``import commsched`` costs nothing, so a command that needs
+# little (a sweep whose rows are stored) does not pay for numba and the passes; torch-backed parts never load for
+# JSON-only users
 _LAZY = {
+    "hardware": "commsched.hardware",
+    "CostEstimate": "commsched.cost",
+    "collective_time_s": "commsched.cost",
+    "estimate": "commsched.cost",
+    "estimate_costs": "commsched.cost",
+    "load_graph": "commsched.frontends.json_io",
+    "save_graph": "commsched.frontends.json_io",
+    "CollType": "commsched.ir",
+    "Graph": "commsched.ir",
+    "GraphBuilder": "commsched.ir",
+    "GraphError": "commsched.ir",
+    "OpKind": "commsched.ir",
+    "ProcessGroup": "commsched.ir",
+    "IncrementalMemory": "commsched.memory",
+    "memory_profile": "commsched.memory",
+    "Optimized": "commsched.optimize",
+    "optimize": "commsched.optimize",
+    "PASSES": "commsched.passes",
+    "PRESETS": "commsched.passes",
+    "Schedule": "commsched.passes",
+    "ScheduleError": "commsched.passes",
+    "check_schedule": "commsched.passes",
+    "load_schedule": "commsched.passes",
+    "schedule": "commsched.passes",
+    "SimResult": "commsched.sim",
+    "simulate": "commsched.sim",
+    "simulate_costs": "commsched.sim",
     "from_fx": "commsched.frontends.fx",
     "fake_process_group": "commsched.frontends.fake_pg",
     "apply_schedule": "commsched.runtime",
@@ -24,11 +45,13 @@ _LAZY = {
 
 
 def __getattr__(name: str):
-    # torch-backed parts load on first use, so JSON-only users never import torch
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        module = importlib.import_module(_LAZY[name])
+        value = module if module.__name__ == f"commsched.{name}" else getattr(module, name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'commsched' has no attribute {name!r}")
 
 

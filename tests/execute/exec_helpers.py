@@ -20,6 +20,17 @@ def square_after(spec: dict) -> dict:
     return {"x": spec["x"], "square": spec["x"] ** 2, "pid": os.getpid()}
 
 
+MARKED = False  # set by the first mark_and_report call of a process (a forked child inherits it)
+
+
+def mark_and_report(spec: dict) -> dict:
+    """Whether this process (or the one it was forked from) ran a task before; then mark it."""
+    global MARKED
+    seen, MARKED = MARKED, True
+    time.sleep(spec.get("sleep_s", 0.0))
+    return {"x": spec["x"], "pid": os.getpid(), "inherited": seen}
+
+
 def die_in_worker(spec: dict) -> dict:
     """SIGKILL the worker that runs ``spec["die"]`` (never the driver, whose pid is in the spec)."""
     if spec.get("die") and os.getpid() != spec["driver_pid"]:

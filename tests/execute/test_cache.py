@@ -51,7 +51,7 @@ def test_the_key_covers_every_field_and_the_versions(monkeypatch):
 
 def test_a_rerun_traces_nothing_and_gives_the_same_rows():
     first = run_sweep("llama-tiny", **KW)
-    second = run_sweep("llama-tiny", **KW)
+    second = run_sweep("llama-tiny", **KW, resume=False)  # not the stored rows: the trace cache only
     assert not any(r.trace_cached for r in first) and all(r.trace_cached for r in second)
     assert [r.result_dict() for r in first] == [r.result_dict() for r in second]
     assert all(r.trace_wall_s < 0.5 for r in second)
@@ -60,7 +60,25 @@ def test_a_rerun_traces_nothing_and_gives_the_same_rows():
     head = json.loads(files[0].read_text())
     assert (head["format"], head["version"]) == ("commsched.graph", 1)  # the project's graph format, not pickle
     assert {len(load_graph(f)) for f in files} == {r.num_graph_nodes for r in first}
-    assert not list((cache.cache_dir() / "sweeps").glob("*.json"))  # a finished sweep leaves no progress file
+    assert len(list((cache.cache_dir() / "sweeps").glob("*.json"))) == 1  # the finished sweep's rows, kept
+
+
+def test_a_finished_sweep_run_again_takes_its_stored_rows(monkeypatch):
+    first = run_sweep("llama-tiny", **KW)
+
+    def no_work(spec):
+        raise AssertionError("a stored sweep computed a task")
+
+    run_task = sweep_task.run_task
+    monkeypatch.setattr(sweep_task, "run_task", no_work)
+    again = run_sweep("llama-tiny", **KW)
+    assert [r.to_dict() for r in again] == [r.to_dict() for r in first]  # wall times too: the first run's
+    other = run_sweep("llama-tiny", **{**KW, "layers": 2})  # another configuration is computed
+    assert all("computed a task" in r.error for r in other)
+    monkeypatch.setattr(sweep_task, "run_task", run_task)
+    uncached = run_sweep("llama-tiny", **KW, cache=False)  # --no-cache: computed, and not kept
+    assert [r.result_dict() for r in uncached] == [r.result_dict() for r in first]
+    assert len(list((cache.cache_dir() / "sweeps").glob("*.json"))) == 1
 
 
 def test_no_cache_neither_reads_nor_writes():
@@ -74,7 +92,7 @@ def test_an_unreadable_entry_is_a_miss_and_is_rewritten():
     (path,) = (cache.cache_dir() / "traces").glob("*.json")
     path.write_text('{"format": "commsched.graph", "version": 1, "nod')  # a torn or foreign file
     sweep_task._MEMORY.clear()  # as a fresh process would start
-    (again,) = run_sweep("llama-tiny", **{**KW, "parallel": "fsdp", "hardware": "h100-sxm"})
+    (again,) = run_sweep("llama-tiny", **{**KW, "parallel": "fsdp", "hardware": "h100-sxm"}, resume=False)
     assert not again.trace_cached and again.result_dict() == row.result_dict()
     assert len(load_graph(path)) == row.num_graph_nodes
 
@@ -98,7 +116,7 @@ def test_an_interrupted_sweep_resumes_where_it_stopped():
     resumed = run_sweep("llama-tiny", **KW)
     # the first task's rows come from the store (its wall times too), the second was computed now
     assert [r.trace_wall_s for r in resumed[:2]] == [r.trace_wall_s for r in done[0]]
-    assert not progress.exists()
+    assert sorted(json.loads(progress.read_text())["results"]) == ["0", "1"]  # now the whole sweep is stored
     fresh = run_sweep("llama-tiny", **KW, resume=False)
     assert [r.result_dict() for r in resumed] == [r.result_dict() for r in fresh]
 
@@ -111,3 +129,29 @@ def test_another_configuration_does_not_resume_from_the_store(tmp_path):
     Path(store.path).write_text("not json")
     assert cache.RowStore([{"preset": "llama-tiny", "world_size": 8}]).load() == {}
     assert os.environ["COMMSCHED_CACHE_DIR"] in str(store.path)
+
+
+class _LosesTheFirstTask:
+    """An executor whose worker 'dies' on the first task (``fail``), and runs the others here."""
+
+    name = "test"
+
+    def map(self, fn, specs, *, fail, on_result=None):
+        out = []
+        for i, spec in enumerate(specs):
+            out.append(fail(spec, "worker: worker 1 died of signal SIGKILL") if i == 0 else base.resolve_fn(fn)(spec))
+            if on_result is not None:
+                on_result(i, out[-1])
+        return out
+
+    def close(self):
+        return None
+
+
+def test_a_dead_workers_rows_are_not_stored_and_the_same_sweep_retries_them():
+    first = run_sweep("llama-tiny", **KW, executor=_LosesTheFirstTask())
+    assert all(r.error.startswith("worker:") for r in first[:2]) and all(r.ok for r in first[2:])
+    again = run_sweep("llama-tiny", **KW)
+    assert all(r.ok for r in again)
+    assert [r.to_dict() for r in again[2:]] == [r.to_dict() for r in first[2:]]  # stored: the first run's rows
+    assert [r.result_dict() for r in again] == [r.result_dict() for r in run_sweep("llama-tiny", **KW, resume=False)]

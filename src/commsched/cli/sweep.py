@@ -65,10 +65,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Trace PRESET at every (parallelism, world size), simulate it on every hardware profile in the traced
         order and in the order SCHEDULE chooses, and print step time, exposed communication, overlap and peak
-        memory per configuration. --jobs N traces N configurations at once (this process and N - 1 spawned
-        workers); --ray-address runs them on Ray actors instead (pip install 'commsched[ray]'). Traces are cached
-        (see README "Scaling out"); Ctrl-C keeps the finished rows and the same command resumes. A configuration
-        that fails is reported as an error row. Exits 2 when none succeeds.
+        memory per configuration. --jobs N traces N configurations at once (this process and N - 1 workers, forked
+        once this process has traced); --ray-address runs them on Ray actors instead (pip install
+        'commsched[ray]'). Traces are cached (see README "Scaling out"); Ctrl-C keeps the finished rows and the same
+        command resumes; the same sweep run again takes its stored rows (--no-cache computes them). A
+        configuration that fails is reported as an error row. Exits 2 when none succeeds.
 
         Example: commsched sweep llama3-8b --parallel fsdp --world-size 8,64,512 --hardware h100-sxm,b200
         --layers 4 --out sweep.png --json rows.json --jobs 2
@@ -87,6 +88,7 @@ def register(app: typer.Typer) -> None:
             options = {"seq_len": seq_len, "batch": batch, "tp_size": tp_size, "ep_size": ep_size}
             build_kw = {k: v for k, v in options.items() if v is not None}
             t0 = time.perf_counter()
+            computed: list = []
             try:
                 rows = run_sweep(
                     preset,
@@ -104,6 +106,7 @@ def register(app: typer.Typer) -> None:
                     mode=mode,
                     progress=True,
                     console=err_console,
+                    on_rows=computed.extend,
                     **build_kw,
                 )
             except ExecutorError as exc:
@@ -127,6 +130,9 @@ def register(app: typer.Typer) -> None:
 
                 write_sweep_plot(rows, out)
 
+        if len(computed) < len(rows):
+            err_console.print(f"{len(rows) - len(computed)} of {len(rows)} rows from an earlier run of this sweep "
+                              "(kept in the cache folder; --no-cache recomputes)")  # fmt: skip
         _warn_capacity(ok)
         title = f"{preset} ({layers or 'all'} layers, {mode}), schedule {schedule}"
         print_sweep(rows, console, title=title, wall_s=wall_s)

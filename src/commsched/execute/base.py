@@ -1,12 +1,12 @@
 """The executor interface: map a pure function over task specs, results in task order, on some set of workers.
 
-A task is ``(index, spec)``; the function is named by ``"module:function"`` (so a spawned process or a Ray actor
+A task is ``(index, spec)``; the function is named by ``"module:function"`` (so a worker process or a Ray actor
 imports it itself) and must be a pure function of its spec: hardware profiles, tables and graphs travel inside the
 spec by content, never as a path only the driver can read. It returns plain data (rows: lists and dicts of str,
 int, float, None) and never raises for a bad configuration; a task whose worker died or could not run it becomes
 ``fail(spec, error_text)``, built on the driver. Every backend returns the same list for the same tasks.
 
-Backends: :class:`commsched.execute.local.LocalExecutor` (this process and spawned workers) and
+Backends: :class:`commsched.execute.local.LocalExecutor` (this process and forked or spawned workers) and
 :class:`commsched.execute.ray_backend.RayExecutor` (warmed actors on a Ray cluster). ``import commsched`` imports
 neither torch nor ray; :func:`make_executor` imports a backend when asked for it.
 """
@@ -104,13 +104,24 @@ def check_versions(theirs: dict[str, str], where: str) -> None:
 
 def warm_up() -> dict[str, Any]:
     """A worker's first call: import torch and trace a tiny model, so that the lazy imports of a first trace
-    (sympy, dynamo: seconds) happen before the worker takes real work. Returns its pid, host and versions."""
+    (sympy, dynamo: seconds) happen before the worker takes real work; once per process (a forked child inherits
+    its parent's). Returns :func:`hello`."""
+    _warm_trace()
+    return hello()
+
+
+def hello() -> dict[str, Any]:
+    """This process's pid, host and versions (what a worker answers first)."""
     import socket
 
+    return {"pid": os.getpid(), "host": socket.gethostname(), **versions()}
+
+
+@functools.cache
+def _warm_trace() -> None:
     from commsched.workloads import build
 
     build("llama-tiny", parallel="fsdp", world_size=2, layers=1)
-    return {"pid": os.getpid(), "host": socket.gethostname(), **versions()}
 
 
 def error_text(stage: str, exc: BaseException) -> str:

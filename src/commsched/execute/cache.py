@@ -9,9 +9,11 @@ holds the workload meta. A file that cannot be read back is a miss (and is rewri
 ``$COMMSCHED_CACHE_DIR``, else ``$XDG_CACHE_HOME/commsched`` (``~/.cache/commsched``): on each machine of a cluster
 its own.
 
-The **row store** keeps a sweep's finished rows under a hash of the sweep's configuration (its task specs and the
-versions): every finished task rewrites one JSON file atomically, so an interrupted sweep resumes where it stopped;
-a sweep that completes removes its file (a re-run recomputes, tracing from the cache).
+The **row store** keeps a sweep's finished rows under a hash of the sweep's configuration (its task specs, the
+profiles by content, and the versions): every finished task rewrites one JSON file atomically, so an interrupted
+sweep resumes where it stopped. A sweep that completes with the cache on keeps its file, so the same sweep again
+takes its rows (rows are pure functions of that configuration; their wall times are the first run's); with
+``--no-cache`` the file goes when the sweep completes.
 """
 
 from __future__ import annotations
@@ -107,6 +109,7 @@ class RowStore:
         except OSError:
             return
 
-    def finish(self) -> None:
-        """The sweep completed: forget its progress."""
-        self.path.unlink(missing_ok=True)
+    def finish(self, keep: bool = False) -> None:
+        """The sweep completed: keep its rows for the next run of the same sweep, or forget them."""
+        if not keep:
+            self.path.unlink(missing_ok=True)

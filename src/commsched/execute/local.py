@@ -1,26 +1,40 @@
-"""The local backend: this process and ``jobs - 1`` spawned worker processes take tasks from one list.
+"""The local backend: this process and ``jobs - 1`` worker processes take tasks from one list.
 
-Workers are *spawned*: fresh interpreters that import torch themselves, because torch after ``fork`` can deadlock on
-locks or threads the parent held. A worker warms up first (:func:`commsched.execute.base.warm_up`: imports, a tiny
-trace, seconds) and only then takes a task, so a slow start never holds work this process could have done; this
-process has imported torch anyway, so it works rather than waits. Workers take tasks from the front of the list, this
-process from the back. The pool lives as long as the executor, so a second ``map`` finds its workers warm.
+**How workers start.** Where the platform has ``fork`` (Linux), this process runs the first task itself and then
+forks its workers (with ``in_process=False``: after :func:`commsched.execute.base.warm_up`, a tiny trace). They start
+warm at once, sharing what that task loaded: torch and the lazy imports of a first trace, and the fake-tensor
+caches of the model's shapes (a first trace of a model costs several times the next ones, even after a warm-up on
+another model). A spawned worker spends seconds of CPU on all that again, which on a few busy cores costs more than
+the work it takes (benchmarks/RESULTS.md). No thread of this module runs while it forks, and a child opens new
+stdout / stderr objects (a lock another thread held at the fork stays held in the child); torch on CPU is used after
+fork as its DataLoader workers use it, with one intra-op thread each (a GNU OpenMP pool does not survive a fork).
+Elsewhere, with ``start="spawn"``, or once this process has initialised CUDA, workers are spawned (fresh
+interpreters) and warm up before they take work.
 
-A worker that dies (SIGKILL, out of memory) turns its task into ``fail(spec, ...)``; if the pool breaks, the tasks
-not handed out run here. Ctrl-C reaches the whole process group: workers exit at once, this process raises
-KeyboardInterrupt out of ``map`` and :meth:`LocalExecutor.close` terminates and reaps every worker.
+**Who runs what.** Workers take tasks from the front of the list, this process (unless ``in_process=False``) from the
+back; a task is never run twice. One thread per worker here sends it a task over a pipe and waits for the reply or
+the worker's death. The workers live as long as the executor, so a second ``map`` finds them warm.
+
+**Failures.** A worker that dies (SIGKILL, out of memory) turns its task into ``fail(spec, ...)`` and a replacement
+is *spawned* (never forked: this process is then running tasks on other threads, and a fork would copy their
+locks) and takes the rest of the work once warm. A worker that cannot start leaves its work to the others and to
+this process; one of other versions stops the run (:class:`~commsched.execute.base.ExecutorError`). Ctrl-C reaches
+the whole process group: workers exit at once, this process raises KeyboardInterrupt out of ``map`` and
+:meth:`LocalExecutor.close` terminates and reaps every worker.
 """
 
 from __future__ import annotations
 
 import collections
+import gc
 import multiprocessing
 import os
 import queue
 import signal
+import sys
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from multiprocessing.connection import wait
 from typing import Any
 
 from commsched.execute.base import (
@@ -30,6 +44,7 @@ from commsched.execute.base import (
     check_versions,
     default_jobs,
     error_text,
+    hello,
     resolve_fn,
     warm_up,
 )
@@ -40,16 +55,114 @@ def call(fn: str, spec: Any) -> Any:
     return resolve_fn(fn)(spec)
 
 
-def _worker_init() -> None:
+def default_start() -> str:
+    """``fork`` where the platform has it safely (Linux), else ``spawn``."""
+    return "fork" if sys.platform == "linux" and "fork" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def _worker_main(conn: Any, forked: bool) -> None:
+    """A worker's life: warm up (a forked one is warm) and say hello, then answer ``(fn, spec)`` messages with
+    ``("ok", result)`` or ``("raised", text)`` until the pipe closes or says None."""
     # Ctrl-C reaches the whole process group: a worker just exits, rather than printing a traceback from deep
     # inside torch; the driver raises KeyboardInterrupt and reaps it
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+    if forked:
+        _after_fork()
+    try:
+        conn.send(("hello", hello() if forked else warm_up()))
+    except Exception as exc:
+        conn.send(("error", error_text("warm-up", exc)))
+        os._exit(1)
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            os._exit(0)
+        if message is None:
+            os._exit(0)
+        try:
+            reply = ("ok", call(*message))
+        except Exception as exc:  # a task function that raised after all: its task fails, the run goes on
+            reply = ("raised", error_text("task", exc))
+        conn.send(reply)
+
+
+def _after_fork() -> None:
+    """Fresh stdout / stderr objects (their locks may have been held by another thread of the parent), and one
+    intra-op thread for torch (see the module docstring)."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        try:
+            setattr(sys, name, open(stream.fileno(), "w", buffering=1, closefd=False))  # noqa: SIM115
+        except (AttributeError, OSError, ValueError):  # not a real file (a test's capture): keep it
+            continue
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
+
+
+def _fork_safe() -> bool:
+    """Whether this process may fork workers: not once it has initialised CUDA (a forked child cannot use it)."""
+    torch = sys.modules.get("torch")
+    return torch is None or not torch.cuda.is_initialized()
+
+
+class _Died(Exception):
+    """The worker process ended before it answered."""
+
+
+class _Worker:
+    """One worker process and this process's end of its pipe."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.conn, child = ctx.Pipe()
+        self.forked = ctx.get_start_method() == "fork"
+        self.proc = ctx.Process(target=_worker_main, args=(child, self.forked), daemon=True, name="commsched-worker")
+        self.proc.start()
+        child.close()  # only the worker holds its end: its death closes the pipe
+        self.lock = threading.Lock()  # held by the one thread talking to it (a map's thread may outlive its map)
+
+    def reply(self) -> tuple[str, Any]:
+        """The worker's next message; _Died if it ended first."""
+        try:
+            ready = wait([self.conn, self.proc.sentinel])
+            if self.conn in ready:  # a reply sent just before dying still counts
+                return self.conn.recv()
+        except (EOFError, OSError, ValueError):  # it died, or the executor closed (and stopped it)
+            pass
+        raise _Died(self.how_it_ended())
+
+    def ask(self, fn: str, spec: Any) -> tuple[str, Any]:
+        try:
+            self.conn.send((fn, spec))
+        except (OSError, ValueError):
+            raise _Died(self.how_it_ended()) from None
+        return self.reply()
+
+    def how_it_ended(self) -> str:
+        self.proc.join(1.0)
+        code = self.proc.exitcode
+        if code is not None and code < 0:
+            return f"worker {self.proc.pid} died of signal {signal.Signals(-code).name}"
+        return f"worker {self.proc.pid} ended (exit status {code})"
+
+    def stop(self) -> None:
+        """Terminate (then kill) and reap the process."""
+        try:
+            if self.proc.is_alive():
+                self.proc.terminate()
+            self.proc.join(3.0)
+            if self.proc.is_alive():
+                self.proc.kill()
+                self.proc.join(1.0)
+        except (ValueError, AssertionError):  # already closed
+            pass
+        self.conn.close()
 
 
 class _Board:
     """The shared state of one ``map``: task indices not handed out (``todo``), being run by a worker
-    (``in_flight``), finished (``done``). Callbacks run on the pool's result thread, so every access holds ``lock``;
-    finished results travel to the driving thread through ``finished`` (None: a wake-up)."""
+    (``in_flight``), finished (``done``). Worker threads and the driving thread share it, so every access holds
+    ``lock``; finished results travel to the driving thread through ``finished`` (None: a wake-up)."""
 
     def __init__(self, n: int, run_here: bool) -> None:
         self.todo = collections.deque(range(n))
@@ -67,22 +180,14 @@ class _Board:
             self.in_flight.add(index)
             return index
 
-    def give_back(self, index: int) -> None:
-        """A task the pool refused (broken or shut down): this process will run it."""
-        with self.lock:
-            self.in_flight.discard(index)
-            self.todo.appendleft(index)
-            self.run_here = True
-        self.finished.put(None)
-
     def fall_back(self) -> None:
-        """The pool failed to start: this process runs what is left."""
+        """No worker can take work: this process runs what is left."""
         with self.lock:
             self.run_here = True
         self.finished.put(None)
 
     def next_for_here(self) -> int | None:
-        """The last task not handed out, if this process runs tasks too (or took over from a failed pool). It never
+        """The last task not handed out, if this process runs tasks too (or took over from the workers). It never
         re-runs a task a worker holds: tried, it lost on a busy machine, since it cannot stop the worker's copy."""
         with self.lock:
             return self.todo.pop() if self.run_here and self.todo else None
@@ -97,21 +202,26 @@ class _Board:
 
 
 class LocalExecutor:
-    """``jobs`` processes run tasks: this one (unless ``in_process=False``) and spawned workers (see the module
-    docstring). ``jobs=1`` runs every task here, in order."""
+    """``jobs`` processes run tasks: this one (unless ``in_process=False``) and worker processes, forked or spawned
+    (``start``: ``"fork"`` or ``"spawn"``, default :func:`default_start`; see the module docstring). ``jobs=1`` runs
+    every task here, in order."""
 
     name = "local"
 
-    def __init__(self, *, jobs: int | None = None, in_process: bool = True, progress: Any = None) -> None:
+    def __init__(self, *, jobs: int | None = None, in_process: bool = True, progress: Any = None,
+                 start: str | None = None) -> None:  # fmt: skip
         if jobs is not None and jobs < 1:
             raise ValueError(f"jobs={jobs}: expected >= 1")
+        if start not in (None, "fork", "spawn"):
+            raise ValueError(f"start={start!r}: expected 'fork' or 'spawn'")
         self.jobs = jobs or default_jobs()
         self.in_process = in_process
         self.progress = progress
-        self._pool: ProcessPoolExecutor | None = None
-        self._warm = 0  # workers that have warmed up
+        self.start = start or default_start()
+        self._workers: list[_Worker] = []
+        self._greeted: set[int] = set()  # pids of workers that said hello
         self._board: _Board | None = None
-        self._broken: BaseException | None = None  # why a worker could not start
+        self._broken: ExecutorError | None = None  # a worker of other versions
         self._lock = threading.Lock()
 
     def _say(self, text: str) -> None:
@@ -128,7 +238,7 @@ class LocalExecutor:
             if on_result is not None:
                 on_result(index, result)
 
-        workers = min(n, self.jobs) - (1 if self.in_process else 0)
+        workers = self._needed(n)
         if workers <= 0:
             for i, spec in enumerate(specs):
                 finish(i, self._here(fn, spec, fail))
@@ -136,12 +246,14 @@ class LocalExecutor:
         self._run_pool(fn, specs, workers, fail, finish)
         return results
 
+    def _needed(self, n_tasks: int) -> int:
+        return min(n_tasks, self.jobs) - (1 if self.in_process else 0)
+
     def prestart(self, n_tasks: int) -> LocalExecutor:
-        """Start the workers a ``map`` of ``n_tasks`` would use now, so that they import and warm up while this
-        process does something else; returns self."""
-        workers = min(n_tasks, self.jobs) - (1 if self.in_process else 0)
-        if workers > 0:
-            self._start(workers)
+        """Spawning: start the workers a ``map`` of ``n_tasks`` would use now, so that they warm up while this
+        process does something else (forked workers start in ``map``, warm); returns self."""
+        if self.start == "spawn":
+            self._start(self._needed(n_tasks))
         return self
 
     @staticmethod
@@ -151,83 +263,86 @@ class LocalExecutor:
         except Exception as exc:  # a task function that raised after all: its task fails, the run goes on
             return fail(spec, error_text("task", exc))
 
-    def _start(self, workers: int) -> ProcessPoolExecutor:
-        if self._pool is None:
-            self._say(f"starting {workers} worker process(es)")
-            ctx = multiprocessing.get_context("spawn")
-            self._pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init)
-            for _ in range(workers):
-                self._pool.submit(warm_up).add_done_callback(self._on_warm)
-        return self._pool
-
-    def _on_warm(self, fut: Future) -> None:
-        error: BaseException | None = None
+    def _start(self, workers: int) -> None:
+        missing = workers - len(self._workers)
+        if missing <= 0:
+            return
+        start = "fork" if self.start == "fork" and _fork_safe() else "spawn"
+        if start == "fork" and not self.in_process:  # else this process has just run a task
+            self._say("warming up")
+            warm_up()  # once per process: the forked workers inherit it
+        self._say(f"starting {missing} worker process(es)")
+        ctx = multiprocessing.get_context(start)
+        gc.freeze()  # a forked child's collections skip what exists now: fewer of its pages copied on write
         try:
-            info = fut.result()
-            check_versions(info, f"worker {info['pid']}")
-        except BaseException as exc:  # it could not start, or runs other code (ExecutorError: the run stops)
-            error = exc
+            new = [_Worker(ctx) for _ in range(missing)]
+        finally:
+            gc.unfreeze()
         with self._lock:
-            board = self._board
-            self._warm += error is None
-            self._broken = self._broken or error
-        if board is None:  # between maps: the next map sees _warm / _broken
-            return
-        if error is None:
-            self._feed(board)
-        else:
-            board.fall_back()
+            self._workers += new
 
-    def _feed(self, board: _Board) -> None:
-        index = board.next_for_worker()
-        if index is None:
-            return
-        spec = self._specs[index]
-        try:
-            fut = self._pool.submit(call, self._fn, spec)
-        except Exception:  # the pool is broken or shutting down
-            board.give_back(index)
-            return
-
-        def done(f: Future) -> None:
+    def _serve(self, worker: _Worker, board: _Board) -> None:
+        """One worker's thread during a map: greet it, then hand it tasks until none are left. A worker that dies
+        fails its task and is replaced; one that cannot start leaves its work to the others and to this process."""
+        while True:
+            index = None
             try:
-                result = f.result()
-            # the worker died (killed, out of memory) or was interrupted; BaseException too, because anything
-            # raised here would kill the pool's result thread and leave the workers waiting forever
-            except BaseException as exc:
-                result = self._fail(spec, error_text("worker", exc))
-            board.finished.put((index, result))
-            if board is self._board:
-                self._feed(board)
+                with worker.lock:
+                    if worker.proc.pid not in self._greeted:
+                        self._greet(worker)
+                    index = board.next_for_worker()
+                    if index is None:
+                        return
+                    kind, value = worker.ask(self._fn, self._specs[index])
+                result = value if kind == "ok" else self._fail(self._specs[index], value)
+                board.finished.put((index, result))
+            except _Died as exc:
+                if index is None:  # it could not start: no replacement (the next map starts a new one)
+                    with self._lock:
+                        self._workers = [w for w in self._workers if w is not worker]
+                    board.fall_back()
+                    return
+                board.finished.put((index, self._fail(self._specs[index], f"worker: {exc}")))
+                worker = self._replace(worker, board)
+                if worker is None:
+                    return
+            except ExecutorError as exc:  # other versions: the run stops
+                self._broken = exc
+                board.finished.put(None)
+                return
 
-        fut.add_done_callback(done)
+    def _greet(self, worker: _Worker) -> None:
+        kind, info = worker.reply()
+        if kind != "hello":
+            worker.stop()
+            raise _Died(str(info))
+        check_versions(info, f"worker {info['pid']}")
+        self._greeted.add(info["pid"])
+
+    def _replace(self, dead: _Worker, board: _Board) -> _Worker | None:
+        """A spawned worker in place of ``dead`` (None once the map is over or the executor closed)."""
+        dead.stop()
+        with self._lock:
+            if board is not self._board:
+                return None
+            new = _Worker(multiprocessing.get_context("spawn"))
+            self._workers = [new if w is dead else w for w in self._workers]
+        return new
 
     def _run_pool(self, fn: str, specs: Sequence[Any], workers: int, fail: Fail, finish) -> None:
         self._fn, self._specs, self._fail = fn, specs, fail
         board = _Board(len(specs), self.in_process)
-        pool = self._start(workers)
         with self._lock:
             self._board = board
-            warm, broken = self._warm, self._broken
-        for _ in range(warm):  # workers warmed by an earlier map take work at once
-            self._feed(board)
-        if broken is not None:
-            board.fall_back()
         try:
-            while len(board.done) < len(specs):
-                try:
-                    item = board.finished.get_nowait()
-                except queue.Empty:
-                    index = board.next_for_here()
-                    if index is not None:
-                        if board.record(index):
-                            finish(index, self._here(fn, specs[index], fail))
-                        continue
-                    item = board.finished.get()  # workers have every task left, or the pool failed (None)
-                if isinstance(self._broken, ExecutorError):  # a worker of other versions: no run at all
-                    raise self._broken
-                if item is not None and board.record(item[0]):
-                    finish(*item)
+            if self.start == "fork" and self.in_process and len(self._workers) < workers:
+                index = board.next_for_here()  # this process's first task warms it for the workers it forks
+                board.record(index)
+                finish(index, self._here(fn, specs[index], fail))
+            self._start(workers)
+            for worker in self._workers[:workers]:
+                threading.Thread(target=self._serve, args=(worker, board), daemon=True).start()
+            self._drive(board, fn, specs, fail, finish)
         except BaseException:  # e.g. Ctrl-C: hand out nothing more
             with board.lock:
                 board.todo.clear()
@@ -235,37 +350,43 @@ class LocalExecutor:
         finally:
             with self._lock:
                 self._board = None
-            if board.in_flight:  # this process finished them first, or an interrupt: workers still busy
+            if board.in_flight:  # an interrupt or a stopped run: workers still busy
                 self.close()
-        del pool
+
+    def _drive(self, board: _Board, fn: str, specs: Sequence[Any], fail: Fail, finish) -> None:
+        """This thread: run tasks from the back of the list while there are any, else collect the workers'."""
+        while len(board.done) < len(specs):
+            try:
+                item = board.finished.get_nowait()
+            except queue.Empty:
+                index = board.next_for_here()
+                if index is not None:
+                    if board.record(index):
+                        finish(index, self._here(fn, specs[index], fail))
+                    continue
+                item = board.finished.get()  # workers have every task left, or a wake-up (None)
+            if self._broken is not None:  # a worker of other versions: no run at all
+                raise self._broken
+            if item is not None and board.record(item[0]):
+                finish(*item)
 
     def worker_pids(self) -> list[int]:
         """The worker processes alive now (for tests and diagnostics)."""
-        procs = dict(getattr(self._pool, "_processes", None) or {})
-        return [p.pid for p in procs.values() if p.is_alive()]
+        return [w.proc.pid for w in list(self._workers) if w.proc.is_alive()]
 
     def close(self) -> None:
         """Terminate and reap every worker without waiting for calls still running; idempotent."""
-        pool, self._pool = self._pool, None
-        self._warm, self._broken = 0, None
-        if pool is None:
-            return
-        processes = list((getattr(pool, "_processes", None) or {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
-        for proc in processes:
+        with self._lock:
+            workers, self._workers = self._workers, []
+            self._broken = None
+        for worker in workers:
             try:
-                if proc.is_alive():
-                    proc.terminate()
+                if worker.proc.is_alive():
+                    worker.proc.terminate()
             except (ValueError, ProcessLookupError):  # already exited and closed
                 continue
-        for proc in processes:
-            try:
-                proc.join(3.0)
-                if proc.is_alive():
-                    proc.kill()
-                    proc.join(1.0)
-            except (ValueError, AssertionError):
-                continue
+        for worker in workers:
+            worker.stop()
 
     def __enter__(self) -> LocalExecutor:
         return self

@@ -8,14 +8,16 @@ Work is split by trace: each (parallel, world_size, fsdp_bucket) is one task (:m
 traced once (or read from the trace cache, :mod:`commsched.execute.cache`), then estimated, scheduled and simulated on
 every hardware profile (tracing takes seconds, the rest tens of milliseconds, so shipping graphs between processes
 would cost more than it saves). Tasks run on an executor (:mod:`commsched.execute`): the local pool by default (this
-process and ``jobs - 1`` warmed, spawned workers), or Ray with ``ray_address``. Hardware profiles are resolved here
-and travel inside the task by content, so a calibrated profile in this user's folder gives the same rows on a remote
-worker. Every backend gives the same rows, apart from :data:`RUN_FIELDS` (wall times, where a row ran, cache hits).
+process and ``jobs - 1`` workers, forked once it has traced), or Ray with ``ray_address``. Hardware profiles are
+resolved here and travel inside the task by content, so a calibrated profile in this user's folder gives the same
+rows on a remote worker. Every backend gives the same rows, apart from :data:`RUN_FIELDS` (wall times, where a row
+ran, cache hits).
 
 A configuration that fails, in its trace or on one profile, or whose worker dies, becomes a row with ``error`` set;
 the sweep itself only raises for input that is wrong everywhere (an unknown preset, parallelism, profile or pass) or
 for a run that cannot go on (:class:`commsched.execute.ExecutorError`: mixed versions, a lost Ray head). Finished
-rows are kept in the row store as they come in, so a sweep interrupted (Ctrl-C) resumes where it stopped.
+rows are kept in the row store as they come in, so a sweep interrupted (Ctrl-C) resumes where it stopped, and a
+sweep run again (trace cache on) takes its stored rows.
 """
 
 from __future__ import annotations
@@ -136,11 +138,10 @@ def _all_cached(tasks: list[dict[str, Any]]) -> bool:
     return all(t["cache"] and not any(t["optimize"]) and trace_path(key(t)).is_file() for t in tasks)
 
 
-def _check_names(hardware: Sequence[str], schedule: str | None) -> list:
-    """Reject profile or pass names that would fail every configuration, before starting any process; the profiles,
-    resolved here (user folder included) so they travel by content."""
+def _profiles(hardware: Sequence[str]) -> list:
+    """The profiles, resolved here (user folder included) so they travel by content; an unknown name is an error
+    before any process starts."""
     from commsched import hardware as hw_profiles
-    from commsched.passes import resolve_passes
 
     profiles = []
     for h in hardware:
@@ -148,12 +149,19 @@ def _check_names(hardware: Sequence[str], schedule: str | None) -> list:
             profiles.append((h, hw_profiles.get(h)))
         except FileNotFoundError as exc:
             raise ValueError(str(exc)) from None
+    return profiles
+
+
+def _check_schedule(schedule: str | None) -> None:
+    """Reject pass names that would fail every configuration (imports the passes and numba: a sweep whose rows
+    are all stored skips it, as its names were checked when they were computed)."""
+    from commsched.passes import resolve_passes
+
     if schedule is not None:
         try:
             resolve_passes(schedule)
         except ValueError as exc:
             raise ValueError(f"schedule {schedule!r}: {exc}") from None
-    return profiles
 
 
 def _as_list(value: Any, what: str) -> list[Any]:
@@ -245,8 +253,9 @@ def run_sweep(
     ``fsdp_bucket``: FSDP collective granularities ("param", "block"). Where: ``processes`` local processes
     (default one per CPU; this one included unless ``in_process=False``; 1 runs everything here), or Ray at
     ``ray_address`` ("local" or a head's address), or a given ``executor`` (kept open). ``cache``: read and fill
-    the trace cache. ``resume``: keep finished rows in the row store and take those of an interrupted run of the
-    same sweep. Nodes per configuration: ``ceil(world_size / gpus_per_node)`` (the profile's unless given).
+    the trace cache. ``resume``: keep finished rows in the row store and take those of an earlier run of the
+    same sweep (interrupted, or finished with ``cache``: then nothing is computed). Nodes per configuration:
+    ``ceil(world_size / gpus_per_node)`` (the profile's unless given).
     ``build_kw`` go to :func:`commsched.workloads.build` (``seq_len``, ``batch``, ``mode``, ``tp_size``, ...);
     ``tp_size`` / ``ep_size`` only to parallelisms with a tp / ep dimension. ``progress`` shows one rich progress
     bar on ``console`` (default: stderr); ``on_rows`` receives each task's rows, in this process, as they finish.
@@ -259,12 +268,14 @@ def run_sweep(
         if value is not None and value < 1:
             raise ValueError(f"{name}={value}: expected >= 1")
     names = _as_list(hardware, "hardware")
-    profiles = _check_names(names, schedule)
+    profiles = _profiles(names)
     tasks = _tasks(preset, dims, profiles, layers, schedule, gpus_per_node, cache, build_kw)
     store = RowStore(_store_key(tasks)) if resume else None
     results = store.load() if store is not None else {}
     todo = [t for t in tasks if t["index"] not in results]
-    if _all_cached(todo) and ray_address is None and executor is None:
+    if todo:
+        _check_schedule(schedule)
+    if not todo or (_all_cached(todo) and ray_address is None and executor is None):
         processes = 1  # nothing to trace: estimating and simulating here beats starting workers (and torch)
     elif ray_address is None and executor is None:
         # local workers start (import torch, warm up) while this process checks the names, importing torch too
@@ -276,12 +287,17 @@ def run_sweep(
     if own:
         executor.progress = bar
     if bar is not None and results:
-        bar.advance(sum(len(r) for r in results.values()), f"{len(results)} task(s) from an interrupted run")
+        bar.advance(sum(len(r) for r in results.values()), f"{len(results)} task(s) from an earlier run")
+    lost: set[int] = set()  # tasks whose worker died: their error rows are not stored (a re-run retries them)
+
+    def fail(spec: dict[str, Any], text: str) -> list[dict[str, Any]]:
+        lost.add(spec["index"])
+        return error_rows(spec, text)
 
     def finish(i: int, rows: list[dict[str, Any]]) -> None:
         task = todo[i]
         results[task["index"]] = rows
-        if store is not None:
+        if store is not None and task["index"] not in lost:
             store.add(task["index"], rows)
         if bar is not None:
             bar.advance(len(rows), f"{task['parallel']} world {task['world_size']}")
@@ -290,14 +306,14 @@ def run_sweep(
 
     try:
         if todo:
-            _execute(todo, finish, bar, executor, processes, in_process, ray_address)
+            _execute(todo, fail, finish, bar, executor, processes, in_process, ray_address)
     finally:
         if own:
             executor.close()
         if bar is not None:
             bar.close()
     if store is not None:
-        store.finish()
+        store.finish(keep=cache)
     return [SweepRow.from_dict(row) for t in tasks for row in results[t["index"]]]
 
 
@@ -316,8 +332,8 @@ def _early_pool(processes: int | None, in_process: bool, n_tasks: int, check: Ca
     return pool
 
 
-def _execute(todo: list, finish: Callable, bar: Any, executor: Any, processes: int | None, in_process: bool,
-             ray_address: str | None) -> None:  # fmt: skip
+def _execute(todo: list, fail: Callable, finish: Callable, bar: Any, executor: Any, processes: int | None,
+             in_process: bool, ray_address: str | None) -> None:  # fmt: skip
     """Run ``todo`` on ``executor``, or on one made here (and closed, also after Ctrl-C)."""
     from commsched.execute.base import make_executor
     from commsched.execute.local import LocalExecutor
@@ -329,7 +345,7 @@ def _execute(todo: list, finish: Callable, bar: Any, executor: Any, processes: i
         else:
             executor = make_executor(jobs=processes, ray_address=ray_address, progress=bar)
     try:
-        executor.map(TASK_FN, todo, fail=lambda spec, text: error_rows(spec, text), on_result=finish)
+        executor.map(TASK_FN, todo, fail=fail, on_result=finish)
     finally:
         if own:
             executor.close()

@@ -4,7 +4,7 @@ take it from the trace cache), then estimate, schedule (or ``optimize``) and sim
 The spec is plain data plus the hardware profiles by content (``Hardware`` values resolved on the driver), so a
 worker on another machine computes the same rows as the driver would; the rows come back as plain dicts
 (:meth:`commsched.experiments.sweep.SweepRow.to_dict`), each stamped with the commsched / torch / numpy versions.
-It runs in any process: the driver, a spawned worker, a Ray actor (whose memory keeps the last traces).
+It runs in any process: the driver, a local worker, a Ray actor (whose memory keeps the last traces).
 """
 
 from __future__ import annotations
