@@ -148,3 +148,23 @@ def test_cli_knobs_flat_and_per_pass(tmp_path, graph16):
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, [*args, "-k", "overlap.waits=middle"])
     assert res.exit_code == 2 and "knob overlap.waits='middle': expected one of 'early', 'late'" in res.output
+
+
+
+def test_commsched_optimize_is_the_call_however_the_package_was_imported():
+    """``import commsched`` loads names lazily; ``commsched.optimize(...)`` must stay the one call a user makes, also
+    after something imported ``commsched.optimize.search`` first (the import binds the package to that name)."""
+    import subprocess
+    import sys
+
+    code = ("import commsched.optimize.search, commsched\n"
+            "from commsched.optimize.search import optimize\n"
+            "from commsched.workloads import build\n"
+            "g = build('llama-tiny', parallel='fsdp', world_size=2, layers=1).graph\n"
+            "a, b = commsched.optimize(g, 'h100-sxm'), optimize(g, 'h100-sxm')\n"
+            "print(a.after.makespan_s == b.after.makespan_s)")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr[-2000:]
+    fresh = subprocess.run([sys.executable, "-c", "import commsched; print(commsched.optimize.__name__)"],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert fresh.stdout.strip() == "optimize", fresh.stderr[-2000:]

@@ -49,7 +49,7 @@ def __getattr__(name: str):
         import importlib
 
         module = importlib.import_module(_LAZY[name])
-        value = module if module.__name__ == f"commsched.{name}" else getattr(module, name)
+        value = getattr(module, name, module)  # ``optimize`` is the function, ``hardware`` the module
         globals()[name] = value
         return value
     raise AttributeError(f"module 'commsched' has no attribute {name!r}")
