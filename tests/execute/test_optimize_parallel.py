@@ -16,7 +16,8 @@ def serial() -> dict:
 
 def test_the_searches_judge_enough_candidates(serial):
     fsdp, ddp = serial["fsdp"], serial["ddp"]
-    assert len(fsdp["tried"]) == 36 and sum(t["collectives"] is not None for t in fsdp["tried"]) >= 20
+    searched = [t for t in fsdp["tried"] if not t["label"].startswith("split batch")]  # the split: not applicable
+    assert len(searched) == 36 and sum(t["collectives"] is not None for t in searched) >= 20
     assert sum(t["verdict"].startswith("pruned") for t in fsdp["tried"]) >= 10  # probes ranked, then pruned
     assert ddp["kept"].startswith("bucketed") and ddp["collectives"]["kept"] < ddp["collectives"]["traced"]
 
