@@ -166,3 +166,15 @@ def compare_on_gloo(
                 raise
         per_rank = [torch.load(Path(d) / f"rank{r}.pt", weights_only=True) for r in range(world_size)]
     return [[per_rank[r][k] for r in range(world_size)] for k in range(len(cases))]
+
+
+def assert_outputs_match(labels: Sequence[str], results: list, rtol: float = 1e-4, atol: float = 1e-5) -> None:
+    """Every case's rewritten step gives each rank's outputs of the original (same dtype and shape, equal to the
+    tolerance), and the original did real work (some output is non-zero). ``results``: :func:`compare_on_gloo`'s."""
+    for label, per_rank in zip(labels, results, strict=True):
+        for rank, (before, after) in enumerate(per_rank):
+            assert len(before) == len(after) >= 1, label
+            for k, (a, b) in enumerate(zip(before, after, strict=True)):
+                assert a.dtype == b.dtype and a.shape == b.shape, f"{label} rank {rank} output {k}"
+                torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=f"{label} rank {rank} output {k}")
+            assert any(t.abs().sum() > 0 for t in before), label
