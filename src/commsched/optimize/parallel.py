@@ -37,8 +37,8 @@ class Evaluated(search._Variant):
             g2, c2 = _bucketed_graph(self.spec)
             self.built = search._scheduled(self.label, g2, c2, self.spec["ctx"]["knobs"], self.plan)
             self.built.probe_s = self.probe_s
-        if isinstance(self.built, search._Variant) and self.built.module is None:  # its FX rewrite, when transforms built it on this stand-in
-            self.built.module = self.module
+        if isinstance(self.built, search._Variant) and self.built.module is None:
+            self.built.module = self.module  # its FX rewrite, when transforms built it on this stand-in
         return self.built
 
 

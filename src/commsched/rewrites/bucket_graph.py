@@ -471,7 +471,6 @@ def _buffers(e: _Emit, smap_late: dict[int, str]) -> tuple[np.ndarray, dict]:
                  "creator": creator}  # fmt: skip
 
 
-
 def _new_deps(e: _Emit, in_ptr, in_idx, buf_ptr, storage, creator) -> dict[int, list[int]]:
     """New nodes' ordering dependencies: a new node (not a view or wait) that reads a storage written in place
     runs after the last kept node that wrote it before it (``from_fx``'s read-after-write rule)."""
