@@ -86,7 +86,8 @@ class _Variant:
 @dataclass
 class Optimized:
     """The result of :func:`optimize`: the kept program (``graph``, and ``gm`` in its final node order when a
-    GraphModule was given), its ``schedule`` and ``costs``, the traced program's simulation (``before``) and the
+    GraphModule was given: a lazy GraphModule, its code generated when first run or read), its ``schedule`` and
+    ``costs``, the traced program's simulation (``before``) and the
     kept one's (``after``), and every variant tried with its verdict."""
 
     label: str
@@ -229,9 +230,10 @@ def _as_returned(out_gm: Any, g: Graph, cost: Callable[[Graph], CostEstimate], b
 
 def _final_module(gm: Any, g: Graph, best: _Variant) -> Any:
     """The kept program as a GraphModule in its schedule's order: the FX rewrite of its bucket plan (node names
-    as on the IR, see :mod:`commsched.rewrites.bucket_graph`), reordered by name. Its code is generated once, here:
-    the rewrites before leave lazy modules."""
-    from commsched.rewrites.fxutil import copy_graph_module, eager_module
+    as on the IR, see :mod:`commsched.rewrites.bucket_graph`), reordered by name. A lazy module (torch's
+    ``_LazyGraphModule``): its Python code is generated when it is first run or read, not here (torch's own
+    scheduling passes leave the code to their caller too; on a 5k-node step it is a quarter of a second)."""
+    from commsched.rewrites.fxutil import copy_graph_module
     from commsched.runtime.apply import apply_schedule
 
     if best.plan is None:
@@ -240,7 +242,7 @@ def _final_module(gm: Any, g: Graph, best: _Variant) -> Any:
         out = best.plan.apply_fx(gm, g)
     else:
         out = bucketed_module(gm, g, best)
-    return eager_module(apply_schedule(out, best.schedule))
+    return apply_schedule(out, best.schedule)
 
 
 def bucketed_module(gm: Any, g: Graph, variant: _Variant) -> Any:

@@ -53,7 +53,7 @@ def copy_graph_module(gm: torch.fx.GraphModule, *, lazy: bool = False) -> torch.
 
     ``lazy``: a ``_LazyGraphModule``, whose Python code is generated when first needed (called, ``.code``,
     printed) instead of on every ``recompile()``: for modules the search only rewrites or imports (generating the
-    code of a 5k-node module costs about a quarter of a second). :func:`eager_module` makes a plain one."""
+    code of a 5k-node module costs about a quarter of a second)."""
     graph = copy.deepcopy(gm.graph)
     if lazy:
         from torch.fx._lazy_graph_module import _LazyGraphModule
@@ -61,18 +61,6 @@ def copy_graph_module(gm: torch.fx.GraphModule, *, lazy: bool = False) -> torch.
         new = _LazyGraphModule(gm, graph)
     else:
         new = torch.fx.GraphModule(gm, graph)
-    new.meta = dict(getattr(gm, "meta", {}))
-    return new
-
-
-def eager_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """``gm`` as a plain GraphModule with its code generated (``gm`` itself when it is one; else a new module over
-    the same graph, ``gm`` no longer its owner)."""
-    from torch.fx._lazy_graph_module import _LazyGraphModule
-
-    if not isinstance(gm, _LazyGraphModule):
-        return gm
-    new = torch.fx.GraphModule(gm, gm.graph)
     new.meta = dict(getattr(gm, "meta", {}))
     return new
 
