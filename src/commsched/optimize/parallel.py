@@ -29,12 +29,17 @@ class Evaluated(search._Variant):
     ``peak_memory_bytes``), ``graph`` its collective count; :meth:`rebuild` makes the real variant."""
 
     spec: dict[str, Any] = dataclasses.field(default_factory=dict)
+    built: search._Variant | None = dataclasses.field(default=None, repr=False)
 
     def rebuild(self) -> search._Variant:
-        g2, c2 = _bucketed_graph(self.spec)
-        variant = search._scheduled(self.label, g2, c2, self.spec["ctx"]["knobs"], self.plan)
-        variant.probe_s = self.probe_s
-        return variant
+        """The real variant, built once (transforms build on the best bucketed one, which may be the kept one)."""
+        if self.built is None:
+            g2, c2 = _bucketed_graph(self.spec)
+            self.built = search._scheduled(self.label, g2, c2, self.spec["ctx"]["knobs"], self.plan)
+            self.built.probe_s = self.probe_s
+        if isinstance(self.built, search._Variant) and self.built.module is None:
+            self.built.module = self.module  # its FX rewrite, when transforms built it on this stand-in
+        return self.built
 
 
 def _cost(ctx: dict[str, Any]):

@@ -80,12 +80,14 @@ class _Variant:
     sim: SimResult
     plan: Any = None  # (BucketPlan, the order it was planned on) of a bucketed variant
     probe_s: float | None = None
+    module: Any = None  # a bucketed variant's FX rewrite once built (lazy, not yet ordered): see bucketed_module
 
 
 @dataclass
 class Optimized:
     """The result of :func:`optimize`: the kept program (``graph``, and ``gm`` in its final node order when a
-    GraphModule was given), its ``schedule`` and ``costs``, the traced program's simulation (``before``) and the
+    GraphModule was given: a lazy GraphModule, its code generated when first run or read), its ``schedule`` and
+    ``costs``, the traced program's simulation (``before``) and the
     kept one's (``after``), and every variant tried with its verdict."""
 
     label: str
@@ -231,17 +233,32 @@ def _as_returned(out_gm: Any, g: Graph, cost: Callable[[Graph], CostEstimate], b
 
 def _final_module(gm: Any, g: Graph, best: _Variant) -> Any:
     """The kept program as a GraphModule in its schedule's order: the FX rewrite of its bucket plan (node names
-    as on the IR, see :mod:`commsched.rewrites.bucket_graph`), reordered by name."""
-    from commsched.rewrites import apply_bucket_plan
+    as on the IR, see :mod:`commsched.rewrites.bucket_graph`), reordered by name. A lazy module (torch's
+    ``_LazyGraphModule``): its Python code is generated when it is first run or read, not here (torch's own
+    scheduling passes leave the code to their caller too; on a 5k-node step it is a quarter of a second)."""
     from commsched.rewrites.fxutil import copy_graph_module
     from commsched.runtime.apply import apply_schedule
 
     if best.plan is None:
-        return apply_schedule(copy_graph_module(gm), best.schedule)
-    if hasattr(best.plan, "apply_fx"):  # a program transform (optimize/transforms.py)
-        return apply_schedule(best.plan.apply_fx(gm, g), best.schedule)
-    plan, order = best.plan
-    return apply_schedule(apply_bucket_plan(gm, g, plan, order).gm, best.schedule)
+        out = copy_graph_module(gm, lazy=True)
+    elif hasattr(best.plan, "apply_fx"):  # a program transform (optimize/transforms.py)
+        out = best.plan.apply_fx(gm, g)
+    else:
+        out = bucketed_module(gm, g, best)
+    return apply_schedule(out, best.schedule)
+
+
+def bucketed_module(gm: Any, g: Graph, variant: _Variant) -> Any:
+    """The FX rewrite of a bucketed variant's plan (``gm``: the traced module, ``g`` its IR), built once per
+    variant: program transforms build on it and the final module reorders it (a lazy module, see
+    :func:`commsched.rewrites.fxutil.copy_graph_module`; rewrite a copy of it, or reorder it once, for the kept
+    variant)."""
+    from commsched.rewrites import apply_bucket_plan
+
+    if variant.module is None:
+        plan, order = variant.plan
+        variant.module = apply_bucket_plan(gm, g, plan, order, recompile=False).gm
+    return variant.module
 
 
 def _import(program: Any, group_sizes: dict[str, int] | None) -> tuple[Any, Graph]:

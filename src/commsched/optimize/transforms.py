@@ -197,11 +197,11 @@ def _best_bucketed(variants: list, knobs: dict) -> Any:
 def _on_bucketed(gm: Any, g: Graph, base: Any, plans: list[TransformPlan], cost, knobs: dict, suffix: str) -> list:
     """``plans``' shapes made on the bucketed program of variant ``base`` and fully scheduled."""
     from commsched.frontends.fx import from_fx
-    from commsched.optimize.search import _scheduled
-    from commsched.rewrites import apply_bucket_plan
+    from commsched.optimize.search import _scheduled, bucketed_module
 
-    gm_b = apply_bucket_plan(gm, g, *base.plan).gm
-    g_b = from_fx(gm_b, group_sizes=g.group_sizes(), meta=g.meta)
+    gm_b = bucketed_module(gm, g, base)  # built once: the final module reuses it when the bucketed program wins
+    # its IR: the variant's own graph (bucket_graph builds what from_fx imports from gm_b), unless judged on a worker
+    g_b = base.graph if isinstance(base.graph, Graph) else from_fx(gm_b, group_sizes=g.group_sizes(), meta=g.meta)
     sites = find_tp_sites(gm_b)
     out = []
     for p in plans:

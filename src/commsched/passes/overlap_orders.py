@@ -97,44 +97,46 @@ def delay_past_peak(
     """Constraints that move what was produced early across a memory peak to after it: owners (collectives
     prefetched, and with ``include_compute`` compute run ahead) of storages live at the peak whose first real use
     comes after it — the ones used latest first, just enough of them to cover ``excess_bytes`` (all of them when
-    None). None when there is no such storage (the peak is needed as it is)."""
+    None). None when there is no such storage (the peak is needed as it is). O(N + E) array operations."""
     lv = liveness(g)
-    pos = [0] * len(cand)
-    for k, v in enumerate(cand):
-        pos[v] = k
+    n = len(cand)
+    pos = np.empty(n, np.int64)
+    pos[np.asarray(cand, np.int64)] = np.arange(n)
     peak_node = cand[peak_position]
     after = a.at[peak_node] + p.dur_ns[peak_node]
-    kinds = g.kinds.tolist()  # ints: an IntEnum member lookup per node is the slow part of this loop
-    k_input, k_coll, k_alias = int(OpKind.INPUT), int(OpKind.COLLECTIVE), (int(OpKind.VIEW), int(OpKind.WAIT))
-    users_ptr, users_idx = lv.users_ptr, lv.users_idx
-    early: dict[int, list[int]] = {}  # owner -> [bytes held across the peak, first use position]
-    for s in np.flatnonzero(~lv.persistent & (lv.storage_bytes > 0)).tolist():
-        owner = int(lv.owner[s])
-        if pos[owner] > peak_position or owner == peak_node or kinds[owner] == k_input:
-            continue
-        if not include_compute and kinds[owner] != k_coll:
-            continue
-        first_use = None
-        for u in users_idx[users_ptr[s] : users_ptr[s + 1]].tolist():
-            if u == owner or kinds[u] in k_alias:
-                continue
-            if first_use is None or pos[u] < first_use:
-                first_use = pos[u]
-        if first_use is None or first_use <= peak_position:
-            continue
-        entry = early.setdefault(owner, [0, first_use])
-        entry[0] += int(lv.storage_bytes[s])
-        entry[1] = min(entry[1], first_use)
+    kinds = g.kinds
+    owner = lv.owner.astype(np.int64)
+    # a storage's first real use: its earliest user that is neither its owner nor an alias (view, wait)
+    ptr = lv.users_ptr.astype(np.int64)
+    users = lv.users_idx.astype(np.int64)
+    row = np.repeat(np.arange(len(owner)), np.diff(ptr))
+    real = (users != owner[row]) & (kinds[users] != OpKind.VIEW) & (kinds[users] != OpKind.WAIT)
+    first_use = np.full(len(owner), n, np.int64)  # n: no real use
+    np.minimum.at(first_use, row[real], pos[users[real]])
+    o_kind = kinds[owner]
+    early = (~lv.persistent & (lv.storage_bytes > 0) & (pos[owner] <= peak_position) & (owner != peak_node)
+             & (o_kind != OpKind.INPUT) & (first_use < n) & (first_use > peak_position))  # fmt: skip
+    if not include_compute:
+        early &= o_kind == OpKind.COLLECTIVE
+    s = np.flatnonzero(early)
+    if not len(s):
+        return None
+    owners, at_owner = np.unique(owner[s], return_inverse=True)
+    held = np.zeros(len(owners), np.int64)  # per owner: bytes held across the peak, and its first use
+    np.add.at(held, at_owner, lv.storage_bytes[s])
+    use = np.full(len(owners), n, np.int64)
+    np.minimum.at(use, at_owner, first_use[s])
     out = dict(not_before)
     moved = False
     covered = 0
-    for owner, (nbytes, _) in sorted(early.items(), key=lambda kv: (-kv[1][1], kv[0])):
+    for k in np.lexsort((owners, -use)).tolist():  # the latest-used first (ties: the lower owner id)
         if excess_bytes is not None and covered >= excess_bytes:
             break
-        if out.get(owner, 0) < after:
-            out[owner] = after
+        o = int(owners[k])
+        if out.get(o, 0) < after:
+            out[o] = after
             moved = True
-            covered += nbytes
+            covered += int(held[k])
     return out if moved else None
 
 

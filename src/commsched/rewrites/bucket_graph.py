@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from commsched.ir import CollType, Graph, GraphBuilder, GraphError, OpKind
-from commsched.ir.graph import csr
+from commsched.ir import CollType, Graph, GraphError, OpKind
+from commsched.ir.graph import Buffer, csr
 from commsched.ir.transform import kahn_order
 from commsched.rewrites.bucket_plan import Bucket, BucketPlan
 from commsched.sim.jit import ENABLED as JIT_ENABLED
@@ -84,7 +84,7 @@ def bucket_graph(
     pos = np.arange(len(g), dtype=np.float64)
     if order is not None:
         pos[np.asarray(order, np.int64)] = np.arange(len(g))
-    prefix = name_prefix(g.names)
+    prefix = _facts(g).prefix
     removed: set[int] = set()
     rename: dict[str, str] = {}  # a removed node's name -> the node that stands for it (data and ordering)
     smap_late: dict[int, str] = {}  # a removed collective's storage -> the new node whose storage replaces it
@@ -106,7 +106,7 @@ def _bucket_nodes(g, bucket: Bucket, k, prefix, members, pos, noncontiguous, rem
     p_issue = float(max(pos[m] for m in members))
     p_wait = max(p_issue + 0.5, float(min(pos[w] for w in waits)))
     inputs = [int(g.inputs(m)[0]) for m in members]
-    in_bufs = [g.buffers(x)[0] for x in inputs]
+    in_bufs = [_first_buffer(g, x) for x in inputs]
     dtype = in_bufs[0].dtype
     itemsize = in_bufs[0].nbytes // max(1, math.prod(in_bufs[0].shape)) if in_bufs[0].shape else in_bufs[0].nbytes
     numels = [math.prod(b.shape) for b in in_bufs]
@@ -173,7 +173,7 @@ def _member_results(g: Graph, out: list, names: dict, kind: str, members: list[i
         piece_storage = names["piece"][j] if kind == "all_gather" else names["wait"]
         out.append(_New(names["piece"][j], "getitem", OpKind.VIEW, [names["parts"]],
                         [(piece_buf[0], dtype, piece_buf[2], (names["parts"], j))], p_wait))  # fmt: skip
-        result = g.buffers(m)[0]
+        result = _first_buffer(g, m)
         out.append(_New(names["out"][j], "aten.view.default", OpKind.VIEW, [names["piece"][j]],
                         [(result.shape, dtype, piece_buf[2], names["piece"][j])], p_wait))  # fmt: skip
         removed.add(m)
@@ -188,35 +188,22 @@ def _member_results(g: Graph, out: list, names: dict, kind: str, members: list[i
             rename[g.names[int(w)] + "\0data"] = names["out"][j]  # data users of the wait read the member's result
 
 
+def _first_buffer(g: Graph, v: int) -> Buffer:
+    b = int(g.buf_ptr[v])  # (not g.buffers(v): a collective's input may be one of hundreds of split outputs)
+    return Buffer(g.buf_shape[b], g.buf_dtype[b], int(g.buf_nbytes[b]), int(g.buf_storage[b]))
+
+
 class _Facts:
     """Per-node facts of a source graph as plain lists (built once per graph: the search buckets one graph many
     times, and numpy scalar access per node is the slow part of a rewrite)."""
 
     def __init__(self, g: Graph) -> None:
         n = len(g)
-        self.names, self.targets = g.names, g.targets
-        self.kinds = g.kinds.tolist()
-        self.op_kinds = [OpKind(k) for k in self.kinds]
-        ip, ii, dp, di = g.in_ptr.tolist(), g.in_idx.tolist(), g.dep_ptr.tolist(), g.dep_idx.tolist()
-        self.inputs = [ii[ip[v] : ip[v + 1]] for v in range(n)]
-        self.deps = [di[dp[v] : dp[v + 1]] for v in range(n)]
-        self.flops = g.flops.tolist()
-        self.side_effect = g.side_effect.tolist()
-        bp, nbytes, storage = g.buf_ptr.tolist(), g.buf_nbytes.tolist(), g.buf_storage.tolist()
-        self.buffers = [
-            [(g.buf_shape[b], g.buf_dtype[b], nbytes[b], storage[b]) for b in range(bp[v], bp[v + 1])]
-            for v in range(n)
-        ]
-        self.storage_owner, self.storage_nbytes = g.storage_owner.tolist(), g.storage_nbytes.tolist()
-        ct, grp, ib, ob, sync = (a.tolist() for a in (g.coll_type, g.coll_group, g.coll_in_bytes, g.coll_out_bytes,
-                                                       g.coll_sync))  # fmt: skip
-        self.coll = [
-            (CollType(ct[v]), grp[v], g.coll_reduce_op.get(v), ib[v], ob[v], sync[v]) if ct[v] >= 0 else None
-            for v in range(n)
-        ]
-        self.wait_of = g.wait_of.tolist()
-        self.placeholder = [t == "placeholder" for t in g.targets]
-        self.out_id = next((v for v in range(n - 1, -1, -1) if self.kinds[v] == OpKind.OUTPUT), None)
+        self.names = g.names
+        self.placeholder = np.asarray([t == "placeholder" for t in g.targets], bool)
+        kinds = g.kinds.tolist()
+        self.out_id = next((v for v in range(n - 1, -1, -1) if kinds[v] == OpKind.OUTPUT), None)
+        self.prefix = name_prefix(g.names)
 
 
 def _facts(g: Graph) -> _Facts:
@@ -235,16 +222,19 @@ def _fx_order(g: Graph, pos: np.ndarray, removed: set[int], rename: dict[str, st
 
     f = _facts(g)
     n, out_id, names = len(g), f.out_id, f.names
-    kept = [v for v in range(n) if v not in removed and v != out_id]
-    items: list = kept + added
+    keep = np.ones(n, bool)
+    keep[list(removed)] = False
     if out_id is not None:
-        items.append(out_id)
-    at_old = [-1] * n  # old node -> its item index (-1: removed)
-    for i, v in enumerate(kept):
-        at_old[v] = i
+        keep[out_id] = False
+    kept = np.flatnonzero(keep)
+    num_kept = len(kept)
+    items: list = kept.tolist() + added + ([] if out_id is None else [out_id])
+    m = len(items)
+    at_old = np.full(n, -1, np.int64)  # old node -> its item index (-1: removed)
+    at_old[kept] = np.arange(num_kept)
     if out_id is not None:
-        at_old[out_id] = len(items) - 1
-    name_at = {it.name: len(kept) + k for k, it in enumerate(added)}
+        at_old[out_id] = m - 1
+    name_at = {it.name: num_kept + k for k, it in enumerate(added)}
     index = g.index
 
     def ref(name: str, data: bool) -> int:
@@ -252,20 +242,17 @@ def _fx_order(g: Graph, pos: np.ndarray, removed: set[int], rename: dict[str, st
         i = name_at.get(name)
         if i is None:
             v = index.get(name)
-            i = -1 if v is None else at_old[v]
+            i = -1 if v is None else int(at_old[v])
         return i
 
     # what an old node stands for, as data and as an ordering dependency (only removed nodes are renamed)
-    data_ref, dep_ref = list(at_old), list(at_old)
+    data_ref, dep_ref = at_old.copy(), at_old.copy()
     for v in removed:
         data_ref[v], dep_ref[v] = ref(names[v], True), ref(names[v], False)
-    src, dst = _fx_edges(f, items, len(kept), data_ref, dep_ref)
-    for k, it in enumerate(added):
-        for name in it.inputs:
-            src.append(ref(name, True))
-            dst.append(len(kept) + k)
-    m = len(items)
-    a, b = np.asarray(src, np.int64), np.asarray(dst, np.int64)
+    new_src = [ref(name, True) for it in added for name in it.inputs]
+    new_dst = [num_kept + k for k, it in enumerate(added) for _ in it.inputs]
+    a, b = _fx_edges(g, at_old, data_ref, dep_ref)
+    a, b = np.concatenate([a, np.asarray(new_src, np.int64)]), np.concatenate([b, np.asarray(new_dst, np.int64)])
     keep = (a >= 0) & (a != b)
     pairs = np.unique(a[keep] * m + b[keep])  # each edge once
     a, b = pairs // m, pairs % m
@@ -275,15 +262,12 @@ def _fx_order(g: Graph, pos: np.ndarray, removed: set[int], rename: dict[str, st
     # as ranks, so that the keyed sort's (key, item) order is the tuple order
     cls = np.ones(m, np.int64)
     val = np.empty(m, np.float64)
-    for i, it in enumerate(items):
-        if isinstance(it, _New):
-            val[i] = it.priority
-        elif f.placeholder[it]:
-            cls[i], val[i] = 0, float(i)
-        elif it == out_id:
-            cls[i], val[i] = 2, 0.0
-        else:
-            val[i] = float(pos[it])
+    val[:num_kept] = pos[kept]
+    placeholder = np.flatnonzero(f.placeholder[kept])
+    cls[placeholder], val[placeholder] = 0, placeholder
+    val[num_kept : num_kept + len(added)] = [it.priority for it in added]
+    if out_id is not None:
+        cls[m - 1], val[m - 1] = 2, 0.0
     rank = np.empty(m, np.float64)
     rank[np.lexsort((np.arange(m), val, cls))] = np.arange(m)
     if JIT_ENABLED:
@@ -295,103 +279,282 @@ def _fx_order(g: Graph, pos: np.ndarray, removed: set[int], rename: dict[str, st
     return [items[i] for i in order.tolist()]
 
 
-def _fx_edges(f: _Facts, items: list, num_kept: int, data_ref: list[int], dep_ref: list[int]):
+def _fx_edges(g: Graph, at_old: np.ndarray, data_ref: np.ndarray, dep_ref: np.ndarray):
     """(src, dst) item indices of the old nodes' data edges (the kept ones and the output's) and of every
     ordering edge; -1 for a removed node nothing stands for."""
-    src: list[int] = []
-    dst: list[int] = []
-    old = list(enumerate(items[:num_kept]))
-    if f.out_id is not None:
-        old.append((len(items) - 1, f.out_id))
-    for i, v in old:
-        for u in f.inputs[v]:
-            src.append(data_ref[u])
-            dst.append(i)
-    for v in range(len(f.names)):  # ordering edges (in-place hazards), remapped like ir_control_edges
-        b = dep_ref[v]
-        if b >= 0:
-            for d in f.deps[v]:
-                src.append(dep_ref[d])
-                dst.append(b)
-    return src, dst
+    dst_v = _row_of(g.in_ptr)
+    data = at_old[dst_v] >= 0
+    dep_dst = dep_ref[_row_of(g.dep_ptr)]  # ordering edges (in-place hazards), remapped like ir_control_edges
+    deps = dep_dst >= 0
+    src = np.concatenate([data_ref[g.in_idx[data]], dep_ref[g.dep_idx[deps]]])
+    return src, np.concatenate([at_old[dst_v[data]], dep_dst[deps]])
 
 
 def _emit(g: Graph, pos, removed: set[int], rename: dict[str, str], smap_late: dict[int, str], added) -> Graph:
-    """Build the bucketed graph in FX order, with storages created where their owner runs (as from_fx does)."""
-    f = _facts(g)
-    names = f.names
-    b = GraphBuilder(g.meta)
-    for grp in g.groups:
-        b.group(grp.name, grp.size, grp.stride)
-    ids: dict[str, int] = {}
-    smap: dict[int, int] = {}  # old storage -> new storage
-    last_writer: dict[int, int] = {}  # new storage -> the node that last wrote it in place
-    new_id = [-1] * len(g)  # old node -> its new id (kept nodes, once emitted)
+    """Build the bucketed graph in FX order, with storages created where their owner runs, as ``from_fx`` (through
+    :class:`GraphBuilder`) builds it from the rewritten module: the kept nodes' columns by array indexing, the few
+    new nodes one by one."""
+    e = _Emit(g, _fx_order(g, pos, removed, rename, added), removed, rename)
+    in_ptr, in_idx = _dedup(*e.rows(g.in_ptr, g.in_idx, e.data_map, {p: [e.ref(x, "\0data") for x in e.items[p].inputs]
+                                                                       for p in e.new_pos}))  # fmt: skip
+    buf_ptr, bufs = _buffers(e, smap_late)
+    storage = bufs["storage"]
+    dep_ptr, dep_idx = _sorted_unique(*e.rows(g.dep_ptr, g.dep_idx, e.reader_map, {}))
+    new_deps = _new_deps(e, in_ptr, in_idx, buf_ptr, storage, bufs["creator"])
+    dep_ptr, dep_idx = _merge_rows(dep_ptr, dep_idx, new_deps)
+    coll, wait_of = _collectives(e)
+    dep_ptr, dep_idx = _wait_deps(wait_of, in_ptr, in_idx, dep_ptr, dep_idx)
+    old, old_pos = e.old_v, e.old_pos
+    kinds = np.empty(e.m, np.int8)
+    kinds[old_pos] = g.kinds[old]
+    flops = np.zeros(e.m, np.float64)
+    flops[old_pos] = g.flops[old]
+    side_effect = np.zeros(e.m, bool)
+    side_effect[old_pos] = g.side_effect[old]
+    for p in e.new_pos:
+        it = e.items[p]
+        kinds[p], side_effect[p] = int(it.kind), bool(it.side_effect)
+    return Graph(
+        names=[g.names[it] if type(it) is int else it.name for it in e.items],
+        targets=[g.targets[it] if type(it) is int else it.target for it in e.items],
+        kinds=kinds, in_ptr=in_ptr.astype(np.int32), in_idx=in_idx.astype(np.int32),
+        dep_ptr=dep_ptr.astype(np.int32), dep_idx=dep_idx.astype(np.int32), flops=flops,
+        buf_ptr=buf_ptr.astype(np.int32), buf_shape=bufs["shape"], buf_dtype=bufs["dtype"],
+        buf_nbytes=bufs["nbytes"], buf_storage=storage.astype(np.int32), storage_nbytes=bufs["storage_nbytes"],
+        storage_owner=bufs["storage_owner"].astype(np.int32), side_effect=side_effect, **coll,
+        wait_of=wait_of.astype(np.int32), groups=g.groups, meta=dict(g.meta),
+    )  # fmt: skip
 
-    def storage_of(name: str, k: int = 0) -> int:
-        return b.node_storages(ids[rename.get(name + "\0data", name)])[k]
 
-    def as_data(u: int) -> int:  # the new id standing for old node u's data
-        return ids[rename.get(names[u] + "\0data", names[u])] if u in removed else new_id[u]
+class _Emit:
+    """The emitted sequence (``items``: old node ids and new nodes, in FX order) and what old nodes become in it."""
 
-    def as_reader(d: int) -> int:  # ... and for old node d as an ordering dependency
-        return ids[rename.get(names[d] + "\0reader", names[d])] if d in removed else new_id[d]
+    def __init__(self, g: Graph, items: list, removed: set[int], rename: dict[str, str]) -> None:
+        self.g, self.items, self.rename, self.m = g, items, rename, len(items)
+        self.new_pos = [p for p, it in enumerate(items) if type(it) is not int]
+        self.at_new = {items[p].name: p for p in self.new_pos}
+        old_at = np.asarray([it if type(it) is int else -1 for it in items], np.int64)
+        self.old_at = old_at  # position -> old node id (-1: a new node)
+        self.old_pos = np.flatnonzero(old_at >= 0)
+        self.old_v = old_at[self.old_pos]
+        self.new_id = np.full(len(g), -1, np.int64)  # old node -> its position (kept nodes)
+        self.new_id[self.old_v] = self.old_pos
+        # what a removed node stands for: as data, as a reader (ordering dependency), plainly (a wait's collective)
+        self.data_map, self.reader_map, self.plain_map = self.new_id.copy(), self.new_id.copy(), self.new_id.copy()
+        for v in removed:
+            name = g.names[v]
+            for mapping, suffix in ((self.data_map, "\0data"), (self.reader_map, "\0reader"), (self.plain_map, "")):
+                mapping[v] = self.ref(name, suffix, strict=False)
 
-    for it in _fx_order(g, pos, removed, rename, added):
-        if isinstance(it, _New):
-            _emit_new(b, it, ids, last_writer, rename, storage_of)
+    def ref(self, name: str, suffix: str = "", strict: bool = True) -> int:
+        """The position of what ``name`` stands for (a rename with ``suffix`` first); -1 if nothing (strict: raise)."""
+        name = self.rename.get(name + suffix, name)
+        p = self.at_new.get(name)
+        if p is None:
+            v = self.g.index.get(name)
+            p = -1 if v is None else int(self.new_id[v])
+        if p < 0 and strict:
+            raise GraphError(f"bucketed graph: node {name!r} is used but not emitted")
+        return p
+
+    def rows(self, ptr: np.ndarray, idx: np.ndarray, mapping: np.ndarray, new_rows: dict[int, list[int]]):
+        """CSR over the emitted items: each kept node's row of (``ptr``, ``idx``) through ``mapping``, each new
+        node's row as given."""
+        old_pos, old_v = self.old_pos, self.old_v
+        lens = np.zeros(self.m, np.int64)
+        lens[old_pos] = ptr[old_v + 1] - ptr[old_v]
+        for p, row in new_rows.items():
+            lens[p] = len(row)
+        out_ptr = np.zeros(self.m + 1, np.int64)
+        np.cumsum(lens, out=out_ptr[1:])
+        vals = np.empty(int(out_ptr[-1]), np.int64)
+        k = lens[old_pos]
+        off = np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k)
+        vals[np.repeat(out_ptr[old_pos], k) + off] = mapping[idx[np.repeat(ptr[old_v].astype(np.int64), k) + off]]
+        for p, row in new_rows.items():
+            vals[out_ptr[p] : out_ptr[p + 1]] = row
+        if len(vals) and vals.min() < 0:
+            raise GraphError("bucketed graph: a node reads a removed node nothing stands for")
+        return out_ptr, vals
+
+
+def _row_of(ptr: np.ndarray) -> np.ndarray:
+    return np.repeat(np.arange(len(ptr) - 1, dtype=np.int64), np.diff(ptr))
+
+
+def _dedup(ptr: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row without repeats, first occurrences in order (``GraphBuilder.add_node``'s rule)."""
+    row = _row_of(ptr)
+    _, first = np.unique(row * (len(ptr) + 1) + vals, return_index=True)
+    if len(first) == len(vals):
+        return ptr, vals
+    keep = np.zeros(len(vals), bool)
+    keep[first] = True
+    return _ptr_of(row[keep], len(ptr) - 1), vals[keep]
+
+
+def _sorted_unique(ptr: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row sorted, without repeats."""
+    span = len(ptr) + 1
+    key = np.unique(_row_of(ptr) * span + vals)
+    return _ptr_of(key // span, len(ptr) - 1), key % span
+
+
+def _ptr_of(row: np.ndarray, m: int) -> np.ndarray:
+    ptr = np.zeros(m + 1, np.int64)
+    np.cumsum(np.bincount(row, minlength=m), out=ptr[1:])
+    return ptr
+
+
+def _merge_rows(ptr: np.ndarray, vals: np.ndarray, rows: dict[int, list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """CSR (``ptr``, ``vals``) with the (empty) rows in ``rows`` replaced by the given lists."""
+    if not any(rows.values()):
+        return ptr, vals
+    lists = np.split(vals, ptr[1:-1])
+    for p, row in rows.items():
+        lists[p] = np.asarray(row, np.int64)
+    lens = np.asarray([len(x) for x in lists], np.int64)
+    out = np.zeros(len(lists) + 1, np.int64)
+    np.cumsum(lens, out=out[1:])
+    return out, np.concatenate(lists) if lists else vals
+
+
+def _buffers(e: _Emit, smap_late: dict[int, str]) -> tuple[np.ndarray, dict]:
+    """Every emitted node's buffers and their storages: a storage is created where its owner (a kept node, or a new
+    node's buffer without a storage) runs, numbered in that order; other buffers take the storage they alias."""
+    g, m, old_pos, old_v = e.g, e.m, e.old_pos, e.old_v
+    lens = np.zeros(m, np.int64)
+    lens[old_pos] = g.buf_ptr[old_v + 1] - g.buf_ptr[old_v]
+    for p in e.new_pos:
+        lens[p] = len(e.items[p].buffers)
+    ptr = _ptr_of(np.repeat(np.arange(m), lens), m)
+    rows = int(ptr[-1])
+    row_item = np.repeat(np.arange(m, dtype=np.int64), lens)
+    src = np.full(rows, -1, np.int64)  # the kept node's buffer each row copies
+    k = lens[old_pos]
+    off = np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k)
+    src[np.repeat(ptr[old_pos], k) + off] = np.repeat(g.buf_ptr[old_v].astype(np.int64), k) + off
+    old_row = src >= 0
+    src_storage = np.full(rows, -1, np.int64)
+    src_storage[old_row] = g.buf_storage[src[old_row]]
+    creator = np.zeros(rows, bool)
+    creator[old_row] = g.storage_owner[src_storage[old_row]] == e.old_at[row_item[old_row]]
+    nbytes = np.zeros(rows, np.int64)
+    shapes, dtypes = g.buf_shape, g.buf_dtype
+    shape = [shapes[b] if b >= 0 else None for b in src.tolist()]
+    dtype = [dtypes[b] if b >= 0 else None for b in src.tolist()]
+    nbytes[old_row] = g.buf_nbytes[src[old_row]]
+    alias: dict[int, str | tuple[str, int]] = {}  # new node's row -> the name (and output) whose storage it takes
+    for p in e.new_pos:
+        for j, (shp, dt, nb, st) in enumerate(e.items[p].buffers):
+            r = int(ptr[p]) + j
+            shape[r], dtype[r], nbytes[r] = tuple(int(s) for s in shp), dt, int(nb)
+            if st is None:
+                creator[r] = True
+            else:
+                alias[r] = st
+    created = np.cumsum(creator) - 1
+    storage = np.where(creator, created, -1)
+    smap = np.full(g.num_storages, -1, np.int64)  # old storage -> new (its kept owner's)
+    old_creator = creator & old_row
+    np.maximum.at(smap, src_storage[old_creator], created[old_creator])
+    kept_alias = old_row & ~creator
+    storage[kept_alias] = smap[src_storage[kept_alias]]
+    late = np.flatnonzero(old_row & (storage < 0)).tolist()  # on a removed collective's storage: the new node's
+    for r in sorted(late + list(alias)):
+        st = alias[r] if r in alias else smap_late[int(src_storage[r])]
+        name, j = (st, 0) if isinstance(st, str) else st
+        storage[r] = storage[ptr[e.ref(name, "\0data")] + j]
+    storage_nbytes = np.where(old_row, g.storage_nbytes[np.maximum(src_storage, 0)], nbytes)[creator]
+    return ptr, {"shape": shape, "dtype": dtype, "nbytes": nbytes, "storage": storage,
+                 "storage_nbytes": storage_nbytes.astype(np.int64), "storage_owner": row_item[creator],
+                 "creator": creator}  # fmt: skip
+
+
+def _new_deps(e: _Emit, in_ptr, in_idx, buf_ptr, storage, creator) -> dict[int, list[int]]:
+    """New nodes' ordering dependencies: a new node (not a view or wait) that reads a storage written in place
+    runs after the last kept node that wrote it before it (``from_fx``'s read-after-write rule)."""
+    import bisect
+
+    g, old_pos = e.g, e.old_pos
+    row_item = _row_of(buf_ptr)
+    # in-place writes: a kept node (not a view, wait, input or output) whose output lives on a storage it reads
+    writer_item = np.zeros(e.m, bool)
+    writer_item[old_pos] = ~np.isin(g.kinds[e.old_v], _NOT_WRITERS)
+    # rows that created their storage cannot be on a storage their node reads
+    candidates = np.flatnonzero(writer_item[row_item] & ~creator).tolist()
+    storages = storage.tolist()
+    ptr, idx, bptr = in_ptr.tolist(), in_idx.tolist(), buf_ptr.tolist()
+
+    def read(p: int) -> set[int]:
+        return {storages[b] for i in idx[ptr[p] : ptr[p + 1]] for b in range(bptr[i], bptr[i + 1])}
+
+    events: dict[int, list[int]] = {}  # storage -> positions of its in-place writers, ascending
+    reads: dict[int, set[int]] = {}
+    for r in candidates:
+        p = int(row_item[r])
+        if p not in reads:
+            reads[p] = read(p)
+        if storages[r] in reads[p]:
+            events.setdefault(storages[r], []).append(p)
+    out: dict[int, list[int]] = {}
+    for p in e.new_pos:
+        if e.items[p].kind in (OpKind.VIEW, OpKind.WAIT) or not events:
+            out[p] = []
             continue
-        v = it
-        nid = len(b)
-        bufs = []
-        for shape, dtype, nbytes, s in f.buffers[v]:
-            if f.storage_owner[s] == v:
-                smap[s] = b.new_storage(f.storage_nbytes[s], nid)
-            elif s not in smap:
-                smap[s] = storage_of(smap_late[s])
-            bufs.append((shape, dtype, nbytes, smap[s]))
-        inputs = [as_data(u) for u in f.inputs[v]]
-        deps = sorted({as_reader(d) for d in f.deps[v]})
-        nid = b.add_node(names[v], f.targets[v], f.op_kinds[v], inputs, buffers=bufs, flops=f.flops[v],
-                         side_effect=f.side_effect[v], deps=deps)  # fmt: skip
-        ids[names[v]] = new_id[v] = nid
-        if f.kinds[v] not in _NOT_WRITERS:  # an in-place result: its output lives on an input's storage
-            read = {st for i in inputs for st in b.node_storages(i)}
-            for buf in bufs:
-                if buf[3] in read:
-                    last_writer[buf[3]] = nid
-        coll = f.coll[v]
-        if coll is not None:
-            b.set_collective(nid, *coll)
-        w = f.wait_of[v]
-        if w >= 0:
-            b.set_wait(nid, ids[rename.get(names[w], names[w])])
-    return b.build(validate=False)
+        inputs = idx[ptr[p] : ptr[p + 1]]
+        deps = set()
+        for i in inputs:
+            for b in range(bptr[i], bptr[i + 1]):
+                at = events.get(storages[b])
+                k = bisect.bisect_left(at, p) if at else 0
+                if k:
+                    deps.add(at[k - 1])
+        out[p] = sorted(deps - set(inputs))
+    return out
 
 
-def _emit_new(b: GraphBuilder, it: _New, ids: dict[str, int], last_writer: dict[int, int], rename: dict[str, str],
-              storage_of) -> None:  # fmt: skip
-    """Append one node the rewrite adds."""
-    bufs = []
-    for shape, dtype, nbytes, st in it.buffers:
-        st = None if st is None else storage_of(st) if isinstance(st, str) else storage_of(*st)
-        bufs.append((shape, dtype, nbytes, st))
-    inputs = [ids[rename.get(x + "\0data", x)] for x in it.inputs]  # a member may read an earlier one
-    # read after an in-place write: after the writer (from_fx's rule; the member read its input directly, a new
-    # node may read it through a view)
-    deps = (
-        []
-        if it.kind in (OpKind.VIEW, OpKind.WAIT)
-        else sorted(
-            {w for i in inputs for st in b.node_storages(i) if (w := last_writer.get(st)) is not None} - set(inputs)
-        )
-    )
-    nid = b.add_node(it.name, it.target, it.kind, inputs, buffers=bufs, side_effect=it.side_effect, deps=deps)
-    if it.coll is not None:
-        b.set_collective(nid, *it.coll)
-    if it.wait_of is not None:
-        b.set_wait(nid, ids[it.wait_of])
-    ids[it.name] = nid
+def _collectives(e: _Emit) -> tuple[dict, np.ndarray]:
+    """The collective columns (as ``Graph`` takes them) and ``wait_of`` of the emitted nodes."""
+    g, m, old_pos, old_v = e.g, e.m, e.old_pos, e.old_v
+    coll = {"coll_type": np.full(m, -1, np.int8), "coll_group": np.full(m, -1, np.int16),
+            "coll_in_bytes": np.zeros(m, np.int64), "coll_out_bytes": np.zeros(m, np.int64),
+            "coll_sync": np.zeros(m, bool)}  # fmt: skip
+    src = {"coll_type": g.coll_type, "coll_group": g.coll_group, "coll_in_bytes": g.coll_in_bytes,
+           "coll_out_bytes": g.coll_out_bytes, "coll_sync": g.coll_sync}  # fmt: skip
+    is_coll = g.coll_type[old_v] >= 0
+    for key, col in coll.items():
+        col[old_pos[is_coll]] = src[key][old_v[is_coll]]
+    ops = {int(e.new_id[v]): op for v, op in g.coll_reduce_op.items() if e.new_id[v] >= 0}
+    wait_of = np.full(m, -1, np.int64)
+    waits = g.wait_of[old_v] >= 0
+    wait_of[old_pos[waits]] = e.plain_map[g.wait_of[old_v[waits]]]
+    for p in e.new_pos:
+        it = e.items[p]
+        if it.coll is not None:
+            ct, grp, rop, ib, ob = it.coll
+            coll["coll_type"][p], coll["coll_group"][p], coll["coll_in_bytes"][p] = int(ct), grp, ib
+            coll["coll_out_bytes"][p] = ob
+            if rop is not None:
+                ops[p] = rop
+        if it.wait_of is not None:
+            wait_of[p] = e.ref(it.wait_of)
+    coll["coll_reduce_op"] = dict(sorted(ops.items()))
+    return coll, wait_of
+
+
+def _wait_deps(wait_of, in_ptr, in_idx, dep_ptr, dep_idx) -> tuple[np.ndarray, np.ndarray]:
+    """A wait depends on its collective (``GraphBuilder.set_wait``): appended where it is not already an input or
+    a dependency."""
+    extra: dict[int, int] = {}
+    for w in np.flatnonzero(wait_of >= 0).tolist():
+        c = int(wait_of[w])
+        if c != w and c not in in_idx[in_ptr[w] : in_ptr[w + 1]] and c not in dep_idx[dep_ptr[w] : dep_ptr[w + 1]]:
+            extra[w] = c
+    if not extra:
+        return dep_ptr, dep_idx
+    lists = np.split(dep_idx, dep_ptr[1:-1])
+    return _merge_rows(dep_ptr, dep_idx, {w: [*lists[w].tolist(), c] for w, c in extra.items()})
 
 
 def noncontiguous_inputs(gm, g: Graph) -> frozenset[str]:

@@ -40,6 +40,9 @@ import numpy as np
 from commsched.cost.collectives import bus_factor, plan_collective
 from commsched.hardware import Hardware
 from commsched.ir import Graph, GraphError, OpKind
+from commsched.ir.graph import csr
+from commsched.ir.transform import kahn_order
+from commsched.sim.jit import ENABLED as JIT_ENABLED
 
 BUCKETABLE = {
     "_c10d_functional.all_gather_into_tensor.default": "all_gather",
@@ -217,14 +220,21 @@ def _tail_nodes(g: Graph) -> np.ndarray:
     return out
 
 
-def _first_use(g: Graph, pos: np.ndarray, tail: np.ndarray, coll: int) -> float:
-    """Earliest position of a non-tail node reading one of ``coll``'s waits."""
-    best = math.inf
-    for w in g.waits_of(coll).tolist():
-        for s in g.successors(w).tolist():
-            if not tail[s] and g.kinds[s] != OpKind.OUTPUT and pos[s] < best:
-                best = float(pos[s])
-    return best
+def _first_uses(g: Graph, pos: np.ndarray, tail: np.ndarray) -> np.ndarray:
+    """Per node: for a collective, the earliest position of a non-tail node (not the output) reading one of its
+    waits (inf if none); array operations over the waits' successors."""
+    out = np.full(len(g), math.inf)
+    waits = np.flatnonzero(g.wait_of >= 0)
+    if not len(waits):
+        return out
+    ptr, idx = g.successors_csr()
+    counts = (ptr[waits + 1] - ptr[waits]).astype(np.int64)
+    start = np.repeat(ptr[waits].astype(np.int64), counts)
+    users = idx[start + np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)]
+    coll = np.repeat(g.wait_of[waits].astype(np.int64), counts)
+    real = ~tail[users] & (g.kinds[users] != OpKind.OUTPUT)
+    np.minimum.at(out, coll[real], pos[users[real]].astype(np.float64))
+    return out
 
 
 def resolve_hardware(hardware: Any) -> Hardware:
@@ -292,15 +302,14 @@ def plan_buckets(
     work = np.where((g.kinds == OpKind.COMPUTE) | (g.kinds == OpKind.OTHER), est.node_s, 0.0)
     clock = np.concatenate([[0.0], np.cumsum(work[order_arr])])
     tail = _tail_nodes(g)
-    pred_ptr, pred_idx = (a.tolist() for a in g.predecessors_csr())
-    colls = set(g.collectives.tolist())
+    first_use = _first_uses(g, pos, tail)
+    # per collective: the collectives it depends on (a bitset); per group: the open bucket and its members' bits
+    depends_on, bit = _collective_ancestors(g)
     caps: dict[tuple[str, str], int] = {}
     skipped: dict[str, int] = {}
-    # per group: the open bucket, the bucket id counter, and for every node the newest bucket it depends on
     open_: dict[int, _Open | None] = {}
-    bucket_id: dict[int, int] = {}
+    open_bits: dict[int, int] = {}
     stream_free: dict[int, float] = {}
-    taint: dict[int, list[int]] = {}
     closed: list[tuple[_Open, str]] = []
 
     def coll_s(gid: int, kind: str, nbytes: int) -> float:
@@ -354,20 +363,15 @@ def plan_buckets(
 
     # per collective: the time of the collectives issued after it on its group (unmerged), for the regime test
     comm_after = np.zeros(n)
+    alone_s = _alone_s(g, hw)
     for gid in np.unique(g.coll_group[g.collectives]).tolist():
         members = [c for c in g.collectives.tolist() if g.coll_group[c] == gid]
         members.sort(key=lambda c: pos[c])
-        times = [coll_s(gid, BUCKETABLE.get(g.targets[c]) or "all_reduce", int(g.comm_bytes[c])) for c in members]
+        times = [alone_s[c] for c in members]
         suffix = np.concatenate([np.cumsum(times[::-1])[::-1][1:], [0.0]])
         comm_after[members] = suffix
 
-    for v in order_arr.tolist():
-        preds = pred_idx[pred_ptr[v] : pred_ptr[v + 1]]
-        if preds:
-            for t in taint.values():
-                t[v] = max(t[p] for p in preds)
-        if v not in colls:
-            continue
+    for v in sorted(bit, key=lambda c: pos[c]):  # the collectives in the planned order
         gid = int(g.coll_group[v])
         kind = BUCKETABLE.get(g.targets[v])
         if kind is None or kind not in cfg.kinds or len(g.inputs(v)) != 1 or not len(g.waits_of(v)):
@@ -375,14 +379,10 @@ def plan_buckets(
             skipped[reason] = skipped.get(reason, 0) + 1
             close(gid, "other_collective")
             continue
-        if gid not in taint:
-            taint[gid] = [-1] * n
-            bucket_id[gid] = 0
-        t = taint[gid]
         dtype = g.buf_dtype[int(g.buf_ptr[v])]
         rop = g.coll_reduce_op.get(v)
         nbytes = int(g.comm_bytes[v])
-        use = _first_use(g, pos, tail, v)
+        use = float(first_use[v])
         issue_s = float(clock[pos[v]])
         need_s = float(clock[int(use)]) if math.isfinite(use) else float(clock[-1])
         ob = open_.get(gid)
@@ -394,7 +394,7 @@ def plan_buckets(
                 reason = "dtype"
             elif ob.reduce_op != rop:
                 reason = "reduce_op"
-            elif t[v] == bucket_id[gid]:
+            elif depends_on[v] & open_bits[gid]:  # a member's result flows into this one's input
                 reason = "cycle"
             elif cfg.early_use and ob.first_use <= pos[v]:
                 reason = "early_use"
@@ -405,7 +405,7 @@ def plan_buckets(
         if ob is None or reason is not None:
             if ob is not None:
                 close(gid, reason)
-            bucket_id[gid] += 1
+            open_bits[gid] = 0
             ob = open_[gid] = _Open(gid, kind, dtype, rop, cap_of(gid, kind), [], 0, math.inf)
             ob.stream_free_s = stream_free.get(gid, 0.0)
         ob.members.append(v)
@@ -413,17 +413,17 @@ def plan_buckets(
         ob.first_use = min(ob.first_use, use)
         ob.issue_s = issue_s
         ob.need_s = min(ob.need_s, need_s)
-        t[v] = bucket_id[gid]
+        open_bits[gid] |= bit[v]
     for gid in list(open_):
         close(gid, "end")
 
     closed = _break_cross_group_cycles(g, closed)
     closed.sort(key=lambda c: pos[c[0].members[0]])
-    buckets = [_bucket(g, hw, ob, reason) for ob, reason in closed]
+    buckets = [_bucket(g, hw, ob, reason, alone_s) for ob, reason in closed]
     return BucketPlan(buckets=buckets, caps=caps, hardware=hw.name, config=cfg, skipped=skipped)
 
 
-def _bucket(g: Graph, hw: Hardware, ob: _Open, reason: str) -> Bucket:
+def _bucket(g: Graph, hw: Hardware, ob: _Open, reason: str, alone_s: dict[int, float]) -> Bucket:
     grp = g.groups[ob.gid]
     member_bytes = tuple(int(g.comm_bytes[m]) for m in ob.members)
 
@@ -440,8 +440,48 @@ def _bucket(g: Graph, hw: Hardware, ob: _Open, reason: str) -> Bucket:
         closed_by=reason,
         cap_bytes=ob.cap,
         time_s=t(sum(member_bytes)),
-        members_time_s=sum(t(b) for b in member_bytes),
+        members_time_s=sum(alone_s[m] for m in ob.members),
     )
+
+
+_ANCESTORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Graph -> (_collective_ancestors's pair)
+
+
+def _collective_ancestors(g: Graph) -> tuple[dict[int, int], dict[int, int]]:
+    """(per collective: the collectives it depends on, directly or not, as a bitset; per collective: its bit), once
+    per graph. One sweep over the nodes in id (topological) order, O((N + E) * C / 64)."""
+    cached = _ANCESTORS.get(g)
+    if cached is not None:
+        return cached
+    colls = g.collectives.tolist()
+    bit = {c: 1 << k for k, c in enumerate(colls)}
+    ptr, idx = (a.tolist() for a in g.predecessors_csr())
+    anc = [0] * len(g)
+    for v in range(len(g)):
+        bits = 0
+        for p in idx[ptr[v] : ptr[v + 1]]:
+            bits |= anc[p] | bit.get(p, 0)
+        anc[v] = bits
+    out = ({c: anc[c] for c in colls}, bit)
+    _ANCESTORS[g] = out
+    return out
+
+
+_ALONE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Graph -> {Hardware: per-collective seconds}
+
+
+def _alone_s(g: Graph, hw: Hardware) -> dict[int, float]:
+    """Each collective's time on its own (cost model; kind by target, all_reduce for other collectives), once per
+    graph and hardware (``optimize`` plans many buckets on one graph)."""
+    per_hw = _ALONE.setdefault(g, {})
+    if hw not in per_hw:
+        out = {}
+        for c in g.collectives.tolist():
+            grp = g.groups[int(g.coll_group[c])]
+            kind = BUCKETABLE.get(g.targets[c]) or "all_reduce"
+            out[c] = plan_collective(kind, int(g.comm_bytes[c]), grp.size, hw, stride=grp.stride).time_s
+        per_hw[hw] = out
+    return per_hw[hw]
 
 
 def _break_cross_group_cycles(g: Graph, closed: list[tuple[_Open, str]]) -> list[tuple[_Open, str]]:
@@ -486,23 +526,20 @@ def _contracted_cycle(g: Graph, buckets: list[_Open]) -> int | None:
         key = np.unique(src * n + dst)
         src, dst = key // n, key % n
     live = np.unique(rep)
-    indeg = np.bincount(dst, minlength=n)
-    order = np.argsort(src, kind="stable")
-    s_sorted, d_sorted = src[order], dst[order]
-    starts = np.searchsorted(s_sorted, np.arange(n + 1))
-    stack = [int(v) for v in live.tolist() if indeg[v] == 0]
-    done = 0
-    while stack:
-        v = stack.pop()
-        done += 1
-        for d in d_sorted[starts[v] : starts[v + 1]].tolist():
-            indeg[d] -= 1
-            if indeg[d] == 0:
-                stack.append(d)
-    if done == len(live):
-        return None
-    left = [int(owner[v]) for v in live.tolist() if indeg[v] > 0 and owner[v] >= 0]
-    return max(left) if left else None
+    indeg = np.bincount(dst, minlength=n).astype(np.int64)
+    succ_ptr, succ_idx = csr(n, dst, src)
+    rank = np.zeros(n, np.float64)  # which sort: the nodes a topological sort reaches are the same for any
+    if JIT_ENABLED:
+        from commsched.passes.overlap_jit import kahn_jit
+
+        reached = kahn_jit(succ_ptr.astype(np.int64), succ_idx.astype(np.int64), indeg, rank)
+    else:
+        reached = np.asarray(kahn_order(succ_ptr, succ_idx, indeg, rank), np.int64)
+    stuck = np.ones(n, bool)
+    stuck[reached] = False
+    left = owner[live[stuck[live]]]
+    left = left[left >= 0]
+    return int(left.max()) if len(left) else None
 
 
 __all__ = ["BUCKETABLE", "Bucket", "BucketConfig", "BucketPlan", "bucket_cap_bytes", "plan_buckets"]

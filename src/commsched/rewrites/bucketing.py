@@ -112,13 +112,17 @@ def apply_bucket_plan(
     graph: Graph,
     plan: BucketPlan,
     order: Sequence[int] | np.ndarray | None = None,
+    *,
+    recompile: bool = True,
 ) -> RewriteResult:
     """Rewrite a copy of ``gm`` so that every bucket of ``plan`` with two or more members is one collective.
 
     ``graph`` is the IR imported from ``gm`` (node names match) that ``plan`` was made for; ``order`` (IR ids) is the
-    order the plan assumed: the rewritten module follows it. Raises GraphError if the plan does not fit ``gm``.
+    order the plan assumed: the rewritten module follows it. ``recompile=False``: the copy is a lazy module
+    (:func:`commsched.rewrites.fxutil.copy_graph_module`), its code generated when first used, not here. Raises
+    GraphError if the plan does not fit ``gm``.
     """
-    out = copy_graph_module(gm)
+    out = copy_graph_module(gm, lazy=not recompile)
     result = RewriteResult(gm=out, name="bucket_collectives")
     merged = plan.merged
     if not merged:
@@ -189,7 +193,7 @@ def apply_bucket_plan(
         f"{len(merged)} buckets replace {sum(len(b.members) for b in merged)} collectives; "
         f"{plan.saved_s * 1e6:.1f} us of collective time saved on {plan.hardware} before overlap"
     )
-    finish(out)
+    finish(out, recompile)
     return result
 
 

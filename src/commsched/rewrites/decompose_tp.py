@@ -263,12 +263,12 @@ def decompose_tp(
 ) -> RewriteResult:
     """Split each collective in ``splits`` (with its matmuls) on a copy of ``gm``; see the module docstring.
 
-    ``graph``: the IR of ``gm`` (its in-place ordering edges are kept by the final sort). ``recompile=False`` leaves
-    the module's code stale (its graph is linted and ready to import; call ``gm.recompile()`` before running it):
-    a candidate that is only simulated skips a third of the rewrite's time. Raises GraphError naming the
+    ``graph``: the IR of ``gm`` (its in-place ordering edges are kept by the final sort). ``recompile=False`` returns a
+    lazy module (its graph linted and ready to import, its code generated when first run or read): a candidate that
+    is only simulated skips a third of the rewrite's time. Raises GraphError naming the
     collective when a split does not apply (not a site, or ``chunks`` does not divide the dim). Rows: one per
     split. O(N log N)."""
-    out = copy_graph_module(gm)
+    out = copy_graph_module(gm, lazy=not recompile)
     result = RewriteResult(gm=out, name="decompose_tp")
     if not splits:
         result.notes.append("no split asked for")
@@ -306,8 +306,5 @@ def decompose_tp(
     prio = {n: p for n, p in b.pos.items() if n not in gone}
     prio.update(b.priority)
     stable_toposort(out.graph, prio, edges)
-    if recompile:
-        finish(out)
-    else:
-        out.graph.lint()
+    finish(out, recompile)
     return result
