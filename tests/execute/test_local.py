@@ -113,11 +113,12 @@ def test_ray_address_without_ray_is_one_line(monkeypatch):
 
 @slow
 def test_ctrl_c_stops_the_local_pool_within_5_s_and_leaves_nothing(tmp_path):
-    # 16 traces of 4 layers: the sweep cannot finish before the signal comes, 2 s after its worker appears (the
+    # 16 traces of 16 layers: the sweep cannot finish before the signal comes, 2 s after its worker appears (the
     # worker is forked once this process has traced once; a sweep that had finished would be exiting and could die of
-    # the SIGINT at shutdown, which is not what is tested here)
+    # the SIGINT at shutdown, which is not what is tested here; with 4 layers a quiet machine finished 15 traces in
+    # those 2 s on a fresh-clone run)
     worlds = "8,16,32,64,128,256,512,1024"
-    args = ["sweep", "llama3-8b", "-p", "fsdp,ddp", "-w", worlds, "-l", "4", "-j", "2", "--json", "rows.json"]
+    args = ["sweep", "llama3-8b", "-p", "fsdp,ddp", "-w", worlds, "-l", "16", "-j", "2", "--json", "rows.json"]
     rc, exit_s, procs = interrupt_cli(args, tmp_path, ready=lambda seen: len(seen) >= 1)
     assert procs, "the sweep started no worker"
     assert rc == 130 and exit_s < 5.0
@@ -150,3 +151,29 @@ def test_a_worker_of_other_versions_stops_the_run_with_one_line(monkeypatch):
     monkeypatch.setattr(local, "check_versions", refuse)  # the driver checks each worker's warm-up answer
     with LocalExecutor(jobs=2, in_process=False) as ex, pytest.raises(base.ExecutorError, match="mixed versions"):
         ex.map("exec_helpers:square_after", _specs(3), fail=exec_helpers.fail)
+
+
+def test_a_worker_stopped_from_two_threads_at_once_is_stopped_once():
+    """Ctrl-C: a serving thread replacing its dead worker and close() stop the same worker at once; the second must
+    not close the pipe's descriptor again (it raised EBADF out of close(): exit 1, not 130, one run in 3)."""
+    import multiprocessing
+    import threading
+
+    from commsched.execute.local import _Worker
+
+    for _ in range(5):
+        worker = _Worker(multiprocessing.get_context("fork"))
+        errors: list[BaseException] = []
+
+        def stop(w=worker, errors=errors):
+            try:
+                w.stop()
+            except BaseException as exc:  # what this test looks for
+                errors.append(exc)
+
+        threads = [threading.Thread(target=stop) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert not errors and not worker.proc.is_alive() and worker.conn.closed

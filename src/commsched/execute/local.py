@@ -120,6 +120,7 @@ class _Worker:
         self.proc.start()
         child.close()  # only the worker holds its end: its death closes the pipe
         self.lock = threading.Lock()  # held by the one thread talking to it (a map's thread may outlive its map)
+        self._stop_lock = threading.Lock()  # a serving thread replacing it and close() may stop it at once
 
     def reply(self) -> tuple[str, Any]:
         """The worker's next message; _Died if it ended first."""
@@ -146,17 +147,20 @@ class _Worker:
         return f"worker {self.proc.pid} ended (exit status {code})"
 
     def stop(self) -> None:
-        """Terminate (then kill) and reap the process."""
-        try:
-            if self.proc.is_alive():
-                self.proc.terminate()
-            self.proc.join(3.0)
-            if self.proc.is_alive():
-                self.proc.kill()
-                self.proc.join(1.0)
-        except (ValueError, AssertionError):  # already closed
-            pass
-        self.conn.close()
+        """Terminate (then kill) and reap the process; idempotent and safe from several threads (a second close
+        of the pipe's descriptor would fail, or close another file's)."""
+        with self._stop_lock:
+            try:
+                if self.proc.is_alive():
+                    self.proc.terminate()
+                self.proc.join(3.0)
+                if self.proc.is_alive():
+                    self.proc.kill()
+                    self.proc.join(1.0)
+            except (ValueError, AssertionError):  # already closed
+                pass
+            if not self.conn.closed:
+                self.conn.close()
 
 
 class _Board:
@@ -309,6 +313,11 @@ class LocalExecutor:
             except ExecutorError as exc:  # other versions: the run stops
                 self._broken = exc
                 board.finished.put(None)
+                return
+            except Exception as exc:  # this thread's own failure (e.g. Ctrl-C closed the executor under it)
+                if index is not None:  # the driver waits for every task: never leave one unanswered
+                    board.finished.put((index, self._fail(self._specs[index], error_text("worker", exc))))
+                board.fall_back()
                 return
 
     def _greet(self, worker: _Worker) -> None:
