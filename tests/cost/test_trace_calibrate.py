@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import gzip
 import json
-import multiprocessing as mp
 import shutil
 import statistics
 import warnings
 from pathlib import Path
 
 import pytest
+from gloo_ranks import run_forked_ranks
 from typer.testing import CliRunner
 
 from commsched.cli import app
 from commsched.cost.table import MeasuredTable
 from commsched.cost.trace_calibrate import calibrate_from_traces
 from commsched.cost.trace_import import trace_collectives
-from commsched.io import free_port
 
 WORLD, REPS = 2, 3
 ALL_REDUCE_NELEMS, ALL_GATHER_IN_NELEMS = 1024, 256  # float32
@@ -53,13 +52,7 @@ def _rank(rank: int, port: int, folder: str) -> None:
 def traces(tmp_path_factory) -> Path:
     """A folder with the traces of 2 real gloo ranks: rank0.json, rank1.json.gz."""
     folder = tmp_path_factory.mktemp("traces")
-    ctx, port = mp.get_context("fork"), free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, str(folder))) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    run_forked_ranks(_rank, WORLD, str(folder))
     return folder
 
 

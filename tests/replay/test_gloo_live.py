@@ -4,15 +4,14 @@ the same program."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
+from gloo_ranks import run_forked_ranks
 from replay_helpers import assert_replay_valid
 
-from commsched.io import free_port
 from commsched.replay.kineto import read_trace
 from commsched.replay.run import replay, replay_traces
 from commsched.replay.whatif import Scale
@@ -50,13 +49,7 @@ def program(rank: int, port: int, folder: str) -> None:
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory) -> list[Path]:
     folder = tmp_path_factory.mktemp("gloo")
-    ctx, port = mp.get_context("fork"), free_port()
-    procs = [ctx.Process(target=program, args=(r, port, str(folder))) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    run_forked_ranks(program, WORLD, str(folder))
     return [folder / f"rank{r}.json" for r in range(WORLD)]
 
 
