@@ -10,13 +10,13 @@ import warnings
 from pathlib import Path
 
 import pytest
-from gloo_ranks import run_forked_ranks
 from typer.testing import CliRunner
 
 from commsched.cli import app
 from commsched.cost.table import MeasuredTable
 from commsched.cost.trace_calibrate import calibrate_from_traces
 from commsched.cost.trace_import import trace_collectives
+from gloo_ranks import run_forked_ranks
 
 WORLD, REPS = 2, 3
 ALL_REDUCE_NELEMS, ALL_GATHER_IN_NELEMS = 1024, 256  # float32

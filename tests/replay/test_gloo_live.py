@@ -9,13 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gloo_ranks import run_forked_ranks
 from replay_helpers import assert_replay_valid
 
 from commsched.replay.kineto import read_trace
 from commsched.replay.run import replay, replay_traces
 from commsched.replay.whatif import Scale
 from commsched.replay.work import COMM
+from gloo_ranks import run_forked_ranks
 
 WORLD = 2
 
