@@ -64,11 +64,13 @@ class _New:
     """A node the rewrite adds: inputs by name; buffers as (shape, dtype, nbytes, storage), the storage None (a new
     one), a node's name (its first buffer's storage) or (name, k) (its k-th buffer's)."""
 
-    __slots__ = ("buffers", "coll", "inputs", "kind", "name", "priority", "side_effect", "target", "wait_of")
+    __slots__ = ("buffers", "coll", "flops", "inputs", "kind", "name", "priority", "side_effect", "target", "wait_of")
 
-    def __init__(self, name, target, kind, inputs, buffers, priority, *, side_effect=False, coll=None, wait_of=None):
+    def __init__(self, name, target, kind, inputs, buffers, priority, *, side_effect=False, coll=None, wait_of=None,
+                 flops=0.0):  # fmt: skip
         self.name, self.target, self.kind, self.inputs, self.buffers = name, target, kind, inputs, buffers
         self.priority, self.side_effect, self.coll, self.wait_of = priority, side_effect, coll, wait_of
+        self.flops = flops
 
 
 def bucket_graph(
@@ -313,7 +315,7 @@ def _emit(g: Graph, pos, removed: set[int], rename: dict[str, str], smap_late: d
     side_effect[old_pos] = g.side_effect[old]
     for p in e.new_pos:
         it = e.items[p]
-        kinds[p], side_effect[p] = int(it.kind), bool(it.side_effect)
+        kinds[p], side_effect[p], flops[p] = int(it.kind), bool(it.side_effect), it.flops
     return Graph(
         names=[g.names[it] if type(it) is int else it.name for it in e.items],
         targets=[g.targets[it] if type(it) is int else it.target for it in e.items],

@@ -151,9 +151,25 @@ def find_tp_sites(gm: torch.fx.GraphModule) -> list[TPSite]:
     return [s for n in gm.graph.nodes if n.op == "call_function" and (s := _site(n)) is not None]
 
 
+def node_prefix(names: Sequence[str]) -> str:
+    """The prefix of the new nodes' names (``tpd``, ``tpdx``, ...: one no existing name starts with)."""
+    prefix = "tpd"
+    while any(n.startswith(prefix) for n in names):
+        prefix += "x"
+    return prefix
+
+
+def new_priority(anchor_pos: float, seq: int) -> float:
+    """The sort priority of the ``seq``-th new node (from 1) anchored at position ``anchor_pos``: after the anchor,
+    before the next original node, in creation order."""
+    return anchor_pos + 1.0 - 1.0 / (1.0 + seq)
+
+
 class _Builder:
     """Creates the new nodes (with fake values) and gives each a priority next to its anchor's position, so that
-    one stable topological sort puts them where the split program issues them."""
+    one stable topological sort puts them where the split program issues them. Every new node is named: a split
+    collective ``{collective}_tp{j}``, the others ``{prefix}{seq}`` (:func:`node_prefix`; no name ends in ``_``
+    and digits, so FX keeps it), the names :mod:`commsched.rewrites.decompose_graph` gives on the IR."""
 
     def __init__(self, gm: torch.fx.GraphModule):
         self.graph = gm.graph
@@ -161,13 +177,14 @@ class _Builder:
         self.pos = {n: float(i) for i, n in enumerate(gm.graph.nodes)}
         self.priority: dict[torch.fx.Node, float] = {}
         self.seq = 0
+        self.prefix = node_prefix([n.name for n in gm.graph.nodes])
 
     def new(self, anchor: torch.fx.Node, target: Any, args: tuple, kwargs: dict | None = None, name: str | None = None):
-        with self.graph.inserting_before(self.graph.output_node()):
-            node = call(self.graph, self.mode, target, args, kwargs, name=name)
-        node.meta[TRANSFORM_META] = "decompose_tp"
         self.seq += 1
-        self.priority[node] = self.pos[anchor] + 1.0 - 1.0 / (1.0 + self.seq)  # after the anchor, in creation order
+        with self.graph.inserting_before(self.graph.output_node()):
+            node = call(self.graph, self.mode, target, args, kwargs, name=name or f"{self.prefix}{self.seq}")
+        node.meta[TRANSFORM_META] = "decompose_tp"
+        self.priority[node] = new_priority(self.pos[anchor], self.seq)
         return node
 
 
@@ -177,8 +194,9 @@ def _split_ag(b: _Builder, coll: torch.fx.Node, split: TPSplit) -> list[torch.fx
     wait = wait_users(coll)[0]
     world, k = int(world), split.chunks
     s = int(_val(x).shape[0]) // k
-    mms = [u for u in wait.users if is_op(u, MM) and u.args[0] is wait]
-    first = min(mms, key=lambda u: b.pos[u])
+    # in program order (a module rewritten in place keeps its users in creation order)
+    mms = sorted((u for u in wait.users if is_op(u, MM) and u.args[0] is wait), key=lambda u: b.pos[u])
+    first = mms[0]
     gathered = []
     for j in range(k):
         xj = b.new(coll, aten.slice.Tensor, (x, 0, j * s, (j + 1) * s))
@@ -259,16 +277,22 @@ def _split_reduce(b: _Builder, coll: torch.fx.Node, split: TPSplit) -> list[torc
 
 
 def decompose_tp(
-    gm: torch.fx.GraphModule, splits: Sequence[TPSplit], *, graph: Graph | None = None, recompile: bool = True
+    gm: torch.fx.GraphModule,
+    splits: Sequence[TPSplit],
+    *,
+    graph: Graph | None = None,
+    recompile: bool = True,
+    copy: bool = True,
 ) -> RewriteResult:
     """Split each collective in ``splits`` (with its matmuls) on a copy of ``gm``; see the module docstring.
 
     ``graph``: the IR of ``gm`` (its in-place ordering edges are kept by the final sort). ``recompile=False`` returns a
     lazy module (its graph linted and ready to import, its code generated when first run or read): a candidate that
-    is only simulated skips a third of the rewrite's time. Raises GraphError naming the
+    is only simulated skips a third of the rewrite's time. ``copy=False`` rewrites ``gm`` itself (a module the
+    caller built and no longer needs, e.g. a bucketed program's rewrite). Raises GraphError naming the
     collective when a split does not apply (not a site, or ``chunks`` does not divide the dim). Rows: one per
     split. O(N log N)."""
-    out = copy_graph_module(gm, lazy=not recompile)
+    out = copy_graph_module(gm, lazy=not recompile) if copy else gm
     result = RewriteResult(gm=out, name="decompose_tp")
     if not splits:
         result.notes.append("no split asked for")
