@@ -18,6 +18,7 @@ from typing import Any
 
 from commsched.cost import CostEstimate
 from commsched.ir import Graph
+from commsched.rewrites.decompose_graph import FxFacts, Unsupported, decompose_graph, fx_facts
 from commsched.rewrites.decompose_tp import TPSite, TPSplit, decompose_tp, find_tp_sites
 
 CHUNKS = (2, 4)
@@ -31,14 +32,16 @@ _NAMES = {"ag_mm": "all_gather->mm", "mm_rs": "mm->reduce_scatter", "mm_ar": "mm
 class TransformPlan:
     """One candidate program transform: a label, the splits it makes and (once built) the rewritten module.
 
-    ``source``: the (GraphModule, IR) it rewrites when that is not the traced step (a bucketed program, whose
-    bucket plan the label names); ``shape``: (chunks, dim of the reductions, side) it was made from."""
+    ``base``: the search's bucketed variant it is made on when that is not the traced step (the label names its
+    bucket plan), ``base_graph`` that program's IR; ``shape``: (chunks, dim of the reductions, side) it was made
+    from."""
 
     label: str
     splits: tuple[TPSplit, ...]
     sites: tuple[TPSite, ...]
     shape: tuple[int, str, str] = (0, "", "")
-    source: tuple[Any, Graph] | None = None
+    base: Any = None
+    base_graph: Graph | None = None
     _gm: Any = None
 
     def where(self) -> str:
@@ -49,11 +52,18 @@ class TransformPlan:
         return ", ".join(f"{n} {_NAMES[p]}" for p, n in counts.items())
 
     def apply_fx(self, gm: Any, graph: Graph) -> Any:
-        """The transformed copy of ``gm`` (``graph``: its IR), or of ``source`` when set; built once, its code not
-        compiled (the search only imports it; ``runtime.apply_schedule`` recompiles the kept one)."""
+        """The transformed program as a module, built once, its code not compiled (``runtime.apply_schedule``
+        recompiles the kept one): a copy of ``gm`` (``graph``: its IR) split, or, made on a bucketed variant, that
+        variant's FX rewrite split in place (it is built for this; the variant's module is dropped)."""
         if self._gm is None:
-            src, src_graph = self.source if self.source is not None else (gm, graph)
-            self._gm = decompose_tp(src, self.splits, graph=src_graph, recompile=False).gm
+            if self.base is None:
+                self._gm = decompose_tp(gm, self.splits, graph=graph, recompile=False).gm
+            else:
+                from commsched.optimize.search import bucketed_module
+
+                src = bucketed_module(gm, graph, self.base)
+                self.base.module = None  # split in place below: no longer the bucketed program
+                self._gm = decompose_tp(src, self.splits, graph=self.base_graph, recompile=False, copy=False).gm
         return self._gm
 
 
@@ -99,6 +109,7 @@ def transform_variants(
     sites = find_tp_sites(gm)
     if not sites:
         return []
+    facts = fx_facts(gm, sites)
     suffix = ", collectives reordered" if knobs.get("reorder_collectives") else ""
     pruned = _bound_prune(g, cost(g), sites, variants, knobs)
     if pruned is not None:  # no plan on the traced program can win; on the best bucketed one it still may
@@ -109,13 +120,13 @@ def transform_variants(
                 base = base.rebuild()
             why = _bound_prune(base.graph, base.costs, sites, variants, knobs)
             if why is None:
-                return out + _on_bucketed(gm, g, base, tp_plans(gm, sites)[:1], cost, knobs, suffix)
+                return out + _on_bucketed(gm, g, base, tp_plans(gm, sites)[:1], (cost, sites, facts), knobs, suffix)
             out.append(Tried(f"{base.label.split(', collectives')[0]} + decomposed TP", None, verdict=why))
         return out
     probed: list[tuple[int, TransformPlan, Graph, CostEstimate]] = []
     out: list = []
     for plan in tp_plans(gm, sites):
-        built = _build(plan, gm, g, cost)
+        built = _build(plan, gm, g, cost, facts)
         if isinstance(built, Tried):
             out.append(built)
             continue
@@ -136,7 +147,7 @@ def transform_variants(
             out.append(Tried(_label(plan), len(g2.collectives), verdict=why, probe_s=ns / 1e9))
     base = _best_bucketed(variants, knobs)
     if base is not None and probed:
-        out += _on_bucketed(gm, g, base, [probed[0][1]], cost, knobs, suffix)
+        out += _on_bucketed(gm, g, base, [probed[0][1]], (cost, sites, facts), knobs, suffix)
     return out
 
 
@@ -173,14 +184,24 @@ def _label(plan: TransformPlan) -> str:
     return f"{plan.label}: {plan.where()}"
 
 
-def _build(plan: TransformPlan, gm: Any, g: Graph, cost: Callable[[Graph], CostEstimate]):
-    """(IR, costs) of the plan's program, or a ``Tried`` saying why it could not be built."""
+def _build(plan: TransformPlan, gm: Any, g: Graph, cost: Callable[[Graph], CostEstimate], facts: FxFacts):
+    """(IR, costs) of the plan's program (made on ``g``, or on ``plan.base_graph``), or a ``Tried`` saying why it
+    could not be built. The IR is built directly (:func:`decompose_graph`, the graph the FX rewrite imports as);
+    where that cannot promise the same graph, the FX module is rewritten and imported."""
     from commsched.frontends.fx import from_fx
-    from commsched.optimize.search import Tried
+    from commsched.optimize.search import Tried, bucketed_module
 
+    src_graph = g if plan.base is None else plan.base_graph
     try:
-        g2 = from_fx(plan.apply_fx(gm, g), group_sizes=g.group_sizes(), meta=g.meta)
-    except Exception as exc:  # a plan that cannot be built is a verdict, not a failed search
+        g2 = decompose_graph(src_graph, plan.splits, plan.sites, facts)
+    except Unsupported:
+        try:
+            src = gm if plan.base is None else bucketed_module(gm, g, plan.base)
+            plan._gm = decompose_tp(src, plan.splits, graph=src_graph, recompile=False).gm
+            g2 = from_fx(plan._gm, group_sizes=g.group_sizes(), meta=g.meta)
+        except Exception as exc:  # a plan that cannot be built is a verdict, not a failed search
+            return Tried(_label(plan), None, verdict=f"failed: {exc}")
+    except Exception as exc:
         return Tried(_label(plan), None, verdict=f"failed: {exc}")
     return g2, cost(g2)
 
@@ -194,22 +215,26 @@ def _best_bucketed(variants: list, knobs: dict) -> Any:
     return min(fits, key=lambda v: v.sim.makespan_ns, default=None)
 
 
-def _on_bucketed(gm: Any, g: Graph, base: Any, plans: list[TransformPlan], cost, knobs: dict, suffix: str) -> list:
-    """``plans``' shapes made on the bucketed program of variant ``base`` and fully scheduled."""
-    from commsched.frontends.fx import from_fx
-    from commsched.optimize.search import _scheduled, bucketed_module
+def _on_bucketed(gm: Any, g: Graph, base: Any, plans: list[TransformPlan], costing: tuple, knobs: dict,
+                 suffix: str) -> list:  # fmt: skip
+    """``plans``' shapes made on the bucketed program of variant ``base`` and fully scheduled. ``costing``: (the
+    cost function, the traced step's sites, their :func:`fx_facts`). The bucketed program's sites are the traced
+    ones whose collective it kept (bucketing leaves the others' matmuls and readers as they are); its FX rewrite is
+    built only for the kept variant (:meth:`TransformPlan.apply_fx`)."""
+    from commsched.optimize.search import _scheduled
+    from commsched.rewrites.bucket_graph import bucket_graph, noncontiguous_inputs
 
-    gm_b = bucketed_module(gm, g, base)  # built once: the final module reuses it when the bucketed program wins
-    # its IR: the variant's own graph (bucket_graph builds what from_fx imports from gm_b), unless judged on a worker
-    g_b = base.graph if isinstance(base.graph, Graph) else from_fx(gm_b, group_sizes=g.group_sizes(), meta=g.meta)
-    sites = find_tp_sites(gm_b)
+    cost, sites, facts = costing
+    # its IR: the variant's own graph, unless judged on a worker (then the same bucket_graph, built here)
+    g_b = base.graph if isinstance(base.graph, Graph) else bucket_graph(g, *base.plan, noncontiguous_inputs(gm, g))
+    kept = [s for s in sites if s.collective in g_b.index]
     out = []
     for p in plans:
-        plan = _plan(sites, *p.shape)
+        plan = _plan(kept, *p.shape)
         if plan is None:
             continue
         plan.label = f"{base.label.split(', collectives')[0]} + {plan.label}"
-        plan.source = (gm_b, g_b)
-        built = _build(plan, gm_b, g_b, cost)
+        plan.base, plan.base_graph = base, g_b
+        built = _build(plan, gm, g, cost, facts)
         out.append(built if not isinstance(built, tuple) else _scheduled(_label(plan) + suffix, *built, knobs, plan))
     return out

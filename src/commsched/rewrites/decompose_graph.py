@@ -257,7 +257,9 @@ def _split_reduce(b: _Builder, coll: int, split: TPSplit, tree_names: tuple[str,
         starts.append(b.collective(pos, coll, part, shape, f"{g.names[coll]}_tp{j}"))
     waited = [b.wait(float(wait), c) for c in starts]
     shapes = [b.shape(w) for w in waited]
-    joined_shape = (sum(s[0] for s in shapes), shapes[0][1]) if dim == "m" else (shapes[0][0], sum(s[1] for s in shapes))
+    joined_shape = (
+        (sum(s[0] for s in shapes), shapes[0][1]) if dim == "m" else (shapes[0][0], sum(s[1] for s in shapes))
+    )
     joined = b.new(float(wait), T_CAT, OpKind.OTHER, waited, joined_shape, waited[0])
     rename[g.names[wait] + "\0data"] = joined
     smap_late[int(g.buf_storage[g.buf_ptr[coll]])] = joined
