@@ -26,6 +26,7 @@ input order is returned, or a ScheduleError raised if even that breaks a byte bu
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -104,10 +105,14 @@ class _Search:
         self.base_sim, self.base_peak = base, base.peak_memory_bytes
         self.budget = _budget(cfg, base.peak_memory_bytes)
         self.best = Candidate("input order", order.tolist(), base.makespan_ns, base.peak_memory_bytes)
-        # a schedule within `stop_within_bound` of the lower bound cannot improve much: stop searching
-        self.good_enough_ns = base.lower_bound_s * 1e9 * (1.0 + cfg.stop_within_bound)
         self.seen: dict[tuple[int, ...], tuple[int, int]] = {}  # order -> (makespan, peak)
         self.attempts = 0
+
+    @functools.cached_property
+    def good_enough_ns(self) -> float:
+        """A schedule within ``stop_within_bound`` of the lower bound cannot improve much: stop searching. (Read
+        only when there is a next step to stop: a one-attempt search never computes the bound.)"""
+        return self.base_sim.lower_bound_s * 1e9 * (1.0 + self.cfg.stop_within_bound)
 
     @property
     def done(self) -> bool:
@@ -143,7 +148,8 @@ class _Search:
         """The variants in order until one fits (each followed by peak repairs when it does not) or the best is
         good enough. Returns the attempt to learn from (Jackson's rule)."""
         first = learn = None
-        for priority, guard in variants or self.cfg.variants:
+        variants = variants or self.cfg.variants
+        for k, (priority, guard) in enumerate(variants):
             name = f"{label}, {priority} priority{', memory guard' if guard else ''}"
             a, fits, res = self.attempt(name, p, (priority, guard), reorders)
             first = first or a
@@ -153,7 +159,7 @@ class _Search:
             # first that fits is the one Jackson's rule learns from, as before
             if fits and learn is None:
                 learn = a
-            if self.done:
+            if k + 1 < len(variants) and self.done:
                 break
         return learn or first
 

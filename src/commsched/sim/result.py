@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -73,8 +74,15 @@ class SimResult:
     issue_ns: np.ndarray
     blocked_ns: np.ndarray
     standalone_ns: np.ndarray
-    bound: LowerBound
+    bound_fn: Callable[[], LowerBound]
+    """computes :attr:`bound` when first read (it does not depend on the order; a search that only compares steps
+    never needs it)"""
     memory: MemoryProfile
+
+    @cached_property
+    def bound(self) -> LowerBound:
+        """The simulator's lower bound of this program's step (:mod:`commsched.sim.bounds`)."""
+        return self.bound_fn()
 
     # ------------------------------------------------------------------ headline metrics
     @cached_property

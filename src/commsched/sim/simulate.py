@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -166,7 +167,7 @@ def simulate_costs(
         issue_ns=np.asarray(issue, np.int64),
         blocked_ns=np.asarray(blocked, np.int64),
         standalone_ns=dur,
-        bound=_cached_bound(g, costs, dur, stream, streams is None),
+        bound_fn=functools.partial(_cached_bound, g, costs, dur, stream, streams is None),
         memory=memory_profile(g, order_arr, hold_collective_inputs=hold_collective_inputs),
     )
 
