@@ -4,10 +4,12 @@ by more than bucketing, each judged by the simulator like every other variant.
 Today one transform: decomposed TP collectives (:mod:`commsched.rewrites.decompose_tp`, async TP with functional
 collectives). Its plans are a few global choices over the step's TP sites: ``k`` chunks in :data:`CHUNKS`, the
 reduce side split along ``m`` (rows) or ``n`` (columns), every site or only one side (the all_gathers, or the
-reduce_scatters / all_reduces). Each plan is applied to the FX module, re-imported, costed by the same cost model
-(smaller GEMMs at their lower shape efficiency, one launch per kernel, each collective's latency, the copies that
-reassemble chunks) and judged by the same one-attempt probe as bucket plans; the ``finalists`` fastest get the full
-``overlap`` search. A plan the simulator finds slower loses with its numbers in ``Optimized.tried``.
+reduce_scatters / all_reduces). Each plan is applied on the IR (:mod:`commsched.rewrites.decompose_graph`: the graph
+the FX rewrite re-imports as, node for node, about 10x cheaper than rewriting and importing the module), costed by
+the same cost model (smaller GEMMs at their lower shape efficiency, one launch per kernel, each collective's latency,
+the copies that reassemble chunks) and judged by the same one-attempt probe as bucket plans; the ``finalists``
+fastest get the full ``overlap`` search. A plan the simulator finds slower loses with its numbers in
+``Optimized.tried``. Only the kept plan is rewritten in FX (:meth:`TransformPlan.apply_fx`).
 """
 
 from __future__ import annotations
