@@ -103,3 +103,25 @@ def test_plans_no_faster_than_the_best_by_their_bound_are_not_built():
     g2 = from_fx(decompose_tp(w.graph_module, plan.splits, graph=w.graph).gm, group_sizes=w.graph.group_sizes())
     sim = commsched.simulate_costs(g2, estimate_costs(g2, for_graph("h100-sxm", g2)))
     assert sim.lower_bound_s * 1e3 >= bound_ms - 0.01  # the pruning bound is a bound of the transformed program
+
+
+def test_plans_built_on_the_ir_judge_as_the_fx_rewrite_does(tp_sp_prefill, monkeypatch):
+    """The search builds each decomposed-TP candidate on the IR (``decompose_graph``) and rewrites only the kept one
+    in FX; with the IR build refused (the FX rewrite and import for every plan, as where an in-place write makes
+    the IR build unsure) the search gives the same verdicts, steps and kept program."""
+    from commsched.optimize import transforms
+    from commsched.rewrites.decompose_graph import Unsupported
+
+    w = tp_sp_prefill
+    on_ir = commsched.optimize(w.graph_module, "h100-sxm", group_sizes=w.graph.group_sizes())
+
+    def refuse(*args, **kwargs):
+        raise Unsupported("refused by the test")
+
+    monkeypatch.setattr(transforms, "decompose_graph", refuse)
+    in_fx = commsched.optimize(w.graph_module, "h100-sxm", group_sizes=w.graph.group_sizes())
+    a, b = on_ir.to_dict(), in_fx.to_dict()
+    a.pop("wall_s"), b.pop("wall_s")
+    assert a == b and on_ir.label.startswith("decomposed TP")
+    assert on_ir.graph.names == in_fx.graph.names
+    np.testing.assert_array_equal(on_ir.schedule.order, in_fx.schedule.order)
