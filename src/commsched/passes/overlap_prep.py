@@ -8,6 +8,7 @@ the final simulation accounts for.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -52,10 +53,26 @@ class Prep:
     chains: dict[int, list[int]]  # per group: its collectives in issue (FIFO) order
     model: StreamModel
     data_preds: list[list[int]] = field(default_factory=list)  # preds without the FIFO chain edges
-    feeder: list[bool] = field(default_factory=list)  # a short path leads from the node to a busiest-group collective
-    tail: list[int] = field(default_factory=list)  # least time from the node's end to the end of the step
     shared: dict = field(default_factory=dict, repr=False)  # arrays for the compiled loops, one per GraphPrep
     cache: dict = field(default_factory=dict, repr=False)  # this Prep's own arrays for the compiled loops
+
+    @property
+    def feeder(self) -> list[bool]:
+        """Per node: a short path leads from it to a busiest-group collective (:func:`feeders`; computed when
+        first read, once per GraphPrep: only the "feeders" priority reads it)."""
+        return _derived(self.shared, "feeder")
+
+    @property
+    def tail(self) -> list[int]:
+        """Per node: the least time from its end to the end of the step (computed when first read, once per
+        GraphPrep: only the collective reordering reads it)."""
+        return _derived(self.shared, "tail")
+
+
+def _derived(shared: dict, key: str):
+    if key not in shared:
+        shared[key] = shared.pop(f"{key} (to compute)")()
+    return shared[key]
 
 
 def base_arrays(g: Graph, costs: CostEstimate) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -122,6 +139,10 @@ def _prepare_graph(
         span *= 2
     pp, pi = csr(n, src, dst)
     pp_l, pi_l = pp.tolist(), pi.tolist()
+    lazy = {
+        "feeder (to compute)": functools.partial(feeders, g, dur_ns.copy(), np.array(order)),
+        "tail (to compute)": functools.partial(_tails, g, dur_ns.copy()),
+    }
     fields = dict(
         n=n,
         dur_ns=dur_ns.tolist(),
@@ -142,11 +163,13 @@ def _prepare_graph(
         release_pos=release.tolist(),
         model=model,
         data_preds=[pi_l[pp_l[i] : pp_l[i + 1]] for i in range(n)],
-        feeder=feeders(g, dur_ns, order),
-        tail=heads_and_tails(g, dur_ns)[1],
-        shared={},
+        shared=lazy,
     )
     return GraphPrep(fields, dur_ns, src, dst, pos)
+
+
+def _tails(g: Graph, dur_ns: np.ndarray) -> list[int]:
+    return heads_and_tails(g, dur_ns)[1]
 
 
 def feeders(g: Graph, dur_ns: np.ndarray, order: np.ndarray, reach: float = 0.1) -> list[bool]:
