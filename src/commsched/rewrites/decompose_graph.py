@@ -201,6 +201,35 @@ def _split_ag(b: _Builder, coll: int, site: TPSite, split: TPSplit, records: tup
     removed.update([*mms, wait, coll])
 
 
+def _leaf(b: _Builder, cache: dict, x0: str, j: int, how: tuple) -> str:
+    """Chunk ``j`` of operand ``x0`` of a reduction's sum of products (``how``: the split, the reduction's world
+    size, the collective's position), made once per (operand, chunk) as ``decompose_tp._split_reduce`` makes it."""
+    split, world, pos = how
+    k, dim = split.chunks, split.dim
+    if (x0, j) in cache:
+        return cache[(x0, j)]
+    x = x0
+    rows, cols = b.shape(x)
+    if dim == "n":
+        out = b.view(pos, T_SLICE, x, (rows, (j + 1) * cols // k - j * cols // k))
+    elif world == 1:
+        out = b.view(pos, T_SLICE, x, ((j + 1) * rows // k - j * rows // k, cols))
+    else:  # block j of every rank's slice, contiguous for the reduce_scatter
+        s = rows // (world * k)
+        if x0 not in b.facts.names:  # made by an earlier rewrite: its strides are not known here
+            raise Unsupported(f"operand {x0!r}: contiguity unknown")
+        if x0 in b.facts.noncontiguous:
+            if (x0, -1) not in cache:
+                cache[(x0, -1)] = b.new(pos, T_CLONE, OpKind.OTHER, [x0], (rows, cols), x0)
+            x = cache[(x0, -1)]
+        blocks = b.view(pos, T_VIEW, x, (world, k, s, cols))
+        picked = b.view(pos, T_SELECT, blocks, (world, s, cols))
+        dense = b.new(pos, T_CLONE, OpKind.OTHER, [picked], (world, s, cols), picked)
+        out = b.view(pos, T_VIEW, dense, (world * s, cols))
+    cache[(x0, j)] = out
+    return out
+
+
 def _split_reduce(b: _Builder, coll: int, split: TPSplit, tree_names: tuple[str, ...], records: tuple) -> None:
     """The IR twin of :func:`commsched.rewrites.decompose_tp._split_reduce`."""
     g, index = b.g, b.index
@@ -213,38 +242,17 @@ def _split_reduce(b: _Builder, coll: int, split: TPSplit, tree_names: tuple[str,
     world = int(g.groups[int(g.coll_group[coll])].size) if kind == "rs" else 1
     k, dim = split.chunks, split.dim
     cache: dict[tuple[str, int], str] = {}
-
-    def leaf(x0: str, j: int) -> str:
-        if (x0, j) in cache:
-            return cache[(x0, j)]
-        x = x0
-        rows, cols = b.shape(x)
-        if dim == "n":
-            out = b.view(pos, T_SLICE, x, (rows, (j + 1) * cols // k - j * cols // k))
-        elif world == 1:
-            out = b.view(pos, T_SLICE, x, ((j + 1) * rows // k - j * rows // k, cols))
-        else:  # block j of every rank's slice, contiguous for the reduce_scatter
-            s = rows // (world * k)
-            if x0 in b.facts.noncontiguous or x0 not in b.facts.names:
-                if x0 not in b.facts.names:  # made by an earlier rewrite: its strides are not known here
-                    raise Unsupported(f"operand {x0!r}: contiguity unknown")
-                if (x0, -1) not in cache:
-                    cache[(x0, -1)] = b.new(pos, T_CLONE, OpKind.OTHER, [x0], (rows, cols), x0)
-                x = cache[(x0, -1)]
-            blocks = b.view(pos, T_VIEW, x, (world, k, s, cols))
-            picked = b.view(pos, T_SELECT, blocks, (world, s, cols))
-            dense = b.new(pos, T_CLONE, OpKind.OTHER, [picked], (world, s, cols), picked)
-            out = b.view(pos, T_VIEW, dense, (world * s, cols))
-        cache[(x0, j)] = out
-        return out
+    how = (split, world, pos)
 
     def chunk(name: str, j: int) -> str:
         if name not in in_tree:
-            return leaf(name, j)
+            return _leaf(b, cache, name, j, how)
         v = index[name]
         left, right = _inputs2(g, v)
+        if g.targets[v] == T_MM and dim == "m":
+            return b.mm(pos, _leaf(b, cache, left, j, how), right)
         if g.targets[v] == T_MM:
-            return b.mm(pos, leaf(left, j), right) if dim == "m" else b.mm(pos, left, leaf(right, j))
+            return b.mm(pos, left, _leaf(b, cache, right, j, how))
         lhs = chunk(left, j)
         rhs = chunk(right, j)
         return b.new(pos, T_ADD, OpKind.OTHER, [lhs] if lhs == rhs else [lhs, rhs], b.shape(lhs), lhs)
