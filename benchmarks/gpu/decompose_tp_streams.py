@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import json
 import statistics
 import subprocess
@@ -116,16 +117,21 @@ def gpu_us(fn: Callable[[], Any], reps: int = REPEATS, warmup: int = WARMUP) -> 
         launch.append((time.perf_counter() - t0) * 1e6)
         torch.cuda.synchronize()
     launch_us = statistics.median(launch)
-    cycles = int((2 * launch_us + 200) * spin_cycles_per_us())
+    # far longer than the launches: a CPU stall (the VM, Python) must not let the start event fire before them
+    cycles = int((4 * launch_us + 1000) * spin_cycles_per_us())
     times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(cycles)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
+    gc.disable()
+    try:
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(cycles)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) * 1e3)
+    finally:
+        gc.enable()
     return statistics.median(times), min(times), launch_us
 
 
