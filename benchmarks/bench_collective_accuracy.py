@@ -1,7 +1,7 @@
 """How far off is the collective model? Every public nccl-tests / rccl-tests log shipped with commsched, against the
 shipped profile of its GPU, with no calibration (issue 17's baseline).
 
-Usage: python benchmarks/bench_collective_accuracy.py [--per-log] [--held-out] [--cross-cluster]
+Usage: python benchmarks/bench_collective_accuracy.py [--per-log] [--held-out] [--families] [--cross-cluster]
 Data: src/commsched/cost/data/nccl_tests (sources.toml cites each log). Ranks and nodes come from the index (some
 logs' headers were elided); the model is ``plan_collective`` on the GPU's shipped profile at that placement
 (``ranks / nodes`` per node). Error = model busbw / measured busbw - 1 per size (the smaller of out-of-place and
@@ -15,6 +15,10 @@ fields, as ``calibrate --fit --network`` and the shipped network profiles), then
 held-out logs (bound hits allowed and reported), beside the shipped profile's error on the same held-out logs: the
 median over sizes, the worst log's median, the worst size. Then how far two H100 InfiniBand clusters measure from
 each other at the same sizes and node counts: a floor for any model not fitted to the cluster at hand.
+
+``--families``: issue 17's bar per network family (IB, RoCE, EFA): every held-out log of the family (whole sources no
+network profile was fitted to) under its GPU profile and the family's shipped network profile, median |busbw error|
+over the held-out sizes and the worst log's median, per size class.
 
 ``--cross-cluster``: leave one cluster out over the H100 InfiniBand clusters of the data folder (whole sources): the
 network's fields fitted on each other cluster alone and on all the others at once, judged on the one left out; does a
@@ -190,6 +194,42 @@ def shipped_networks(index: dict[str, dict]) -> None:
         print(f"| {file} | {gpu} | {net} | " + " | ".join(cells) + " |")
 
 
+FAMILIES = {  # network family: held-out logs (whole sources no network profile was fitted to), GPU@shipped network
+    "IB": [(f, "h100-sxm@ib-ndr-8x400") for f in SPLIT["H100 IB, several nodes"][2]]
+          + [("dstack_lambda_b200_2node_ib_ar.txt", "b200@ib-ndr-8x400")],
+    "RoCE": [("skypilot_gcp_a3ultra_h200_2node_rdma_all_gather_gcppods.txt", "h200-sxm@roce-8x400"),
+             ("dstack_gcp_a4_b200_2node_roce_ar.txt", "b200@roce-8x400"),
+             ("oci_hpc_h100_2node_roce_ar.txt", "h100-sxm@roce-8x400")],
+    "EFA": [("aws_do_eks_p5_2node_efa_ar.txt", "h100-sxm@efa-p5")],
+}  # fmt: skip
+
+
+def family_errors(index: dict[str, dict]) -> dict[str, dict[str, tuple[float, float, int]]]:
+    """Per network family and size class: (median |busbw error| over the held-out sizes, the worst log's median, the
+    number of logs with sizes there), each log under its GPU and the shipped network profile of its family."""
+    out: dict[str, dict[str, tuple[float, float, int]]] = {}
+    for family, logs in FAMILIES.items():
+        per_class: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+        for file, hw in logs:
+            for s in compare_with_model(indexed(index[file]), hw).sizes:
+                for name, lo, hi in SIZE_CLASSES:
+                    if lo <= s.size_bytes <= hi and s.rel_err is not None:
+                        per_class[name][file].append(abs(s.rel_err))
+        out[family] = {name: (statistics.median(e for v in logs_.values() for e in v),
+                              max(statistics.median(v) for v in logs_.values()), len(logs_))
+                       for name, logs_ in per_class.items()}  # fmt: skip
+    return out
+
+
+def families(index: dict[str, dict]) -> None:
+    print("| network family | held-out logs | " + " | ".join(f"{c}: median / worst log" for c, _, _ in SIZE_CLASSES) + " |")
+    print("|---|---|" + "---|" * len(SIZE_CLASSES))
+    for family, classes in family_errors(index).items():
+        cells = [f"{classes[c][0]:.0%} / {classes[c][1]:.0%} ({classes[c][2]})" if c in classes else "-"
+                 for c, _, _ in SIZE_CLASSES]  # fmt: skip
+        print(f"| {family} | {len(FAMILIES[family])} | " + " | ".join(cells) + " |")
+
+
 def held_out(index: dict[str, dict]) -> None:
     print("| class | fit on | held out | fitted fields | size class | shipped: median / worst log / worst size | "
           "fitted: median / worst log / worst size | notes |")  # fmt: skip
@@ -250,8 +290,12 @@ def main() -> None:
     ap.add_argument("--per-log", action="store_true", help="one row per log as well")
     ap.add_argument("--held-out", action="store_true", help="fit per class, error on held-out sources")
     ap.add_argument("--cross-cluster", action="store_true", help="leave one H100 IB cluster out, fit on the others")
+    ap.add_argument("--families", action="store_true", help="shipped network profiles on held-out logs, per family")
     args = ap.parse_args()
     index = tomllib.loads((DATA / "sources.toml").read_text())["log"]
+    if args.families:
+        families({e["file"]: e for e in index})
+        return
     if args.held_out:
         held_out({e["file"]: e for e in index})
         return

@@ -100,3 +100,43 @@ def test_the_shipped_ib_network_on_clusters_it_was_not_fitted_to():
     b200_log = indexed("dstack_lambda_b200_2node_ib_ar.txt")
     fitted, nccl = (_class_medians(compare_with_model(b200_log, hw)) for hw in ("b200@ib-ndr-8x400", "b200"))
     assert max(fitted) <= 0.20 and fitted[0] < nccl[0] / 3 and fitted[1] < nccl[1] / 2, (fitted, nccl)
+
+
+# issue 17's bar per network family (benchmarks/RESULTS.md, "Per network family", from
+# `python benchmarks/bench_collective_accuracy.py --families`): held-out logs, whole sources no network was fitted to
+FAMILIES = {
+    "IB": [(f, "h100-sxm@ib-ndr-8x400") for f in (
+        "nccl_tests_issue309_h100_2node_ib_ar_qoofyk.txt", "nccl_tests_issue309_h100_4node_ib_vm_ar_qoofyk.txt",
+        "dstack_nebius_h100_2node_ib_ar.txt", "skypilot_together_h100_2node_ib_ar.txt",
+        *(f"xxrjun_cluster01_h100_10node_g8_{c}.txt" for c in ("all_reduce", "all_gather", "reduce_scatter")))]
+          + [("dstack_lambda_b200_2node_ib_ar.txt", "b200@ib-ndr-8x400")],
+    "RoCE": [("skypilot_gcp_a3ultra_h200_2node_rdma_all_gather_gcppods.txt", "h200-sxm@roce-8x400"),
+             ("dstack_gcp_a4_b200_2node_roce_ar.txt", "b200@roce-8x400"),
+             ("oci_hpc_h100_2node_roce_ar.txt", "h100-sxm@roce-8x400")],
+    "EFA": [("aws_do_eks_p5_2node_efa_ar.txt", "h100-sxm@efa-p5")],
+}  # fmt: skip
+# family: per size class (1-16 MB, 16-256 MB, 256 MB-8 GB), (median over the held-out sizes, worst log's median)
+FAMILY_TABLE = {
+    "IB": ((0.12, 0.20), (0.07, 0.20), (0.04, 0.12)),
+    "RoCE": ((0.04, 0.21), (0.05, 0.20), (0.04, 0.10)),
+    "EFA": ((0.02, 0.02), (0.03, 0.03), (0.03, 0.03)),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_TABLE))
+def test_the_per_family_held_out_table_in_results(family):
+    classes = ((1 << 20, 16 << 20), (16 << 20, 256 << 20), (256 << 20, 8 << 30))
+    per_class: list[dict[str, list[float]]] = [{} for _ in classes]
+    for file, hw in FAMILIES[family]:
+        for s in compare_with_model(indexed(file), hw).sizes:
+            for k, (lo, hi) in enumerate(classes):
+                if lo <= s.size_bytes <= hi and s.rel_err is not None:
+                    per_class[k].setdefault(file, []).append(abs(s.rel_err))
+    for k, (median, worst_log) in enumerate(FAMILY_TABLE[family]):
+        errs = [e for v in per_class[k].values() for e in v]
+        got = (statistics.median(errs), max(statistics.median(v) for v in per_class[k].values()))
+        assert got == pytest.approx((median, worst_log), abs=0.005), (family, k, got)
+    # issue 17's bar (median <= 10 %, worst log <= 25 %) holds on the worst-log measure in every class, and on the
+    # median in every class but InfiniBand's 1-16 MB (12 %: benchmarks/RESULTS.md says why)
+    assert all(w <= 0.25 for _, w in FAMILY_TABLE[family])
+    assert all(m <= 0.10 for k, (m, _) in enumerate(FAMILY_TABLE[family]) if (family, k) != ("IB", 0))
