@@ -222,7 +222,8 @@ def family_errors(index: dict[str, dict]) -> dict[str, dict[str, tuple[float, fl
 
 
 def families(index: dict[str, dict]) -> None:
-    print("| network family | held-out logs | " + " | ".join(f"{c}: median / worst log" for c, _, _ in SIZE_CLASSES) + " |")
+    head = " | ".join(f"{c}: median / worst log" for c, _, _ in SIZE_CLASSES)
+    print(f"| network family | held-out logs | {head} |")
     print("|---|---|" + "---|" * len(SIZE_CLASSES))
     for family, classes in family_errors(index).items():
         cells = [f"{classes[c][0]:.0%} / {classes[c][1]:.0%} ({classes[c][2]})" if c in classes else "-"

@@ -57,7 +57,8 @@ def test_a_network_profile_reproduces_its_fit_and_is_closer_than_the_defaults(ne
 def test_a_network_profile_changes_only_the_network():
     h100, efa = hardware.get("h100-sxm", num_nodes=2), hardware.get("h100-sxm@efa-p5", num_nodes=2)
     # of the NVLink fields only NVLS-tree's pace across nodes, which the network sets
-    assert efa.compute == h100.compute and efa.intra_node == dataclasses.replace(h100.intra_node, nvls_tree_efficiency=0.92)
+    paced = dataclasses.replace(h100.intra_node, nvls_tree_efficiency=0.92)
+    assert efa.compute == h100.compute and efa.intra_node == paced
     assert [p.base_latency_s for p in efa.protocols] == [p.base_latency_s for p in h100.protocols]
     assert efa.inter_node.nics_per_node == 32 and efa.inter_node.nic_bandwidth_bytes_per_s == 100e9 / 8
     # same aggregate line rate as 8 x 400G, but EFA's slower steps make a 4 MiB all_reduce across nodes dearer
