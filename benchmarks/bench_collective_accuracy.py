@@ -99,7 +99,8 @@ SPLIT = {  # class: (profile, fit on, hold out), from the data folder's README (
                                    "xxrjun_cluster01_h100_1node_g8_all_gather.txt",
                                    "xxrjun_cluster01_h100_1node_g8_reduce_scatter.txt"],
                       ["nccl_tests_issue290_h100_1node_g8_ar.txt", "aws_ads_batch_p5_ar.txt"]),
-    "H100 IB, several nodes": ("h100-sxm", [f"nccl_tests_issue309_h100_{n}node_ib_ar_gjaion.txt" for n in (2, 4, 8)],
+    "H100 IB, several nodes": ("h100-sxm@ib-ndr-8x400",
+                               [f"nccl_tests_issue309_h100_{n}node_ib_ar_gjaion.txt" for n in (2, 4, 8)],
                                ["nccl_tests_issue309_h100_2node_ib_ar_qoofyk.txt",
                                 "nccl_tests_issue309_h100_4node_ib_vm_ar_qoofyk.txt",
                                 "dstack_nebius_h100_2node_ib_ar.txt",
@@ -107,9 +108,11 @@ SPLIT = {  # class: (profile, fit on, hold out), from the data folder's README (
                                 "xxrjun_cluster01_h100_10node_g8_all_reduce.txt",
                                 "xxrjun_cluster01_h100_10node_g8_all_gather.txt",
                                 "xxrjun_cluster01_h100_10node_g8_reduce_scatter.txt"]),
-    "H100 EFA (p5), 2024 stack": ("h100-sxm", ["aws_ads_p5_2node_efa_ar.txt"], ["aws_do_eks_p5_2node_efa_ar.txt"]),
-    "H100 EFA (p5), 2023 stack": ("h100-sxm", ["aws_ads_p5_2node_efa_ar.txt"], ["aws_ads_p5_2node_eks_ar_excerpt.txt"]),
-    "H200 RoCE 8x400G (GCP A3 Ultra)": ("h200-sxm", ["skypilot_gcp_a3ultra_h200_2node_rdma_all_gather.txt"],
+    "H100 EFA (p5), 2024 stack": ("h100-sxm@efa-p5", ["aws_ads_p5_2node_efa_ar.txt"],
+                                  ["aws_do_eks_p5_2node_efa_ar.txt"]),
+    "H100 EFA (p5), 2023 stack": ("h100-sxm@efa-p5", ["aws_ads_p5_2node_efa_ar.txt"],
+                                  ["aws_ads_p5_2node_eks_ar_excerpt.txt"]),
+    "H200 RoCE 8x400G (GCP A3 Ultra)": ("h200-sxm@roce-8x400", ["skypilot_gcp_a3ultra_h200_2node_rdma_all_gather.txt"],
                                         ["skypilot_gcp_a3ultra_h200_2node_rdma_all_gather_gcppods.txt"]),
     "A100 RoCE (OCI)": ("a100-sxm-80g", ["oci_oke_a100_40g_2node_roce_ar_2024.txt"],
                         [f"oci_oke_a100_40g_2node_roce_ar_{v}.txt" for v in ("1g4g_2025", "1g8g_2026")]),
@@ -231,15 +234,29 @@ def families(index: dict[str, dict]) -> None:
         print(f"| {family} | {len(FAMILIES[family])} | " + " | ".join(cells) + " |")
 
 
+def _before_is_the_gpu_alone(sizes, profile: str) -> list:
+    """``sizes`` with the "before" model replaced by the GPU profile as shipped (NCCL's constants) where ``profile``
+    names a network (``GPU@NETWORK``: the fit then starts from the shipped network, and refits it)."""
+    if "@" not in profile:
+        return list(sizes)
+    gpu = hardware.get(profile.split("@")[0])
+    out = []
+    for s in sizes:
+        hw = gpu.with_nodes(s.num_nodes, s.nranks // s.num_nodes)
+        before_s = plan_collective(s.collective, s.size_bytes, s.nranks, hw).time_s
+        out.append(dataclasses.replace(s, before_time_s=before_s))
+    return out
+
+
 def held_out(index: dict[str, dict]) -> None:
-    print("| class | fit on | held out | fitted fields | size class | shipped: median / worst log / worst size | "
-          "fitted: median / worst log / worst size | notes |")  # fmt: skip
+    print("| class | fit on | held out | fitted fields | size class | NCCL's constants: median / worst log / worst "
+          "size | fitted: median / worst log / worst size | notes |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
     for cls, (profile, fit_files, hold_files) in SPLIT.items():
         logs = [indexed(index[f]) for f in fit_files]
         network = all(log.nodes > 1 for log in logs)  # all across nodes: the network's fields only, as `--network`
         fit = fit_profile(logs, profile, allow_bounds=True, network_only=network)
-        sizes = fit.evaluate([indexed(index[f]) for f in hold_files])
+        sizes = _before_is_the_gpu_alone(fit.evaluate([indexed(index[f]) for f in hold_files]), profile)
         bounds = [p.key for p in fit.parameters if p.status.startswith("at ")]
         note = f"bound: {', '.join(bounds)}" if bounds else ""
         for name, errs in class_errors(sizes).items():
@@ -262,8 +279,11 @@ IB_CLUSTERS = {  # H100, 8 per node, 8 x 400G InfiniBand NDR; default NCCL setti
 }  # fmt: skip
 
 
+IB = "h100-sxm@ib-ndr-8x400"  # the fits start from the shipped network (its structure, refitted values)
+
+
 def _network_fit(files: list[str], index: dict[str, dict]):
-    return fit_profile([indexed(index[f]) for f in files], "h100-sxm", allow_bounds=True, network_only=True)
+    return fit_profile([indexed(index[f]) for f in files], IB, allow_bounds=True, network_only=True)
 
 
 def cross_cluster(index: dict[str, dict]) -> None:
@@ -276,7 +296,7 @@ def cross_cluster(index: dict[str, dict]) -> None:
         others = [c for c in IB_CLUSTERS if c != held]
         for fit_on in [[c] for c in others] + [others]:
             fit = _network_fit([f for c in fit_on for f in IB_CLUSTERS[c]], index)
-            sizes = fit.evaluate([indexed(index[f]) for f in held_files])
+            sizes = _before_is_the_gpu_alone(fit.evaluate([indexed(index[f]) for f in held_files]), IB)
             label = " + ".join(c.split(" (")[0] for c in fit_on)
             for name, errs in class_errors(sizes).items():
                 print(f"| {held} | {label} | {name} | {_pct3(*errs[:3])} | {_pct3(*errs[3:])} |")
