@@ -220,3 +220,21 @@ def test_sendrecv_is_one_link_per_pair():
     assert across.algorithm == "p2p" and across.link == LinkClass.INTER_NODE
     nic = hw.inter_node.nic_bandwidth_bytes_per_s * hw.inter_node.nic_efficiency
     assert across.bus_bandwidth_bytes_per_s == pytest.approx(nic, rel=0.02)
+
+
+def test_the_gpu_profiles_as_shipped_keep_their_collective_times():
+    """Issue 17 keeps the GPU profiles' defaults for existing users: 240 plans (h100-sxm, b200, a100-sxm-80g at 2-16
+    nodes; all_reduce, all_gather, reduce_scatter, all_to_all; 1 MB-2 GB) hash to the same bits as on main before the
+    network profiles learned NVLS-tree's pace and the two-children tree (branch netfit3)."""
+    import hashlib
+    import struct
+
+    times = []
+    for profile in ("h100-sxm", "b200", "a100-sxm-80g"):
+        for nodes in (2, 4, 8, 16):
+            hw = hardware.get(profile, num_nodes=nodes)
+            for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+                for nbytes in (1 << 20, 4 << 20, 32 << 20, 256 << 20, 2 << 30):
+                    times.append(plan_collective(kind, nbytes, 8 * nodes, hw).time_s)
+    digest = hashlib.sha256(b"".join(struct.pack("<d", t) for t in times)).hexdigest()
+    assert digest == "fa3c8e12d8255fe65a901b1396996a78952488ce10c1d03aa10545aa2dca27aa"

@@ -69,20 +69,29 @@ def test_a_network_profile_changes_only_the_network():
 
 def test_a_network_fitted_on_three_ib_clusters_holds_on_a_fourth_it_never_saw():
     """benchmarks/RESULTS.md, "One H100 InfiniBand cluster left out": fitted at once on qoofyk's (nccl-tests#309), a
-    10-node cluster's and the dstack docs' Nebius logs, the network predicts gj-aion's 2/4/8-node all_reduce within
-    issue 17's bar (median <= 10 % per size class), where NCCL's constants are 15-77 % off."""
+    10-node cluster's and the dstack docs' Nebius logs (from the shipped network's structure), the network predicts
+    gj-aion's 2/4/8-node all_reduce within issue 17's bar (median <= 10 % per size class, 5 / 7 / 3 %), where NCCL's
+    constants are 15-77 % off."""
     from commsched.cost.nccl_fit import fit_profile
 
     qoofyk = ["nccl_tests_issue309_h100_2node_ib_ar_qoofyk.txt", "nccl_tests_issue309_h100_4node_ib_vm_ar_qoofyk.txt"]
     ten_nodes = [f"xxrjun_cluster01_h100_10node_g8_{c}.txt" for c in ("all_reduce", "all_gather", "reduce_scatter")]
     fit_files = [*qoofyk, *ten_nodes, "dstack_nebius_h100_2node_ib_ar.txt"]
-    fit = fit_profile([indexed(f) for f in fit_files], "h100-sxm", allow_bounds=True, network_only=True)
+    fit = fit_profile([indexed(f) for f in fit_files], "h100-sxm@ib-ndr-8x400", allow_bounds=True, network_only=True)
     held = fit.evaluate([indexed(f"nccl_tests_issue309_h100_{n}node_ib_ar_gjaion.txt") for n in (2, 4, 8)])
     for lo, hi in ((1 << 20, 16 << 20), (16 << 20, 256 << 20), (256 << 20, 8 << 30)):
         inside = [s for s in held if lo <= s.size_bytes <= hi]
         after = statistics.median(abs(s.after_err) for s in inside)
-        before = statistics.median(abs(s.before_err) for s in inside)
-        assert after <= 0.10 < before, (lo, after, before)
+        nccl = statistics.median(abs(compare(s, "h100-sxm")) for s in inside)  # the GPU profile's own network
+        assert after <= 0.10 < nccl, (lo, after, nccl)
+
+
+def compare(size, hw: str) -> float:
+    """Model busbw / measured busbw - 1 of one fitted or held-out size under the profile ``hw``."""
+    from commsched.cost.collectives import plan_collective
+
+    placed = hardware.get(hw).with_nodes(size.num_nodes, size.nranks // size.num_nodes)
+    return size.measured_time_s / plan_collective(size.collective, size.size_bytes, size.nranks, placed).time_s - 1
 
 
 def _class_medians(comparison) -> list[float]:
