@@ -10,6 +10,7 @@ H100 320, B200 640; 32 H100 across nodes 48 = one NIC).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -238,3 +239,21 @@ def test_the_gpu_profiles_as_shipped_keep_their_collective_times():
                     times.append(plan_collective(kind, nbytes, 8 * nodes, hw).time_s)
     digest = hashlib.sha256(b"".join(struct.pack("<d", t) for t in times)).hexdigest()
     assert digest == "fa3c8e12d8255fe65a901b1396996a78952488ce10c1d03aa10545aa2dca27aa"
+
+
+def test_a_tree_level_below_the_root_costs_two_network_steps_under_the_shipped_networks():
+    """NCCL's binary tree across nodes gives the root one child and every other inner node two (trees.cc): under a
+    shipped network profile the tree pays 1, 3, 5 network steps one way at 2, 4, 8 nodes; the GPU profiles' own
+    network keeps NCCL's tuning model, log2(nodes) = 1, 2, 3. A 2-node tree is the same either way."""
+    from commsched.cost.collectives import tree_network_steps
+
+    for network in hardware.list_networks():
+        hw = hardware.get(f"h100-sxm@{network}")
+        assert [tree_network_steps(hw, n) for n in (1, 2, 4, 8, 10)] == [0, 1, 3, 5, 7], network
+    own = hardware.get("h100-sxm")
+    assert [tree_network_steps(own, n) for n in (1, 2, 4, 8, 10)] == [0, 1, 2, 3, 4]
+    two, four = (hardware.get("h100-sxm@ib-ndr-8x400", num_nodes=n) for n in (2, 4))
+    flat = dataclasses.replace(four, inter_node=dataclasses.replace(four.inter_node, tree_two_children=False))
+    tree = [plan_collective("all_reduce", 8 << 20, 32, hw) for hw in (four, flat)]
+    assert tree[0].algorithm == tree[1].algorithm == "tree" and tree[0].latency_s > tree[1].latency_s
+    assert plan_collective("all_reduce", 8 << 20, 16, two).algorithm == "tree"
