@@ -357,7 +357,7 @@ def machine() -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("cases", help="JSON list of cases (benchmarks/bench_gpu_decompose.py cases writes it)")
+    parser.add_argument("cases", help="JSON list of cases (benchmarks/bench_gpu.py cases writes it)")
     parser.add_argument("out", help="CSV to write")
     parser.add_argument("--sm-carveout", type=int, default=None,
                         help="SMs cuBLAS matmuls leave to other streams (torch's experimental flag)")  # fmt: skip

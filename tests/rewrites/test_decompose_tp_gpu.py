@@ -16,7 +16,7 @@ DATA = ROOT / "benchmarks" / "data"
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_gpu_decompose", ROOT / "benchmarks" / "bench_gpu_decompose.py")
+    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "benchmarks" / "bench_gpu.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

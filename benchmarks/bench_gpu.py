@@ -1,8 +1,12 @@
-"""Decomposed TP collectives on a GPU: measured (benchmarks/gpu/decompose_tp_streams.py) vs the simulator (issue 18).
+"""GPU checks, measured (benchmarks/gpu/, torch only) vs the simulator and the cost model.
 
-    python benchmarks/bench_gpu_decompose.py cases benchmarks/data/gpu_decompose_cases.json
-    # on a GPU machine (torch only): python benchmarks/gpu/decompose_tp_streams.py CASES.json MEASURED.csv
-    python benchmarks/bench_gpu_decompose.py compare benchmarks/data/gpu_decompose_h100.csv
+    python benchmarks/bench_gpu.py cases benchmarks/data/gpu_decompose_cases.json
+    # on a GPU machine: python benchmarks/gpu/decompose_tp_streams.py CASES.json MEASURED.csv
+    python benchmarks/bench_gpu.py compare benchmarks/data/gpu_decompose_h100.csv
+    # on a GPU machine: python benchmarks/gpu/attention_causal.py MEASURED.csv
+    python benchmarks/bench_gpu.py attention benchmarks/data/gpu_attention_h100.csv
+
+Decomposed TP collectives (issue 18):
 
 ``cases`` traces llama3-8b TP+SP prefill (8 ranks, one layer) at two prompt lengths and writes the shapes of its
 ``all_gather -> mm`` and ``mm -> reduce_scatter`` sites (``decompose_tp.find_tp_sites``). ``compare`` builds, per
@@ -254,6 +258,77 @@ def compare_table(measured_path: str, hardware: str, cases_path: str) -> str:
     return "\n".join(lines)
 
 
+def attention_model_us(row: dict[str, Any], hardware: str) -> float:
+    """The cost model's time (us) for one measured flash attention pass (the zoo's ops, traced on fake tensors)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from commsched.cost import estimate_costs
+    from commsched.frontends.fx import from_fx
+    from commsched.ir import OpKind
+
+    causal = row["causal"] == "True"
+    flash = torch.ops.aten._scaled_dot_product_flash_attention
+
+    def step(q, k, v, grad):
+        out = flash(q, k, v, 0.0, causal)
+        o, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = out
+        return torch.ops.aten._scaled_dot_product_flash_attention_backward(
+            grad, q, k, v, o, lse, cum_q, cum_k, max_q, max_k, 0.0, causal, seed, offset
+        )
+
+    shape = tuple(int(row[k]) for k in ("batch", "heads", "seq", "head_dim"))
+    with FakeTensorMode():
+        gm = make_fx(step)(*(torch.empty(shape, dtype=torch.bfloat16) for _ in range(4)))
+    g = from_fx(gm)
+    node_s = estimate_costs(g, hardware).node_s
+    which = [i for i in range(len(g)) if g.kinds[i] != OpKind.VIEW
+             and ("backward" in str(g.targets[i])) == (row["pass"] == "backward") and node_s[i] > 0]  # fmt: skip
+    return float(node_s[which].sum()) * 1e6
+
+
+SLOTS = {"forward": 264, "backward": 132}
+"""CTA places on an H100 (132 SMs) per pass: one or two CTAs per SM, whichever fits the measured causal / full ratios
+(two for the forward, one for the backward); fitted on these 10 measurements, so not yet a checked model"""
+
+
+def causal_fraction(batch_heads: int, q_blocks: int, slots: int) -> float:
+    """Causal / full time of a flash attention pass whose (batch x head, query block) CTAs the GPU starts in grid
+    order, each on the first of ``slots`` free places, a causal one running as many KV blocks as its index + 1."""
+    import heapq
+
+    def makespan(jobs: list[int]) -> int:
+        free = [0] * slots
+        for job in jobs:
+            heapq.heappush(free, heapq.heappop(free) + job)
+        return max(free)
+
+    full = makespan([q_blocks] * (batch_heads * q_blocks))
+    return makespan([m + 1 for _ in range(batch_heads) for m in range(q_blocks)]) / full
+
+
+def attention_table(measured_path: str, hardware: str) -> str:
+    """Markdown table: each measured flash attention pass against the cost model, and causal / not causal."""
+    rows = read_measured(measured_path)
+    meas = {(r["batch"], r["heads"], r["seq"], r["pass"], r["causal"]): float(r["median_us"]) for r in rows}
+    lines = [f"GPU: {rows[0]['gpu']}, torch {rows[0]['torch']}; model: `{hardware}`.", "",
+             "| batch x heads x seq (head_dim 128) | pass | measured: not causal / causal (us) | causal / not | "
+             "block schedule: causal / not | model: not causal / causal (us) | model / measured: not causal / causal |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        if r["causal"] != "False":
+            continue
+        key = (r["batch"], r["heads"], r["seq"], r["pass"])
+        m0, m1 = meas[(*key, "False")], meas[(*key, "True")]
+        p0 = attention_model_us(r, hardware)
+        p1 = attention_model_us({**r, "causal": "True"}, hardware)
+        frac = causal_fraction(int(r["batch"]) * int(r["heads"]), int(r["seq"]) // 128, SLOTS[r["pass"]])
+        lines.append(f"| {r['batch']} x {r['heads']} x {r['seq']} | {r['pass']} | {m0:.0f} / {m1:.0f} | "
+                     f"{m1 / m0:.2f} | {frac:.2f} | {p0:.0f} / {p1:.0f} | {p0 / m0:.2f} / {p1 / m1:.2f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -262,12 +337,18 @@ def main(argv: list[str] | None = None) -> int:
     cmp.add_argument("measured")
     cmp.add_argument("--hardware", default="h100-sxm")
     cmp.add_argument("--cases", default=str(Path(__file__).parent / "data" / "gpu_decompose_cases.json"))
+    att = sub.add_parser("attention", help="flash attention measured vs the cost model")
+    att.add_argument("measured")
+    att.add_argument("--hardware", default="h100-sxm")
     args = parser.parse_args(argv)
     if args.command == "cases":
         from commsched.io import atomic_write_text
 
         atomic_write_text(Path(args.out), json.dumps(site_cases(), indent=1) + "\n")
         print(f"wrote {args.out}")
+        return 0
+    if args.command == "attention":
+        print(attention_table(args.measured, args.hardware))
         return 0
     print(compare_table(args.measured, args.hardware, args.cases))
     return 0
