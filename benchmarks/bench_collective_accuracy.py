@@ -1,7 +1,7 @@
 """How far off is the collective model? Every public nccl-tests / rccl-tests log shipped with commsched, against the
 shipped profile of its GPU, with no calibration (issue 17's baseline).
 
-Usage: python benchmarks/bench_collective_accuracy.py [--per-log] [--held-out] [--cross-cluster]
+Usage: python benchmarks/bench_collective_accuracy.py [--per-log] [--held-out] [--families] [--cross-cluster]
 Data: src/commsched/cost/data/nccl_tests (sources.toml cites each log). Ranks and nodes come from the index (some
 logs' headers were elided); the model is ``plan_collective`` on the GPU's shipped profile at that placement
 (``ranks / nodes`` per node). Error = model busbw / measured busbw - 1 per size (the smaller of out-of-place and
@@ -15,6 +15,10 @@ fields, as ``calibrate --fit --network`` and the shipped network profiles), then
 held-out logs (bound hits allowed and reported), beside the shipped profile's error on the same held-out logs: the
 median over sizes, the worst log's median, the worst size. Then how far two H100 InfiniBand clusters measure from
 each other at the same sizes and node counts: a floor for any model not fitted to the cluster at hand.
+
+``--families``: issue 17's bar per network family (IB, RoCE, EFA): every held-out log of the family (whole sources no
+network profile was fitted to) under its GPU profile and the family's shipped network profile, median |busbw error|
+over the held-out sizes and the worst log's median, per size class.
 
 ``--cross-cluster``: leave one cluster out over the H100 InfiniBand clusters of the data folder (whole sources): the
 network's fields fitted on each other cluster alone and on all the others at once, judged on the one left out; does a
@@ -95,7 +99,8 @@ SPLIT = {  # class: (profile, fit on, hold out), from the data folder's README (
                                    "xxrjun_cluster01_h100_1node_g8_all_gather.txt",
                                    "xxrjun_cluster01_h100_1node_g8_reduce_scatter.txt"],
                       ["nccl_tests_issue290_h100_1node_g8_ar.txt", "aws_ads_batch_p5_ar.txt"]),
-    "H100 IB, several nodes": ("h100-sxm", [f"nccl_tests_issue309_h100_{n}node_ib_ar_gjaion.txt" for n in (2, 4, 8)],
+    "H100 IB, several nodes": ("h100-sxm@ib-ndr-8x400",
+                               [f"nccl_tests_issue309_h100_{n}node_ib_ar_gjaion.txt" for n in (2, 4, 8)],
                                ["nccl_tests_issue309_h100_2node_ib_ar_qoofyk.txt",
                                 "nccl_tests_issue309_h100_4node_ib_vm_ar_qoofyk.txt",
                                 "dstack_nebius_h100_2node_ib_ar.txt",
@@ -103,9 +108,11 @@ SPLIT = {  # class: (profile, fit on, hold out), from the data folder's README (
                                 "xxrjun_cluster01_h100_10node_g8_all_reduce.txt",
                                 "xxrjun_cluster01_h100_10node_g8_all_gather.txt",
                                 "xxrjun_cluster01_h100_10node_g8_reduce_scatter.txt"]),
-    "H100 EFA (p5), 2024 stack": ("h100-sxm", ["aws_ads_p5_2node_efa_ar.txt"], ["aws_do_eks_p5_2node_efa_ar.txt"]),
-    "H100 EFA (p5), 2023 stack": ("h100-sxm", ["aws_ads_p5_2node_efa_ar.txt"], ["aws_ads_p5_2node_eks_ar_excerpt.txt"]),
-    "H200 RoCE 8x400G (GCP A3 Ultra)": ("h200-sxm", ["skypilot_gcp_a3ultra_h200_2node_rdma_all_gather.txt"],
+    "H100 EFA (p5), 2024 stack": ("h100-sxm@efa-p5", ["aws_ads_p5_2node_efa_ar.txt"],
+                                  ["aws_do_eks_p5_2node_efa_ar.txt"]),
+    "H100 EFA (p5), 2023 stack": ("h100-sxm@efa-p5", ["aws_ads_p5_2node_efa_ar.txt"],
+                                  ["aws_ads_p5_2node_eks_ar_excerpt.txt"]),
+    "H200 RoCE 8x400G (GCP A3 Ultra)": ("h200-sxm@roce-8x400", ["skypilot_gcp_a3ultra_h200_2node_rdma_all_gather.txt"],
                                         ["skypilot_gcp_a3ultra_h200_2node_rdma_all_gather_gcppods.txt"]),
     "A100 RoCE (OCI)": ("a100-sxm-80g", ["oci_oke_a100_40g_2node_roce_ar_2024.txt"],
                         [f"oci_oke_a100_40g_2node_roce_ar_{v}.txt" for v in ("1g4g_2025", "1g8g_2026")]),
@@ -190,15 +197,66 @@ def shipped_networks(index: dict[str, dict]) -> None:
         print(f"| {file} | {gpu} | {net} | " + " | ".join(cells) + " |")
 
 
+FAMILIES = {  # network family: held-out logs (whole sources no network profile was fitted to), GPU@shipped network
+    "IB": [(f, "h100-sxm@ib-ndr-8x400") for f in SPLIT["H100 IB, several nodes"][2]]
+          + [("dstack_lambda_b200_2node_ib_ar.txt", "b200@ib-ndr-8x400")],
+    "RoCE": [("skypilot_gcp_a3ultra_h200_2node_rdma_all_gather_gcppods.txt", "h200-sxm@roce-8x400"),
+             ("dstack_gcp_a4_b200_2node_roce_ar.txt", "b200@roce-8x400"),
+             ("oci_hpc_h100_2node_roce_ar.txt", "h100-sxm@roce-8x400")],
+    "EFA": [("aws_do_eks_p5_2node_efa_ar.txt", "h100-sxm@efa-p5")],
+}  # fmt: skip
+
+
+def family_errors(index: dict[str, dict]) -> dict[str, dict[str, tuple[float, float, int]]]:
+    """Per network family and size class: (median |busbw error| over the held-out sizes, the worst log's median, the
+    number of logs with sizes there), each log under its GPU and the shipped network profile of its family."""
+    out: dict[str, dict[str, tuple[float, float, int]]] = {}
+    for family, logs in FAMILIES.items():
+        per_class: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+        for file, hw in logs:
+            for s in compare_with_model(indexed(index[file]), hw).sizes:
+                for name, lo, hi in SIZE_CLASSES:
+                    if lo <= s.size_bytes <= hi and s.rel_err is not None:
+                        per_class[name][file].append(abs(s.rel_err))
+        out[family] = {name: (statistics.median(e for v in logs_.values() for e in v),
+                              max(statistics.median(v) for v in logs_.values()), len(logs_))
+                       for name, logs_ in per_class.items()}  # fmt: skip
+    return out
+
+
+def families(index: dict[str, dict]) -> None:
+    head = " | ".join(f"{c}: median / worst log" for c, _, _ in SIZE_CLASSES)
+    print(f"| network family | held-out logs | {head} |")
+    print("|---|---|" + "---|" * len(SIZE_CLASSES))
+    for family, classes in family_errors(index).items():
+        cells = [f"{classes[c][0]:.0%} / {classes[c][1]:.0%} ({classes[c][2]})" if c in classes else "-"
+                 for c, _, _ in SIZE_CLASSES]  # fmt: skip
+        print(f"| {family} | {len(FAMILIES[family])} | " + " | ".join(cells) + " |")
+
+
+def _before_is_the_gpu_alone(sizes, profile: str) -> list:
+    """``sizes`` with the "before" model replaced by the GPU profile as shipped (NCCL's constants) where ``profile``
+    names a network (``GPU@NETWORK``: the fit then starts from the shipped network, and refits it)."""
+    if "@" not in profile:
+        return list(sizes)
+    gpu = hardware.get(profile.split("@")[0])
+    out = []
+    for s in sizes:
+        hw = gpu.with_nodes(s.num_nodes, s.nranks // s.num_nodes)
+        before_s = plan_collective(s.collective, s.size_bytes, s.nranks, hw).time_s
+        out.append(dataclasses.replace(s, before_time_s=before_s))
+    return out
+
+
 def held_out(index: dict[str, dict]) -> None:
-    print("| class | fit on | held out | fitted fields | size class | shipped: median / worst log / worst size | "
-          "fitted: median / worst log / worst size | notes |")  # fmt: skip
+    print("| class | fit on | held out | fitted fields | size class | NCCL's constants: median / worst log / worst "
+          "size | fitted: median / worst log / worst size | notes |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
     for cls, (profile, fit_files, hold_files) in SPLIT.items():
         logs = [indexed(index[f]) for f in fit_files]
         network = all(log.nodes > 1 for log in logs)  # all across nodes: the network's fields only, as `--network`
         fit = fit_profile(logs, profile, allow_bounds=True, network_only=network)
-        sizes = fit.evaluate([indexed(index[f]) for f in hold_files])
+        sizes = _before_is_the_gpu_alone(fit.evaluate([indexed(index[f]) for f in hold_files]), profile)
         bounds = [p.key for p in fit.parameters if p.status.startswith("at ")]
         note = f"bound: {', '.join(bounds)}" if bounds else ""
         for name, errs in class_errors(sizes).items():
@@ -221,8 +279,11 @@ IB_CLUSTERS = {  # H100, 8 per node, 8 x 400G InfiniBand NDR; default NCCL setti
 }  # fmt: skip
 
 
+IB = "h100-sxm@ib-ndr-8x400"  # the fits start from the shipped network (its structure, refitted values)
+
+
 def _network_fit(files: list[str], index: dict[str, dict]):
-    return fit_profile([indexed(index[f]) for f in files], "h100-sxm", allow_bounds=True, network_only=True)
+    return fit_profile([indexed(index[f]) for f in files], IB, allow_bounds=True, network_only=True)
 
 
 def cross_cluster(index: dict[str, dict]) -> None:
@@ -235,7 +296,7 @@ def cross_cluster(index: dict[str, dict]) -> None:
         others = [c for c in IB_CLUSTERS if c != held]
         for fit_on in [[c] for c in others] + [others]:
             fit = _network_fit([f for c in fit_on for f in IB_CLUSTERS[c]], index)
-            sizes = fit.evaluate([indexed(index[f]) for f in held_files])
+            sizes = _before_is_the_gpu_alone(fit.evaluate([indexed(index[f]) for f in held_files]), IB)
             label = " + ".join(c.split(" (")[0] for c in fit_on)
             for name, errs in class_errors(sizes).items():
                 print(f"| {held} | {label} | {name} | {_pct3(*errs[:3])} | {_pct3(*errs[3:])} |")
@@ -250,8 +311,12 @@ def main() -> None:
     ap.add_argument("--per-log", action="store_true", help="one row per log as well")
     ap.add_argument("--held-out", action="store_true", help="fit per class, error on held-out sources")
     ap.add_argument("--cross-cluster", action="store_true", help="leave one H100 IB cluster out, fit on the others")
+    ap.add_argument("--families", action="store_true", help="shipped network profiles on held-out logs, per family")
     args = ap.parse_args()
     index = tomllib.loads((DATA / "sources.toml").read_text())["log"]
+    if args.families:
+        families({e["file"]: e for e in index})
+        return
     if args.held_out:
         held_out({e["file"]: e for e in index})
         return

@@ -210,6 +210,12 @@ def test_bad_network_profiles_give_one_line_naming_the_file(tmp_path):
     bad.write_text('name = "x"\n[protocols.ll]\nbase_latency_us = 1.0\n')
     with pytest.raises(ValueError, match=r"\[protocols.ll\]: expected a protocol .* with only inter_hop_us"):
         hardware.get("h100-sxm", network=str(bad))
+    bad.write_text('name = "x"\n[intra_node]\nring_efficiency = 0.5\n')
+    with pytest.raises(ValueError, match=r"\[intra_node\]: a network profile may only set nvls_tree_efficiency"):
+        hardware.get("h100-sxm", network=str(bad))
+    bad.write_text('name = "x"\n[intra_node]\nnvls_tree_efficiency = 0.8\n')
+    assert hardware.get("h100-sxm", network=str(bad)).intra_node.nvls_tree_efficiency == 0.8
+    assert hardware.get("a100-sxm-80g", network=str(bad)).intra_node == hardware.get("a100-sxm-80g").intra_node
     bad.write_text('name = "x"\n[inter_node]\nnic_efficiency = 3.0\n')
     with pytest.raises(ValueError, match="nic_efficiency"):
         hardware.get("h100-sxm", network=str(bad))

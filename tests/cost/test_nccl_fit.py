@@ -183,13 +183,17 @@ def test_the_readme_s_a3mega_figures():
 
 # ------------------------------------------------------------------------------------------- network profiles
 def test_a_network_fit_moves_only_the_network_and_holds_on_held_out_node_counts(fit_2node):
-    """``network_only``: the NICs' efficiency and each protocol's network step latency, nothing of the GPU; fitted on
-    2 nodes it still beats the shipped profile on 4 and 8 nodes of the same cluster."""
+    """``network_only``: the NICs' efficiency, NVLS-tree's pace across nodes and each protocol's network step latency,
+    nothing else of the GPU; fitted on 2 nodes it still beats the shipped profile on 4 and 8 nodes of the same
+    cluster."""
     net = fit_profile([indexed(GJAION[2])], UNFITTED, network_only=True)
     keys = {p.key for p in net.parameters}
-    assert keys == {"inter_node.nic_efficiency"} | {f"protocols.{p}.inter_hop_us" for p in ("ll", "ll128", "simple")}
+    assert keys == {"inter_node.nic_efficiency", "intra_node.nvls_tree_efficiency"} | {
+        f"protocols.{p}.inter_hop_us" for p in ("ll", "ll128", "simple")
+    }
     base = net.base
-    assert net.hardware.intra_node == base.intra_node and net.hardware.compute == base.compute
+    paced = dataclasses.replace(base.intra_node, nvls_tree_efficiency=net.hardware.intra_node.nvls_tree_efficiency)
+    assert net.hardware.intra_node == paced and net.hardware.compute == base.compute
     assert [p.base_latency_s for p in net.hardware.protocols] == [p.base_latency_s for p in base.protocols]
     assert net.summary()[0] < 0.08 and net.network_only and net.to_json()["network_only"]
     for nodes in (4, 8):
@@ -207,7 +211,8 @@ def test_cli_network_fit_writes_a_network_profile_usable_under_another_gpu(tmp_p
     assert res.exit_code == 0, res.output
     assert f"--hardware h100-unfitted@{out}" in res.output.replace("\n", "")
     data = tomllib.loads(out.read_text())
-    assert set(data) == {"name", "description", "inter_node", "protocols"} and data["name"] == "my-fabric"
+    assert set(data) == {"name", "description", "inter_node", "intra_node", "protocols"} and data["name"] == "my-fabric"
+    assert set(data["intra_node"]) == {"nvls_tree_efficiency"}  # the one NVLink field a network sets
     assert all(set(f) == {"inter_hop_us"} for f in data["protocols"].values())
     b200 = hardware.get(f"b200@{out}", num_nodes=2)
     assert b200.inter_node.nic_efficiency == pytest.approx(data["inter_node"]["nic_efficiency"])

@@ -56,7 +56,9 @@ def test_a_network_profile_reproduces_its_fit_and_is_closer_than_the_defaults(ne
 
 def test_a_network_profile_changes_only_the_network():
     h100, efa = hardware.get("h100-sxm", num_nodes=2), hardware.get("h100-sxm@efa-p5", num_nodes=2)
-    assert efa.compute == h100.compute and efa.intra_node == h100.intra_node
+    # of the NVLink fields only NVLS-tree's pace across nodes, which the network sets
+    paced = dataclasses.replace(h100.intra_node, nvls_tree_efficiency=0.92)
+    assert efa.compute == h100.compute and efa.intra_node == paced
     assert [p.base_latency_s for p in efa.protocols] == [p.base_latency_s for p in h100.protocols]
     assert efa.inter_node.nics_per_node == 32 and efa.inter_node.nic_bandwidth_bytes_per_s == 100e9 / 8
     # same aggregate line rate as 8 x 400G, but EFA's slower steps make a 4 MiB all_reduce across nodes dearer
@@ -67,20 +69,29 @@ def test_a_network_profile_changes_only_the_network():
 
 def test_a_network_fitted_on_three_ib_clusters_holds_on_a_fourth_it_never_saw():
     """benchmarks/RESULTS.md, "One H100 InfiniBand cluster left out": fitted at once on qoofyk's (nccl-tests#309), a
-    10-node cluster's and the dstack docs' Nebius logs, the network predicts gj-aion's 2/4/8-node all_reduce within
-    issue 17's bar (median <= 10 % per size class), where NCCL's constants are 15-77 % off."""
+    10-node cluster's and the dstack docs' Nebius logs (from the shipped network's structure), the network predicts
+    gj-aion's 2/4/8-node all_reduce within issue 17's bar (median <= 10 % per size class, 5 / 7 / 3 %), where NCCL's
+    constants are 15-77 % off."""
     from commsched.cost.nccl_fit import fit_profile
 
     qoofyk = ["nccl_tests_issue309_h100_2node_ib_ar_qoofyk.txt", "nccl_tests_issue309_h100_4node_ib_vm_ar_qoofyk.txt"]
     ten_nodes = [f"xxrjun_cluster01_h100_10node_g8_{c}.txt" for c in ("all_reduce", "all_gather", "reduce_scatter")]
     fit_files = [*qoofyk, *ten_nodes, "dstack_nebius_h100_2node_ib_ar.txt"]
-    fit = fit_profile([indexed(f) for f in fit_files], "h100-sxm", allow_bounds=True, network_only=True)
+    fit = fit_profile([indexed(f) for f in fit_files], "h100-sxm@ib-ndr-8x400", allow_bounds=True, network_only=True)
     held = fit.evaluate([indexed(f"nccl_tests_issue309_h100_{n}node_ib_ar_gjaion.txt") for n in (2, 4, 8)])
     for lo, hi in ((1 << 20, 16 << 20), (16 << 20, 256 << 20), (256 << 20, 8 << 30)):
         inside = [s for s in held if lo <= s.size_bytes <= hi]
         after = statistics.median(abs(s.after_err) for s in inside)
-        before = statistics.median(abs(s.before_err) for s in inside)
-        assert after <= 0.10 < before, (lo, after, before)
+        nccl = statistics.median(abs(compare(s, "h100-sxm")) for s in inside)  # the GPU profile's own network
+        assert after <= 0.10 < nccl, (lo, after, nccl)
+
+
+def compare(size, hw: str) -> float:
+    """Model busbw / measured busbw - 1 of one fitted or held-out size under the profile ``hw``."""
+    from commsched.cost.collectives import plan_collective
+
+    placed = hardware.get(hw).with_nodes(size.num_nodes, size.nranks // size.num_nodes)
+    return size.measured_time_s / plan_collective(size.collective, size.size_bytes, size.nranks, placed).time_s - 1
 
 
 def _class_medians(comparison) -> list[float]:
@@ -92,10 +103,51 @@ def _class_medians(comparison) -> list[float]:
 
 def test_the_shipped_ib_network_on_clusters_it_was_not_fitted_to():
     """benchmarks/RESULTS.md (held-out, shipped profiles): on the dstack docs' Nebius H100 2-node log the fitted
-    InfiniBand network meets issue 17's bar in every size class (NCCL's constants: 53 % at 1-16 MB); on Lambda's B200
-    2-node log it is 11-15 % too slow, still far closer than NCCL's constants below 256 MB."""
+    InfiniBand network meets issue 17's bar in every size class (3 % / 5 % / 3 %; NCCL's constants: 53 % at 1-16 MB);
+    fitted under H100, it meets it under B200 too on Lambda's B200 2-node log (8 % / 3 % / 10 %; NCCL's constants 65 %
+    / 34 % / 4 %)."""
     h100 = _class_medians(compare_with_model(indexed("dstack_nebius_h100_2node_ib_ar.txt"), "h100-sxm@ib-ndr-8x400"))
     assert max(h100) <= 0.10, h100
     b200_log = indexed("dstack_lambda_b200_2node_ib_ar.txt")
     fitted, nccl = (_class_medians(compare_with_model(b200_log, hw)) for hw in ("b200@ib-ndr-8x400", "b200"))
-    assert max(fitted) <= 0.20 and fitted[0] < nccl[0] / 3 and fitted[1] < nccl[1] / 2, (fitted, nccl)
+    assert max(fitted) <= 0.10 and fitted[0] < nccl[0] / 3 and fitted[1] < nccl[1] / 2, (fitted, nccl)
+
+
+# issue 17's bar per network family (benchmarks/RESULTS.md, "Per network family", from
+# `python benchmarks/bench_collective_accuracy.py --families`): held-out logs, whole sources no network was fitted to
+FAMILIES = {
+    "IB": [(f, "h100-sxm@ib-ndr-8x400") for f in (
+        "nccl_tests_issue309_h100_2node_ib_ar_qoofyk.txt", "nccl_tests_issue309_h100_4node_ib_vm_ar_qoofyk.txt",
+        "dstack_nebius_h100_2node_ib_ar.txt", "skypilot_together_h100_2node_ib_ar.txt",
+        *(f"xxrjun_cluster01_h100_10node_g8_{c}.txt" for c in ("all_reduce", "all_gather", "reduce_scatter")))]
+          + [("dstack_lambda_b200_2node_ib_ar.txt", "b200@ib-ndr-8x400")],
+    "RoCE": [("skypilot_gcp_a3ultra_h200_2node_rdma_all_gather_gcppods.txt", "h200-sxm@roce-8x400"),
+             ("dstack_gcp_a4_b200_2node_roce_ar.txt", "b200@roce-8x400"),
+             ("oci_hpc_h100_2node_roce_ar.txt", "h100-sxm@roce-8x400")],
+    "EFA": [("aws_do_eks_p5_2node_efa_ar.txt", "h100-sxm@efa-p5")],
+}  # fmt: skip
+# family: per size class (1-16 MB, 16-256 MB, 256 MB-8 GB), (median over the held-out sizes, worst log's median)
+FAMILY_TABLE = {
+    "IB": ((0.09, 0.12), (0.09, 0.38), (0.03, 0.14)),
+    "RoCE": ((0.04, 0.21), (0.05, 0.20), (0.04, 0.10)),
+    "EFA": ((0.02, 0.02), (0.03, 0.03), (0.03, 0.03)),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_TABLE))
+def test_the_per_family_held_out_table_in_results(family):
+    classes = ((1 << 20, 16 << 20), (16 << 20, 256 << 20), (256 << 20, 8 << 30))
+    per_class: list[dict[str, list[float]]] = [{} for _ in classes]
+    for file, hw in FAMILIES[family]:
+        for s in compare_with_model(indexed(file), hw).sizes:
+            for k, (lo, hi) in enumerate(classes):
+                if lo <= s.size_bytes <= hi and s.rel_err is not None:
+                    per_class[k].setdefault(file, []).append(abs(s.rel_err))
+    for k, (median, worst_log) in enumerate(FAMILY_TABLE[family]):
+        errs = [e for v in per_class[k].values() for e in v]
+        got = (statistics.median(errs), max(statistics.median(v) for v in per_class[k].values()))
+        assert got == pytest.approx((median, worst_log), abs=0.005), (family, k, got)
+    # issue 17's bar (median <= 10 %, worst log <= 25 %) holds on the median in every class, and on the worst log in
+    # every class but InfiniBand's 16-256 MB (38 %: a 10-node cluster's all_gather, benchmarks/RESULTS.md says why)
+    assert all(m <= 0.10 for m, _ in FAMILY_TABLE[family])
+    assert all(w <= 0.25 for k, (_, w) in enumerate(FAMILY_TABLE[family]) if (family, k) != ("IB", 1))

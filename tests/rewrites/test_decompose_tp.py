@@ -101,6 +101,11 @@ def test_sites_are_found_on_traced_zoo_steps(parallel, mode, patterns):
     assert len(g2.collectives) == len(w.graph.collectives) + len(sites)
     assert len(res.rows) == len(sites)
 
+    def unread(gm):  # computed and read by nothing (a gathered tensor reassembled for no reader was one)
+        return sorted(str(n.target) for n in gm.graph.nodes if n.op == "call_function" and not n.users)
+
+    assert unread(res.gm) == unread(w.graph_module)
+
 
 def test_bad_splits_are_one_line_errors():
     gm, g = trace(_tp_layer(2, True, False, False), 2, [(4, 4), (4, 6), (4, 6), (6, 4)])

@@ -376,8 +376,9 @@ def register(app: typer.Typer) -> None:
         fitted profile (an overlay: the base with those fields replaced). A fit ending on a physical bound is an
         error unless --allow-bounds; -o never writes into the shipped profiles, nor over a file without --force.
         Example: commsched calibrate --nccl-tests all_reduce_perf.log --hardware h100-sxm --fit -o h100-fit.toml
-        With --network: fit only the network (NIC efficiency, per-protocol network step latency) and write a
-        network profile, usable under any GPU profile: --hardware b200@my-fabric.toml.
+        With --network: fit only the network (NIC efficiency, NVLS-tree's pace across nodes, per-protocol network
+        step latency) and write a network profile, usable under any GPU profile: --hardware b200@my-fabric.toml.
+        Start from a shipped network (--hardware h100-sxm@ib-ndr-8x400) to keep its tree structure.
 
         With --trace FILE_OR_DIR [...]: read PyTorch profiler traces, one per rank (.json / .json.gz; a folder: its
         traces), and build one measured table of their collectives: per (collective, group size, bytes) the median

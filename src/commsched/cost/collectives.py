@@ -11,7 +11,9 @@ nccl-tests reports as busbw.
 Algorithms:
 * ``ring``: one ring over all ranks; across nodes its bandwidth is the smaller of the NVLink ring and the NICs the
   group's ranks own in each node; latency counts intra- and inter-node steps separately.
-* ``tree`` (all_reduce): chain inside a node, binary tree across nodes: log2(nodes) network levels.
+* ``tree`` (all_reduce): chain inside a node, binary tree across nodes: log2(nodes) network levels, each one network
+  step up and one down; under a network profile with ``tree_two_children`` (:func:`tree_network_steps`), every level
+  below the root counts two steps.
 * ``nvls`` (all_reduce, one node, NVLink SHARP): the switch reduces and multicasts.
 * ``nvls_tree`` (all_reduce, several nodes, NVLink SHARP): NVLS inside nodes, a tree over the NICs.
 * ``hierarchical`` (all_reduce, all_gather, reduce_scatter across nodes): reduce_scatter on NVLink, the collective
@@ -148,6 +150,20 @@ def _candidates(hw: Hardware, kind: str, n: int, g: int, nodes: int) -> tuple[tu
     return tuple(sorted(cands, key=lambda c: (c[0], c[1]))), phases
 
 
+def tree_network_steps(hw: Hardware, nodes: int) -> int:
+    """Network steps one way through the tree across ``nodes`` nodes: log2(nodes) levels (NCCL's tuning model,
+    tuning.cc: ``log2i(nNodes) * interLat``). With ``inter_node.tree_two_children``: NCCL's binary tree
+    (src/graph/trees.cc, ncclGetBtree) gives the root one child and every other inner node two, whose chunks reach it
+    in turn over its NICs, so each level below the root costs two steps: 2 log2(nodes) - 1 (1, 3, 5 at 2, 4, 8
+    nodes). The public 2/4/8-node H100 logs (nccl-tests#309) need it: at 1-64 MB their network latency grows about
+    3.5x from 2 to 4 nodes and 1.6x from 4 to 8, which log2 levels (2x, 1.5x) cannot give with one step cost
+    (benchmarks/RESULTS.md, issue 17)."""
+    if nodes <= 1:
+        return 0
+    levels = math.ceil(math.log2(nodes))
+    return 2 * levels - 1 if hw.inter_node.tree_two_children else levels
+
+
 def _all_reduce_extra(hw: Hardware, n: int, g: int, nodes: int) -> list[Candidate]:
     """Tree, and NVLS / NVLS-tree where the switch reduces."""
     intra = hw.intra_node
@@ -155,7 +171,7 @@ def _all_reduce_extra(hw: Hardware, n: int, g: int, nodes: int) -> list[Candidat
     bus = intra.link_bandwidth_bytes_per_s * intra.ring_efficiency if g > 1 else math.inf
     if nodes > 1:
         bus = min(bus, _nic_bus(hw, g))
-    levels = math.ceil(math.log2(nodes)) if nodes > 1 else 0
+    levels = tree_network_steps(hw, nodes)
     out: list[Candidate] = []
     for p in hw.protocols:
         lat = p.base_latency_s + 2 * ((g - 1) * p.intra_hop_latency_s + levels * p.inter_hop_latency_s)

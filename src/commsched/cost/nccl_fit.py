@@ -44,8 +44,9 @@ _EDGE = 1e-3  # normalised distance from a bound that counts as on it
 _INSENSITIVE = 1e-9  # relative loss change below which a field is not constrained by the logs
 _PULL = 1e-4  # weight of the normalised distance from the base values, added to the loss in the search
 
-NETWORK_FIELDS = ("inter_node.nic_efficiency",)
-"""the fields of a network profile a fit moves, besides each protocol's ``inter_hop_us``"""
+NETWORK_FIELDS = ("inter_node.nic_efficiency", "intra_node.nvls_tree_efficiency")
+"""the fields of a network profile a fit moves, besides each protocol's ``inter_hop_us`` (NVLS-tree's NVLS phase is
+paced by the network phase, so its efficiency across nodes belongs to the network; only on a GPU with NVLS)"""
 _EFFICIENCY = (0.05, 1.0)  # achieved / peak: above 1 is faster than the hardware, below 0.05 is a broken system
 _LATENCY_US = (0.0, 1000.0)  # a fixed cost is >= 0; a millisecond per step or launch is no working collective
 _INTRA_FIELDS = {"ring_efficiency": "ring_efficiency", "all_to_all_efficiency": "all_to_all_efficiency",

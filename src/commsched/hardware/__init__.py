@@ -133,7 +133,9 @@ def resolve_network(name: str | os.PathLike[str]) -> Path:
     return path
 
 
-_NETWORK_KEYS = {"name", "description", "inter_node", "protocols"}
+_NETWORK_KEYS = {"name", "description", "inter_node", "intra_node", "protocols"}
+# the one NVLink field a network profile may set: NVLS-tree's NVLS phase is paced by the network phase across nodes
+_NETWORK_INTRA_KEYS = {"nvls_tree_efficiency"}
 
 
 def _with_network(path: Path, net_path: Path) -> Hardware:
@@ -149,9 +151,15 @@ def _with_network(path: Path, net_path: Path) -> Hardware:
     extra = set(net) - _NETWORK_KEYS
     if extra:
         raise ValueError(f"{net_path}: unexpected key {sorted(extra)[0]!r}: a network profile holds "
-                         "name, description, [inter_node] and [protocols.NAME] inter_hop_us")  # fmt: skip
+                         "name, description, [inter_node], [intra_node] nvls_tree_efficiency and "
+                         "[protocols.NAME] inter_hop_us")  # fmt: skip
     data = hardware_to_dict(load_profile(path))
     data["inter_node"] = {**data["inter_node"], **net.get("inter_node", {})}
+    intra = net.get("intra_node", {})
+    if not isinstance(intra, dict) or set(intra) - _NETWORK_INTRA_KEYS:
+        raise ValueError(f"{net_path} [intra_node]: a network profile may only set nvls_tree_efficiency there")
+    if data["intra_node"]["nvls"]:  # without NVLS there is no NVLS-tree to pace
+        data["intra_node"] = {**data["intra_node"], **intra}
     for proto, fields in net.get("protocols", {}).items():
         if proto not in data["protocols"] or set(fields) - {"inter_hop_us"}:
             raise ValueError(f"{net_path} [protocols.{proto}]: expected a protocol of the GPU profile "
@@ -167,7 +175,10 @@ def network_to_dict(hw: Hardware, name: str, description: str) -> dict:
     """The network part of ``hw`` as a network profile's data (what :func:`get` ``network=`` puts under a GPU)."""
     data = hardware_to_dict(hw)
     protocols = {p: {"inter_hop_us": f["inter_hop_us"]} for p, f in data["protocols"].items()}
-    return {"name": name, "description": description, "inter_node": data["inter_node"], "protocols": protocols}
+    out = {"name": name, "description": description, "inter_node": data["inter_node"], "protocols": protocols}
+    if hw.intra_node.nvls:  # NVLS-tree's pace across nodes is the network's (a GPU without NVLS ignores it)
+        out["intra_node"] = {"nvls_tree_efficiency": hw.intra_node.nvls_tree_efficiency}
+    return out
 
 
 def save_network(hw: Hardware, path: str | os.PathLike[str], *, description: str, header: str = "") -> Path:

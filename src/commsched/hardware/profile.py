@@ -91,6 +91,7 @@ class InterNode:
     nics_per_node: int
     nic_bandwidth_bytes_per_s: float  # per NIC, per direction (line rate)
     nic_efficiency: float  # achieved / line rate
+    tree_two_children: bool = False  # each tree level below the root costs two network steps (cost.collectives)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -290,6 +291,7 @@ def hardware_from_dict(data: Mapping[str, Any], *, where: str = "<profile>", bas
         nics_per_node=n.int_("nics_per_node"),
         nic_bandwidth_bytes_per_s=n.pos("nic_gbit_per_s") * _G / 8,
         nic_efficiency=n.pos("nic_efficiency", hi=1.0),
+        tree_two_children=n.bool_("tree_two_children") if "tree_two_children" in n.data else False,
     )
     n.done()
 
@@ -395,6 +397,7 @@ def hardware_to_dict(hw: Hardware) -> dict[str, Any]:
             "nics_per_node": hw.inter_node.nics_per_node,
             "nic_gbit_per_s": hw.inter_node.nic_bandwidth_bytes_per_s * 8 / _G,
             "nic_efficiency": hw.inter_node.nic_efficiency,
+            **({"tree_two_children": True} if hw.inter_node.tree_two_children else {}),
         },
         "protocols": {},
         "interference": {"compute_slowdown": hw.compute_slowdown, "stream_sync_us": hw.stream_sync_s / _US},

@@ -210,8 +210,10 @@ def _split_ag(b: _Builder, coll: torch.fx.Node, split: TPSplit) -> list[torch.fx
             pieces[u].append(b.new(first, MM, (w, u.args[1])))
     for u in mms:
         u.replace_all_uses_with(_interleave(b, u, pieces[u], world, s))
-    if wait.users:  # other readers of the gathered tensor: reassemble it
-        wait.replace_all_uses_with(_interleave(b, min(wait.users, key=lambda v: b.pos[v]), waited, world, s))
+    others = [v for v in wait.users if v not in pieces]  # the split matmuls still read it until they are erased
+    if others:  # other readers of the gathered tensor: reassemble it for them alone
+        joined = _interleave(b, min(others, key=lambda v: b.pos[v]), waited, world, s)
+        wait.replace_all_uses_with(joined, delete_user_cb=lambda v: v not in pieces)
     return [*mms, wait, coll]
 
 

@@ -1,0 +1,358 @@
+"""GPU checks, measured (benchmarks/gpu/, torch only) vs the simulator and the cost model.
+
+    python benchmarks/bench_gpu.py cases benchmarks/data/gpu_decompose_cases.json
+    # on a GPU machine: python benchmarks/gpu/decompose_tp_streams.py CASES.json MEASURED.csv
+    python benchmarks/bench_gpu.py compare benchmarks/data/gpu_decompose_h100.csv
+    # on a GPU machine: python benchmarks/gpu/attention_causal.py MEASURED.csv
+    python benchmarks/bench_gpu.py attention benchmarks/data/gpu_attention_h100.csv
+
+Decomposed TP collectives (issue 18):
+
+``cases`` traces llama3-8b TP+SP prefill (8 ranks, one layer) at two prompt lengths and writes the shapes of its
+``all_gather -> mm`` and ``mm -> reduce_scatter`` sites (``decompose_tp.find_tp_sites``). ``compare`` builds, per
+site and chunk count, the program ``decompose_tp`` emits, imports it and simulates it: with the cost model's times on
+the profile (the communication stand-in timed as the model times a copy of its bytes) and with the kernels' measured
+standalone times (per stand-in copy); all against the two-stream times measured on the GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+CHUNKS = (1, 2, 4, 8)
+PRESET, PARALLEL, WORLD = "llama3-8b", "tp+sp", 8
+
+
+def site_cases(seq_lens: tuple[int, ...] = (8192, 4096)) -> list[dict[str, Any]]:
+    """The ``ag_mm`` sites of one traced TP+SP prefill layer per prompt length, as the GPU script's cases."""
+    from commsched.rewrites.decompose_tp import find_tp_sites
+    from commsched.workloads import build
+
+    cases = []
+    for seq in seq_lens:
+        gm = build(PRESET, parallel=PARALLEL, world_size=WORLD, layers=1, mode="prefill", seq_len=seq).graph_module
+        nodes = {n.name: n for n in gm.graph.nodes}
+        for site in find_tp_sites(gm):
+            mms = [nodes[m] for m in site.matmuls]
+            if site.pattern == "mm_ar" or (site.pattern == "mm_rs" and len(mms) != 1):
+                continue
+            if site.pattern == "ag_mm":
+                operand = nodes[site.collective].args[0].meta["val"]  # each rank's shard
+            else:
+                operand = mms[0].args[0].meta["val"]  # the matmul's left operand, whole
+            weights = [int(m.args[1].meta["val"].shape[1]) for m in mms]
+            dtype = str(operand.dtype).removeprefix("torch.")
+            name = f"seq {seq}: {site.collective} ({site.pattern}: {', '.join(site.matmuls)})"
+            cases.append({"name": name, "pattern": site.pattern, "seq_len": seq, "collective": site.collective,
+                          "world": WORLD, "rows": int(operand.shape[0]), "hidden": int(operand.shape[1]),
+                          "weights": weights, "dtype": dtype, "chunks": list(CHUNKS)})  # fmt: skip
+    return cases
+
+
+def site_program(case: dict[str, Any], chunks: int):
+    """The case's site as a traced program (the collective on the world group of a fake 8-rank process group), split
+    ``chunks`` ways by ``decompose_tp`` (``m`` for ``ag_mm``, ``n`` for ``mm_rs``); the commsched Graph of it."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from commsched.frontends.fake_pg import fake_process_group
+    from commsched.frontends.fx import from_fx
+    from commsched.rewrites.decompose_tp import TPSplit, decompose_tp, find_tp_sites
+
+    c10d = torch.ops._c10d_functional
+    dtype = getattr(torch, case["dtype"])
+    world, rows, hidden, outs = case["world"], case["rows"], case["hidden"], case["weights"]
+    with fake_process_group(world) as pg, FakeTensorMode():
+        group = pg.group_name
+        if case["pattern"] == "ag_mm":
+
+            def step(x, *ws):
+                g = c10d.wait_tensor(c10d.all_gather_into_tensor(x, world, group))
+                return [torch.mm(g, w.t()) for w in ws]
+
+            args = [torch.empty(rows, hidden, dtype=dtype)] + [torch.empty(n, hidden, dtype=dtype) for n in outs]
+        else:
+
+            def step(a, w):
+                return c10d.wait_tensor(c10d.reduce_scatter_tensor(torch.mm(a, w.t()), "sum", world, group))
+
+            args = [torch.empty(rows, hidden, dtype=dtype), torch.empty(outs[0], hidden, dtype=dtype)]
+        gm = make_fx(step)(*args)
+        if chunks > 1:
+            (site,) = find_tp_sites(gm)
+            gm = decompose_tp(gm, [TPSplit(site.collective, "m" if site.pattern == "ag_mm" else "n", chunks)]).gm
+        return from_fx(gm)
+
+
+def _copy_s(shape: tuple[int, ...], dtype: str, hardware: str) -> float:
+    """The cost model's time for a device-to-device copy (``clone``) of a tensor of ``shape``."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from commsched.cost import estimate_costs
+    from commsched.frontends.fx import from_fx
+
+    with FakeTensorMode():
+        gm = make_fx(lambda t: t.clone())(torch.empty(shape, dtype=getattr(torch, dtype)))
+    return float(estimate_costs(from_fx(gm), hardware).node_s.sum())
+
+
+def predicted_us(case: dict[str, Any], chunks: int, hardware: str, measured_ops: dict[tuple[str, int], float],
+                 copies: tuple[str, ...] = ("copy",)) -> dict[str, float]:  # fmt: skip
+    """Simulated step (us) of the split program: ``model`` with the cost model's times, and per stand-in copy
+    ``copy`` in ``copies`` with the measured kernels' times and that copy's (a kernel the GPU run did not time keeps
+    the model's); ``serial_model``: the model's sum (one stream, no overlap)."""
+    import dataclasses
+
+    from commsched.cost import estimate_costs
+    from commsched.ir import OpKind
+    from commsched.sim import simulate_costs
+
+    g = site_program(case, chunks)
+    model = estimate_costs(g, hardware)
+    coll = np.flatnonzero(g.coll_type >= 0)
+    stand_in = tuple(int(d) for d in _comm_shape(case, chunks))
+    model_s = model.node_s.copy()
+    model_s[coll] = _copy_s(stand_in, case["dtype"], hardware)
+    kernels_s = model_s.copy()
+    for i in np.flatnonzero(np.isin(g.kinds, (OpKind.COMPUTE, OpKind.OTHER))):
+        key = _measured_key(g, int(i), case)
+        if key in measured_ops:
+            kernels_s[i] = measured_ops[key] * 1e-6
+    runs = {"model": model_s}
+    for copy in copies:
+        runs[copy] = kernels_s.copy()
+        runs[copy][coll] = measured_ops[(copy, 0)] * 1e-6
+    out = {}
+    for name, node_s in runs.items():
+        costs = dataclasses.replace(model, node_s=node_s, coll_latency_s=np.zeros(len(g)))
+        out[name] = simulate_costs(g, costs).makespan_s * 1e6
+    out["serial_model"] = float(model_s.sum()) * 1e6
+    return out
+
+
+def _comm_shape(case: dict[str, Any], chunks: int) -> tuple[int, int]:
+    """What the stand-in copies: the gathered chunk (``ag_mm``) or the reduce-scattered product chunk (``mm_rs``)."""
+    if case["pattern"] == "ag_mm":
+        return case["world"] * case["rows"] // chunks, case["hidden"]
+    return case["rows"], case["weights"][0] // chunks
+
+
+def _measured_key(g, i: int, case: dict[str, Any]) -> tuple[str, int] | None:
+    """Which measured kernel node ``i`` is: (``mm`` / ``stack`` / ``cat``, weight index), by op and output width."""
+    kind = str(g.targets[i]).split(".")[-2] if str(g.targets[i]).count(".") >= 2 else str(g.targets[i])
+    kind = kind.removeprefix("aten.")
+    if kind not in ("mm", "stack", "cat"):
+        return None
+    if case["pattern"] == "mm_rs":
+        return (kind, 0)
+    buffers = g.buffers(i)
+    cols = int(buffers[0].shape[-1]) if buffers else -1
+    return (kind, case["weights"].index(cols)) if cols in case["weights"] else None
+
+
+def read_measured(path: str) -> list[dict[str, Any]]:
+    from commsched.io import read_input_text
+
+    return list(csv.DictReader(read_input_text(path, "measured CSV").splitlines()))
+
+
+COPIES = {"copy": "two_stream", "copy_sm32": "two_stream_sm32"}
+"""stand-in copies compared: torch's copy (fills the GPU) and a 32-CTA copy (NCCL-like), with their measured rows"""
+
+
+def compare_rows(measured: list[dict[str, Any]], cases: list[dict[str, Any]], hardware: str) -> list[dict]:
+    """Per case and chunk count: measured programs (``one_stream``, ``two_stream``, ...) and predicted ones
+    (``model``; ``copy``, ``copy_sm32``: the simulator on the measured kernels with that stand-in)."""
+    rows = []
+    for case in cases:
+        mine = [r for r in measured if r["case"] == case["name"]]
+        for k in case["chunks"]:
+            at_k = [r for r in mine if int(r["chunks"]) == k]
+            if not at_k:
+                continue
+            prog = {r["measure"]: float(r["median_us"]) for r in at_k if r["op"] == "program"}
+            ops = {(r["op"], int(r["index"])): float(r["median_us"]) for r in at_k if r["measure"] == "op"}
+            copies = tuple(c for c in COPIES if (c, 0) in ops)
+            pred = predicted_us(case, k, hardware, ops, copies)
+            rows.append({"case": case["name"], "pattern": case["pattern"], "chunks": k, "measured": prog,
+                         "predicted": pred})  # fmt: skip
+    return rows
+
+
+def kernel_errors(measured: list[dict[str, Any]], cases: list[dict[str, Any]], hardware: str) -> dict[str, list]:
+    """Per kernel class (``mm``, ``stack`` / ``cat``, ``copy``): (measured us, model us) of every kernel timed alone."""
+    from commsched.cost import estimate_costs
+    from commsched.ir import OpKind
+
+    out: dict[str, list] = {"mm": [], "stack / cat": [], "copy": []}
+    for case in cases:
+        mine = [r for r in measured if r["case"] == case["name"] and r["measure"] == "op"]
+        for k in case["chunks"]:
+            ops = {(r["op"], int(r["index"])): float(r["median_us"]) for r in mine if int(r["chunks"]) == k}
+            if not ops:
+                continue
+            g = site_program(case, k)
+            model_us = estimate_costs(g, hardware).node_s * 1e6
+            seen = set()
+            for i in np.flatnonzero(np.isin(g.kinds, (OpKind.COMPUTE, OpKind.OTHER))):
+                key = _measured_key(g, int(i), case)
+                if key in ops and key not in seen:
+                    seen.add(key)
+                    out["mm" if key[0] == "mm" else "stack / cat"].append((ops[key], float(model_us[i])))
+            copy_us = _copy_s(tuple(int(d) for d in _comm_shape(case, k)), case["dtype"], hardware) * 1e6
+            out["copy"].append((ops[("copy", 0)], copy_us))
+    return out
+
+
+def compare_table(measured_path: str, hardware: str, cases_path: str) -> str:
+    """Markdown table: measured vs predicted per site and chunk count (us, and x the unsplit program), and a
+    summary of the simulator's error on the measured kernels."""
+    from commsched.io import read_input_json
+
+    measured, cases = read_measured(measured_path), read_input_json(cases_path, "cases")
+    rows = compare_rows(measured, cases, hardware)
+    meta = measured[0]
+    lines = [f"GPU: {meta['gpu']}, driver {meta['driver']}, torch {meta['torch']} (CUDA {meta['cuda']}); "
+             f"predicted on `{hardware}`. Each cell: us (x the unsplit program).", "",
+             "| site | k | measured, 1 stream | measured, 2 streams: torch copy | simulated on its kernels | "
+             "measured, 2 streams: 32-CTA copy | simulated on its kernels | simulated, cost model |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    first: dict[str, dict[str, Any]] = {}
+    errors: dict[str, list[float]] = {c: [] for c in COPIES}
+    for r in rows:
+        base = first.setdefault(r["case"], r)
+        m, p, bm, bp = r["measured"], r["predicted"], base["measured"], base["predicted"]
+
+        def cell(value: float | None, at_one: float | None) -> str:
+            return "-" if value is None or not at_one else f"{value:.1f} ({value / at_one:.2f})"
+
+        for copy, measure in COPIES.items():
+            if copy in p and measure in m:
+                errors[copy].append(p[copy] / m[measure] - 1)
+        lines.append(
+            f"| {r['case']} | {r['chunks']} | {cell(m.get('one_stream'), bm.get('one_stream'))} | "
+            f"{cell(m.get('two_stream'), bm.get('two_stream'))} | {cell(p.get('copy'), bp.get('copy'))} | "
+            f"{cell(m.get('two_stream_sm32'), bm.get('two_stream_sm32'))} | "
+            f"{cell(p.get('copy_sm32'), bp.get('copy_sm32'))} | {cell(p['model'], bp['model'])} |"
+        )
+    lines.append("")
+    for copy, errs in errors.items():
+        if errs:
+            e = np.abs(errs)
+            lines.append(f"simulated on the measured kernels (`{copy}`): |error| median {100 * np.median(e):.0f} %, "
+                         f"worst {100 * e.max():.0f} % over {len(e)} programs")  # fmt: skip
+    for name, pairs in kernel_errors(measured, cases, hardware).items():
+        err = np.array([model / meas - 1 for meas, model in pairs])
+        lines.append(f"cost model vs kernels alone, {name}: model/measured - 1 median {100 * np.median(err):+.0f} %, "
+                     f"range {100 * err.min():+.0f} % to {100 * err.max():+.0f} % over {len(err)} kernels")  # fmt: skip
+    return "\n".join(lines)
+
+
+def attention_model_us(row: dict[str, Any], hardware: str) -> float:
+    """The cost model's time (us) for one measured flash attention pass (the zoo's ops, traced on fake tensors)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from commsched.cost import estimate_costs
+    from commsched.frontends.fx import from_fx
+    from commsched.ir import OpKind
+
+    causal = row["causal"] == "True"
+    flash = torch.ops.aten._scaled_dot_product_flash_attention
+
+    def step(q, k, v, grad):
+        out = flash(q, k, v, 0.0, causal)
+        o, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = out
+        return torch.ops.aten._scaled_dot_product_flash_attention_backward(
+            grad, q, k, v, o, lse, cum_q, cum_k, max_q, max_k, 0.0, causal, seed, offset
+        )
+
+    shape = tuple(int(row[k]) for k in ("batch", "heads", "seq", "head_dim"))
+    with FakeTensorMode():
+        gm = make_fx(step)(*(torch.empty(shape, dtype=torch.bfloat16) for _ in range(4)))
+    g = from_fx(gm)
+    node_s = estimate_costs(g, hardware).node_s
+    which = [i for i in range(len(g)) if g.kinds[i] != OpKind.VIEW
+             and ("backward" in str(g.targets[i])) == (row["pass"] == "backward") and node_s[i] > 0]  # fmt: skip
+    return float(node_s[which].sum()) * 1e6
+
+
+SLOTS = {"forward": 264, "backward": 132}
+"""CTA places on an H100 (132 SMs) per pass: one or two CTAs per SM, whichever fits the measured causal / full ratios
+(two for the forward, one for the backward); fitted on these 10 measurements, so not yet a checked model"""
+
+
+def causal_fraction(batch_heads: int, q_blocks: int, slots: int) -> float:
+    """Causal / full time of a flash attention pass whose (batch x head, query block) CTAs the GPU starts in grid
+    order, each on the first of ``slots`` free places, a causal one running as many KV blocks as its index + 1."""
+    import heapq
+
+    def makespan(jobs: list[int]) -> int:
+        free = [0] * slots
+        for job in jobs:
+            heapq.heappush(free, heapq.heappop(free) + job)
+        return max(free)
+
+    full = makespan([q_blocks] * (batch_heads * q_blocks))
+    return makespan([m + 1 for _ in range(batch_heads) for m in range(q_blocks)]) / full
+
+
+def attention_table(measured_path: str, hardware: str) -> str:
+    """Markdown table: each measured flash attention pass against the cost model, and causal / not causal."""
+    rows = read_measured(measured_path)
+    meas = {(r["batch"], r["heads"], r["seq"], r["pass"], r["causal"]): float(r["median_us"]) for r in rows}
+    lines = [f"GPU: {rows[0]['gpu']}, torch {rows[0]['torch']}; model: `{hardware}`.", "",
+             "| batch x heads x seq (head_dim 128) | pass | measured: not causal / causal (us) | causal / not | "
+             "block schedule: causal / not | model: not causal / causal (us) | model / measured: not causal / causal |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        if r["causal"] != "False":
+            continue
+        key = (r["batch"], r["heads"], r["seq"], r["pass"])
+        m0, m1 = meas[(*key, "False")], meas[(*key, "True")]
+        p0 = attention_model_us(r, hardware)
+        p1 = attention_model_us({**r, "causal": "True"}, hardware)
+        frac = causal_fraction(int(r["batch"]) * int(r["heads"]), int(r["seq"]) // 128, SLOTS[r["pass"]])
+        lines.append(f"| {r['batch']} x {r['heads']} x {r['seq']} | {r['pass']} | {m0:.0f} / {m1:.0f} | "
+                     f"{m1 / m0:.2f} | {frac:.2f} | {p0:.0f} / {p1:.0f} | {p0 / m0:.2f} / {p1 / m1:.2f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("cases", help="write the GPU script's cases").add_argument("out")
+    cmp = sub.add_parser("compare", help="measured vs predicted from a GPU run's CSV")
+    cmp.add_argument("measured")
+    cmp.add_argument("--hardware", default="h100-sxm")
+    cmp.add_argument("--cases", default=str(Path(__file__).parent / "data" / "gpu_decompose_cases.json"))
+    att = sub.add_parser("attention", help="flash attention measured vs the cost model")
+    att.add_argument("measured")
+    att.add_argument("--hardware", default="h100-sxm")
+    args = parser.parse_args(argv)
+    if args.command == "cases":
+        from commsched.io import atomic_write_text
+
+        atomic_write_text(Path(args.out), json.dumps(site_cases(), indent=1) + "\n")
+        print(f"wrote {args.out}")
+        return 0
+    if args.command == "attention":
+        print(attention_table(args.measured, args.hardware))
+        return 0
+    print(compare_table(args.measured, args.hardware, args.cases))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Flash attention on one GPU, causal and not, forward and backward, at the zoo's shapes (the cost model's check).
+
+torch only (runs on the GPU machine's own torch). Times with CUDA events behind a spin kernel (as
+``decompose_tp_streams.py``), median of 20 after 5 warm-ups, through ``aten._scaled_dot_product_flash_attention``
+and its backward, the ops the zoo traces (key / value heads expanded to the query heads, as the kernel needs).
+
+    python benchmarks/gpu/attention_causal.py OUT.csv
+"""
+
+from __future__ import annotations
+
+import csv
+import gc
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+SHAPES = [  # (batch, heads, seq, head_dim): llama3-8b under TP 8 (4 heads) at three lengths, whole (32 heads)
+    (1, 4, 8192, 128), (1, 4, 4096, 128), (2, 4, 4096, 128), (1, 32, 2048, 128), (1, 32, 8192, 128),
+]  # fmt: skip
+FIELDS = ["gpu", "torch", "cuda", "batch", "heads", "seq", "head_dim", "causal", "pass", "median_us", "min_us"]
+
+
+def gpu_us(fn: Callable[[], Any], reps: int = 20, warmup: int = 5) -> tuple[float, float]:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    launch_us = (time.perf_counter() - t0) * 1e6
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1_000_000)
+    start.record()
+    torch.cuda._sleep(1_000_000)
+    end.record()
+    torch.cuda.synchronize()
+    cycles = int((4 * launch_us + 1000) * 1_000_000 / (start.elapsed_time(end) * 1e3))
+    times = []
+    gc.disable()
+    try:
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(cycles)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) * 1e3)
+    finally:
+        gc.enable()
+    return statistics.median(times), min(times)
+
+
+def measure(b: int, h: int, s: int, d: int, causal: bool) -> list[dict[str, Any]]:
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    flash = torch.ops.aten._scaled_dot_product_flash_attention
+    out = flash(q, k, v, 0.0, causal)
+    grad = torch.randn_like(out[0])
+
+    def forward() -> Any:
+        return flash(q, k, v, 0.0, causal)
+
+    def backward() -> Any:
+        o, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = out
+        return torch.ops.aten._scaled_dot_product_flash_attention_backward(
+            grad, q, k, v, o, lse, cum_q, cum_k, max_q, max_k, 0.0, causal, seed, offset
+        )
+
+    rows = []
+    for name, fn in (("forward", forward), ("backward", backward)):
+        med, low = gpu_us(fn)
+        rows.append({"batch": b, "heads": h, "seq": s, "head_dim": d, "causal": causal, "pass": name,
+                     "median_us": med, "min_us": low})  # fmt: skip
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or not torch.cuda.is_available():
+        print("usage: attention_causal.py OUT.csv (needs a CUDA device)", file=sys.stderr)
+        return 2
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": str(torch.version.cuda)}
+    rows = []
+    for shape in SHAPES:
+        for causal in (False, True):
+            rows += measure(*shape, causal)
+    with open(args[0], "w", newline="") as f:
+        writer = csv.DictWriter(f, FIELDS)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**meta, **row})
+            print(row)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
