@@ -195,9 +195,11 @@ def _split_ag(b: _Builder, coll: int, site: TPSite, split: TPSplit, records: tup
         out = _interleave(b, float(u), pieces[u], world, s)
         rename[g.names[u] + "\0data"] = out
         smap_late[int(g.buf_storage[g.buf_ptr[u]])] = out
-    out = _interleave(b, float(_users(g, wait)[0]), waited, world, s)  # the mms still read it: always made
-    rename[g.names[wait] + "\0data"] = out
-    smap_late[int(g.buf_storage[g.buf_ptr[coll]])] = out
+    others = [v for v in _users(g, wait) if v not in pieces]  # other readers of the gathered tensor
+    if others:  # reassembled for them alone
+        out = _interleave(b, float(others[0]), waited, world, s)
+        rename[g.names[wait] + "\0data"] = out
+        smap_late[int(g.buf_storage[g.buf_ptr[coll]])] = out
     removed.update([*mms, wait, coll])
 
 
