@@ -288,24 +288,13 @@ def attention_model_us(row: dict[str, Any], hardware: str) -> float:
     return float(node_s[which].sum()) * 1e6
 
 
-SLOTS = {"forward": 264, "backward": 132}
-"""CTA places on an H100 (132 SMs) per pass: one or two CTAs per SM, whichever fits the measured causal / full ratios
-(two for the forward, one for the backward); fitted on these 10 measurements, so not yet a checked model"""
+def causal_block_fraction(row: dict[str, Any], units: int = 132) -> float:
+    """The cost model's causal / full ratio (:func:`commsched.cost.compute.causal_fraction`) for a measured pass."""
+    from commsched.cost.compute import causal_fraction
 
-
-def causal_fraction(batch_heads: int, q_blocks: int, slots: int) -> float:
-    """Causal / full time of a flash attention pass whose (batch x head, query block) CTAs the GPU starts in grid
-    order, each on the first of ``slots`` free places, a causal one running as many KV blocks as its index + 1."""
-    import heapq
-
-    def makespan(jobs: list[int]) -> int:
-        free = [0] * slots
-        for job in jobs:
-            heapq.heappush(free, heapq.heappop(free) + job)
-        return max(free)
-
-    full = makespan([q_blocks] * (batch_heads * q_blocks))
-    return makespan([m + 1 for _ in range(batch_heads) for m in range(q_blocks)]) / full
+    blocks = int(row["seq"]) // 128
+    bh = int(row["batch"]) * int(row["heads"])
+    return causal_fraction(bh, blocks, blocks, units, row["pass"] == "backward")
 
 
 def attention_table(measured_path: str, hardware: str) -> str:
@@ -323,7 +312,7 @@ def attention_table(measured_path: str, hardware: str) -> str:
         m0, m1 = meas[(*key, "False")], meas[(*key, "True")]
         p0 = attention_model_us(r, hardware)
         p1 = attention_model_us({**r, "causal": "True"}, hardware)
-        frac = causal_fraction(int(r["batch"]) * int(r["heads"]), int(r["seq"]) // 128, SLOTS[r["pass"]])
+        frac = causal_block_fraction(r)
         lines.append(f"| {r['batch']} x {r['heads']} x {r['seq']} | {r['pass']} | {m0:.0f} / {m1:.0f} | "
                      f"{m1 / m0:.2f} | {frac:.2f} | {p0:.0f} / {p1:.0f} | {p0 / m0:.2f} / {p1 / m1:.2f} |")  # fmt: skip
     return "\n".join(lines)

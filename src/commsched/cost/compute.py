@@ -6,7 +6,7 @@ time = launch + max(flops / (peak[dtype] x eff_compute), bytes / (bandwidth x ef
   shapes the library picks from of (tile fill x wave quantization over the SMs), times K / (K + k_half) for the
   main loop's prologue and epilogue. Small or skinny GEMMs fall well below peak; large square ones approach it.
 * ``eff_compute`` for attention: the same wave term over (batch x heads x query blocks), and the KV length in
-  place of K.
+  place of K; a causal pass (the graph marks it) takes :func:`causal_fraction` of the full pass's time.
 * ``eff_memory = eff_max x bytes / (bytes + memory_half_bytes)``: a kernel moving few bytes cannot keep enough
   requests in flight to reach the bandwidth (Little's law); this is an efficiency curve in size, equivalently a
   latency of ``memory_half_bytes / bandwidth``. A profile may add a cache level (``cache_bytes``,
@@ -15,6 +15,8 @@ time = launch + max(flops / (peak[dtype] x eff_compute), bytes / (bandwidth x ef
 
 from __future__ import annotations
 
+import functools
+import heapq
 import math
 
 import numpy as np
@@ -67,6 +69,46 @@ def attention_shape_efficiency(
     waves = np.ceil(tiles / units)
     k_half = hw.compute.matmul_k_half
     return fill * tiles / (waves * units) * (kv / (kv + k_half) if k_half > 0 else 1.0)
+
+
+ATTENTION_CTAS_PER_SM = {False: 2, True: 1}
+"""Flash attention CTAs resident per SM, forward (False) and backward (True): the fit, among one or two, to the causal /
+full ratios measured on one H100 (benchmarks/RESULTS.md, "flash attention, causal and not")"""
+
+
+@functools.lru_cache(maxsize=4096)
+def causal_fraction(batch_heads: int, q_blocks: int, kv_blocks: int, units: int, backward: bool) -> float:
+    """Causal / full time of a flash attention pass: its CTAs start in grid order, each on the first free place of
+    ``units x ATTENTION_CTAS_PER_SM``; a full one runs ``kv_blocks`` blocks, a causal one those its query block
+    sees (bottom-right aligned). The forward's CTAs go by query block, the backward's by KV block, longest first.
+
+    Few CTAs (a TP rank's heads) fit in one wave, where the longest one sets the time and a mask saves nothing in
+    the forward; many CTAs share the places and it saves up to half. O(J log J) for J CTAs, cached per shape."""
+    slots = units * ATTENTION_CTAS_PER_SM[backward]
+    seen = [min(kv_blocks, max(1, kv_blocks - q_blocks + m + 1)) for m in range(q_blocks)]
+    jobs = sorted(seen, reverse=True) if backward else seen
+    if batch_heads * q_blocks > 200_000:  # beyond that the tail is noise: the balanced bound
+        full = math.ceil(batch_heads * q_blocks / slots) * kv_blocks
+        return min(1.0, max(sum(seen) * batch_heads / slots, max(seen)) / full)
+
+    def makespan(sizes: list[int]) -> int:
+        free = [0] * slots
+        for _ in range(batch_heads):
+            for size in sizes:
+                heapq.heappush(free, heapq.heappop(free) + size)
+        return max(free)
+
+    return makespan(jobs) / makespan([kv_blocks] * q_blocks)
+
+
+def causal_attention_factor(gemm: np.ndarray, backward: np.ndarray, hw: Hardware) -> np.ndarray:
+    """:func:`causal_fraction` per attention node (rows of ``gemm``: batch x heads, query length, KV length)."""
+    tile = float(hw.compute.attention_tile)
+    units = int(hw.compute.num_units)
+    out = np.ones(len(gemm))
+    for j, ((bh, q, kv), bwd) in enumerate(zip(gemm[:, :3].tolist(), backward.tolist())):
+        out[j] = causal_fraction(int(bh), math.ceil(q / tile), math.ceil(kv / tile), units, bool(bwd))
+    return out
 
 
 def kernel_times(

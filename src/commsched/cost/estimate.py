@@ -23,6 +23,7 @@ from commsched.cost.collectives import normalize_kind, plan_collective
 from commsched.cost.compute import (
     attention_dims,
     attention_shape_efficiency,
+    causal_attention_factor,
     gemm_dims,
     gemm_shape_efficiency,
     kernel_times,
@@ -34,7 +35,7 @@ from commsched.cost.opclass import OpClass, classify_target
 from commsched.cost.symm_mem import apply_one_shot_costs
 from commsched.cost.table import MeasuredTable
 from commsched.hardware import Hardware, for_graph
-from commsched.ir import CollType, Graph, NodeView, OpKind
+from commsched.ir import CAUSAL_META, CollType, Graph, NodeView, OpKind
 
 EstimateFn = Callable[[NodeView], "float | None"]
 _FREE_KINDS = (OpKind.INPUT, OpKind.WAIT, OpKind.VIEW, OpKind.OUTPUT)
@@ -54,6 +55,7 @@ class GraphFeatures:
     flops: np.ndarray  # the graph's flops, derived from shapes for attention nodes without a count
     src: np.ndarray  # view base per node
     region: np.ndarray  # fusion region per node, -1 unfused
+    causal: np.ndarray  # int8: 1 / 2 a causal attention forward / backward (ir.CAUSAL_META), 0 otherwise
 
 
 _features: weakref.WeakKeyDictionary[Graph, GraphFeatures] = weakref.WeakKeyDictionary()
@@ -130,7 +132,12 @@ def graph_features(g: Graph) -> GraphFeatures:
 
     src = view_sources(g)
     region = fusion_regions(g, fusible, key, cls == OpClass.ELEMENTWISE, src)
-    feats = GraphFeatures(cls, fusible, key, nbytes, dtype_id, dtypes, gemm, node_flops, src, region)
+    causal = np.zeros(n, np.int8)
+    for name in g.meta.get(CAUSAL_META, ()):
+        i = g.index.get(name)
+        if i is not None and cls[i] == OpClass.ATTENTION:
+            causal[i] = 2 if "backward" in targets[i] else 1
+    feats = GraphFeatures(cls, fusible, key, nbytes, dtype_id, dtypes, gemm, node_flops, src, region, causal)
     _features[g] = feats
     return feats
 
@@ -156,6 +163,9 @@ def _shape_efficiency(f: GraphFeatures, hw: Hardware) -> np.ndarray:
     if at.any():
         d = f.gemm[at]
         eff[at] = attention_shape_efficiency(d[:, 0], d[:, 1], d[:, 2], hw)
+    causal = np.flatnonzero(f.causal)
+    if len(causal):  # the flops count the masked blocks too: a causal pass runs faster per counted flop
+        eff[causal] /= causal_attention_factor(f.gemm[causal], f.causal[causal] == 2, hw)
     return eff
 
 

@@ -21,7 +21,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
-from commsched.ir import CollType, Graph, GraphBuilder, GraphError, OpKind
+from commsched.ir import CAUSAL_META, CollType, Graph, GraphBuilder, GraphError, OpKind
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,19 @@ COLLECTIVE_OPS: dict[str, _CollSpec] = {
 }
 WAIT_OPS = frozenset({"_c10d_functional::wait_tensor"})
 _DTYPE_NAMES = {d: str(d).removeprefix("torch.") for d in vars(torch).values() if isinstance(d, torch.dtype)}
+
+
+
+def _is_causal(node: torch.fx.Node) -> bool:
+    """Whether an op with an ``is_causal`` argument in its schema (the SDPA family, forward and backward) sets it."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return False
+    for i, arg in enumerate(schema.arguments):
+        if arg.name == "is_causal":
+            value = node.kwargs.get("is_causal", node.args[i] if i < len(node.args) else arg.default_value)
+            return value is True
+    return False
 
 
 def _shape_key(a: Any) -> Any:
@@ -157,6 +170,7 @@ class _FxImporter:
         self.readers: dict[int, list[int]] = {}
         self.pending_coll_writes: dict[int, list[int]] = {}
         self.flop_errors: list[str] = []
+        self.causal: list[str] = []  # attention nodes with is_causal set (CAUSAL_META)
         self.target_info: dict[Any, _TargetInfo] = {}
         self.flop_cache: dict[Any, float] = {}
 
@@ -292,6 +306,8 @@ class _FxImporter:
         g = b.build(validate=True)
         if self.flop_errors:
             g.meta["flop_errors"] = self.flop_errors[:20]
+        if self.causal:
+            g.meta[CAUSAL_META] = self.causal
         return g
 
     def _add_call(self, node: torch.fx.Node, target: Any, inputs: list[int]) -> int:
@@ -366,6 +382,8 @@ class _FxImporter:
         else:
             kind = OpKind.OTHER
         side = bool(written) or info.impure
+        if kind != OpKind.VIEW and _is_causal(node):
+            self.causal.append(node.name)
         nid = b.add_node(node.name, tname, kind, inputs, buffers=bufs, flops=flops, side_effect=side)
         self._order_writes(nid, base_storages, write_storages, kind)
         return nid

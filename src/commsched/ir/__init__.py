@@ -1,9 +1,20 @@
 """The commsched IR: a columnar, integer-indexed graph of one step (see ``graph.py`` for the contract)."""
 
 from commsched.ir.builder import GraphBuilder
-from commsched.ir.graph import Buffer, Collective, CollType, Graph, GraphError, NodeView, OpKind, ProcessGroup
+from commsched.ir.graph import (
+    CAUSAL_META,
+    Buffer,
+    Collective,
+    CollType,
+    Graph,
+    GraphError,
+    NodeView,
+    OpKind,
+    ProcessGroup,
+)
 
 __all__ = [
+    "CAUSAL_META",
     "Buffer",
     "CollType",
     "Collective",

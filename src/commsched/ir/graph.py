@@ -110,6 +110,11 @@ def csr(n: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return ptr, src.astype(np.int32)
 
 
+CAUSAL_META = "causal_attention"
+"""``Graph.meta`` key: names of the attention nodes called with ``is_causal=True`` (frontends set it; the cost model
+charges a causal pass by its blocks, since torch's flop counter ignores the mask)"""
+
+
 class Graph:
     """An immutable, columnar DAG of one step; see the module docstring for the contract.
 
