@@ -29,6 +29,18 @@ _MEMORY_SIZE = 4
 _DEGREE_OPTIONS = {"tp_size": "tp", "ep_size": "ep"}
 
 
+def warm_imports() -> None:
+    """What a task imports first (torch and a first trace's lazy imports, the passes, numba), imported here once: a
+    local pool calls it before it forks its workers (:func:`commsched.execute.base.warm_imports_of`)."""
+    from commsched.workloads.trace import settle_imports
+
+    settle_imports()
+    import commsched.cost
+    import commsched.passes
+    import commsched.report.step
+    import commsched.sim  # noqa: F401
+
+
 def build_options(parallel: str, build_kw: dict[str, Any]) -> dict[str, Any]:
     """The subset of ``build_kw`` that :func:`commsched.workloads.build` should get for ``parallel``."""
     dims = set(parallel.split("+"))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import gc
 import math
 from collections.abc import Callable
 from typing import Any
@@ -77,10 +79,35 @@ def trace_step(program: StepProgram, device: torch.device | None = None) -> torc
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    settle_imports()
     with FakeTensorMode(), torch.device(device) if device is not None else contextlib.nullcontext():
         gm = make_fx(program.step)(*program.empty_inputs())
     _tidy(gm, program.input_names)
     return gm
+
+
+@functools.cache
+def settle_imports() -> None:
+    """Once per process, before its first trace: import what a first ``make_fx`` / ``FakeTensorMode`` imports
+    (``torch._dynamo``, with sympy: over a second on a busy core) with the cyclic collector paused, then freeze every
+    object alive (``gc.freeze``), so that no later collection rescans them.
+
+    Why: imports only make objects that live as long as the process, yet every full collection walks them all, and
+    the heap grows by a quarter again and again while torch and dynamo load (each growth triggers one): about 0.3 s
+    of a 2-layer llama3-8b sweep's 7 s went to collections during the traces and 0.4 s during these imports
+    (benchmarks/RESULTS.md, issue 24). Objects the caller holds at this moment are frozen too: they are still freed
+    by reference counting, but a reference cycle among them is never collected (a one-time, bounded cost). A
+    process forked after this shares the frozen pages unwritten. Changes no traced graph (torch imports the same
+    modules itself on the first trace; tests/workloads/test_trace_cli.py checks that a trace is node-for-node the
+    same either way)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        import torch._dynamo  # noqa: F401  (make_fx imports it on its first call, FakeTensorMode its config)
+    finally:
+        gc.freeze()
+        if enabled:
+            gc.enable()
 
 
 def _tidy(gm: torch.fx.GraphModule, input_names: list[str]) -> None:
