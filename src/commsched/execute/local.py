@@ -9,8 +9,8 @@ again, which on a few busy cores costs more than the work it takes; forking afte
 first task lets the workers trace while this process traces its first configuration (benchmarks/RESULTS.md, issue
 24). No thread of this module runs while it forks, and a child opens new stdout / stderr objects (a lock another
 thread held at the fork stays held in the child); torch on CPU is used after fork as its DataLoader workers use it,
-with one intra-op thread each (a GNU OpenMP pool does not survive a fork). Elsewhere, with ``start="spawn"``, or once this process has initialised CUDA, workers are spawned (fresh
-interpreters) and warm up before they take work.
+with one intra-op thread each (a GNU OpenMP pool does not survive a fork). Elsewhere, with ``start="spawn"``, or
+once this process has initialised CUDA, workers are spawned (fresh interpreters) and warm up before they take work.
 
 **Who runs what.** Workers take tasks from the front of the list, this process (unless ``in_process=False``) from the
 back; a task is never run twice. One thread per worker here sends it a task over a pipe and waits for the reply or

@@ -8,10 +8,10 @@ Work is split by trace: each (parallel, world_size, fsdp_bucket) is one task (:m
 traced once (or read from the trace cache, :mod:`commsched.execute.cache`), then estimated, scheduled and simulated on
 every hardware profile (tracing takes seconds, the rest tens of milliseconds, so shipping graphs between processes
 would cost more than it saves). Tasks run on an executor (:mod:`commsched.execute`): the local pool by default (this
-process and ``jobs - 1`` workers, forked once it has traced), or Ray with ``ray_address``. Hardware profiles are
-resolved here and travel inside the task by content, so a calibrated profile in this user's folder gives the same
-rows on a remote worker. Every backend gives the same rows, apart from :data:`RUN_FIELDS` (wall times, where a row
-ran, cache hits).
+process and ``jobs - 1`` workers, forked once it has imported what a trace imports), or Ray with ``ray_address``.
+Hardware profiles are resolved here and travel inside the task by content, so a calibrated profile in this user's
+folder gives the same rows on a remote worker. Every backend gives the same rows, apart from :data:`RUN_FIELDS`
+(wall times, where a row ran, cache hits).
 
 A configuration that fails, in its trace or on one profile, or whose worker dies, becomes a row with ``error`` set;
 the sweep itself only raises for input that is wrong everywhere (an unknown preset, parallelism, profile or pass) or
