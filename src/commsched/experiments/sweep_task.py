@@ -30,15 +30,20 @@ _DEGREE_OPTIONS = {"tp_size": "tp", "ep_size": "ep"}
 
 
 def warm_imports() -> None:
-    """What a task imports first (torch and a first trace's lazy imports, the passes, numba), imported here once: a
-    local pool calls it before it forks its workers (:func:`commsched.execute.base.warm_imports_of`)."""
-    from commsched.workloads.trace import settle_imports
+    """What a task imports first (torch and a first trace's lazy imports, the passes, numba), imported here once
+    with the cyclic collector paused and then frozen (:func:`commsched.heap.imports_settled`). A local pool calls
+    it before it forks its workers (:func:`commsched.execute.base.warm_imports_of`), and a sweep that will trace
+    here before it checks its names (which imports the same)."""
+    from commsched.heap import imports_settled
 
-    settle_imports()
-    import commsched.cost
-    import commsched.passes
-    import commsched.report.step
-    import commsched.sim  # noqa: F401
+    with imports_settled():
+        import commsched.cost
+        import commsched.passes
+        import commsched.report.step
+        import commsched.sim  # noqa: F401
+        from commsched.workloads.trace import settle_imports
+
+        settle_imports()
 
 
 def build_options(parallel: str, build_kw: dict[str, Any]) -> dict[str, Any]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import gc
 import math
 from collections.abc import Callable
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from commsched.heap import imports_settled
 from commsched.ir import Graph
 from commsched.workloads.mesh import create_groups
 from commsched.workloads.params import ParamInfo
@@ -89,25 +89,11 @@ def trace_step(program: StepProgram, device: torch.device | None = None) -> torc
 @functools.cache
 def settle_imports() -> None:
     """Once per process, before its first trace: import what a first ``make_fx`` / ``FakeTensorMode`` imports
-    (``torch._dynamo``, with sympy: over a second on a busy core) with the cyclic collector paused, then freeze every
-    object alive (``gc.freeze``), so that no later collection rescans them.
-
-    Why: imports only make objects that live as long as the process, yet every full collection walks them all, and
-    the heap grows by a quarter again and again while torch and dynamo load (each growth triggers one): about 0.3 s
-    of a 2-layer llama3-8b sweep's 7 s went to collections during the traces and 0.4 s during these imports
-    (benchmarks/RESULTS.md, issue 24). Objects the caller holds at this moment are frozen too: they are still freed
-    by reference counting, but a reference cycle among them is never collected (a one-time, bounded cost). A
-    process forked after this shares the frozen pages unwritten. Changes no traced graph (torch imports the same
-    modules itself on the first trace; tests/workloads/test_trace_cli.py checks that a trace is node-for-node the
-    same either way)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    (``torch._dynamo``, with sympy: about 1 s of CPU) with the cyclic collector paused, then freeze every object
+    alive (:func:`commsched.heap.imports_settled`). Changes no traced graph: torch imports the same modules on
+    its first trace (tests/workloads/test_trace_startup.py checks that a trace is node for node the same)."""
+    with imports_settled():
         import torch._dynamo  # noqa: F401  (make_fx imports it on its first call, FakeTensorMode its config)
-    finally:
-        gc.freeze()
-        if enabled:
-            gc.enable()
 
 
 def _tidy(gm: torch.fx.GraphModule, input_names: list[str]) -> None:
