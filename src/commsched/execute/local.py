@@ -274,18 +274,22 @@ class LocalExecutor:
         if missing <= 0:
             return
         start = "fork" if self.start == "fork" and _fork_safe() else "spawn"
-        if start == "fork" and not self.in_process:  # else this process has just run a task
+        if start == "fork" and not self.in_process:  # else this process has just warmed up (_warm_here)
             self._say("warming up")
             warm_up()  # once per process: the forked workers inherit it
         self._say(f"starting {missing} worker process(es)")
         ctx = multiprocessing.get_context(start)
-        if start == "fork":
-            # a forked child's collections skip what exists now: fewer of its pages copied on write. Kept frozen
-            # here too (unfreezing would also thaw what a first trace froze: workloads.trace.settle_imports); the
-            # garbage of a task run here (an FX graph is cyclic) is collected first, so none is frozen for good
-            gc.collect()
+        # a forked child's collections skip what is frozen: fewer of its pages copied on write. A process that froze
+        # its imports (commsched.heap.imports_settled: nearly all it holds) forks as it is: unfreezing after the
+        # fork would thaw them too; any other freezes everything for the fork only
+        freeze_for_fork = start == "fork" and gc.get_freeze_count() == 0
+        if freeze_for_fork:
             gc.freeze()
-        new = [_Worker(ctx) for _ in range(missing)]
+        try:
+            new = [_Worker(ctx) for _ in range(missing)]
+        finally:
+            if freeze_for_fork:
+                gc.unfreeze()
         with self._lock:
             self._workers += new
 
