@@ -5,11 +5,11 @@ The sweep: llama3-8b, {fsdp, ddp} x world sizes x {h100-sxm, b200} (16 configura
 (1) ``commsched sweep`` as fresh processes with an empty cache (``-j 1``), then the same command again, twice each
 way: with the rows of the finished sweep stored (the row store answers; nothing is computed) and with the trace
 cache only (the row store emptied first: every configuration estimated, scheduled and simulated); (2)
-``--no-cache`` with ``-j 1`` and ``-j 2`` alternating, ``--repeat`` times each; (3) ``--ray-address local -j 2
---no-cache`` (a private Ray instance, started by the run); (4) with a Ray head on 127.0.0.1 already up (``ray start
---block``, stopped by its pid): a second sweep on warm actors against a second sweep on a warm local pool of 2, in
-this process. Then checks that every backend gave the same rows (wall times, pids and hosts aside). Prints the load
-average around each figure: the machine is shared.
+``--no-cache`` with ``-j 1`` and ``-j 2`` alternating, ``--repeat`` times each (wall and CPU seconds, the median
+ratio); (3) ``--ray-address local -j 2 --no-cache`` (a private Ray instance, started by the run); (4) with a Ray
+head on 127.0.0.1 already up (``ray start --block``, stopped by its pid): a second sweep on warm actors against a
+second sweep on a warm local pool of 2, in this process. Then checks that every backend gave the same rows (wall
+times, pids and hosts aside). Prints the load average around each figure: the machine is shared.
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -49,12 +51,21 @@ def load() -> str:
 
 def cli(args: list[str], cache: Path, home: Path, out: Path) -> tuple[float, list]:
     """``commsched sweep ARGS --json OUT`` in a fresh process; (wall seconds, rows)."""
+    wall, _, rows = cli_cpu(args, cache, home, out)
+    return wall, rows
+
+
+def cli_cpu(args: list[str], cache: Path, home: Path, out: Path) -> tuple[float, float, list]:
+    """:func:`cli` and the CPU seconds (user + system) of the process and its workers: (wall, CPU, rows)."""
     env = {**os.environ, "PYTHONPATH": str(SRC), "COMMSCHED_CACHE_DIR": str(cache), "HOME": str(home)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "commsched", "sweep", *args, "--json", str(out)], env=env, check=True,
                    capture_output=True, cwd=home)  # fmt: skip
     wall = time.perf_counter() - t0
-    return wall, json.loads(out.read_text())["rows"]
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # workers are reaped by the CLI: counted in its figures
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return wall, cpu, json.loads(out.read_text())["rows"]
 
 
 def stripped(rows: list) -> list:
@@ -99,11 +110,16 @@ def main() -> None:
         warm, results[f"warm trace cache {i}"] = cli(sweep, tmp / "cache", home, tmp / "b.json")
         print(f"same command, trace cache only: {warm:.2f} s ({load()}): {cold / warm:.1f}x faster than cold")
 
+    ratios = []
     for i in range(args.repeat):
-        one, results[f"jobs 1 #{i}"] = cli([*sweep, "-j", "1", "--no-cache"], tmp / "c1", home, tmp / "c.json")
-        print(f"--no-cache -j 1: {one:.2f} s ({load()})")
-        two, results[f"jobs 2 #{i}"] = cli([*sweep, "-j", "2", "--no-cache"], tmp / "c2", home, tmp / "d.json")
-        print(f"--no-cache -j 2: {two:.2f} s ({load()}): {two / one:.2f}x the -j 1 wall before it")
+        one, cpu1, results[f"jobs 1 #{i}"] = cli_cpu([*sweep, "-j", "1", "--no-cache"], tmp / "c1", home,
+                                                     tmp / "c.json")  # fmt: skip
+        print(f"--no-cache -j 1: {one:.2f} s, CPU {cpu1:.2f} s ({load()})")
+        two, cpu2, results[f"jobs 2 #{i}"] = cli_cpu([*sweep, "-j", "2", "--no-cache"], tmp / "c2", home,
+                                                     tmp / "d.json")  # fmt: skip
+        ratios.append(two / one)
+        print(f"--no-cache -j 2: {two:.2f} s, CPU {cpu2:.2f} s ({load()}): {two / one:.2f}x the -j 1 wall before it")
+    print(f"-j 2 / -j 1, median of {len(ratios)}: {statistics.median(ratios):.2f}x")
 
     if not args.no_ray:
         ray_wall, results["ray local"] = cli([*sweep, "-j", "2", "--no-cache", "--ray-address", "local"],

@@ -67,6 +67,31 @@ def test_this_process_runs_a_task_then_forks_workers_that_inherit_its_state(monk
     assert {r["pid"] for r in out} == {os.getpid(), worker}
 
 
+def test_workers_forked_after_the_task_modules_warm_imports_take_tasks_at_once(monkeypatch):
+    import warm_helpers
+
+    monkeypatch.setattr(warm_helpers, "WARMED_BY", None)
+    with LocalExecutor(jobs=2, start="fork") as ex:
+        out = ex.map("warm_helpers:report", _specs(6, sleep_s=0.2), fail=exec_helpers.fail)
+        (worker,) = ex.worker_pids()
+    assert [r["x"] for r in out] == list(range(6))
+    # warm_imports ran here once, before the fork (every worker has it); the worker took tasks from the front
+    assert {r["warmed_by"] for r in out} == {os.getpid()}
+    assert out[0]["pid"] == worker and out[-1]["pid"] in (os.getpid(), worker)
+
+
+def test_a_failing_warm_imports_leaves_the_first_task_to_this_process(monkeypatch):
+    import warm_helpers
+
+    monkeypatch.setattr(warm_helpers, "WARMED_BY", None)
+    monkeypatch.setattr(warm_helpers, "FAIL", True)
+    with LocalExecutor(jobs=2, start="fork") as ex:
+        out = ex.map("warm_helpers:report", _specs(4), fail=exec_helpers.fail)
+        (worker,) = ex.worker_pids()
+    assert [r["x"] for r in out] == list(range(4)) and {r["warmed_by"] for r in out} == {None}
+    assert out[-1]["pid"] == os.getpid() and {r["pid"] for r in out} <= {os.getpid(), worker}
+
+
 def test_a_process_that_initialised_cuda_spawns_its_workers(monkeypatch):
     import torch
 

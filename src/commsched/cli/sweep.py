@@ -66,7 +66,7 @@ def register(app: typer.Typer) -> None:
         """Trace PRESET at every (parallelism, world size), simulate it on every hardware profile in the traced
         order and in the order SCHEDULE chooses, and print step time, exposed communication, overlap and peak
         memory per configuration. --jobs N traces N configurations at once (this process and N - 1 workers, forked
-        once this process has traced); --ray-address runs them on Ray actors instead (pip install
+        once this process has imported torch); --ray-address runs them on Ray actors instead (pip install
         'commsched[ray]'). Traces are cached (see README "Scaling out"); Ctrl-C keeps the finished rows and the same
         command resumes; the same sweep run again takes its stored rows (--no-cache computes them). A
         configuration that fails is reported as an error row. Exits 2 when none succeeds.

@@ -57,6 +57,13 @@ def resolve_fn(name: str) -> Callable[[Any], Any]:
     return getattr(importlib.import_module(module), attr)
 
 
+def warm_imports_of(fn: str) -> Callable[[], None] | None:
+    """The ``warm_imports`` function of task function ``fn``'s module, if it defines one: it imports what that
+    module's tasks import first, so that a local pool can fork warm workers before any task has run."""
+    module = importlib.import_module(fn.partition(":")[0])
+    return getattr(module, "warm_imports", None)
+
+
 @functools.cache
 def source_fingerprint() -> str:
     """A hash of commsched's own source files: two checkouts of one version number with different code differ."""

@@ -1,15 +1,16 @@
 """The local backend: this process and ``jobs - 1`` worker processes take tasks from one list.
 
-**How workers start.** Where the platform has ``fork`` (Linux), this process runs the first task itself and then
-forks its workers (with ``in_process=False``: after :func:`commsched.execute.base.warm_up`, a tiny trace). They start
-warm at once, sharing what that task loaded: torch and the lazy imports of a first trace, and the fake-tensor
-caches of the model's shapes (a first trace of a model costs several times the next ones, even after a warm-up on
-another model). A spawned worker spends seconds of CPU on all that again, which on a few busy cores costs more than
-the work it takes (benchmarks/RESULTS.md). No thread of this module runs while it forks, and a child opens new
-stdout / stderr objects (a lock another thread held at the fork stays held in the child); torch on CPU is used after
-fork as its DataLoader workers use it, with one intra-op thread each (a GNU OpenMP pool does not survive a fork).
-Elsewhere, with ``start="spawn"``, or once this process has initialised CUDA, workers are spawned (fresh
-interpreters) and warm up before they take work.
+**How workers start.** Where the platform has ``fork`` (Linux), this process imports what a task imports first (the
+``warm_imports`` of the task function's module: for a sweep, torch, a first trace's lazy imports and the passes)
+and then forks its workers, which start at once with all that loaded; where the module has no ``warm_imports``, it
+runs the first task itself before forking (with ``in_process=False``: after
+:func:`commsched.execute.base.warm_up`, a tiny trace). A spawned worker spends seconds of CPU on those imports
+again, which on a few busy cores costs more than the work it takes; forking after the imports rather than after a
+first task lets the workers trace while this process traces its first configuration (benchmarks/RESULTS.md, issue
+24). No thread of this module runs while it forks, and a child opens new stdout / stderr objects (a lock another
+thread held at the fork stays held in the child); torch on CPU is used after fork as its DataLoader workers use it,
+with one intra-op thread each (a GNU OpenMP pool does not survive a fork). Elsewhere, with ``start="spawn"``, or
+once this process has initialised CUDA, workers are spawned (fresh interpreters) and warm up before they take work.
 
 **Who runs what.** Workers take tasks from the front of the list, this process (unless ``in_process=False``) from the
 back; a task is never run twice. One thread per worker here sends it a task over a pipe and waits for the reply or
@@ -46,6 +47,7 @@ from commsched.execute.base import (
     error_text,
     hello,
     resolve_fn,
+    warm_imports_of,
     warm_up,
 )
 
@@ -272,18 +274,39 @@ class LocalExecutor:
         if missing <= 0:
             return
         start = "fork" if self.start == "fork" and _fork_safe() else "spawn"
-        if start == "fork" and not self.in_process:  # else this process has just run a task
+        if start == "fork" and not self.in_process:  # else this process has just warmed up (_warm_here)
             self._say("warming up")
             warm_up()  # once per process: the forked workers inherit it
         self._say(f"starting {missing} worker process(es)")
         ctx = multiprocessing.get_context(start)
-        gc.freeze()  # a forked child's collections skip what exists now: fewer of its pages copied on write
+        # a forked child's collections skip what is frozen: fewer of its pages copied on write. A process that froze
+        # its imports (commsched.heap.imports_settled: nearly all it holds) forks as it is: unfreezing after the
+        # fork would thaw them too; any other freezes everything for the fork only
+        freeze_for_fork = start == "fork" and gc.get_freeze_count() == 0
+        if freeze_for_fork:
+            gc.freeze()
         try:
             new = [_Worker(ctx) for _ in range(missing)]
         finally:
-            gc.unfreeze()
+            if freeze_for_fork:
+                gc.unfreeze()
         with self._lock:
             self._workers += new
+
+    def _warm_here(self, fn: str, specs: Sequence[Any], board: _Board, fail: Fail, finish) -> None:
+        """Before forking: import what a task imports first (its module's ``warm_imports``), or where the module has
+        none (or it fails), run the first task here; the workers forked next start with what this loaded."""
+        warm = warm_imports_of(fn)
+        if warm is not None:
+            self._say("importing torch")
+            try:
+                warm()
+                return
+            except Exception:  # e.g. torch cannot load: the first task here turns that into its error result
+                pass
+        index = board.next_for_here()
+        board.record(index)
+        finish(index, self._here(fn, specs[index], fail))
 
     def _serve(self, worker: _Worker, board: _Board) -> None:
         """One worker's thread during a map: greet it, then hand it tasks until none are left. A worker that dies
@@ -345,9 +368,7 @@ class LocalExecutor:
             self._board = board
         try:
             if self.start == "fork" and self.in_process and len(self._workers) < workers:
-                index = board.next_for_here()  # this process's first task warms it for the workers it forks
-                board.record(index)
-                finish(index, self._here(fn, specs[index], fail))
+                self._warm_here(fn, specs, board, fail, finish)
             self._start(workers)
             for worker in self._workers[:workers]:
                 threading.Thread(target=self._serve, args=(worker, board), daemon=True).start()

@@ -8,10 +8,10 @@ Work is split by trace: each (parallel, world_size, fsdp_bucket) is one task (:m
 traced once (or read from the trace cache, :mod:`commsched.execute.cache`), then estimated, scheduled and simulated on
 every hardware profile (tracing takes seconds, the rest tens of milliseconds, so shipping graphs between processes
 would cost more than it saves). Tasks run on an executor (:mod:`commsched.execute`): the local pool by default (this
-process and ``jobs - 1`` workers, forked once it has traced), or Ray with ``ray_address``. Hardware profiles are
-resolved here and travel inside the task by content, so a calibrated profile in this user's folder gives the same
-rows on a remote worker. Every backend gives the same rows, apart from :data:`RUN_FIELDS` (wall times, where a row
-ran, cache hits).
+process and ``jobs - 1`` workers, forked once it has imported what a trace imports), or Ray with ``ray_address``.
+Hardware profiles are resolved here and travel inside the task by content, so a calibrated profile in this user's
+folder gives the same rows on a remote worker. Every backend gives the same rows, apart from :data:`RUN_FIELDS`
+(wall times, where a row ran, cache hits).
 
 A configuration that fails, in its trace or on one profile, or whose worker dies, becomes a row with ``error`` set;
 the sweep itself only raises for input that is wrong everywhere (an unknown preset, parallelism, profile or pass) or
@@ -27,7 +27,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from commsched.experiments.sweep_task import build_options, error_rows
+from commsched.experiments.sweep_task import build_options, error_rows, warm_imports
 
 SWEEP_FORMAT = "commsched.sweep"
 SWEEP_VERSION = 2  # 2: optimize, fsdp_bucket, optimize_kept, trace_cached, host and the versions in every row
@@ -273,9 +273,12 @@ def run_sweep(
     store = RowStore(_store_key(tasks)) if resume else None
     results = store.load() if store is not None else {}
     todo = [t for t in tasks if t["index"] not in results]
+    all_cached = bool(todo) and _all_cached(todo)
+    if todo and not all_cached and ray_address is None and executor is None and _forks():
+        warm_imports()  # what checking the names and tracing import (torch, numba): once, the collector paused
     if todo:
         _check_schedule(schedule)
-    if not todo or (_all_cached(todo) and ray_address is None and executor is None):
+    if not todo or (all_cached and ray_address is None and executor is None):
         processes = 1  # nothing to trace: estimating and simulating here beats starting workers (and torch)
     elif ray_address is None and executor is None:
         # local workers start (import torch, warm up) while this process checks the names, importing torch too
@@ -315,6 +318,13 @@ def run_sweep(
     if store is not None:
         store.finish(keep=cache)
     return [SweepRow.from_dict(row) for t in tasks for row in results[t["index"]]]
+
+
+def _forks() -> bool:
+    """Whether a local pool would fork its workers (spawned ones start before this process imports torch)."""
+    from commsched.execute.local import default_start
+
+    return default_start() == "fork"
 
 
 def _early_pool(processes: int | None, in_process: bool, n_tasks: int, check: Callable[[], None]) -> Any:

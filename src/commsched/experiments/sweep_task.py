@@ -10,6 +10,7 @@ It runs in any process: the driver, a local worker, a Ray actor (whose memory ke
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import socket
 import time
@@ -27,6 +28,24 @@ _MEMORY_SIZE = 4
 # a degree option only means something to the parallelisms with that mesh dimension; sweeping "fsdp,fsdp+tp" with
 # tp_size=8 gives it to fsdp+tp alone (the workload builder rejects tp_size for fsdp)
 _DEGREE_OPTIONS = {"tp_size": "tp", "ep_size": "ep"}
+
+
+@functools.cache
+def warm_imports() -> None:
+    """What a task imports first (torch and a first trace's lazy imports, the passes, numba), imported once per
+    process with the cyclic collector paused and then frozen (:func:`commsched.heap.imports_settled`). A local
+    pool calls it before it forks its workers (:func:`commsched.execute.base.warm_imports_of`), and a sweep that
+    will trace here before it checks its names (which imports the same)."""
+    from commsched.heap import imports_settled
+
+    with imports_settled():
+        import commsched.cost
+        import commsched.passes
+        import commsched.report.step
+        import commsched.sim  # noqa: F401
+        from commsched.workloads.trace import settle_imports
+
+        settle_imports()
 
 
 def build_options(parallel: str, build_kw: dict[str, Any]) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from commsched.heap import imports_settled
 from commsched.ir import Graph
 from commsched.workloads.mesh import create_groups
 from commsched.workloads.params import ParamInfo
@@ -77,10 +79,21 @@ def trace_step(program: StepProgram, device: torch.device | None = None) -> torc
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    settle_imports()
     with FakeTensorMode(), torch.device(device) if device is not None else contextlib.nullcontext():
         gm = make_fx(program.step)(*program.empty_inputs())
     _tidy(gm, program.input_names)
     return gm
+
+
+@functools.cache
+def settle_imports() -> None:
+    """Once per process, before its first trace: import what a first ``make_fx`` / ``FakeTensorMode`` imports
+    (``torch._dynamo``, with sympy: about 1 s of CPU) with the cyclic collector paused, then freeze every object
+    alive (:func:`commsched.heap.imports_settled`). Changes no traced graph: torch imports the same modules on
+    its first trace (tests/workloads/test_trace_startup.py checks that a trace is node for node the same)."""
+    with imports_settled():
+        import torch._dynamo  # noqa: F401  (make_fx imports it on its first call, FakeTensorMode its config)
 
 
 def _tidy(gm: torch.fx.GraphModule, input_names: list[str]) -> None:
