@@ -10,50 +10,16 @@ and its backward, the ops the zoo traces (key / value heads expanded to the quer
 from __future__ import annotations
 
 import csv
-import gc
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
+from decompose_tp_streams import gpu_us  # this folder: the same timing behind a spin kernel
 
 SHAPES = [  # (batch, heads, seq, head_dim): llama3-8b under TP 8 (4 heads) at three lengths, whole (32 heads)
     (1, 4, 8192, 128), (1, 4, 4096, 128), (2, 4, 4096, 128), (1, 32, 2048, 128), (1, 32, 8192, 128),
 ]  # fmt: skip
 FIELDS = ["gpu", "torch", "cuda", "batch", "heads", "seq", "head_dim", "causal", "pass", "median_us", "min_us"]
-
-
-def gpu_us(fn: Callable[[], Any], reps: int = 20, warmup: int = 5) -> tuple[float, float]:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    launch_us = (time.perf_counter() - t0) * 1e6
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(1_000_000)
-    start.record()
-    torch.cuda._sleep(1_000_000)
-    end.record()
-    torch.cuda.synchronize()
-    cycles = int((4 * launch_us + 1000) * 1_000_000 / (start.elapsed_time(end) * 1e3))
-    times = []
-    gc.disable()
-    try:
-        for _ in range(reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda._sleep(cycles)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) * 1e3)
-    finally:
-        gc.enable()
-    return statistics.median(times), min(times)
 
 
 def measure(b: int, h: int, s: int, d: int, causal: bool) -> list[dict[str, Any]]:
@@ -73,7 +39,7 @@ def measure(b: int, h: int, s: int, d: int, causal: bool) -> list[dict[str, Any]
 
     rows = []
     for name, fn in (("forward", forward), ("backward", backward)):
-        med, low = gpu_us(fn)
+        med, low, _ = gpu_us(fn, reps=20, warmup=5)
         rows.append({"batch": b, "heads": h, "seq": s, "head_dim": d, "causal": causal, "pass": name,
                      "median_us": med, "min_us": low})  # fmt: skip
     return rows
