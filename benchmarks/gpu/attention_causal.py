@@ -4,7 +4,9 @@ torch only (runs on the GPU machine's own torch). Times with CUDA events behind 
 ``decompose_tp_streams.py``), median of 20 after 5 warm-ups, through ``aten._scaled_dot_product_flash_attention``
 and its backward, the ops the zoo traces (key / value heads expanded to the query heads, as the kernel needs).
 
-    python benchmarks/gpu/attention_causal.py OUT.csv
+    python benchmarks/gpu/attention_causal.py OUT.csv [--held-out]
+
+``--held-out`` measures ``HELD_OUT`` instead: shapes the cost model's causal block schedule was not fitted on.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ from decompose_tp_streams import gpu_us  # this folder: the same timing behind a
 
 SHAPES = [  # (batch, heads, seq, head_dim): llama3-8b under TP 8 (4 heads) at three lengths, whole (32 heads)
     (1, 4, 8192, 128), (1, 4, 4096, 128), (2, 4, 4096, 128), (1, 32, 2048, 128), (1, 32, 8192, 128),
+]  # fmt: skip
+HELD_OUT = [  # shapes the model's CTAs per SM were not fitted on: llama3-70b under TP 8 (8 heads), longer, batched
+    (1, 8, 8192, 128), (4, 8, 2048, 128), (1, 4, 16384, 128),
+    (1, 64, 4096, 128), (8, 32, 1024, 128), (1, 16, 8192, 128),
 ]  # fmt: skip
 FIELDS = ["gpu", "torch", "cuda", "batch", "heads", "seq", "head_dim", "causal", "pass", "median_us", "min_us"]
 
@@ -47,12 +53,14 @@ def measure(b: int, h: int, s: int, d: int, causal: bool) -> list[dict[str, Any]
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    held_out = "--held-out" in args
+    args = [a for a in args if a != "--held-out"]
     if len(args) != 1 or not torch.cuda.is_available():
-        print("usage: attention_causal.py OUT.csv (needs a CUDA device)", file=sys.stderr)
+        print("usage: attention_causal.py OUT.csv [--held-out] (needs a CUDA device)", file=sys.stderr)
         return 2
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": str(torch.version.cuda)}
     rows = []
-    for shape in SHAPES:
+    for shape in HELD_OUT if held_out else SHAPES:
         for causal in (False, True):
             rows += measure(*shape, causal)
     with open(args[0], "w", newline="") as f:
