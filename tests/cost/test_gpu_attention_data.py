@@ -28,26 +28,19 @@ def test_results_attention_tables_are_the_stored_runs_against_the_model(csv, pas
         assert row in results, row
 
 
-def test_the_block_schedule_holds_on_held_out_shapes():
-    """Shapes the CTAs per SM were not fitted on: every causal / full ratio within 0.1."""
+@pytest.mark.parametrize(
+    ("csv", "tolerance"), [("gpu_attention_h100.csv", 0.07), ("gpu_attention_h100_heldout.csv", 0.1)]
+)
+def test_the_causal_block_schedule_follows_the_measured_ratios(csv, tolerance):
+    """The run the CTAs per SM were fitted on (within 0.07), and held-out shapes measured after the fit (within 0.1)."""
     bench = _bench()
-    rows = bench.read_measured(ROOT / "benchmarks" / "data" / "gpu_attention_h100_heldout.csv")
-    time = {(r["batch"], r["heads"], r["seq"], r["pass"], r["causal"]): float(r["median_us"]) for r in rows}
-    for r in rows:
-        if r["causal"] == "False":
-            key = (r["batch"], r["heads"], r["seq"], r["pass"])
-            assert abs(bench.causal_block_fraction(r) - time[(*key, "True")] / time[(*key, "False")]) < 0.1, key
-
-
-def test_causal_block_schedule_follows_the_measured_ratios():
-    bench = _bench()
-    rows = bench.read_measured(ROOT / "benchmarks" / "data" / "gpu_attention_h100.csv")
+    rows = bench.read_measured(ROOT / "benchmarks" / "data" / csv)
     time = {(r["batch"], r["heads"], r["seq"], r["pass"], r["causal"]): float(r["median_us"]) for r in rows}
     for r in rows:
         if r["causal"] == "False":
             key = (r["batch"], r["heads"], r["seq"], r["pass"])
             measured = time[(*key, "True")] / time[(*key, "False")]
-            assert abs(bench.causal_block_fraction(r) - measured) < 0.07, key
+            assert abs(bench.causal_block_fraction(r) - measured) < tolerance, key
 
 
 def test_the_model_is_within_0_7_to_1_2_of_every_measured_pass():
