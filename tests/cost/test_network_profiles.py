@@ -5,6 +5,7 @@ source, holds on it."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import statistics
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from commsched.cost.nccl_tests import NcclTestsLog, compare_with_model, read_ncc
 
 DATA = Path(commsched.__file__).parent / "cost" / "data" / "nccl_tests"
 INDEX = {e["file"]: e for e in tomllib.loads((DATA / "sources.toml").read_text())["log"]}
+CLASSES = ((1 << 20, 16 << 20), (16 << 20, 256 << 20), (256 << 20, 8 << 30))  # 1-16 MB, 16-256 MB, 256 MB-8 GB
 # network: (GPU it was fitted under, the fitted log, median |busbw error| >= 1 MiB after the fit; held-out logs)
 FITS = {
     "efa-p5": ("h100-sxm", "aws_ads_p5_2node_efa_ar.txt", 0.03, ("aws_do_eks_p5_2node_efa_ar.txt",)),
@@ -95,9 +97,8 @@ def compare(size, hw: str) -> float:
 
 
 def _class_medians(comparison) -> list[float]:
-    classes = ((1 << 20, 16 << 20), (16 << 20, 256 << 20), (256 << 20, 8 << 30))
     return [
-        statistics.median(abs(s.rel_err) for s in comparison.sizes if lo <= s.size_bytes <= hi) for lo, hi in classes
+        statistics.median(abs(s.rel_err) for s in comparison.sizes if lo <= s.size_bytes <= hi) for lo, hi in CLASSES
     ]
 
 
@@ -134,20 +135,53 @@ FAMILY_TABLE = {
 }
 
 
-@pytest.mark.parametrize("family", sorted(FAMILY_TABLE))
-def test_the_per_family_held_out_table_in_results(family):
-    classes = ((1 << 20, 16 << 20), (16 << 20, 256 << 20), (256 << 20, 8 << 30))
-    per_class: list[dict[str, list[float]]] = [{} for _ in classes]
+def _family_per_log(family: str) -> list[dict[str, list[float]]]:
+    """Per size class: held-out log -> its |busbw error| at each size there, under the family's network."""
+    per_class: list[dict[str, list[float]]] = [{} for _ in CLASSES]
     for file, hw in FAMILIES[family]:
         for s in compare_with_model(indexed(file), hw).sizes:
-            for k, (lo, hi) in enumerate(classes):
+            for k, (lo, hi) in enumerate(CLASSES):
                 if lo <= s.size_bytes <= hi and s.rel_err is not None:
                     per_class[k].setdefault(file, []).append(abs(s.rel_err))
+    return per_class
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_TABLE))
+def test_the_per_family_held_out_table_in_results(family):
+    per_class = _family_per_log(family)
     for k, (median, worst_log) in enumerate(FAMILY_TABLE[family]):
         errs = [e for v in per_class[k].values() for e in v]
         got = (statistics.median(errs), max(statistics.median(v) for v in per_class[k].values()))
         assert got == pytest.approx((median, worst_log), abs=0.005), (family, k, got)
     # issue 17's bar (median <= 10 %, worst log <= 25 %) holds on the median in every class, and on the worst log in
-    # every class but InfiniBand's 16-256 MB (38 %: a 10-node cluster's all_gather, benchmarks/RESULTS.md says why)
+    # every class but InfiniBand's 16-256 MB (38 %: a 10-node cluster's all_gather, which the data index flags as
+    # doubtful; benchmarks/RESULTS.md, "Why InfiniBand's 16-256 MB worst log misses")
     assert all(m <= 0.10 for m, _ in FAMILY_TABLE[family])
     assert all(w <= 0.25 for k, (_, w) in enumerate(FAMILY_TABLE[family]) if (family, k) != ("IB", 1))
+
+
+def _self_consistency(file: str, lo: int, hi: int) -> tuple[float, int]:
+    """(median |in-place time / out-of-place time - 1|, times the measured time falls as the size doubles)."""
+    rows = [r for r in indexed(file).rows if lo <= r.size_bytes <= hi]
+    gaps = [abs(r.ip_time_us / r.oop_time_us - 1) for r in rows if r.ip_time_us]
+    return statistics.median(gaps), sum(b.time_s < a.time_s for a, b in itertools.pairwise(rows))
+
+
+def test_the_ib_cell_over_the_bar_is_a_log_that_disagrees_with_itself():
+    """benchmarks/RESULTS.md, "Why InfiniBand's 16-256 MB worst log misses": the two held-out logs over 25 % at
+    16-256 MB are the 10-node cluster's all_gather (38 %) and reduce_scatter (36 %). Both are flagged doubtful in the
+    data index, are the only held-out IB logs whose time falls as the size doubles there, and their in-place and
+    out-of-place times differ 8 % / 12 % (median), more than 3 x any other source's IB log; without the flagged logs
+    the class's worst log is at 15 % (not the bar, which counts every log)."""
+    lo, hi = CLASSES[1]
+    per_log = {f: statistics.median(v) for f, v in _family_per_log("IB")[1].items()}
+    over = {f for f, e in per_log.items() if e > 0.25}
+    ten_node = {f"xxrjun_cluster01_h100_10node_g8_{c}.txt" for c in ("all_gather", "reduce_scatter")}
+    assert over == ten_node and max(per_log.values()) == pytest.approx(0.38, abs=0.005), per_log
+    assert all("doubtful" in INDEX[f] for f in over)
+    consistency = {f: _self_consistency(f, lo, hi) for f in per_log}
+    assert {f for f, (_, falls) in consistency.items() if falls} == ten_node, consistency
+    other_sources = [gap for f, (gap, _) in consistency.items() if not f.startswith("xxrjun")]
+    assert min(consistency[f][0] for f in ten_node) > 3 * max(other_sources), consistency
+    kept = [statistics.median(v) for f, v in _family_per_log("IB")[1].items() if "doubtful" not in INDEX[f]]
+    assert max(kept) == pytest.approx(0.15, abs=0.005), kept
