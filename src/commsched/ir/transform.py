@@ -1,4 +1,4 @@
-"""Whole-graph transforms that renumber nodes: subgraph selection and dead-node elimination."""
+"""Whole-graph transforms that renumber nodes: subgraph selection, dead-node elimination, a new node order."""
 
 from __future__ import annotations
 
@@ -133,3 +133,68 @@ def topological_order(g: Graph, key=None) -> np.ndarray:
     indeg = np.diff(g.predecessors_csr()[0])
     out = kahn_order(ptr, idx, indeg, range(len(g)) if key is None else key)
     return np.asarray(out, np.int32)
+
+
+def _permute_csr(ptr: np.ndarray, idx: np.ndarray, order: np.ndarray, new_id: np.ndarray):
+    """A CSR's rows taken in ``order``, their entries renumbered by ``new_id`` (each row keeps its entry order)."""
+    counts = np.diff(ptr)[order]
+    new_ptr = np.zeros(len(order) + 1, np.int32)
+    np.cumsum(counts, out=new_ptr[1:])
+    take = np.repeat(ptr[order] - new_ptr[:-1], counts) + np.arange(int(new_ptr[-1]))
+    return new_ptr, new_id[idx[take]].astype(np.int32)
+
+
+def permute_nodes(g: Graph, order: np.ndarray) -> Graph:
+    """``g`` with its nodes renumbered in ``order`` (a topological order of every node): the graph a frontend
+    builds from the same program written in that order (storages numbered by their owner's new position, process
+    groups by first use), without importing it again."""
+    order = np.asarray(order, np.int64)
+    if sorted(order.tolist()) != list(range(len(g))):
+        raise GraphError(f"order must list each of the graph's {len(g)} nodes once")
+    new_id = np.empty(len(g), np.int64)
+    new_id[order] = np.arange(len(g))
+    in_ptr, in_idx = _permute_csr(g.in_ptr, g.in_idx, order, new_id)
+    dep_ptr, dep_idx = _permute_csr(g.dep_ptr, g.dep_idx, order, new_id)
+    for ptr, idx, what in ((in_ptr, in_idx, "an input"), (dep_ptr, dep_idx, "an ordering predecessor")):
+        late = idx >= np.repeat(np.arange(len(g)), np.diff(ptr))
+        if late.any():
+            v = int(np.searchsorted(ptr, np.flatnonzero(late)[0], side="right")) - 1
+            raise GraphError(f"order puts node {g.names[order[v]]!r} before {what} of it")
+    buf_ptr, buf_idx = _permute_csr(g.buf_ptr, np.arange(len(g.buf_nbytes)), order, np.arange(len(g.buf_nbytes)))
+    storage_order = np.lexsort((np.arange(g.num_storages), new_id[g.storage_owner]))  # by owner, then as made
+    new_storage = np.empty(g.num_storages, np.int64)
+    new_storage[storage_order] = np.arange(g.num_storages)
+    coll = g.coll_type[order] >= 0
+    first_use = dict.fromkeys(g.coll_group[order][coll].tolist())
+    groups = list(first_use) + [k for k in range(len(g.groups)) if k not in first_use]
+    new_group = np.full(len(g.groups) + 1, -1, np.int64)  # index -1 (no group) stays -1
+    new_group[groups] = np.arange(len(groups))
+    wait_of = g.wait_of[order].copy()
+    wait_of[wait_of >= 0] = new_id[wait_of[wait_of >= 0]]
+    return Graph(
+        names=[g.names[i] for i in order],
+        targets=[g.targets[i] for i in order],
+        kinds=g.kinds[order],
+        in_ptr=in_ptr,
+        in_idx=in_idx,
+        dep_ptr=dep_ptr,
+        dep_idx=dep_idx,
+        flops=g.flops[order],
+        buf_ptr=buf_ptr,
+        buf_shape=[g.buf_shape[b] for b in buf_idx],
+        buf_dtype=[g.buf_dtype[b] for b in buf_idx],
+        buf_nbytes=g.buf_nbytes[buf_idx],
+        buf_storage=new_storage[g.buf_storage[buf_idx]].astype(np.int32),
+        storage_nbytes=g.storage_nbytes[storage_order],
+        storage_owner=new_id[g.storage_owner[storage_order]].astype(np.int32),
+        side_effect=g.side_effect[order],
+        coll_type=g.coll_type[order],
+        coll_group=new_group[g.coll_group[order]].astype(g.coll_group.dtype),
+        coll_reduce_op={int(new_id[i]): op for i, op in g.coll_reduce_op.items()},
+        coll_in_bytes=g.coll_in_bytes[order],
+        coll_out_bytes=g.coll_out_bytes[order],
+        coll_sync=g.coll_sync[order],
+        wait_of=wait_of.astype(np.int32),
+        groups=[g.groups[k] for k in groups],
+        meta=g.meta,
+    )

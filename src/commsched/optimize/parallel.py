@@ -71,8 +71,11 @@ def judge_candidate(spec: dict[str, Any]) -> dict[str, Any]:
     if isinstance(v, search.Tried):
         return {"label": v.label, "collectives": v.collectives, "verdict": v.verdict}
     sim = v.sim
-    return {"label": v.label, "collectives": len(g2.collectives), "makespan_ns": int(sim.makespan_ns),
-            "makespan_s": float(sim.makespan_s), "peak_memory_bytes": int(sim.peak_memory_bytes)}  # fmt: skip
+    row = {"label": v.label, "collectives": len(g2.collectives), "makespan_ns": int(sim.makespan_ns),
+           "makespan_s": float(sim.makespan_s), "peak_memory_bytes": int(sim.peak_memory_bytes)}  # fmt: skip
+    if spec["stage"] == "probe":  # a finalist whose bound is above a step found before it is pruned
+        row["lower_bound_ns"] = search.bound_ns(sim)
+    return row
 
 
 def _failed(spec: dict[str, Any], text: str) -> dict[str, Any]:
@@ -80,7 +83,8 @@ def _failed(spec: dict[str, Any], text: str) -> dict[str, Any]:
 
 
 def bucketed(gm: Any, g: Any, hw: Any, costing: tuple, knobs: dict, scheduled_order: Any, finalists: int,
-             granularities: tuple = search.GRANULARITIES, *, executor: Any, table: Any = None) -> list:  # fmt: skip
+             granularities: tuple = search.GRANULARITIES, prior: list | tuple = (), *, executor: Any,
+             table: Any = None) -> list:  # fmt: skip
     """:func:`commsched.optimize.search._bucketed` with the candidates judged on ``executor``: the same list of
     variants and verdicts, in the same order, the finalists as :class:`Evaluated`."""
     from commsched.rewrites.bucket_graph import noncontiguous_inputs
@@ -105,7 +109,8 @@ def bucketed(gm: Any, g: Any, hw: Any, costing: tuple, knobs: dict, scheduled_or
             probed[spec["plan_on"]].append((row["makespan_ns"], spec["index"], spec))
     out = [_probe_failed(probes[item]) if isinstance(item, int) else item for item in out]
     # no order within the budget even for the probe, or it failed: its verdict; a probed one: to the finals
-    return [item for item in out if item is not None] + _finals(probed, specs, probes, knobs, finalists, executor)
+    finals = _finals(probed, probes, knobs, finalists, executor, search._incumbent_ns(prior, knobs))
+    return [item for item in out if item is not None] + finals
 
 
 def _probe_failed(row: dict[str, Any]) -> Any:
@@ -115,19 +120,31 @@ def _probe_failed(row: dict[str, Any]) -> Any:
     return search.Tried(row["label"], row["collectives"], verdict=row["verdict"])
 
 
-def _finals(probed: dict, specs: list, probes: list, knobs: dict, finalists: int, executor: Any) -> list:
-    """Per order the plans were made on, the ``finalists`` best probes (ties: the earlier candidate) get the full
-    search on ``executor``; the others keep the probe's verdict."""
+def _finals(probed: dict, probes: list, knobs: dict, finalists: int, executor: Any, best_ns: int) -> list:
+    """:func:`commsched.optimize.search._finals` on ``executor``: the finalists' full searches run at once (but
+    those the step found before them already prunes), then every verdict is given in the serial search's order,
+    with the same bound rule, so each finalist's row is the serial one."""
     suffix = ", collectives reordered" if knobs["reorder_collectives"] else ""
-    ranked = [sorted(family, key=lambda q: q[:2]) for family in probed.values()]
-    final_specs = [{**spec, "label": spec["label"] + suffix, "stage": "full"}
-                   for family in ranked for _, _, spec in family[:finalists]]  # fmt: skip
-    fulls = iter(executor.map(PROBE_FN, final_specs, fail=_failed))
+    limit = knobs["memory_budget"].bytes
+    ranked, chosen = search.final_order(probed, finalists, lambda q: probes[q[1]]["lower_bound_ns"])
+    runs = [q for q in chosen if search.bound_pruned(probes[q[1]]["lower_bound_ns"], best_ns) is None]
+    final_specs = [{**spec, "label": spec["label"] + suffix, "stage": "full"} for _, _, spec in runs]
+    rows = dict(zip((q[1] for q in runs), executor.map(PROBE_FN, final_specs, fail=_failed), strict=True))
+    judged: dict[int, Any] = {}
+    for ns, index, spec in chosen:
+        why = search.bound_pruned(probes[index]["lower_bound_ns"], best_ns)
+        if why is not None:
+            judged[index] = search.Tried(spec["label"], probes[index]["collectives"], verdict=why, probe_s=ns / 1e9)
+            continue
+        row = rows[index]
+        judged[index] = _finalist(row, {**spec, "label": spec["label"] + suffix}, ns)
+        if "makespan_ns" in row and row["peak_memory_bytes"] <= limit:
+            best_ns = min(best_ns, row["makespan_ns"])
     out: list[Any] = []
     for family in ranked:
         for k, (ns, index, spec) in enumerate(family):
             if k < finalists:
-                out.append(_finalist(next(fulls), {**spec, "label": spec["label"] + suffix}, ns))
+                out.append(judged[index])
             else:
                 why = f"pruned: probe {ns / family[0][0] - 1:.1%} slower than the best plan's made on the same order"
                 out.append(search.Tried(spec["label"], probes[index]["collectives"], verdict=why, probe_s=ns / 1e9))

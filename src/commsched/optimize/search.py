@@ -196,7 +196,7 @@ def _optimize(program, hardware, num_nodes, gpus_per_node, memory_budget, reorde
     variants: list[_Variant | Tried] = [traced, _scheduled("traced program, scheduled", g, costs, knobs)]
     if gm is not None:
         scheduled = variants[1] if isinstance(variants[1], _Variant) else traced
-        args = (gm, g, hw, (costs, cost), knobs, scheduled.schedule.order, finalists, granularities)
+        args = (gm, g, hw, (costs, cost), knobs, scheduled.schedule.order, finalists, granularities, list(variants))
         if executor is None:
             variants += _bucketed(*args)
         else:  # the same search, its candidates judged on the executor's workers
@@ -215,17 +215,19 @@ def _optimize(program, hardware, num_nodes, gpus_per_node, memory_budget, reorde
     out_gm = None
     if gm is not None:
         out_gm = _final_module(gm, g, best)
-        best = _as_returned(out_gm, g, cost, best)
+        best = _as_returned(cost, best)
     return Optimized(best.label, best.graph, best.schedule, best.costs, before, best.sim, limit, tried, out_gm)
 
 
-def _as_returned(out_gm: Any, g: Graph, cost: Callable[[Graph], CostEstimate], best: _Variant) -> _Variant:
-    """The kept variant as the returned module is: re-imported, costed and simulated in its own node order. The cost
-    model's fusion depends on program order (Inductor fuses neighbours), so this can differ from the judged variant
-    by a few microseconds; the reported step is the one of the module the user gets."""
-    from commsched.frontends.fx import from_fx
+def _as_returned(cost: Callable[[Graph], CostEstimate], best: _Variant) -> _Variant:
+    """The kept variant as the returned module is: its graph in its schedule's order (the graph ``from_fx`` gives of
+    the returned module, without importing it again: ``tests/rewrites/test_as_returned.py``), costed and simulated
+    in that order. The cost model's fusion depends on program order (Inductor fuses neighbours), so this can differ
+    from the judged variant by a few microseconds; the reported step is the one of the module the user gets."""
+    from commsched.ir.transform import permute_nodes
+    from commsched.runtime.apply import module_order
 
-    g2 = from_fx(out_gm, group_sizes=g.group_sizes(), meta=g.meta)
+    g2 = permute_nodes(best.graph, module_order(best.graph, best.schedule.order))
     c2 = cost(g2)
     order = np.arange(len(g2), dtype=np.int32)
     return _Variant(best.label, g2, c2, Schedule(g2, order), simulate_costs(g2, c2, order), best.plan, best.probe_s)
@@ -298,18 +300,19 @@ def _plans(g: Graph, hw: Any, costs: CostEstimate, scheduled_order: np.ndarray, 
 
 def _bucketed(
     gm: Any, g: Graph, hw: Any, costing: tuple, knobs: dict, scheduled_order, finalists: int,
-    granularities: tuple = GRANULARITIES,
+    granularities: tuple = GRANULARITIES, prior: list | tuple = (),
 ) -> list:  # fmt: skip
     """Every distinct bucket plan applied on the IR (:func:`bucket_graph`, the graph the FX rewrite gives) and
     judged by one guarded list-scheduling attempt (:data:`PROBE`); per order the plans were made on, the
-    ``finalists`` fastest get the full ``overlap`` search (with ``knobs``), the others keep the probe's verdict.
-    ``costing``: (the costs of ``g``, the function that costs a bucketed graph alike)."""
+    ``finalists`` fastest get the full ``overlap`` search (with ``knobs``) unless their lower bound is above a step
+    already found (``prior``: the variants judged before), the others keep the probe's verdict. ``costing``: (the
+    costs of ``g``, the function that costs a bucketed graph alike)."""
     from commsched.rewrites.bucket_graph import bucket_graph, noncontiguous_inputs
 
     noncontig = noncontiguous_inputs(gm, g)
     out: list[_Variant | Tried] = []
     seen: dict[tuple, str] = {}
-    probed: dict[str, list[tuple[int, str, Graph, CostEstimate, tuple]]] = {name: [] for name in PLANNED_ON}
+    probed: dict[str, list[tuple]] = {name: [] for name in PLANNED_ON}
     costs, cost = costing
     for label, plan, order, plan_on in _plans(g, hw, costs, scheduled_order, granularities):
         key = tuple(b.members for b in plan.buckets if b.merged)
@@ -323,15 +326,63 @@ def _bucketed(
         if isinstance(probe, Tried):  # no order within the budget even for the probe
             out.append(probe)
             continue
-        probed[plan_on].append((probe.sim.makespan_ns, label, g2, c2, (plan, order)))
+        probed[plan_on].append((probe.sim.makespan_ns, len(seen) - 1, label, g2, c2, (plan, order), probe.sim))
+    return out + _finals(probed, knobs, finalists, _incumbent_ns(prior, knobs))
+
+
+def _incumbent_ns(variants: list, knobs: dict) -> int:
+    """The fastest step among ``variants`` within the memory budget (the search's best so far)."""
+    limit = knobs["memory_budget"].bytes
+    steps = [v.sim.makespan_ns for v in variants if isinstance(v, _Variant) and v.sim.peak_memory_bytes <= limit]
+    return min(steps, default=2**62)
+
+
+def bound_ns(sim: SimResult) -> int:
+    """The simulator's lower bound of ``sim``'s program in ns (any order of it: :mod:`commsched.sim.bounds`)."""
+    return round(sim.lower_bound_s * 1e9)
+
+
+def bound_pruned(bound: int, best_ns: int) -> str | None:
+    """The verdict of a finalist that cannot win: its program's lower bound is above the best step already found
+    (strictly: a tie could still win on memory); None when it must be searched."""
+    if bound <= best_ns:
+        return None
+    return (
+        f"pruned: its lower bound {bound / 1e6:.3f} ms is above the best step found before it ({best_ns / 1e6:.3f} ms)"
+    )
+
+
+def final_order(probed: dict[str, list], finalists: int, bound_of: Callable[[tuple], int]) -> tuple[list, list]:
+    """Each order's probed plans ranked by probe (ties: the earlier candidate), and the ``finalists`` best of each
+    order in the order their full searches run: the lowest lower bound (``bound_of``) first, so that a finalist
+    whose bound is above a step already found is pruned (:func:`bound_pruned`; the same verdicts on every
+    backend)."""
+    ranked = [sorted(family, key=lambda q: q[:2]) for family in probed.values()]
+    chosen = [q for family in ranked for q in family[:finalists]]
+    return ranked, sorted(chosen, key=lambda q: (bound_of(q), q[1]))
+
+
+def _finals(probed: dict[str, list], knobs: dict, finalists: int, best_ns: int) -> list:
+    """The full ``overlap`` search (with ``knobs``) for each order's ``finalists`` best probes that can still win,
+    and the probe's verdict for the others; in candidate order per order planned on."""
     suffix = ", collectives reordered" if knobs["reorder_collectives"] else ""
-    for family in probed.values():
-        family.sort(key=lambda q: q[0])
-        for k, (ns, label, g2, c2, plan) in enumerate(family):
+    limit = knobs["memory_budget"].bytes
+    ranked, chosen = final_order(probed, finalists, lambda q: bound_ns(q[6]))
+    judged: dict[int, _Variant | Tried] = {}
+    for ns, index, label, g2, c2, plan, sim in chosen:
+        why = bound_pruned(bound_ns(sim), best_ns)
+        if why is not None:
+            judged[index] = Tried(label, len(g2.collectives), verdict=why, probe_s=ns / 1e9)
+            continue
+        full = judged[index] = _scheduled(label + suffix, g2, c2, knobs, plan)
+        full.probe_s = ns / 1e9
+        if isinstance(full, _Variant) and full.sim.peak_memory_bytes <= limit:
+            best_ns = min(best_ns, full.sim.makespan_ns)
+    out: list[_Variant | Tried] = []
+    for family in ranked:
+        for k, (ns, index, label, g2, *_rest) in enumerate(family):
             if k < finalists:
-                full = _scheduled(label + suffix, g2, c2, knobs, plan)
-                full.probe_s = ns / 1e9
-                out.append(full)
+                out.append(judged[index])
             else:
                 why = f"pruned: probe {ns / family[0][0] - 1:.1%} slower than the best plan's made on the same order"
                 out.append(Tried(label, len(g2.collectives), verdict=why, probe_s=ns / 1e9))

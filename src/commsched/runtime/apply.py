@@ -41,6 +41,19 @@ def _names_and_streams(schedule: Any, streams: Sequence[int] | np.ndarray | None
     return names, streams
 
 
+def module_order(g: Any, order: Sequence[int] | np.ndarray) -> np.ndarray:
+    """The IR ids of ``g`` in the order :func:`apply_schedule` leaves the module for the schedule ``order``: its
+    placeholders first (in ``g``'s order: the signature), the output(s) last, the rest as ``order`` has them (see
+    :func:`fx_order`). int32."""
+    from commsched.ir import OpKind
+
+    order = np.asarray(order, np.int64)
+    is_placeholder = np.fromiter((t == "placeholder" for t in g.targets), bool, count=len(g))
+    is_output = np.asarray(g.kinds) == OpKind.OUTPUT
+    body = order[~is_placeholder[order] & ~is_output[order]]
+    return np.concatenate([np.flatnonzero(is_placeholder), body, np.flatnonzero(is_output)]).astype(np.int32)
+
+
 def fx_order(gm: torch.fx.GraphModule | torch.fx.Graph, names: Sequence[str]) -> list[torch.fx.Node]:
     """The FX nodes of ``gm`` in the order ``names`` gives, checked, without changing ``gm``.
 
