@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from commsched.ir import CollType, GraphBuilder, GraphError, OpKind
 from commsched.ir.transform import eliminate_dead_nodes
@@ -129,3 +130,22 @@ def test_duplicate_names_rejected():
     b.add_node("x", "placeholder", OpKind.INPUT)
     with pytest.raises(GraphError, match="duplicate node name 'x'"):
         b.add_node("x", "placeholder", OpKind.INPUT)
+
+
+_EDGES = st.integers(1, 40).flatmap(
+    lambda n: st.tuples(st.just(n), st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=120))
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_EDGES)
+def test_csr_groups_unique_sources_by_destination(case):
+    from commsched.ir.graph import csr
+
+    n, edges = case
+    src = np.asarray([s for s, _ in edges], np.int64)
+    dst = np.asarray([d for _, d in edges], np.int64)
+    ptr, idx = csr(n, src, dst)
+    assert ptr.dtype == np.int32 and idx.dtype == np.int32 and len(ptr) == n + 1
+    for d in range(n):
+        assert idx[ptr[d] : ptr[d + 1]].tolist() == sorted({s for s, t in edges if t == d})
