@@ -24,6 +24,26 @@ def _remap_csr(ptr: np.ndarray, idx: np.ndarray, keep: np.ndarray, new_id: np.nd
     return new_ptr, new_src.astype(np.int32)
 
 
+def _node_columns(g: Graph, rows: np.ndarray, buf_idx: np.ndarray) -> dict:
+    """The per-node and per-buffer columns of ``g`` taken at ``rows`` (nodes) and ``buf_idx`` (their buffers): what
+    a renumbering copies unchanged."""
+    return dict(
+        names=[g.names[i] for i in rows],
+        targets=[g.targets[i] for i in rows],
+        kinds=g.kinds[rows],
+        flops=g.flops[rows],
+        buf_shape=[g.buf_shape[b] for b in buf_idx],
+        buf_dtype=[g.buf_dtype[b] for b in buf_idx],
+        buf_nbytes=g.buf_nbytes[buf_idx],
+        side_effect=g.side_effect[rows],
+        coll_type=g.coll_type[rows],
+        coll_in_bytes=g.coll_in_bytes[rows],
+        coll_out_bytes=g.coll_out_bytes[rows],
+        coll_sync=g.coll_sync[rows],
+        meta=g.meta,
+    )
+
+
 def select_nodes(g: Graph, keep: np.ndarray) -> Graph:
     keep = np.asarray(keep, bool)
     if keep.shape != (len(g),):
@@ -52,31 +72,19 @@ def select_nodes(g: Graph, keep: np.ndarray) -> Graph:
         raise GraphError("a kept wait's collective is dropped")
     wait_of[has_wait] = new_id[wait_of[has_wait]]
     return Graph(
-        names=[g.names[i] for i in kept],
-        targets=[g.targets[i] for i in kept],
-        kinds=g.kinds[kept],
+        **_node_columns(g, kept, buf_idx),
         in_ptr=in_ptr,
         in_idx=in_idx,
         dep_ptr=dep_ptr,
         dep_idx=dep_idx,
-        flops=g.flops[kept],
         buf_ptr=buf_ptr,
-        buf_shape=[g.buf_shape[b] for b in buf_idx],
-        buf_dtype=[g.buf_dtype[b] for b in buf_idx],
-        buf_nbytes=g.buf_nbytes[buf_idx],
         buf_storage=new_storage[g.buf_storage[buf_idx]].astype(np.int32),
         storage_nbytes=g.storage_nbytes[storage_used],
         storage_owner=new_id[g.storage_owner[storage_used]].astype(np.int32),
-        side_effect=g.side_effect[kept],
-        coll_type=g.coll_type[kept],
         coll_group=g.coll_group[kept],
         coll_reduce_op={int(new_id[i]): op for i, op in g.coll_reduce_op.items() if keep[i]},
-        coll_in_bytes=g.coll_in_bytes[kept],
-        coll_out_bytes=g.coll_out_bytes[kept],
-        coll_sync=g.coll_sync[kept],
         wait_of=wait_of.astype(np.int32),
         groups=g.groups,
-        meta=g.meta,
     )
 
 
@@ -172,29 +180,17 @@ def permute_nodes(g: Graph, order: np.ndarray) -> Graph:
     wait_of = g.wait_of[order].copy()
     wait_of[wait_of >= 0] = new_id[wait_of[wait_of >= 0]]
     return Graph(
-        names=[g.names[i] for i in order],
-        targets=[g.targets[i] for i in order],
-        kinds=g.kinds[order],
+        **_node_columns(g, order, buf_idx),
         in_ptr=in_ptr,
         in_idx=in_idx,
         dep_ptr=dep_ptr,
         dep_idx=dep_idx,
-        flops=g.flops[order],
         buf_ptr=buf_ptr,
-        buf_shape=[g.buf_shape[b] for b in buf_idx],
-        buf_dtype=[g.buf_dtype[b] for b in buf_idx],
-        buf_nbytes=g.buf_nbytes[buf_idx],
         buf_storage=new_storage[g.buf_storage[buf_idx]].astype(np.int32),
         storage_nbytes=g.storage_nbytes[storage_order],
         storage_owner=new_id[g.storage_owner[storage_order]].astype(np.int32),
-        side_effect=g.side_effect[order],
-        coll_type=g.coll_type[order],
         coll_group=new_group[g.coll_group[order]].astype(g.coll_group.dtype),
         coll_reduce_op={int(new_id[i]): op for i, op in g.coll_reduce_op.items()},
-        coll_in_bytes=g.coll_in_bytes[order],
-        coll_out_bytes=g.coll_out_bytes[order],
-        coll_sync=g.coll_sync[order],
         wait_of=wait_of.astype(np.int32),
         groups=[g.groups[k] for k in groups],
-        meta=g.meta,
     )
