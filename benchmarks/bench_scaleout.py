@@ -186,9 +186,24 @@ def _pairs(args, sweep: list[str], home: Path, results: dict) -> None:
             ratios[name].append(two / one)
             seen = ", ".join(f"worker CPU {c:.2f} s, wrote {d / 2**20:.0f} MiB" for c, d in workers.values())
             print(f"{name}: --no-cache -j 2: {two:.2f} s, CPU {cpu2:.2f} s ({seen}; {load()}): "
-                  f"{two / one:.2f}x the -j 1 wall before it")  # fmt: skip
+                  f"{two / one:.2f}x the -j 1 wall before it; {_split(results[f'jobs 2 #{i}{key}'])}")  # fmt: skip
     for name, r in ratios.items():
         print(f"{name}: -j 2 / -j 1, median of {len(r)}: {statistics.median(r):.2f}x")
+
+
+def _split(rows: list) -> str:
+    """Which process ran which configurations, and the slowest estimate + schedule + simulate of each (seconds:
+    a process that loads numba's compiled loops on a first call pays it there)."""
+    by_pid: dict[int, list] = {}
+    for r in rows:
+        by_pid.setdefault(r["pid"], []).append(r)
+    parts = []
+    for pid_rows in by_pid.values():
+        stages = max(sum(r[k] or 0.0 for k in ("estimate_wall_s", "schedule_wall_s", "simulate_wall_s"))
+                     for r in pid_rows)  # fmt: skip
+        tasks = dict.fromkeys(f"{r['parallel']} {r['world_size']}" for r in pid_rows)
+        parts.append(f"{', '.join(tasks)} (slowest stages {stages:.3f} s)")
+    return "; ".join(parts)
 
 
 def _check_rows(results: dict) -> None:
