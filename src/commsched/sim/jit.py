@@ -68,8 +68,9 @@ def entry_loops() -> dict[str, Any]:
 def load_cached() -> list[str]:
     """Load every specialisation of every :func:`entry_loops` loop that numba's on-disk cache holds for this source,
     numba and machine, as a first call would; compiles nothing the cache lacks (a loop whose cache is missing or
-    stale is left to its first call, which compiles it, as before) and writes nothing. Returns ``"module.name(signature)"`` of each loaded. Uses numba's cache
-    internals (``Dispatcher._cache``): where they differ, it loads nothing (the test suite checks that it loads)."""
+    stale is left to its first call, which compiles it, as before) and writes nothing. Returns
+    ``"module.name(signature)"`` of each loaded. Uses numba's cache internals (``Dispatcher._cache``): where they
+    differ, it loads nothing (the test suite checks that it loads)."""
     loaded = []
     for name, dispatcher in entry_loops().items():
         for sig in _cached_signatures(dispatcher):
