@@ -47,6 +47,7 @@ from commsched.execute.base import (
     error_text,
     hello,
     resolve_fn,
+    versions,
     warm_imports_of,
     warm_up,
 )
@@ -283,6 +284,8 @@ class LocalExecutor:
         # its imports (commsched.heap.imports_settled: nearly all it holds) forks as it is: unfreezing after the
         # fork would thaw them too; any other freezes everything for the fork only
         freeze_for_fork = start == "fork" and gc.get_freeze_count() == 0
+        if start == "fork":
+            versions()  # once, here: a forked worker's hello() answers with it (a hash of the source files)
         if freeze_for_fork:
             gc.freeze()
         try:

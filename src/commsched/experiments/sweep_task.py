@@ -32,10 +32,11 @@ _DEGREE_OPTIONS = {"tp_size": "tp", "ep_size": "ep"}
 
 @functools.cache
 def warm_imports() -> None:
-    """What a task imports first (torch and a first trace's lazy imports, the passes, numba), imported once per
-    process with the cyclic collector paused and then frozen (:func:`commsched.heap.imports_settled`). A local
-    pool calls it before it forks its workers (:func:`commsched.execute.base.warm_imports_of`), and a sweep that
-    will trace here before it checks its names (which imports the same)."""
+    """What a task imports first (torch and a first trace's lazy imports, the passes, numba) and numba's cached
+    compiled loops (:func:`commsched.sim.jit.load_cached`: what a first simulation would load), once per process
+    with the cyclic collector paused and then frozen (:func:`commsched.heap.imports_settled`). A local pool calls
+    it before it forks its workers (:func:`commsched.execute.base.warm_imports_of`), which so inherit all of it,
+    and a sweep that will trace here before it checks its names (which imports the same)."""
     from commsched.heap import imports_settled
 
     with imports_settled():
@@ -43,9 +44,11 @@ def warm_imports() -> None:
         import commsched.passes
         import commsched.report.step
         import commsched.sim  # noqa: F401
+        from commsched.sim.jit import load_cached
         from commsched.workloads.trace import settle_imports
 
         settle_imports()
+        load_cached()
 
 
 def build_options(parallel: str, build_kw: dict[str, Any]) -> dict[str, Any]:
