@@ -194,12 +194,14 @@ def run_on_executor(fn: Callable[[Any], Any], jobs: int | None, ray_address: str
     "interrupted" and exit 130."""
     from commsched.execute import ExecutorError, make_executor
 
+    deadline = ctrl_c_deadline() if ray_address is None else contextlib.nullcontext()  # Ray stops its own way
     try:
-        executor = make_executor(jobs=jobs, ray_address=ray_address)
-        try:
-            return fn(executor)
-        finally:
-            executor.close()
+        with deadline:
+            executor = make_executor(jobs=jobs, ray_address=ray_address)
+            try:
+                return fn(executor)
+            finally:
+                executor.close()
     except ExecutorError as exc:
         raise ValueError(str(exc)) from None
     except KeyboardInterrupt:
@@ -217,3 +219,48 @@ def exit_interrupted(message: str) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(130)
+
+
+CTRL_C_DEADLINE_S = 3.0
+"""how long after Ctrl-C a local-pool run may take to stop before it is stopped by force (a normal stop takes well
+under a second)"""
+
+
+@contextlib.contextmanager
+def ctrl_c_deadline(seconds: float = CTRL_C_DEADLINE_S) -> Iterator[None]:
+    """Ctrl-C inside the block raises KeyboardInterrupt as usual (the executor reaps its workers, the finished rows
+    are kept), and also arms a timer: if the block has not been left ``seconds`` later (a cleanup that waits on
+    something the interrupt left held), the process's multiprocessing children are killed and it exits 130 at
+    once. A safety net for the promise that Ctrl-C stops a local pool within a few seconds and leaves no worker
+    behind."""
+    import signal
+    import threading
+
+    def force_exit() -> None:
+        import multiprocessing
+
+        for child in multiprocessing.active_children():
+            with contextlib.suppress(Exception):
+                child.kill()
+                child.join(0.5)
+        exit_interrupted(f"interrupted: stopped by force, {seconds:g} s after Ctrl-C")
+
+    timer: list[threading.Timer] = []
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if not timer:
+            timer.append(threading.Timer(seconds, force_exit))
+            timer[0].daemon = True
+            timer[0].start()
+        signal.default_int_handler(signum, frame)
+
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        for t in timer:  # the block has been left (its cleanup done): the rest of the stop is the caller's
+            t.cancel()

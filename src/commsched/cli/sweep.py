@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ from commsched.cli.common import (
     LayersOption,
     ModeOption,
     console,
+    ctrl_c_deadline,
     err_console,
     error_line,
     exit_interrupted,
@@ -89,26 +91,28 @@ def register(app: typer.Typer) -> None:
             build_kw = {k: v for k, v in options.items() if v is not None}
             t0 = time.perf_counter()
             computed: list = []
+            deadline = ctrl_c_deadline() if ray_address is None else contextlib.nullcontext()  # Ray: its own stop
             try:
-                rows = run_sweep(
-                    preset,
-                    parallel=parallels,
-                    world_sizes=worlds,
-                    hardware=profiles,
-                    layers=layers,
-                    schedule=schedule,
-                    optimize=optimizing,
-                    fsdp_bucket=buckets,
-                    processes=jobs,
-                    ray_address=ray_address,
-                    cache=not no_cache,
-                    gpus_per_node=gpus_per_node,
-                    mode=mode,
-                    progress=True,
-                    console=err_console,
-                    on_rows=computed.extend,
-                    **build_kw,
-                )
+                with deadline:
+                    rows = run_sweep(
+                        preset,
+                        parallel=parallels,
+                        world_sizes=worlds,
+                        hardware=profiles,
+                        layers=layers,
+                        schedule=schedule,
+                        optimize=optimizing,
+                        fsdp_bucket=buckets,
+                        processes=jobs,
+                        ray_address=ray_address,
+                        cache=not no_cache,
+                        gpus_per_node=gpus_per_node,
+                        mode=mode,
+                        progress=True,
+                        console=err_console,
+                        on_rows=computed.extend,
+                        **build_kw,
+                    )
             except ExecutorError as exc:
                 raise ValueError(str(exc)) from None
             except KeyboardInterrupt:
