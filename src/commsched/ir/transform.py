@@ -24,23 +24,38 @@ def _remap_csr(ptr: np.ndarray, idx: np.ndarray, keep: np.ndarray, new_id: np.nd
     return new_ptr, new_src.astype(np.int32)
 
 
-def _node_columns(g: Graph, rows: np.ndarray, buf_idx: np.ndarray) -> dict:
-    """The per-node and per-buffer columns of ``g`` taken at ``rows`` (nodes) and ``buf_idx`` (their buffers): what
-    a renumbering copies unchanged."""
-    return dict(
+def _renumbered(
+    g: Graph, rows: np.ndarray, buf_idx: np.ndarray, buf_ptr: np.ndarray, edges: tuple, new_id: np.ndarray,
+    storages: np.ndarray, new_storage: np.ndarray, **columns,
+) -> Graph:  # fmt: skip
+    """``g``'s nodes ``rows`` (in that order) with their buffers ``buf_idx`` (``buf_ptr`` per node), ``edges``: the
+    new (in, dep) CSRs, ``new_id``: old node id -> new, ``storages``: the kept storages in their new order
+    (``new_storage``: old storage id -> new); ``columns``: the collective-group and wait columns, already
+    renumbered."""
+    (in_ptr, in_idx), (dep_ptr, dep_idx) = edges
+    return Graph(
         names=[g.names[i] for i in rows],
         targets=[g.targets[i] for i in rows],
         kinds=g.kinds[rows],
+        in_ptr=in_ptr,
+        in_idx=in_idx,
+        dep_ptr=dep_ptr,
+        dep_idx=dep_idx,
         flops=g.flops[rows],
+        buf_ptr=buf_ptr,
         buf_shape=[g.buf_shape[b] for b in buf_idx],
         buf_dtype=[g.buf_dtype[b] for b in buf_idx],
         buf_nbytes=g.buf_nbytes[buf_idx],
+        buf_storage=new_storage[g.buf_storage[buf_idx]].astype(np.int32),
+        storage_nbytes=g.storage_nbytes[storages],
+        storage_owner=new_id[g.storage_owner[storages]].astype(np.int32),
         side_effect=g.side_effect[rows],
         coll_type=g.coll_type[rows],
         coll_in_bytes=g.coll_in_bytes[rows],
         coll_out_bytes=g.coll_out_bytes[rows],
         coll_sync=g.coll_sync[rows],
         meta=g.meta,
+        **columns,
     )
 
 
@@ -71,21 +86,14 @@ def select_nodes(g: Graph, keep: np.ndarray) -> Graph:
     if np.any(has_wait & ~keep[np.maximum(wait_of, 0)]):
         raise GraphError("a kept wait's collective is dropped")
     wait_of[has_wait] = new_id[wait_of[has_wait]]
-    return Graph(
-        **_node_columns(g, kept, buf_idx),
-        in_ptr=in_ptr,
-        in_idx=in_idx,
-        dep_ptr=dep_ptr,
-        dep_idx=dep_idx,
-        buf_ptr=buf_ptr,
-        buf_storage=new_storage[g.buf_storage[buf_idx]].astype(np.int32),
-        storage_nbytes=g.storage_nbytes[storage_used],
-        storage_owner=new_id[g.storage_owner[storage_used]].astype(np.int32),
+    edges = ((in_ptr, in_idx), (dep_ptr, dep_idx))
+    return _renumbered(
+        g, kept, buf_idx, buf_ptr, edges, new_id, np.flatnonzero(storage_used), new_storage,
         coll_group=g.coll_group[kept],
         coll_reduce_op={int(new_id[i]): op for i, op in g.coll_reduce_op.items() if keep[i]},
         wait_of=wait_of.astype(np.int32),
         groups=g.groups,
-    )
+    )  # fmt: skip
 
 
 def live_mask(g: Graph) -> np.ndarray:
@@ -179,18 +187,11 @@ def permute_nodes(g: Graph, order: np.ndarray) -> Graph:
     new_group[groups] = np.arange(len(groups))
     wait_of = g.wait_of[order].copy()
     wait_of[wait_of >= 0] = new_id[wait_of[wait_of >= 0]]
-    return Graph(
-        **_node_columns(g, order, buf_idx),
-        in_ptr=in_ptr,
-        in_idx=in_idx,
-        dep_ptr=dep_ptr,
-        dep_idx=dep_idx,
-        buf_ptr=buf_ptr,
-        buf_storage=new_storage[g.buf_storage[buf_idx]].astype(np.int32),
-        storage_nbytes=g.storage_nbytes[storage_order],
-        storage_owner=new_id[g.storage_owner[storage_order]].astype(np.int32),
+    edges = ((in_ptr, in_idx), (dep_ptr, dep_idx))
+    return _renumbered(
+        g, order, buf_idx, buf_ptr, edges, new_id, storage_order, new_storage,
         coll_group=new_group[g.coll_group[order]].astype(g.coll_group.dtype),
         coll_reduce_op={int(new_id[i]): op for i, op in g.coll_reduce_op.items()},
         wait_of=wait_of.astype(np.int32),
         groups=[g.groups[k] for k in groups],
-    )
+    )  # fmt: skip
