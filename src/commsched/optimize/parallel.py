@@ -125,21 +125,25 @@ def _finals(probed: dict, probes: list, knobs: dict, finalists: int, executor: A
     those the step found before them already prunes), then every verdict is given in the serial search's order,
     with the same bound rule, so each finalist's row is the serial one."""
     suffix = ", collectives reordered" if knobs["reorder_collectives"] else ""
-    limit = knobs["memory_budget"].bytes
-    ranked, chosen = search.final_order(probed, finalists, lambda q: probes[q[1]]["lower_bound_ns"])
-    runs = [q for q in chosen if search.bound_pruned(probes[q[1]]["lower_bound_ns"], best_ns) is None]
+
+    def bound_of(q: tuple) -> int:
+        return probes[q[1]]["lower_bound_ns"]
+
+    ranked, chosen = search.final_order(probed, finalists, bound_of)
+    runs = [q for q in chosen if search.bound_pruned(bound_of(q), best_ns) is None]
     final_specs = [{**spec, "label": spec["label"] + suffix, "stage": "full"} for _, _, spec in runs]
     rows = dict(zip((q[1] for q in runs), executor.map(PROBE_FN, final_specs, fail=_failed), strict=True))
-    judged: dict[int, Any] = {}
-    for ns, index, spec in chosen:
-        why = search.bound_pruned(probes[index]["lower_bound_ns"], best_ns)
-        if why is not None:
-            judged[index] = search.Tried(spec["label"], probes[index]["collectives"], verdict=why, probe_s=ns / 1e9)
-            continue
+
+    def run(q: tuple) -> tuple:
+        ns, index, spec = q
         row = rows[index]
-        judged[index] = _finalist(row, {**spec, "label": spec["label"] + suffix}, ns)
-        if "makespan_ns" in row and row["peak_memory_bytes"] <= limit:
-            best_ns = min(best_ns, row["makespan_ns"])
+        figures = (row["makespan_ns"], row["peak_memory_bytes"]) if "makespan_ns" in row else None
+        return _finalist(row, {**spec, "label": spec["label"] + suffix}, ns), figures
+
+    def pruned(q: tuple, why: str) -> Any:
+        return search.Tried(q[2]["label"], probes[q[1]]["collectives"], verdict=why, probe_s=q[0] / 1e9)
+
+    judged = search.judge_finals(chosen, best_ns, knobs["memory_budget"].bytes, bound_of, run, pruned)
     out: list[Any] = []
     for family in ranked:
         for k, (ns, index, spec) in enumerate(family):

@@ -362,22 +362,42 @@ def final_order(probed: dict[str, list], finalists: int, bound_of: Callable[[tup
     return ranked, sorted(chosen, key=lambda q: (bound_of(q), q[1]))
 
 
+def judge_finals(chosen: list, best_ns: int, limit: int, bound_of: Callable, run: Callable, pruned: Callable) -> dict:
+    """The verdict of each finalist of ``chosen`` (in that order), by candidate index: ``pruned(q, why)`` where its
+    lower bound (``bound_of(q)``) is above the fastest step within ``limit`` bytes found so far (``best_ns``, then
+    each full search's), else ``run(q)``: (its variant or verdict, (step ns, peak bytes) or None). One rule for the
+    serial search and the executors'."""
+    judged: dict[int, Any] = {}
+    for q in chosen:
+        why = bound_pruned(bound_of(q), best_ns)
+        if why is not None:
+            judged[q[1]] = pruned(q, why)
+            continue
+        judged[q[1]], figures = run(q)
+        if figures is not None and figures[1] <= limit:
+            best_ns = min(best_ns, figures[0])
+    return judged
+
+
 def _finals(probed: dict[str, list], knobs: dict, finalists: int, best_ns: int) -> list:
     """The full ``overlap`` search (with ``knobs``) for each order's ``finalists`` best probes that can still win,
     and the probe's verdict for the others; in candidate order per order planned on."""
     suffix = ", collectives reordered" if knobs["reorder_collectives"] else ""
-    limit = knobs["memory_budget"].bytes
-    ranked, chosen = final_order(probed, finalists, lambda q: bound_ns(q[6]))
-    judged: dict[int, _Variant | Tried] = {}
-    for ns, index, label, g2, c2, plan, sim in chosen:
-        why = bound_pruned(bound_ns(sim), best_ns)
-        if why is not None:
-            judged[index] = Tried(label, len(g2.collectives), verdict=why, probe_s=ns / 1e9)
-            continue
-        full = judged[index] = _scheduled(label + suffix, g2, c2, knobs, plan)
+
+    def run(q: tuple) -> tuple:
+        ns, _, label, g2, c2, plan, _ = q
+        full = _scheduled(label + suffix, g2, c2, knobs, plan)
         full.probe_s = ns / 1e9
-        if isinstance(full, _Variant) and full.sim.peak_memory_bytes <= limit:
-            best_ns = min(best_ns, full.sim.makespan_ns)
+        return full, (full.sim.makespan_ns, full.sim.peak_memory_bytes) if isinstance(full, _Variant) else None
+
+    def pruned(q: tuple, why: str) -> Tried:
+        return Tried(q[2], len(q[3].collectives), verdict=why, probe_s=q[0] / 1e9)
+
+    def bound_of(q: tuple) -> int:
+        return bound_ns(q[6])
+
+    ranked, chosen = final_order(probed, finalists, bound_of)
+    judged = judge_finals(chosen, best_ns, knobs["memory_budget"].bytes, bound_of, run, pruned)
     out: list[_Variant | Tried] = []
     for family in ranked:
         for k, (ns, index, label, g2, *_rest) in enumerate(family):
