@@ -98,12 +98,22 @@ def _split_batch(workload, hardware: str) -> torch.fx.GraphModule:
     return split_zoo_step(workload.spec).gm  # retraced on this rank, like the step itself
 
 
+def _reuse_gathers(workload, hardware: str) -> torch.fx.GraphModule:
+    from commsched.rewrites.reuse_gathers import find_regathers, reuse_gathers
+
+    runs = find_regathers(workload.graph_module)
+    if not runs:
+        raise RuntimeError("no re-gather to drop: the check would prove nothing")
+    return reuse_gathers(workload.graph_module, [r.backward for run in runs for r in run]).gm
+
+
 # "fsdp2" runs torch's fully_shard on a tiny MLP (eager FSDP2 against its traced, rewritten step)
 REWRITES: dict[str, RewriteFn | None] = {
     "bucket": _bucket,
     "lower_all_reduce": _lower,
     "decompose_tp": _decompose_tp,
     "split_batch": _split_batch,
+    "reuse_gathers": _reuse_gathers,
     "fsdp2": None,
 }
 

@@ -26,13 +26,14 @@ def _remap_csr(ptr: np.ndarray, idx: np.ndarray, keep: np.ndarray, new_id: np.nd
 
 def _renumbered(
     g: Graph, rows: np.ndarray, buf_idx: np.ndarray, buf_ptr: np.ndarray, edges: tuple, new_id: np.ndarray,
-    storages: np.ndarray, new_storage: np.ndarray, **columns,
+    storages: np.ndarray, new_storage: np.ndarray, buf_storage: np.ndarray | None = None, **columns,
 ) -> Graph:  # fmt: skip
     """``g``'s nodes ``rows`` (in that order) with their buffers ``buf_idx`` (``buf_ptr`` per node), ``edges``: the
     new (in, dep) CSRs, ``new_id``: old node id -> new, ``storages``: the kept storages in their new order
     (``new_storage``: old storage id -> new); ``columns``: the collective-group and wait columns, already
     renumbered."""
     (in_ptr, in_idx), (dep_ptr, dep_idx) = edges
+    buf_storage = g.buf_storage if buf_storage is None else buf_storage
     return Graph(
         names=[g.names[i] for i in rows],
         targets=[g.targets[i] for i in rows],
@@ -46,7 +47,7 @@ def _renumbered(
         buf_shape=[g.buf_shape[b] for b in buf_idx],
         buf_dtype=[g.buf_dtype[b] for b in buf_idx],
         buf_nbytes=g.buf_nbytes[buf_idx],
-        buf_storage=new_storage[g.buf_storage[buf_idx]].astype(np.int32),
+        buf_storage=new_storage[buf_storage[buf_idx]].astype(np.int32),
         storage_nbytes=g.storage_nbytes[storages],
         storage_owner=new_id[g.storage_owner[storages]].astype(np.int32),
         side_effect=g.side_effect[rows],
@@ -59,20 +60,31 @@ def _renumbered(
     )
 
 
-def select_nodes(g: Graph, keep: np.ndarray) -> Graph:
+def select_nodes(g: Graph, keep: np.ndarray, redirect: dict[int, int] | None = None) -> Graph:
+    """The nodes ``keep`` (a mask) in their order. ``redirect``: a dropped node -> the kept node whose value its
+    readers read instead (the same value, e.g. a repeated collective's earlier result)."""
     keep = np.asarray(keep, bool)
     if keep.shape != (len(g),):
         raise GraphError(f"keep mask has shape {keep.shape}; expected ({len(g)},)")
     new_id = np.cumsum(keep) - 1
     kept = np.flatnonzero(keep)
-    in_ptr, in_idx = _remap_csr(g.in_ptr, g.in_idx, keep, new_id, strict="input")
+    in_idx = g.in_idx
+    if redirect:
+        to = np.arange(len(g), dtype=in_idx.dtype)
+        to[list(redirect)] = list(redirect.values())
+        in_idx = to[in_idx]
+    in_ptr, in_idx = _remap_csr(g.in_ptr, in_idx, keep, new_id, strict="input")
+    to_storage = np.arange(g.num_storages)  # what viewed a dropped node's storage views the kept one's
+    for d, k in (redirect or {}).items():
+        to_storage[g.buf_storage[g.buf_ptr[d] : g.buf_ptr[d + 1]]] = g.buf_storage[g.buf_ptr[k] : g.buf_ptr[k + 1]]
+    buf_storage = to_storage[g.buf_storage]
     # deps to dropped nodes are dropped: a dropped node has no effect left to order against
     dep_ptr, dep_idx = _remap_csr(g.dep_ptr, g.dep_idx, keep, new_id, strict=None)
     buf_counts = np.diff(g.buf_ptr)
     buf_node = np.repeat(np.arange(len(g)), buf_counts)
     buf_keep = keep[buf_node]
     storage_used = np.zeros(g.num_storages, bool)
-    storage_used[g.buf_storage[buf_keep]] = True
+    storage_used[buf_storage[buf_keep]] = True
     owner_kept = keep[g.storage_owner]
     if np.any(storage_used & ~owner_kept):
         s = int(np.flatnonzero(storage_used & ~owner_kept)[0])
@@ -88,7 +100,7 @@ def select_nodes(g: Graph, keep: np.ndarray) -> Graph:
     wait_of[has_wait] = new_id[wait_of[has_wait]]
     edges = ((in_ptr, in_idx), (dep_ptr, dep_idx))
     return _renumbered(
-        g, kept, buf_idx, buf_ptr, edges, new_id, np.flatnonzero(storage_used), new_storage,
+        g, kept, buf_idx, buf_ptr, edges, new_id, np.flatnonzero(storage_used), new_storage, buf_storage,
         coll_group=g.coll_group[kept],
         coll_reduce_op={int(new_id[i]): op for i, op in g.coll_reduce_op.items() if keep[i]},
         wait_of=wait_of.astype(np.int32),

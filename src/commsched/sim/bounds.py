@@ -15,7 +15,15 @@ after it). Every schedule is then at least the optimum of the single-machine rel
 delivery times and preemption, which Jackson's preemptive rule (always run the released kernel with the longest tail)
 computes in O(N log N): it charges the exposed head (e.g. the first all_gather) and tail (the last reduce_scatter)
 that the other terms miss. With several compute streams it bounds the busiest one's kernels only, so it is used for
-one stream.
+one stream. The same relaxation on each process group's comm stream (its collectives run one at a time, from their
+heads on, and the step cannot end before the collective's wait's tail after it ends) charges what the group sum
+misses: communication that cannot start before the forward is done (DDP's gradient all_reduces), or whose results
+are needed early.
+
+The exposed-communication term: on one compute stream, a collective ``c`` can only run beside the work that is
+neither an ancestor of it nor after its end (its wait's descendants): ``free(c) = W - bound(c)``. Each group's
+collectives run one at a time, so the step lasts at least ``W + sum over the group of max(0, dur(c) - free(c))``:
+a TP collective between the two matmuls that need it adds its whole duration.
 
 Interference and exposed ends together: write ``T = B + I`` for the compute stream's busy and idle time. Progress
 during busy time is ``W = |B \\ F| + |B & F| / slowdown`` with ``F`` the time any collective runs, and
@@ -44,6 +52,8 @@ class LowerBound:
     critical_path_s: float
     interference_s: float = 0.0  # compute work plus the least progress lost while communication is in flight
     heads_tails_s: float = 0.0  # preemptive single-stream relaxation with release and delivery times
+    comm_heads_tails_s: dict[str, float] | None = None  # the same relaxation on each group's comm stream
+    exposed_comm_s: dict[str, float] | None = None  # per group: work plus what no schedule can hide (one stream)
 
     @property
     def value_s(self) -> float:
@@ -53,6 +63,8 @@ class LowerBound:
             self.critical_path_s,
             self.interference_s,
             self.heads_tails_s,
+            max((self.comm_heads_tails_s or {}).values(), default=0.0),
+            max((self.exposed_comm_s or {}).values(), default=0.0),
         )
 
     @property
@@ -65,6 +77,8 @@ class LowerBound:
             "heads and tails": self.heads_tails_s,
         }
         terms.update({f"comm:{k}": v for k, v in self.comm_s.items()})
+        terms.update({f"comm heads and tails:{k}": v for k, v in (self.comm_heads_tails_s or {}).items()})
+        terms.update({f"exposed comm:{k}": v for k, v in (self.exposed_comm_s or {}).items()})
         return max(terms, key=terms.__getitem__)
 
 
@@ -205,6 +219,57 @@ def interference_with_idle_ns(
     return base + best / slowdown
 
 
+def comm_heads_tails_ns(g: Graph, dur_ns: np.ndarray, head: list[int], tail: list[int]) -> dict[str, int]:
+    """Per process group: the preemptive single-machine optimum of its collectives on its comm stream, each released
+    at its head and delivered after its end by its wait's tail (a synchronous collective's own tail)."""
+    dur = dur_ns.tolist()
+    colls = np.flatnonzero(g.coll_type >= 0).tolist()
+    delivery = {c: tail[c] if g.coll_sync[c] else 0 for c in colls}
+    for w in np.flatnonzero(g.wait_of >= 0).tolist():
+        c = int(g.wait_of[w])
+        delivery[c] = max(delivery[c], dur[w] + tail[w])
+    by_group: dict[int, list[int]] = {}
+    for c in colls:
+        if dur[c] > 0:
+            by_group.setdefault(int(g.coll_group[c]), []).append(c)
+    out = {}
+    for k, grp in enumerate(g.groups):
+        mine = by_group.get(k, [])
+        rel, work, dlv = [head[c] for c in mine], [dur[c] for c in mine], [delivery[c] for c in mine]
+        out[grp.name] = preemptive_jackson_ns(rel, work, dlv) if mine else 0
+    return out
+
+
+EXPOSED_TERM_MAX_WORDS = 1 << 22
+"""the exposed-communication term is skipped (0) above this many bit words (nodes x collectives / 64 x 2)"""
+
+
+def exposed_comm_ns(g: Graph, dur_ns: np.ndarray, kernel: np.ndarray) -> dict[str, int]:
+    """Per process group: the exposed-communication term (module docstring) for one compute stream running the
+    ``kernel`` nodes. Empty when the graph is too large for the bit sets (:data:`EXPOSED_TERM_MAX_WORDS`)."""
+    from commsched.sim.bounds_jit import bound_compute_ns
+
+    colls = np.flatnonzero(g.coll_type >= 0)
+    if not len(colls) or len(g) * ((len(colls) + 63) // 64) * 2 > EXPOSED_TERM_MAX_WORDS:
+        return {}
+    coll_index = np.full(len(g), -1, np.int64)
+    coll_index[colls] = np.arange(len(colls))
+    done = np.full(len(g), -1, np.int64)
+    waits = np.flatnonzero(g.wait_of >= 0)
+    done[waits] = coll_index[g.wait_of[waits]]
+    sync = colls[g.coll_sync[colls]]
+    done[sync] = coll_index[sync]
+    work = np.where(kernel, dur_ns, 0).astype(np.int64)
+    p_ptr, p_idx = g.predecessors_csr()
+    s_ptr, s_idx = g.successors_csr()
+    args = (p_ptr, p_idx, s_ptr, s_idx)
+    tied = bound_compute_ns(*(np.ascontiguousarray(a, np.int64) for a in args), coll_index, done, work, len(colls))
+    total = int(work.sum())
+    exposed = np.maximum(0, dur_ns[colls].astype(np.int64) - (total - tied))
+    per_group = np.bincount(g.coll_group[colls], weights=exposed, minlength=len(g.groups))
+    return {grp.name: total + int(per_group[k]) for k, grp in enumerate(g.groups) if per_group[k] > 0}
+
+
 def lower_bound(g: Graph, dur_ns: np.ndarray, compute_stream: np.ndarray, slowdown: float = 1.0) -> LowerBound:
     """The bound for per-node standalone durations ``dur_ns``, the compute stream of each non-collective node and
     the compute slowdown while communication is in flight."""
@@ -221,13 +286,25 @@ def lower_bound(g: Graph, dur_ns: np.ndarray, compute_stream: np.ndarray, slowdo
             [head[j] for j in kernels], [int(dur_ns[j]) for j in kernels], [tail[j] for j in kernels]
         )
     busiest_comm = float(comm.max(initial=0.0))
+    comm_ht: dict[str, int] = {}
+    exposed: dict[str, int] = {}
+    if is_coll.any():
+        if head is None:
+            head, tail = heads_and_tails(g, dur_ns)
+        comm_ht = comm_heads_tails_ns(g, dur_ns, head, tail)
+        if kernels is not None:  # one compute stream
+            kernel = np.zeros(len(g), bool)
+            kernel[kernels] = True
+            for name, v in exposed_comm_ns(g, dur_ns, kernel).items():
+                exposed[name] = v
     slowdown = max(1.0, slowdown)
     critical = (
         critical_path_ns(g, dur_ns) if head is None else max((h + d for h, d in zip(head, dur_ns.tolist())), default=0)
     )
     interference = busiest_work + (1.0 - 1.0 / slowdown) * busiest_comm
     if kernels:
-        others = max(busiest_work, busiest_comm, critical, heads_tails, interference)
+        others = max(busiest_work, busiest_comm, critical, heads_tails, interference, *comm_ht.values(),
+                     *exposed.values())  # fmt: skip
         kwork = [int(dur_ns[j]) for j in kernels]
         interference = interference_with_idle_ns(
             busiest_work,
@@ -243,4 +320,6 @@ def lower_bound(g: Graph, dur_ns: np.ndarray, compute_stream: np.ndarray, slowdo
         critical_path_s=critical * 1e-9,
         interference_s=interference * 1e-9,
         heads_tails_s=heads_tails * 1e-9,
+        comm_heads_tails_s={k: v * 1e-9 for k, v in comm_ht.items()},
+        exposed_comm_s={k: v * 1e-9 for k, v in exposed.items()},
     )

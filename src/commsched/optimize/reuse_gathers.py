@@ -1,0 +1,146 @@
+"""Gathered parameters kept for the backward as :func:`commsched.optimize` candidates (FSDP's
+``reshard_after_forward=False`` per layer; :mod:`commsched.rewrites.reuse_gathers`).
+
+Each candidate drops the re-gathers of the first ``j`` runs in program order (the backward's: the last layer's
+first, whose gathered parameters wait the least), for ``j`` = 1, 2, 4, ... and all of them. Each one keeps more
+gathered memory and issues fewer all_gathers; the simulator decides whether the step gains within the budget.
+Every candidate is imported as it is rewritten, costed like every other variant, and judged by the same one-attempt
+probe twice: unbucketed, and bucketed by the plan of the best bucketed variant so far (its configuration, planned on
+the candidate's own program order). The count stops growing once a candidate no longer fits the budget in either
+form (more kept parameters only hold more memory). The ``finalists`` fastest probes get the full ``overlap`` search
+unless their lower bound is above a step already found.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from commsched.cost import CostEstimate
+from commsched.ir import Graph
+
+LABEL = "gathers kept for the backward"
+
+
+@dataclasses.dataclass
+class ReusePlan:
+    """One candidate (a plan kind of the search: ``apply_fx`` gives the module to keep): the re-gathers it drops,
+    the IR of the program without them, and the bucket plan (with the order it was planned on) applied after, if
+    any. The FX module is rewritten for the kept candidate only."""
+
+    dropped: tuple
+    graph: Graph
+    buckets: tuple | None = None
+
+    def apply_fx(self, gm: Any, graph: Graph) -> Any:
+        from commsched.rewrites import apply_bucket_plan
+        from commsched.rewrites.reuse_gathers import reuse_gathers
+
+        out = reuse_gathers(gm, [r.backward for r in self.dropped], recompile=False).gm
+        if self.buckets is None:
+            return out
+        return apply_bucket_plan(out, self.graph, *self.buckets, recompile=False).gm
+
+
+def counts(runs: int) -> list[int]:
+    """1, 2, 4, ... below ``runs``, then ``runs``."""
+    out, j = [], 1
+    while j < runs:
+        out.append(j)
+        j *= 2
+    return [*out, runs] if runs else []
+
+
+def reuse_variants(gm: Any, g: Graph, hw: Any, cost: Callable[[Graph], CostEstimate], knobs: dict, variants: list,
+                   finalists: int = 2) -> list:  # fmt: skip
+    """The candidates of ``gm`` (IR ``g``), judged as the module docstring says: the search's ``_Variant`` (``plan``:
+    a :class:`ReusePlan`) or a ``Tried`` with its verdict. Empty when ``gm`` gathers nothing twice."""
+    from commsched.optimize.search import PROBE, Tried, _incumbent_ns, _scheduled
+    from commsched.rewrites.reuse_gathers import find_regathers
+
+    runs = find_regathers(gm)
+    if not runs:
+        return []
+    base = _bucketing_of(variants, knobs)
+    out: list = []
+    probed: list[tuple] = []
+    for j in counts(len(runs)):
+        dropped = tuple(r for run in runs[:j] for r in run)
+        label = f"{LABEL} ({j} of {len(runs)} runs, {len(dropped)} all_gathers fewer)"
+        try:
+            candidates = _candidates(gm, g, hw, cost, dropped, label, base)
+        except Exception as exc:  # a candidate that cannot be built is a verdict, not a failed search
+            out.append(Tried(label, None, verdict=f"failed: {exc}"))
+            break
+        fits = False
+        for lab, g2, c2, plan in candidates:
+            probe = _scheduled(lab, g2, c2, {**knobs, **PROBE}, plan)
+            if isinstance(probe, Tried):
+                out.append(probe)
+                continue
+            fits = fits or probe.sim.peak_memory_bytes <= knobs["memory_budget"].bytes
+            probed.append((probe.sim.makespan_ns, len(probed), lab, g2, c2, plan, probe.sim))
+        if not fits:
+            break
+    return out + _finals(probed, knobs, finalists, _incumbent_ns(variants, knobs))
+
+
+def _candidates(gm, g: Graph, hw, cost, dropped: tuple, label: str, base) -> list[tuple]:
+    """(label, IR, costs, plan) of the rewritten program (its IR made directly, :func:`reuse_graph`), and of it
+    bucketed like ``base`` (a bucket config and its label), where that merges anything."""
+    from commsched.rewrites import plan_buckets
+    from commsched.rewrites.bucket_graph import bucket_graph, noncontiguous_inputs
+    from commsched.rewrites.reuse_gathers import reuse_graph
+
+    g2 = reuse_graph(g, dropped)
+    c2 = cost(g2)
+    out = [(label, g2, c2, ReusePlan(dropped, g2))]
+    if base is not None:
+        config, cap_label = base
+        plan = plan_buckets(g2, c2, None, hardware=hw, config=config)
+        if plan.merged:
+            g3 = bucket_graph(g2, plan, None, noncontiguous_inputs(gm, g))
+            lab = f"bucketed ({cap_label}, planned on traced order) + {label}"
+            out.append((lab, g3, cost(g3), ReusePlan(dropped, g2, (plan, None))))
+    return out
+
+
+def _bucketing_of(variants: list, knobs: dict) -> tuple | None:
+    """(bucket config, its label) of the fastest bucketed variant within the budget, or None."""
+    from commsched.optimize.transforms import _best_bucketed
+
+    best = _best_bucketed(variants, knobs)
+    if best is None:
+        return None
+    cap = best.label.split("(", 1)[1].split(", planned on")[0]
+    return best.plan[0].config, cap
+
+
+def _finals(probed: list[tuple], knobs: dict, finalists: int, best_ns: int) -> list:
+    """The full search for the ``finalists`` fastest probes (lowest bound first; pruned when the bound is above the
+    best step so far), the probe's verdict for the rest; in candidate order."""
+    from commsched.optimize.search import Tried, _scheduled, _Variant, bound_ns, final_order, judge_finals
+
+    suffix = ", collectives reordered" if knobs["reorder_collectives"] else ""
+
+    def run(q: tuple) -> tuple:
+        full = _scheduled(q[2] + suffix, q[3], q[4], knobs, q[5])
+        if isinstance(full, _Variant):
+            full.probe_s = q[0] / 1e9
+            return full, (full.sim.makespan_ns, full.sim.peak_memory_bytes)
+        return full, None
+
+    def pruned(q: tuple, why: str) -> Tried:
+        return Tried(q[2], len(q[3].collectives), verdict=why, probe_s=q[0] / 1e9)
+
+    ranked, chosen = final_order({"all": probed}, finalists, lambda q: bound_ns(q[6]))
+    judged = judge_finals(chosen, best_ns, knobs["memory_budget"].bytes, lambda q: bound_ns(q[6]), run, pruned)
+    out = []
+    for k, q in enumerate(ranked[0] if ranked else []):
+        if k < finalists:
+            out.append(judged[q[1]])
+        else:
+            why = f"pruned: probe {q[0] / ranked[0][0][0] - 1:.1%} slower than the best such candidate's"
+            out.append(Tried(q[2], len(q[3].collectives), verdict=why, probe_s=q[0] / 1e9))
+    return out
