@@ -16,8 +16,14 @@ def serial() -> dict:
 
 def test_the_searches_judge_enough_candidates(serial):
     fsdp, ddp = serial["fsdp"], serial["ddp"]
-    searched = [t for t in fsdp["tried"] if not t["label"].startswith("split batch")]  # the split: not applicable
+    searched = [
+        t
+        for t in fsdp["tried"]
+        if not t["label"].startswith("split batch")  # the split: not applicable
+        and "gathers kept" not in t["label"]
+    ]  # the FSDP gathers kept for the backward: in this process
     assert len(searched) == 36 and sum(t["collectives"] is not None for t in searched) >= 20
+    assert any("gathers kept" in t["label"] and t["collectives"] is not None for t in fsdp["tried"])
     assert sum(t["verdict"].startswith("pruned") for t in fsdp["tried"]) >= 10  # probes ranked, then pruned
     assert ddp["kept"].startswith("bucketed") and ddp["collectives"]["kept"] < ddp["collectives"]["traced"]
 

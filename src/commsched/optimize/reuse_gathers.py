@@ -53,7 +53,7 @@ def counts(runs: int) -> list[int]:
 
 
 def reuse_variants(gm: Any, g: Graph, hw: Any, cost: Callable[[Graph], CostEstimate], knobs: dict, variants: list,
-                   finalists: int = 2) -> list:  # fmt: skip
+                   finalists: int = 2, granularities: tuple | None = None) -> list:  # fmt: skip
     """The candidates of ``gm`` (IR ``g``), judged as the module docstring says: the search's ``_Variant`` (``plan``:
     a :class:`ReusePlan`) or a ``Tried`` with its verdict. Empty when ``gm`` gathers nothing twice."""
     from commsched.optimize.search import PROBE, Tried, _incumbent_ns, _scheduled
@@ -83,7 +83,33 @@ def reuse_variants(gm: Any, g: Graph, hw: Any, cost: Callable[[Graph], CostEstim
             probed.append((probe.sim.makespan_ns, len(probed), lab, g2, c2, plan, probe.sim))
         if not fits:
             break
-    return out + _finals(probed, knobs, finalists, _incumbent_ns(variants, knobs))
+    out += _finals(probed, knobs, finalists, _incumbent_ns(variants, knobs))
+    return out + _rebucketed(gm, hw, cost, knobs, [*variants, *out], finalists, granularities)
+
+
+def _rebucketed(gm, hw, cost, knobs: dict, variants: list, finalists: int, granularities: tuple | None) -> list:
+    """The search's whole bucket-plan search (every granularity, planned on the program's order and on its probe's
+    schedule) on the program of the fastest candidate within the budget, its variants labelled and planned as
+    candidates; empty when no candidate fits."""
+    from commsched.optimize.search import GRANULARITIES, PROBE, _bucketed, _scheduled, _Variant
+
+    limit = knobs["memory_budget"].bytes
+    mine = [v for v in variants if isinstance(v, _Variant) and isinstance(v.plan, ReusePlan)
+            and v.sim.peak_memory_bytes <= limit]  # fmt: skip
+    if not mine:
+        return []
+    best = min(mine, key=lambda v: v.sim.makespan_ns).plan
+    g2 = best.graph
+    c2 = cost(g2)
+    probe = _scheduled("", g2, c2, {**knobs, **PROBE})
+    order = probe.schedule.order if isinstance(probe, _Variant) else None
+    label = next(v.label for v in mine if v.plan is best).split(" + ")[-1].split(", collectives")[0]
+    out = _bucketed(gm, g2, hw, (c2, cost), knobs, order, 1, granularities or GRANULARITIES, variants)
+    for v in out:
+        v.label = f"{v.label.split(', collectives')[0]} + {label}" + v.label[len(v.label.split(", collectives")[0]) :]
+        if isinstance(v, _Variant):
+            v.plan = ReusePlan(best.dropped, g2, v.plan)
+    return out
 
 
 def _candidates(gm, g: Graph, hw, cost, dropped: tuple, label: str, base) -> list[tuple]:

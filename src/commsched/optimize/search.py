@@ -212,7 +212,7 @@ def _optimize(program, hardware, num_nodes, gpus_per_node, memory_budget, reorde
             variants += split_batch_variants(gm, g, cost, knobs, variants)
             from commsched.optimize.reuse_gathers import reuse_variants  # FSDP gathers kept for the backward
 
-            variants += reuse_variants(gm, g, hw, cost, knobs, variants, finalists)
+            variants += reuse_variants(gm, g, hw, cost, knobs, variants, finalists, granularities)
     best, tried = _judge(variants, limit)
     best = best.rebuild() if hasattr(best, "rebuild") else best  # a finalist judged on a worker, built here
     out_gm = None
