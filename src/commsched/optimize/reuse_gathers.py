@@ -40,7 +40,7 @@ class ReusePlan:
         out = reuse_gathers(gm, [r.backward for r in self.dropped], recompile=False).gm
         if self.buckets is None:
             return out
-        return apply_bucket_plan(out, self.graph, *self.buckets, recompile=False).gm
+        return apply_bucket_plan(out, self.graph, *self.buckets, recompile=False, copy=False).gm
 
 
 def counts(runs: int) -> list[int]:

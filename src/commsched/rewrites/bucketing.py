@@ -114,15 +114,17 @@ def apply_bucket_plan(
     order: Sequence[int] | np.ndarray | None = None,
     *,
     recompile: bool = True,
+    copy: bool = True,
 ) -> RewriteResult:
-    """Rewrite a copy of ``gm`` so that every bucket of ``plan`` with two or more members is one collective.
+    """Rewrite a copy of ``gm`` (``copy=False``: ``gm`` itself, for a module built to be rewritten) so that every
+    bucket of ``plan`` with two or more members is one collective.
 
     ``graph`` is the IR imported from ``gm`` (node names match) that ``plan`` was made for; ``order`` (IR ids) is the
     order the plan assumed: the rewritten module follows it. ``recompile=False``: the copy is a lazy module
     (:func:`commsched.rewrites.fxutil.copy_graph_module`), its code generated when first used, not here. Raises
     GraphError if the plan does not fit ``gm``.
     """
-    out = copy_graph_module(gm, lazy=not recompile)
+    out = copy_graph_module(gm, lazy=not recompile) if copy else gm
     result = RewriteResult(gm=out, name="bucket_collectives")
     merged = plan.merged
     if not merged:
