@@ -14,38 +14,39 @@ from commsched.sim.jit import njit
 
 
 @njit
+def _reach(ptr, idx, mark, n_colls, backwards):
+    """Per node, bit ``c`` set where an edge path (``ptr`` / ``idx``: successors when ``backwards``, walked from
+    the last node; else predecessors, from the first) leads to a node whose ``mark`` is ``c``."""
+    n = len(mark)
+    one = np.uint64(1)
+    bits = np.zeros((n, (n_colls + 63) // 64), np.uint64)
+    for k in range(n):
+        i = n - 1 - k if backwards else k
+        for e in range(ptr[i], ptr[i + 1]):
+            j = idx[e]
+            for w in range(bits.shape[1]):
+                bits[i, w] |= bits[j, w]
+            c = mark[j]
+            if c >= 0:
+                bits[i, c // 64] |= one << np.uint64(c % 64)
+    return bits
+
+
+@njit
 def bound_compute_ns(p_ptr, p_idx, s_ptr, s_idx, coll_index, done_coll, work_ns, n_colls):
     """Per collective (by ``coll_index``): the work (``work_ns``, int64 per node) of the nodes that must end before
     it starts or cannot start before it ends. ``coll_index``: the collective's number for each collective node,
     else -1; ``done_coll``: for a wait (or a synchronous collective), the number of the collective whose end it
     marks, else -1. ``p_*`` / ``s_*``: predecessor / successor CSR arrays."""
-    n = len(coll_index)
-    words = (n_colls + 63) // 64
     one = np.uint64(1)
-    before = np.zeros((n, words), np.uint64)  # bit c: this node is an ancestor of collective c
-    for i in range(n - 1, -1, -1):
-        for e in range(s_ptr[i], s_ptr[i + 1]):
-            s = s_idx[e]
-            for w in range(words):
-                before[i, w] |= before[s, w]
-            c = coll_index[s]
-            if c >= 0:
-                before[i, c // 64] |= one << np.uint64(c % 64)
-    after = np.zeros((n, words), np.uint64)  # bit c: this node cannot start before collective c ends
-    for i in range(n):
-        for e in range(p_ptr[i], p_ptr[i + 1]):
-            p = p_idx[e]
-            for w in range(words):
-                after[i, w] |= after[p, w]
-            c = done_coll[p]
-            if c >= 0:
-                after[i, c // 64] |= one << np.uint64(c % 64)
+    before = _reach(s_ptr, s_idx, coll_index, n_colls, True)  # bit c: an ancestor of collective c
+    after = _reach(p_ptr, p_idx, done_coll, n_colls, False)  # bit c: cannot start before collective c ends
     out = np.zeros(n_colls, np.int64)
-    for i in range(n):
+    for i in range(len(coll_index)):
         d = work_ns[i]
         if d <= 0:
             continue
-        for w in range(words):
+        for w in range(before.shape[1]):
             m = before[i, w] | after[i, w]
             b = 0
             while m != 0:
