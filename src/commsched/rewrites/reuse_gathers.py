@@ -12,6 +12,10 @@ placeholder or the earlier gathered value. :func:`find_regathers` lists them in 
 (the re-gathers issued together, e.g. one layer's, with no compute between them); :func:`reuse_gathers` rewires the
 readers of each chosen re-gather's wait to the earlier wait and deletes the re-gather with its input chain. Every
 rank rewrites the same program, so each group's collectives keep one order on every rank.
+
+Recognised: per-parameter functional gathers of a placeholder, as the zoo and SimpleFSDP-style compiled steps trace
+them. Not recognised: eager FSDP2's traces, whose every gather reads a copy-in buffer (``fsdp.all_gather_copy_in``)
+of constants traced anew for each gather; nothing is found there and nothing changes.
 """
 
 from __future__ import annotations
