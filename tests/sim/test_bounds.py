@@ -184,7 +184,22 @@ def test_exposed_comm_term_compiled_and_python_agree():
     fn = bounds_jit.bound_compute_ns
     got = fn(*args)
     assert np.array_equal(got, getattr(fn, "py_func", fn)(*args))
-    assert (got > 0).all() and (got <= work.sum()).all()
+
+    def reach(start: int, edges) -> set[int]:  # every node a path of ``edges`` leads to from ``start``
+        seen, todo = set(), [start]
+        while todo:
+            for j in edges(todo.pop()).tolist():
+                if j not in seen:
+                    seen.add(j)
+                    todo.append(j)
+        return seen
+
+    wait_of = {int(c): int(w) for w, c in zip(waits, g.wait_of[waits], strict=True)}
+    for k, c in enumerate(colls.tolist()):  # by brute force: ancestors, and descendants of the collective's wait
+        before = reach(c, g.predecessors)
+        after = reach(wait_of[c], g.successors)
+        assert got[0, k] == work[sorted(before)].sum() and got[1, k] == work[sorted(after)].sum()
+    assert (got.sum(axis=0) > 0).all() and (got.sum(axis=0) <= work.sum()).all()
 
 
 def test_bound_charges_a_tp_decode_step_its_exposed_all_reduces():

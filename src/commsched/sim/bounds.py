@@ -18,7 +18,8 @@ that the other terms miss. With several compute streams it bounds the busiest on
 one stream. The same relaxation on each process group's comm stream (its collectives run one at a time, from their
 heads on, and the step cannot end before the collective's wait's tail after it ends) charges what the group sum
 misses: communication that cannot start before the forward is done (DDP's gradient all_reduces), or whose results
-are needed early.
+are needed early. On one compute stream a collective is also released no earlier than the work of all its
+ancestors (they run one at a time) and delivered no earlier than the work of everything after its end.
 
 The exposed-communication term: on one compute stream, a collective ``c`` can only run beside the work that is
 neither an ancestor of it nor after its end (its wait's descendants): ``free(c) = W - bound(c)``. Each group's
@@ -219,15 +220,24 @@ def interference_with_idle_ns(
     return base + best / slowdown
 
 
-def comm_heads_tails_ns(g: Graph, dur_ns: np.ndarray, head: list[int], tail: list[int]) -> dict[str, int]:
+def comm_heads_tails_ns(
+    g: Graph, dur_ns: np.ndarray, head: list[int], tail: list[int], tied: np.ndarray | None = None
+) -> dict[str, int]:
     """Per process group: the preemptive single-machine optimum of its collectives on its comm stream, each released
-    at its head and delivered after its end by its wait's tail (a synchronous collective's own tail)."""
+    at its head and delivered after its end by its wait's tail (a synchronous collective's own tail). ``tied``
+    (one compute stream, :func:`tied_work_ns`): a collective is also released no earlier than the work before it
+    and delivered no earlier than the work after it, each run one kernel at a time."""
     dur = dur_ns.tolist()
     colls = np.flatnonzero(g.coll_type >= 0).tolist()
     delivery = {c: tail[c] if g.coll_sync[c] else 0 for c in colls}
     for w in np.flatnonzero(g.wait_of >= 0).tolist():
         c = int(g.wait_of[w])
         delivery[c] = max(delivery[c], dur[w] + tail[w])
+    release = {c: head[c] for c in colls}
+    if tied is not None:
+        for k, c in enumerate(colls):
+            release[c] = max(release[c], int(tied[0, k]))
+            delivery[c] = max(delivery[c], int(tied[1, k]))
     by_group: dict[int, list[int]] = {}
     for c in colls:
         if dur[c] > 0:
@@ -235,7 +245,7 @@ def comm_heads_tails_ns(g: Graph, dur_ns: np.ndarray, head: list[int], tail: lis
     out = {}
     for k, grp in enumerate(g.groups):
         mine = by_group.get(k, [])
-        rel, work, dlv = [head[c] for c in mine], [dur[c] for c in mine], [delivery[c] for c in mine]
+        rel, work, dlv = [release[c] for c in mine], [dur[c] for c in mine], [delivery[c] for c in mine]
         out[grp.name] = preemptive_jackson_ns(rel, work, dlv) if mine else 0
     return out
 
@@ -244,14 +254,15 @@ EXPOSED_TERM_MAX_WORDS = 1 << 22
 """the exposed-communication term is skipped (0) above this many bit words (nodes x collectives / 64 x 2)"""
 
 
-def exposed_comm_ns(g: Graph, dur_ns: np.ndarray, kernel: np.ndarray) -> dict[str, int]:
-    """Per process group: the exposed-communication term (module docstring) for one compute stream running the
-    ``kernel`` nodes. Empty when the graph is too large for the bit sets (:data:`EXPOSED_TERM_MAX_WORDS`)."""
+def tied_work_ns(g: Graph, dur_ns: np.ndarray, kernel: np.ndarray) -> np.ndarray | None:
+    """``(2, collectives)``, collectives in node order: the work of the ``kernel`` nodes that must end before each
+    starts, and of those that cannot start before it ends. None when the graph is too large for the bit sets
+    (:data:`EXPOSED_TERM_MAX_WORDS`)."""
     from commsched.sim.bounds_jit import bound_compute_ns
 
     colls = np.flatnonzero(g.coll_type >= 0)
     if not len(colls) or len(g) * ((len(colls) + 63) // 64) * 2 > EXPOSED_TERM_MAX_WORDS:
-        return {}
+        return None
     coll_index = np.full(len(g), -1, np.int64)
     coll_index[colls] = np.arange(len(colls))
     done = np.full(len(g), -1, np.int64)
@@ -260,12 +271,16 @@ def exposed_comm_ns(g: Graph, dur_ns: np.ndarray, kernel: np.ndarray) -> dict[st
     sync = colls[g.coll_sync[colls]]
     done[sync] = coll_index[sync]
     work = np.where(kernel, dur_ns, 0).astype(np.int64)
-    p_ptr, p_idx = g.predecessors_csr()
-    s_ptr, s_idx = g.successors_csr()
-    args = (p_ptr, p_idx, s_ptr, s_idx)
-    tied = bound_compute_ns(*(np.ascontiguousarray(a, np.int64) for a in args), coll_index, done, work, len(colls))
-    total = int(work.sum())
-    exposed = np.maximum(0, dur_ns[colls].astype(np.int64) - (total - tied))
+    csr = (*g.predecessors_csr(), *g.successors_csr())
+    return bound_compute_ns(*(np.ascontiguousarray(a, np.int64) for a in csr), coll_index, done, work, len(colls))
+
+
+def exposed_comm_ns(g: Graph, dur_ns: np.ndarray, kernel: np.ndarray, tied: np.ndarray) -> dict[str, int]:
+    """Per process group: the exposed-communication term (module docstring) for one compute stream running the
+    ``kernel`` nodes, from their :func:`tied_work_ns`."""
+    colls = np.flatnonzero(g.coll_type >= 0)
+    total = int(dur_ns[kernel].sum())
+    exposed = np.maximum(0, dur_ns[colls].astype(np.int64) - (total - tied[0] - tied[1]))
     per_group = np.bincount(g.coll_group[colls], weights=exposed, minlength=len(g.groups))
     return {grp.name: total + int(per_group[k]) for k, grp in enumerate(g.groups) if per_group[k] > 0}
 
@@ -291,12 +306,14 @@ def lower_bound(g: Graph, dur_ns: np.ndarray, compute_stream: np.ndarray, slowdo
     if is_coll.any():
         if head is None:
             head, tail = heads_and_tails(g, dur_ns)
-        comm_ht = comm_heads_tails_ns(g, dur_ns, head, tail)
+        tied = None
         if kernels is not None:  # one compute stream
             kernel = np.zeros(len(g), bool)
             kernel[kernels] = True
-            for name, v in exposed_comm_ns(g, dur_ns, kernel).items():
-                exposed[name] = v
+            tied = tied_work_ns(g, dur_ns, kernel)
+            if tied is not None:
+                exposed = exposed_comm_ns(g, dur_ns, kernel, tied)
+        comm_ht = comm_heads_tails_ns(g, dur_ns, head, tail, tied)
     slowdown = max(1.0, slowdown)
     critical = (
         critical_path_ns(g, dur_ns) if head is None else max((h + d for h, d in zip(head, dur_ns.tolist())), default=0)

@@ -1,6 +1,6 @@
 """The compiled loop of :mod:`commsched.sim.bounds`' exposed-communication term (:mod:`commsched.sim.jit`).
 
-For every collective: the compute work that must run before it starts (its ancestors) or after it ends (what
+For every collective: the compute work that must run before it starts (its ancestors), and after it ends (what
 depends on its wait, or on a synchronous collective itself). Ancestry is carried as one bit per collective per
 node (``uint64`` words), propagated once backwards and once forwards over the graph's node order (a topological
 order): O(N * C / 64) words, then O(bits set) additions.
@@ -34,24 +34,26 @@ def _reach(ptr, idx, mark, n_colls, backwards):
 
 @njit
 def bound_compute_ns(p_ptr, p_idx, s_ptr, s_idx, coll_index, done_coll, work_ns, n_colls):
-    """Per collective (by ``coll_index``): the work (``work_ns``, int64 per node) of the nodes that must end before
-    it starts or cannot start before it ends. ``coll_index``: the collective's number for each collective node,
-    else -1; ``done_coll``: for a wait (or a synchronous collective), the number of the collective whose end it
-    marks, else -1. ``p_*`` / ``s_*``: predecessor / successor CSR arrays."""
+    """Per collective (by ``coll_index``): row 0, the work (``work_ns``, int64 per node) of the nodes that must end
+    before it starts; row 1, of those that cannot start before it ends. ``coll_index``: the collective's number for
+    each collective node, else -1; ``done_coll``: for a wait (or a synchronous collective), the number of the
+    collective whose end it marks, else -1. ``p_*`` / ``s_*``: predecessor / successor CSR arrays."""
     one = np.uint64(1)
     before = _reach(s_ptr, s_idx, coll_index, n_colls, True)  # bit c: an ancestor of collective c
     after = _reach(p_ptr, p_idx, done_coll, n_colls, False)  # bit c: cannot start before collective c ends
-    out = np.zeros(n_colls, np.int64)
+    out = np.zeros((2, n_colls), np.int64)
     for i in range(len(coll_index)):
         d = work_ns[i]
         if d <= 0:
             continue
-        for w in range(before.shape[1]):
-            m = before[i, w] | after[i, w]
-            b = 0
-            while m != 0:
-                if m & one:
-                    out[w * 64 + b] += d
-                m >>= one
-                b += 1
+        for side in range(2):
+            bits = before if side == 0 else after
+            for w in range(bits.shape[1]):
+                m = bits[i, w]
+                b = 0
+                while m != 0:
+                    if m & one:
+                        out[side, w * 64 + b] += d
+                    m >>= one
+                    b += 1
     return out
