@@ -4,11 +4,13 @@
 Each candidate drops the re-gathers of the first ``j`` runs in program order (the backward's: the last layer's
 first, whose gathered parameters wait the least), for ``j`` = 1, 2, 4, ... and all of them. Each one keeps more
 gathered memory and issues fewer all_gathers; the simulator decides whether the step gains within the budget.
-Every candidate is imported as it is rewritten, costed like every other variant, and judged by the same one-attempt
-probe twice: unbucketed, and bucketed by the plan of the best bucketed variant so far (its configuration, planned on
-the candidate's own program order). The count stops growing once a candidate no longer fits the budget in either
-form (more kept parameters only hold more memory). The ``finalists`` fastest probes get the full ``overlap`` search
-unless their lower bound is above a step already found.
+Every candidate's IR is made directly (:func:`commsched.rewrites.reuse_gathers.reuse_graph`; the FX module is
+rewritten for the kept one only), costed like every other variant, and judged by the same one-attempt probe twice:
+unbucketed, and bucketed by the plan of the best bucketed variant so far (its configuration, planned on the
+candidate's own program order). A form whose lower bound is above the best step so far is not probed; the count
+stops growing once the probed forms of a candidate all exceed the budget (more kept parameters only hold more
+memory). The ``finalists`` fastest probes get the full ``overlap`` search unless their lower bound is above a step
+already found.
 """
 
 from __future__ import annotations
@@ -56,13 +58,15 @@ def reuse_variants(gm: Any, g: Graph, hw: Any, cost: Callable[[Graph], CostEstim
                    finalists: int = 2, granularities: tuple | None = None) -> list:  # fmt: skip
     """The candidates of ``gm`` (IR ``g``), judged as the module docstring says: the search's ``_Variant`` (``plan``:
     a :class:`ReusePlan`) or a ``Tried`` with its verdict. Empty when ``gm`` gathers nothing twice."""
-    from commsched.optimize.search import PROBE, Tried, _incumbent_ns, _scheduled
+    from commsched.optimize.search import PROBE, Tried, _incumbent_ns, _scheduled, bound_ns, bound_pruned
     from commsched.rewrites.reuse_gathers import find_regathers
+    from commsched.sim import simulate_costs
 
     runs = find_regathers(gm)
     if not runs:
         return []
     base = _bucketing_of(variants, knobs)
+    incumbent = _incumbent_ns(variants, knobs)
     out: list = []
     probed: list[tuple] = []
     for j in counts(len(runs)):
@@ -73,17 +77,22 @@ def reuse_variants(gm: Any, g: Graph, hw: Any, cost: Callable[[Graph], CostEstim
         except Exception as exc:  # a candidate that cannot be built is a verdict, not a failed search
             out.append(Tried(label, None, verdict=f"failed: {exc}"))
             break
-        fits = False
+        fits, probes = False, 0
         for lab, g2, c2, plan in candidates:
+            why = bound_pruned(bound_ns(simulate_costs(g2, c2)), incumbent)
+            if why is not None:  # no order of it can win
+                out.append(Tried(lab, len(g2.collectives), verdict=why))
+                continue
+            probes += 1
             probe = _scheduled(lab, g2, c2, {**knobs, **PROBE}, plan)
             if isinstance(probe, Tried):
                 out.append(probe)
                 continue
             fits = fits or probe.sim.peak_memory_bytes <= knobs["memory_budget"].bytes
             probed.append((probe.sim.makespan_ns, len(probed), lab, g2, c2, plan, probe.sim))
-        if not fits:
+        if probes and not fits:  # more kept gathers only hold more memory (all pruned: fewer gathers may win)
             break
-    out += _finals(probed, knobs, finalists, _incumbent_ns(variants, knobs))
+    out += _finals(probed, knobs, finalists, incumbent)
     return out + _rebucketed(gm, hw, cost, knobs, [*variants, *out], finalists, granularities)
 
 
