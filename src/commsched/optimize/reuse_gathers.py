@@ -58,7 +58,7 @@ def reuse_variants(gm: Any, g: Graph, hw: Any, cost: Callable[[Graph], CostEstim
                    finalists: int = 2, granularities: tuple | None = None) -> list:  # fmt: skip
     """The candidates of ``gm`` (IR ``g``), judged as the module docstring says: the search's ``_Variant`` (``plan``:
     a :class:`ReusePlan`) or a ``Tried`` with its verdict. Empty when ``gm`` gathers nothing twice."""
-    from commsched.optimize.search import PROBE, Tried, _incumbent_ns, _scheduled, bound_ns, bound_pruned
+    from commsched.optimize.search import PROBE, Tried, _finals, _incumbent_ns, _scheduled, bound_ns, bound_pruned
     from commsched.rewrites.reuse_gathers import find_regathers
     from commsched.sim import simulate_costs
 
@@ -92,7 +92,7 @@ def reuse_variants(gm: Any, g: Graph, hw: Any, cost: Callable[[Graph], CostEstim
             probed.append((probe.sim.makespan_ns, len(probed), lab, g2, c2, plan, probe.sim))
         if probes and not fits:  # more kept gathers only hold more memory (all pruned: fewer gathers may win)
             break
-    out += _finals(probed, knobs, finalists, incumbent)
+    out += _finals({"all": probed}, knobs, finalists, incumbent, "the best such candidate's")
     return out + _rebucketed(gm, hw, cost, knobs, [*variants, *out], finalists, granularities)
 
 
@@ -119,7 +119,8 @@ def _rebucketed(gm, hw, cost, knobs: dict, variants: list, finalists: int, granu
     caps = tuple(gr for gr in granularities or GRANULARITIES if gr[0] in finals) or granularities or GRANULARITIES
     out = _bucketed(gm, g2, hw, (c2, cost), knobs, order, 1, caps, variants)
     for v in out:
-        v.label = f"{v.label.split(', collectives')[0]} + {label}" + v.label[len(v.label.split(", collectives")[0]) :]
+        head, sep, rest = v.label.partition(", collectives")
+        v.label = f"{head} + {label}{sep}{rest}"
         if isinstance(v, _Variant):
             v.plan = ReusePlan(best.dropped, g2, v.plan)
     return out
@@ -154,32 +155,3 @@ def _bucketing_of(variants: list, knobs: dict) -> tuple | None:
         return None
     cap = best.label.split("(", 1)[1].split(", planned on")[0]
     return best.plan[0].config, cap
-
-
-def _finals(probed: list[tuple], knobs: dict, finalists: int, best_ns: int) -> list:
-    """The full search for the ``finalists`` fastest probes (lowest bound first; pruned when the bound is above the
-    best step so far), the probe's verdict for the rest; in candidate order."""
-    from commsched.optimize.search import Tried, _scheduled, _Variant, bound_ns, final_order, judge_finals
-
-    suffix = ", collectives reordered" if knobs["reorder_collectives"] else ""
-
-    def run(q: tuple) -> tuple:
-        full = _scheduled(q[2] + suffix, q[3], q[4], knobs, q[5])
-        if isinstance(full, _Variant):
-            full.probe_s = q[0] / 1e9
-            return full, (full.sim.makespan_ns, full.sim.peak_memory_bytes)
-        return full, None
-
-    def pruned(q: tuple, why: str) -> Tried:
-        return Tried(q[2], len(q[3].collectives), verdict=why, probe_s=q[0] / 1e9)
-
-    ranked, chosen = final_order({"all": probed}, finalists, lambda q: bound_ns(q[6]))
-    judged = judge_finals(chosen, best_ns, knobs["memory_budget"].bytes, lambda q: bound_ns(q[6]), run, pruned)
-    out = []
-    for k, q in enumerate(ranked[0] if ranked else []):
-        if k < finalists:
-            out.append(judged[q[1]])
-        else:
-            why = f"pruned: probe {q[0] / ranked[0][0][0] - 1:.1%} slower than the best such candidate's"
-            out.append(Tried(q[2], len(q[3].collectives), verdict=why, probe_s=q[0] / 1e9))
-    return out

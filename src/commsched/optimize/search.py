@@ -382,9 +382,10 @@ def judge_finals(chosen: list, best_ns: int, limit: int, bound_of: Callable, run
     return judged
 
 
-def _finals(probed: dict[str, list], knobs: dict, finalists: int, best_ns: int) -> list:
+def _finals(probed: dict[str, list], knobs: dict, finalists: int, best_ns: int,
+            rival: str = "the best plan's made on the same order") -> list:  # fmt: skip
     """The full ``overlap`` search (with ``knobs``) for each order's ``finalists`` best probes that can still win,
-    and the probe's verdict for the others; in candidate order per order planned on."""
+    and the probe's verdict for the others (slower than ``rival``); in candidate order per order planned on."""
     suffix = ", collectives reordered" if knobs["reorder_collectives"] else ""
 
     def run(q: tuple) -> tuple:
@@ -407,7 +408,7 @@ def _finals(probed: dict[str, list], knobs: dict, finalists: int, best_ns: int) 
             if k < finalists:
                 out.append(judged[index])
             else:
-                why = f"pruned: probe {ns / family[0][0] - 1:.1%} slower than the best plan's made on the same order"
+                why = f"pruned: probe {ns / family[0][0] - 1:.1%} slower than {rival}"
                 out.append(Tried(label, len(g2.collectives), verdict=why, probe_s=ns / 1e9))
     return out
 

@@ -251,7 +251,8 @@ def comm_heads_tails_ns(
 
 
 EXPOSED_TERM_MAX_WORDS = 1 << 22
-"""the exposed-communication term is skipped (0) above this many bit words (nodes x collectives / 64 x 2)"""
+"""above this many bit words (nodes x collectives / 64 x 2) the terms that need each collective's ancestry (the
+exposed communication, the comm streams' releases and deliveries by work) are left out"""
 
 
 def tied_work_ns(g: Graph, dur_ns: np.ndarray, kernel: np.ndarray) -> np.ndarray | None:
@@ -308,8 +309,7 @@ def lower_bound(g: Graph, dur_ns: np.ndarray, compute_stream: np.ndarray, slowdo
             head, tail = heads_and_tails(g, dur_ns)
         tied = None
         if kernels is not None:  # one compute stream
-            kernel = np.zeros(len(g), bool)
-            kernel[kernels] = True
+            kernel = ~is_coll & (dur_ns > 0)
             tied = tied_work_ns(g, dur_ns, kernel)
             if tied is not None:
                 exposed = exposed_comm_ns(g, dur_ns, kernel, tied)

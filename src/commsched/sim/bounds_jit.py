@@ -1,4 +1,5 @@
-"""The compiled loop of :mod:`commsched.sim.bounds`' exposed-communication term (:mod:`commsched.sim.jit`).
+"""The compiled loop behind :mod:`commsched.sim.bounds`' terms that need each collective's ancestry (the exposed
+communication, and the comm streams' releases and deliveries by work; :mod:`commsched.sim.jit`).
 
 For every collective: the compute work that must run before it starts (its ancestors), and after it ends (what
 depends on its wait, or on a synchronous collective itself). Ancestry is carried as one bit per collective per
