@@ -25,13 +25,14 @@ def test_the_split_program_is_tried_in_two_orders_and_kept_when_the_simulator_fi
         assert t.verdict == "kept" or t.verdict.startswith(("slower", "over the memory budget")), t
         bound_ms, traced_ms = map(float, re.findall(r"([\d.]+) ms", t.label))
         assert bound_ms < traced_ms  # the compute of one micro-batch can hide the other's collectives
-    # on this step (8 ranks, 2 x 2048 tokens, h100-sxm) the interleaved split wins by about 5 %
-    assert o.label.startswith("split batch (1 + 1 sequences, interleaved"), o.summary()
+    # on this step (8 ranks, 2 x 2048 tokens, h100-sxm) a split wins by about 2 %: the batch's, or the prompt's
+    # along the sequence (rewrites/split_sequence.py), within a few microseconds of each other as returned
+    assert o.label.startswith(("split batch (1 + 1 sequences, interleaved", "split sequence (2 chunks")), o.summary()
     without = commsched.optimize(w.graph_module, "h100-sxm", group_sizes=w.graph.group_sizes(), transforms=False)
     assert not any(t.label.startswith("split batch") for t in without.tried)
     assert o.after.makespan_s < without.after.makespan_s and o.after.peak_memory_bytes <= o.budget_bytes
     # the module returned is the split program in the kept order, and imports to the graph reported
-    assert {micro_batch_of(n) for n in o.gm.graph.nodes} >= {0, 1}
+    assert {micro_batch_of(n) for n in o.gm.graph.nodes} >= {0, 1}  # micro-batches, or chunks
     g2 = from_fx(o.gm, group_sizes=w.graph.group_sizes(), meta=w.graph.meta)
     g2.validate()
     assert g2.names == o.graph.names

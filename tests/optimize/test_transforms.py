@@ -29,11 +29,14 @@ def test_transform_plans_are_tried_and_the_fastest_within_budget_is_kept(tp_sp_p
     for t in tried:
         assert t.verdict == "kept" or t.verdict.startswith(("slower", "pruned", "over the memory budget")), t
         assert "mm->reduce_scatter" in t.label or "all_gather->mm" in t.label  # where it applies
-    # on this step (8 ranks, 8192 tokens, h100-sxm) splitting the reduce_scatters in two wins by about 2 %
-    assert o.label.startswith("decomposed TP"), o.summary()
     without = commsched.optimize(w.graph_module, "h100-sxm", group_sizes=w.graph.group_sizes(), transforms=False)
     assert not any(t.label.startswith("decomposed TP") for t in without.tried)
-    assert o.after.makespan_s < without.after.makespan_s
+    # on this step (8 ranks, 8192 tokens, h100-sxm) splitting the reduce_scatters in two wins by about 2 %, and the
+    # prompt split in two chunks (rewrites/split_sequence.py) by about 15 %
+    best_tp = min(t.makespan_s for t in tried if t.makespan_s is not None)
+    assert best_tp < without.after.makespan_s
+    assert o.label.startswith(("decomposed TP", "split sequence")), o.summary()
+    assert o.after.makespan_s < best_tp
     assert o.after.peak_memory_bytes <= o.budget_bytes
     # the module returned is the transformed program, in the kept order, and imports to the graph reported
     marked = [n for n in o.gm.graph.nodes if TRANSFORM_META in n.meta]
@@ -109,10 +112,11 @@ def test_plans_built_on_the_ir_judge_as_the_fx_rewrite_does(tp_sp_prefill, monke
     """The search builds each decomposed-TP candidate on the IR (``decompose_graph``) and rewrites only the kept one
     in FX; with the IR build refused (the FX rewrite and import for every plan, as where an in-place write makes
     the IR build unsure) the search gives the same verdicts, steps and kept program."""
-    from commsched.optimize import transforms
+    from commsched.optimize import split_batch, transforms
     from commsched.rewrites.decompose_graph import Unsupported
 
     w = tp_sp_prefill
+    monkeypatch.setattr(split_batch, "SEQUENCE_CHUNKS", ())  # the prompt's split wins here: compare without it
     on_ir = commsched.optimize(w.graph_module, "h100-sxm", group_sizes=w.graph.group_sizes())
 
     def refuse(*args, **kwargs):

@@ -98,6 +98,12 @@ def _split_batch(workload, hardware: str) -> torch.fx.GraphModule:
     return split_zoo_step(workload.spec).gm  # retraced on this rank, like the step itself
 
 
+def _split_sequence(workload, hardware: str) -> torch.fx.GraphModule:
+    from commsched.rewrites.split_sequence import split_zoo_sequence
+
+    return split_zoo_sequence(workload.spec, 2).gm  # retraced on this rank, like the step itself
+
+
 def _reuse_gathers(workload, hardware: str) -> torch.fx.GraphModule:
     from commsched.rewrites.reuse_gathers import find_regathers, reuse_gathers
 
@@ -113,6 +119,7 @@ REWRITES: dict[str, RewriteFn | None] = {
     "lower_all_reduce": _lower,
     "decompose_tp": _decompose_tp,
     "split_batch": _split_batch,
+    "split_sequence": _split_sequence,
     "reuse_gathers": _reuse_gathers,
     "fsdp2": None,
 }

@@ -31,7 +31,7 @@ from commsched.cost.compute import (
 )
 from commsched.cost.fusion import fusion_regions, region_boundary_bytes, view_sources
 from commsched.cost.model import CostEstimate
-from commsched.cost.opclass import OpClass, classify_target
+from commsched.cost.opclass import GATHERS, OpClass, classify_target
 from commsched.cost.symm_mem import apply_one_shot_costs
 from commsched.cost.table import MeasuredTable
 from commsched.hardware import Hardware, for_graph
@@ -56,6 +56,7 @@ class GraphFeatures:
     src: np.ndarray  # view base per node
     region: np.ndarray  # fusion region per node, -1 unfused
     causal: np.ndarray  # int8: 1 / 2 a causal attention forward / backward (ir.CAUSAL_META), 0 otherwise
+    read_cap: np.ndarray  # bytes a node reads of any one input at most (a gather's output bytes; inf otherwise)
 
 
 _features: weakref.WeakKeyDictionary[Graph, GraphFeatures] = weakref.WeakKeyDictionary()
@@ -99,10 +100,14 @@ def graph_features(g: Graph) -> GraphFeatures:
     cls[kinds == OpKind.COLLECTIVE] = OpClass.COLLECTIVE
 
     first, in_max = _first_numel(g)
-    key = np.maximum(first, in_max)
+    gather = np.zeros(n, bool)
+    gather[[i for i in work.tolist() if targets[i] in GATHERS]] = True
+    key = np.where(gather, first, np.maximum(first, in_max))
     # an elementwise-named op whose output is smaller than an input reduces (e.g. aten.sum.dim_IntList variants)
-    cls[(cls == OpClass.ELEMENTWISE) & (first < in_max) & (first > 0)] = OpClass.REDUCTION
+    cls[(cls == OpClass.ELEMENTWISE) & (first < in_max) & (first > 0) & ~gather] = OpClass.REDUCTION
     nbytes = (g.in_bytes + g.out_bytes).astype(np.float64)
+    read_cap = np.where(gather, g.out_bytes, np.inf)  # a gather reads no more of a source than it writes
+    nbytes[gather] = np.minimum(g.in_bytes[gather], g.out_bytes[gather]) + g.out_bytes[gather]
 
     has = np.diff(g.buf_ptr) > 0
     dtypes = tuple(sorted(set(g.buf_dtype)))
@@ -137,7 +142,7 @@ def graph_features(g: Graph) -> GraphFeatures:
         i = g.index.get(name)
         if i is not None and cls[i] == OpClass.ATTENTION:
             causal[i] = 2 if "backward" in targets[i] else 1
-    feats = GraphFeatures(cls, fusible, key, nbytes, dtype_id, dtypes, gemm, node_flops, src, region, causal)
+    feats = GraphFeatures(cls, fusible, key, nbytes, dtype_id, dtypes, gemm, node_flops, src, region, causal, read_cap)
     _features[g] = feats
     return feats
 
@@ -184,7 +189,7 @@ def _fused_times(
         return unfused
     c = hw.compute
     members = (region >= 0) & (g.kinds != OpKind.VIEW)
-    read, written = region_boundary_bytes(g, region, f.src)
+    read, written = region_boundary_bytes(g, region, f.src, f.read_cap)
     moved = read + written
     flops = np.bincount(region[members], weights=f.flops[members], minlength=num)
     is_red = np.bincount(region[members], weights=(f.cls[members] == OpClass.REDUCTION), minlength=num) > 0

@@ -131,11 +131,15 @@ def fusion_regions(
     return region
 
 
-def region_boundary_bytes(g: Graph, region: np.ndarray, src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def region_boundary_bytes(
+    g: Graph, region: np.ndarray, src: np.ndarray, read_cap: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(bytes read from outside, bytes written for outside) per region: what a fused kernel moves.
 
-    A tensor read by several members is read once; a member's output is written when a node outside the region
-    (the output node included) uses it, or when nothing uses it (side effects, in-place writes).
+    A tensor read by several members is read once, as much of it as the member reading most reads (all of it, or
+    at most ``read_cap[member]`` bytes: a gather reads the rows it writes); a member's output is written when a
+    node outside the region (the output node included) uses it, or when nothing uses it (side effects, in-place
+    writes).
     """
     num_regions = int(region.max()) + 1 if len(region) and region.max() >= 0 else 0
     if num_regions == 0:
@@ -143,8 +147,13 @@ def region_boundary_bytes(g: Graph, region: np.ndarray, src: np.ndarray) -> tupl
     prod, cons, actual, data = resolved_edges(g, src)
     rc = region[cons]
     ext_read = data & (rc >= 0) & (region[prod] != rc)
-    pairs = np.unique(rc[ext_read] * len(g) + actual[ext_read])
-    read = np.bincount(pairs // len(g), weights=g.out_bytes[pairs % len(g)], minlength=num_regions)
+    pairs, inverse = np.unique(rc[ext_read] * len(g) + actual[ext_read], return_inverse=True)
+    edge_bytes = g.out_bytes[actual[ext_read]].astype(np.float64)
+    if read_cap is not None:
+        edge_bytes = np.minimum(edge_bytes, read_cap[cons[ext_read]])
+    pair_bytes = np.zeros(len(pairs))
+    np.maximum.at(pair_bytes, inverse.reshape(-1), edge_bytes)
+    read = np.bincount(pairs // len(g), weights=pair_bytes, minlength=num_regions)
     rp = region[prod]
     used_outside = np.zeros(len(g), bool)
     used_outside[prod[(rp >= 0) & (rc != rp)]] = True

@@ -43,6 +43,10 @@ _REDUCTION = re.compile(
     r"count_nonzero|nansum|embedding_dense_backward)\."
 )
 
+GATHERS = frozenset({"aten.embedding.default", "aten.index_select.default", "aten.index.Tensor", "aten.gather.default"})
+"""Ops that read one source element per element they write (an embedding lookup reads the rows of its tokens, not
+the table): their bytes and their iteration size are their output's, never their source's"""
+
 DATA_FILE = "inductor_fusible_ops.json"
 
 

@@ -465,10 +465,16 @@ def from_fx(
     ``group_sizes`` gives the size (or ``(size, stride)``) of process groups that are not registered in this process
     (e.g. a graph loaded from disk, or a rewritten copy of a traced one); registered groups (a real or fake process
     group) are resolved automatically.
+    ``meta`` is added to the graph's meta, but for what the import derives from this graph itself (its causal
+    attention nodes, its flop errors): a rewritten copy imported with the traced graph's meta keeps its own.
     Raises GraphError naming the FX node when metadata is missing or a collective cannot be understood.
     """
     importer = _FxImporter(gm, group_sizes)
     g = importer.run()
-    g.meta.update(meta or {})
+    g.meta.update({k: v for k, v in (meta or {}).items() if k not in _DERIVED_META})
     g.meta.setdefault("source", "fx")
     return g
+
+
+_DERIVED_META = (CAUSAL_META, "flop_errors")
+"""graph meta keys the import derives from the FX graph (never taken from ``from_fx``'s ``meta``)"""

@@ -217,8 +217,9 @@ def _optimize(program, hardware, num_nodes, gpus_per_node, memory_budget, reorde
     best = best.rebuild() if hasattr(best, "rebuild") else best  # a finalist judged on a worker, built here
     out_gm = None
     if gm is not None:
+        best, returned = _kept_as_returned(cost, variants, best, limit, tried)
         out_gm = _final_module(gm, g, best)
-        best = _as_returned(cost, best)
+        best = returned
     return Optimized(best.label, best.graph, best.schedule, best.costs, before, best.sim, limit, tried, out_gm)
 
 
@@ -234,6 +235,42 @@ def _as_returned(cost: Callable[[Graph], CostEstimate], best: _Variant) -> _Vari
     c2 = cost(g2)
     order = np.arange(len(g2), dtype=np.int32)
     return _Variant(best.label, g2, c2, Schedule(g2, order), simulate_costs(g2, c2, order), best.plan, best.probe_s)
+
+
+AS_RETURNED_TRIES = 3
+"""at most this many variants are judged as returned (:func:`_kept_as_returned`)"""
+
+
+def _kept_as_returned(
+    cost: Callable[[Graph], CostEstimate], variants: list, best: _Variant, limit: int, tried: list[Tried]
+) -> tuple[_Variant, _Variant]:
+    """The variant to keep and its :func:`_as_returned` form. A variant whose order interleaves what the program
+    order kept apart (a split program's chunks) can lose fusion as returned; when the kept one's returned step is
+    slower than the next variant's judged step, that one is judged as returned too (up to
+    :data:`AS_RETURNED_TRIES`, fastest judged first), and the fastest returned within ``limit`` is kept; the
+    verdicts in ``tried`` say so."""
+    fits = sorted((v for v in variants if isinstance(v, _Variant) and v.sim.peak_memory_bytes <= limit),
+                  key=lambda v: (v.sim.makespan_ns, v.sim.peak_memory_bytes))  # fmt: skip
+    chosen = (best, _as_returned(cost, best), best)  # (variant, as returned, as listed in variants)
+    returned_s = {best.label: chosen[1].sim.makespan_s}
+    for v in [v for v in fits if v.label != best.label][: AS_RETURNED_TRIES - 1]:
+        if chosen[1].sim.makespan_ns <= v.sim.makespan_ns:
+            break
+        built = v.rebuild() if hasattr(v, "rebuild") else v
+        r = _as_returned(cost, built)
+        returned_s[v.label] = r.sim.makespan_s
+        if r.sim.peak_memory_bytes <= limit and r.sim.makespan_ns < chosen[1].sim.makespan_ns:
+            chosen = (built, r, v)
+    if chosen[0] is not best:
+        tried[:] = _judge(variants, limit, chosen[2])[1]
+        kept_s = chosen[1].sim.makespan_s
+        for t in tried:
+            if t.label in returned_s and t.label != chosen[2].label:
+                t.verdict = (f"slower as returned ({returned_s[t.label] * 1e3:.3f} ms against the kept one's "
+                             f"{kept_s * 1e3:.3f} ms: its program order changes fusion)")  # fmt: skip
+            elif t.label == chosen[2].label:
+                t.verdict = "kept (judged as returned)"
+    return chosen[0], chosen[1]
 
 
 def _final_module(gm: Any, g: Graph, best: _Variant) -> Any:
@@ -413,12 +450,13 @@ def _finals(probed: dict[str, list], knobs: dict, finalists: int, best_ns: int,
     return out
 
 
-def _judge(variants: list, limit: int) -> tuple[_Variant, list[Tried]]:
-    """The fastest variant within ``limit`` bytes (ties: less memory, then the earlier, simpler one) and a verdict
-    for every variant."""
+def _judge(variants: list, limit: int, best: _Variant | None = None) -> tuple[_Variant, list[Tried]]:
+    """The fastest variant within ``limit`` bytes (ties: less memory, then the earlier, simpler one), or ``best``
+    where given, and a verdict for every variant."""
     fits = [v for v in variants if isinstance(v, _Variant) and v.sim.peak_memory_bytes <= limit]
     # nothing within the budget (an absolute one below the traced peak): the traced program, as it came
-    best = min(fits or variants[:1], key=lambda v: (v.sim.makespan_ns, v.sim.peak_memory_bytes))
+    if best is None:
+        best = min(fits or variants[:1], key=lambda v: (v.sim.makespan_ns, v.sim.peak_memory_bytes))
     tried = []
     for v in variants:
         if isinstance(v, Tried):

@@ -21,8 +21,9 @@ reduces its own gradients (a fold ``reduce(g_0) + reduce(g_1) -> reduce(g_0 + g_
 model charges.
 
 Where it applies (:func:`why_not_split`): a zoo step (:mod:`commsched.workloads`; the micro-batch step is the zoo's
-own step retraced at the smaller batch) with ``batch >= 2``. A split along the sequence (batch 1) is not built:
-causal attention's second half reads the first half's keys and values. A MoE step's expert capacity is per
+own step retraced at the smaller batch) with ``batch >= 2``. A prefill's prompt splits along the sequence instead
+(:mod:`commsched.rewrites.split_sequence`: its chunks are not independent, a later one reads the earlier ones' keys
+and values). A MoE step's expert capacity is per
 micro-batch (as in the systems above), so where an expert overflows, the split drops other tokens than the step
 does; where no token is dropped it is the same function.
 """
@@ -201,8 +202,8 @@ def interleave_micro_batches(gm: torch.fx.GraphModule, graph: Graph) -> torch.fx
 def why_not_split(spec: Any, parts: int = 2) -> str | None:
     """Why the zoo step ``spec`` (a ``WorkloadSpec``) cannot be split into ``parts`` micro-batches, or None."""
     if spec.batch < parts:
-        return (f"batch {spec.batch}: a split along the batch needs >= {parts} sequences (a split along the "
-                "sequence of causal attention is not built)")  # fmt: skip
+        return (f"batch {spec.batch}: a split along the batch needs >= {parts} sequences (a prefill's prompt can "
+                "be split along the sequence: rewrites/split_sequence.py)")  # fmt: skip
     if spec.plan.sp:
         per_seq = 1 if spec.mode == "decode" else spec.seq_len
         for b in micro_batch_sizes(spec.batch, parts):

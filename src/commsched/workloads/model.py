@@ -59,10 +59,19 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, impl: str) -> torch.Tensor:
-    """``[batch, heads, seq, head_dim]`` attention with grouped KV heads, as flash attention computes it."""
+    """``[batch, heads, seq, head_dim]`` attention with grouped KV heads, as flash attention computes it. A causal
+    mask is aligned bottom-right, as flash attention aligns it (Dao-AILab/flash-attention#1778): with fewer queries
+    than keys (a prompt's later chunk), query ``i`` sees keys ``0 .. kv_len - q_len + i``."""
     if impl == "flash":
         return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal)[0]
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
+    mask = None
+    q_len, kv_len = q.shape[2], k.shape[2]
+    if causal and q_len != kv_len:  # SDPA's is_causal aligns top-left: say bottom-right with a mask
+        mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=q.device).tril(kv_len - q_len)
+        causal = False
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1]
+    )
 
 
 def attention(
@@ -72,9 +81,11 @@ def attention(
     s: Shapes,
     rope: tuple[torch.Tensor, torch.Tensor],
     cache: tuple[torch.Tensor, torch.Tensor] | None,
+    prefix: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> torch.Tensor:
     """Self-attention of the (TP-local) heads. ``cache``: this layer's ``[batch, kv_heads, kv_len, head_dim]``
-    key/value buffers, written in place at positions ``past .. past + seq``."""
+    key/value buffers, written in place at positions ``past .. past + seq``. ``prefix`` (training a sequence in
+    chunks): this layer's keys and values of the sequence's earlier chunks, attended to and appended to."""
     hd = cfg.head_dim
     q = F.linear(x, p["wq"]).view(s.batch, s.seq, s.heads, hd)
     k = F.linear(x, p["wk"]).view(s.batch, s.seq, s.kv_heads, hd)
@@ -86,6 +97,10 @@ def attention(
         cache[0][:, :, s.past : end].copy_(k)
         cache[1][:, :, s.past : end].copy_(v)
         k, v = cache[0][:, :, :end], cache[1][:, :, :end]
+    if prefix is not None:
+        prefix.append((k, v))
+        if len(prefix) > 1:
+            k, v = torch.cat([kv[0] for kv in prefix], dim=2), torch.cat([kv[1] for kv in prefix], dim=2)
     # a single new token attends to every cached position; a prompt attends causally
     o = attend(q, k, v, causal=s.seq > 1, impl=s.attention)
     return F.linear(o.transpose(1, 2).reshape(s.tokens, s.heads * hd), p["wo"])
@@ -134,9 +149,10 @@ def block(
     comm: Comm,
     rope: tuple[torch.Tensor, torch.Tensor],
     cache: tuple[torch.Tensor, torch.Tensor] | None,
+    prefix: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> torch.Tensor:
     x = comm.tp_in(rms_norm(h, p["attention_norm"], cfg.norm_eps))
-    h = h + comm.tp_out(attention(p, x, cfg, s, rope, cache))
+    h = h + comm.tp_out(attention(p, x, cfg, s, rope, cache, prefix))
     x = comm.tp_in(rms_norm(h, p["ffn_norm"], cfg.norm_eps))
     ffn = moe(p, x, cfg, s, comm) if cfg.is_moe else swiglu(x, p["w1"], p["w3"], p["w2"])
     return h + comm.tp_out(ffn)

@@ -7,6 +7,7 @@ rank's process groups and gives the step function plus factories for its inputs 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
@@ -201,6 +202,10 @@ class StepProgram:
         )
         self.n_params = len(spec.layout)
         self.on_layer: Callable[[int], None] | None = None  # called as the forward reaches each block
+        # prefill: the prompt run as this many chunks, layer by layer (rewrites/split_sequence.py); each chunk's
+        # work is traced inside chunk_scope(chunk)
+        self.seq_chunks = 1
+        self.chunk_scope: Callable[[int], contextlib.AbstractContextManager] = lambda c: contextlib.nullcontext()
 
     # -------------------------------------------------------------- inputs
     @property
@@ -342,14 +347,75 @@ class StepProgram:
         rope = (next(data), next(data))
         caches = [(next(data), next(data)) for _ in range(cfg.n_layers)] if not spec.train else None
         src = self._source(params)
-        h = src.run("embed", lambda p: model.embed(p, tokens, s, comm))
+        if self.seq_chunks > 1:
+            out = self._chunked(src, tokens, labels, rope, caches)
+        else:
+            h = src.run("embed", lambda p: model.embed(p, tokens, s, comm))
+            for i in range(cfg.n_layers):
+                if self.on_layer is not None:
+                    self.on_layer(i)
+                cache = caches[i] if caches is not None else None
+                h = src.run(f"layers.{i}", lambda p, h, c=cache: model.block(p, h, cfg, s, comm, rope, c), h)
+            if spec.train:
+                out = src.run("final", lambda p: model.head_loss(p, h, labels, cfg, s, comm))
+            else:
+                out = src.run("final", lambda p: model.head_logits(p, h, cfg, s, comm))
+        if not spec.train:
+            return [out]
+        grads = torch.autograd.grad(out, params)
+        return [out, *src.finalize(list(grads))]
+
+    def chunk_shapes(self, chunks: int) -> list[model.Shapes]:
+        """The shapes of each of ``chunks`` equal pieces of every sequence (a training step's or a prefill's
+        prompt): chunk ``c`` holds positions ``[c L, (c + 1) L)`` (``past = c L``), a MoE's expert capacity is per
+        chunk. Raises ValueError for a decode or where the pieces would not be equal (or, under sequence
+        parallelism, would not divide over the TP ranks)."""
+        spec, s = self.spec, self.shapes
+        if spec.mode == "decode" or chunks < 2 or s.seq % chunks:
+            raise ValueError(f"{spec.mode} of {s.seq} positions: chunks={chunks} needs a sequence that divides into "
+                             ">= 2 equal chunks (train or prefill)")  # fmt: skip
+        length = s.seq // chunks
+        if spec.plan.sp and s.batch * length % spec.plan.tp:
+            raise ValueError(f"sequence parallelism: a chunk's {s.batch * length} tokens do not divide over "
+                             f"tp={spec.plan.tp}")  # fmt: skip
+        cfg = spec.model
+        capacity = model.moe_capacity(s.batch * length, cfg, spec.capacity_factor) if cfg.is_moe else 0
+        return [dataclasses.replace(s, seq=length, past=c * length, capacity=capacity) for c in range(chunks)]
+
+    def _chunked(self, src: ParamSource, tokens: torch.Tensor, labels: torch.Tensor | None, rope: tuple,
+                 caches: list | None) -> torch.Tensor:  # fmt: skip
+        """The step's sequences as :meth:`chunk_shapes` pieces, layer by layer, each unit's parameters taken once
+        for all chunks (one gather, one gradient per parameter): layer ``i`` of chunk ``c`` attends to every
+        position before its own end (causal, bottom-right), reading layer ``i``'s keys and values of chunks
+        ``0 .. c`` (a prefill from the KV cache it writes; training from the earlier chunks' tensors), so it runs
+        after layer ``i`` of chunk ``c - 1``. Returns the loss (the mean of the chunks' mean losses: the whole
+        step's) or the logits (each sequence's last position: the last chunk's). The step's function, but for a
+        MoE's per-chunk expert capacity."""
+        cfg, comm = self.spec.model, self.comm
+        shapes = self.chunk_shapes(self.seq_chunks)
+        spans = [slice(s.past, s.past + s.seq) for s in shapes]
+
+        def each(fn: Callable[[int, model.Shapes, slice], Any]) -> list[Any]:
+            out = []
+            for c, (s, span) in enumerate(zip(shapes, spans, strict=True)):
+                with self.chunk_scope(c):
+                    out.append(fn(c, s, span))
+            return out
+
+        hs = src.run("embed", lambda p: each(lambda c, s, span: model.embed(p, tokens[:, span], s, comm)))
         for i in range(cfg.n_layers):
             if self.on_layer is not None:
                 self.on_layer(i)
-            cache = caches[i] if caches is not None else None
-            h = src.run(f"layers.{i}", lambda p, h, c=cache: model.block(p, h, cfg, s, comm, rope, c), h)
-        if not spec.train:
-            return [src.run("final", lambda p: model.head_logits(p, h, cfg, s, comm))]
-        loss = src.run("final", lambda p: model.head_loss(p, h, labels, cfg, s, comm))
-        grads = torch.autograd.grad(loss, params)
-        return [loss, *src.finalize(list(grads))]
+            kv, prefix = (caches[i], None) if caches is not None else (None, [])
+
+            def layer(p, *hs, kv=kv, prefix=prefix):
+                return each(lambda c, s, span: model.block(p, hs[c], cfg, s, comm, (rope[0][span], rope[1][span]),
+                                                           kv, prefix))  # fmt: skip
+
+            hs = src.run(f"layers.{i}", layer, *hs)
+        if labels is None:
+            with self.chunk_scope(len(shapes) - 1):
+                return src.run("final", lambda p: model.head_logits(p, hs[-1], cfg, shapes[-1], comm))
+        losses = src.run("final", lambda p: each(lambda c, s, span: model.head_loss(p, hs[c], labels[:, span], cfg,
+                                                                                    s, comm)))  # fmt: skip
+        return torch.stack(losses).mean()
