@@ -234,3 +234,19 @@ def test_getitem_of_an_output_the_op_did_not_produce():
             else:
                 assert node.buffers[0].shape == tuple(element.shape)
                 assert node.buffers[0].storage in {b.storage for b in g.node(bwd.name).buffers}
+
+
+def test_a_rewritten_copy_imported_with_the_traced_meta_keeps_its_own_causal_marks():
+    """``from_fx(..., meta=traced.meta)`` adds the traced graph's meta, but what the import derives from the module
+    itself (its causal attention nodes) is the module's: a prompt split in two chunks has two causal attentions,
+    where the traced prefill had one (the second one was costed as full attention before)."""
+    from commsched.ir import CAUSAL_META
+    from commsched.rewrites.split_sequence import split_zoo_sequence
+    from commsched.workloads import build
+
+    w = build("llama-tiny", parallel="tp+sp", world_size=2, layers=1, mode="prefill", seq_len=16)
+    split = split_zoo_sequence(w.spec, 2).gm
+    g = from_fx(split, group_sizes=w.graph.group_sizes(), meta=w.graph.meta)
+    attention = [n.name for n in split.graph.nodes if "flash_attention" in str(n.target)]
+    assert len(w.graph.meta[CAUSAL_META]) == 1 and g.meta[CAUSAL_META] == attention and len(attention) == 2
+    assert g.meta["workload"] == w.graph.meta["workload"]  # the rest of the traced meta is kept

@@ -209,7 +209,7 @@ def _optimize(program, hardware, num_nodes, gpus_per_node, memory_budget, reorde
             variants += transform_variants(gm, g, cost, knobs, finalists, variants)
             from commsched.optimize.split_batch import split_batch_variants  # two micro-batches (issue 18)
 
-            variants += split_batch_variants(gm, g, cost, knobs, variants)
+            variants += split_batch_variants(gm, g, hw, cost, knobs, variants)
             from commsched.optimize.reuse_gathers import reuse_variants  # FSDP gathers kept for the backward
 
             variants += reuse_variants(gm, g, hw, cost, knobs, variants, finalists, granularities)

@@ -29,20 +29,31 @@ SEQUENCE_CHUNKS = (2, 4)
 
 @dataclasses.dataclass
 class SplitBatchPlan:
-    """The split program of one zoo step (a plan kind of the search: ``apply_fx`` gives the module to keep)."""
+    """The split program of one zoo step (a plan kind of the search: ``apply_fx`` gives the module to keep), and
+    the bucket plan applied after it, if any (``buckets``: (plan, the order it was planned on) on ``graph``, the
+    split module's IR)."""
 
     gm: Any
+    buckets: tuple | None = None
+    graph: Graph | None = None
 
     def apply_fx(self, gm: Any, graph: Graph) -> Any:
         """The split module (built once; ``gm`` / ``graph``, the traced step, are what it was made from)."""
-        return self.gm
+        if self.buckets is None:
+            return self.gm
+        from commsched.rewrites import apply_bucket_plan
+
+        return apply_bucket_plan(self.gm, self.graph, *self.buckets, recompile=False).gm
 
 
-def split_batch_variants(gm: Any, g: Graph, cost: Callable[[Graph], CostEstimate], knobs: dict, variants: list) -> list:
+def split_batch_variants(
+    gm: Any, g: Graph, hw: Any, cost: Callable[[Graph], CostEstimate], knobs: dict, variants: list
+) -> list:
     """The split programs of ``gm`` (IR ``g``): two micro-batches where the batch has >= 2 sequences, and the
     sequences as :data:`SEQUENCE_CHUNKS` chunks; each built, costed with ``cost`` and scheduled with ``knobs`` (a
     search ``_Variant`` whose ``plan`` is a :class:`SplitBatchPlan`), or a ``Tried`` saying why it was not tried or
-    failed. ``variants``: the search's so far (the first is the traced program, whose bound the label quotes)."""
+    failed; then the fastest of them bucketed like the fastest bucketed variant (:func:`_bucketed_split`, on
+    ``hw``). ``variants``: the search's so far (the first is the traced program, whose bound the label quotes)."""
     from commsched.optimize.search import Tried
     from commsched.rewrites.split_batch import micro_batch_sizes, split_zoo_step, traced_spec, why_not_split
 
@@ -57,7 +68,38 @@ def split_batch_variants(gm: Any, g: Graph, cost: Callable[[Graph], CostEstimate
         label = f"{LABEL} ({' + '.join(map(str, micro_batch_sizes(spec.batch)))} sequences"
         build = lambda: split_zoo_step(spec, interleave=False).gm  # noqa: E731
         out = _split_variants(label, "one after the other", build, g, cost, knobs, variants)
-    return out + _sequence_splits(spec, g, cost, knobs, variants + out)
+    out += _sequence_splits(spec, g, cost, knobs, variants + out)
+    return out + _bucketed_split(hw, cost, knobs, variants + out)
+
+
+def _bucketed_split(hw: Any, cost: Callable, knobs: dict, variants: list) -> list:
+    """The fastest split variant within the budget, bucketed by the plan of the fastest bucketed variant (its
+    configuration, planned on the split program's own order) and scheduled: the chunks' collectives of one kind
+    merge as the traced program's did (llama3-8b TP training: its all_reduces). Empty where either is missing,
+    a ``Tried`` where the plan merges nothing or the bound shows it cannot win."""
+    from commsched.optimize.reuse_gathers import _bucketing_of
+    from commsched.optimize.search import Tried, _incumbent_ns, _scheduled, _Variant, bound_ns, bound_pruned
+    from commsched.rewrites import plan_buckets
+    from commsched.rewrites.bucket_graph import bucket_graph, noncontiguous_inputs
+
+    limit = knobs["memory_budget"].bytes
+    splits = [v for v in variants if isinstance(v, _Variant) and isinstance(v.plan, SplitBatchPlan)
+              and v.sim.peak_memory_bytes <= limit]  # fmt: skip
+    base = _bucketing_of(variants, knobs)
+    if not splits or base is None:
+        return []
+    best = min(splits, key=lambda v: v.sim.makespan_ns)
+    (config, cap_label), g2 = base, best.graph
+    label = f"bucketed ({cap_label}, planned on traced order) + {best.label}"
+    plan = plan_buckets(g2, best.costs, None, hardware=hw, config=config)
+    if not plan.merged:
+        return [Tried(label, None, verdict="no merge")]
+    g3 = bucket_graph(g2, plan, None, noncontiguous_inputs(best.plan.gm, g2))
+    c3 = cost(g3)
+    why = bound_pruned(bound_ns(simulate_costs(g3, c3)), _incumbent_ns(variants, knobs))
+    if why is not None:
+        return [Tried(label, len(g3.collectives), verdict=why)]
+    return [_scheduled(label, g3, c3, knobs, SplitBatchPlan(best.plan.gm, (plan, None), g2))]
 
 
 def _sequence_splits(spec: Any, g: Graph, cost: Callable, knobs: dict, variants: list) -> list:
