@@ -318,6 +318,49 @@ def attention_table(measured_path: str, hardware: str) -> str:
     return "\n".join(lines)
 
 
+def chunk_model_us(q_len: int, kv_len: int, heads: int, hardware: str) -> float:
+    """The cost model's time (us) for a causal flash attention forward of ``q_len`` queries against ``kv_len``
+    keys (one sequence, head_dim 128), as a chunk of a split prompt traces it."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from commsched.cost import estimate_costs
+    from commsched.frontends.fx import from_fx
+
+    def step(q, k, v):
+        return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True)[0]
+
+    with FakeTensorMode():
+        q = torch.empty(1, heads, q_len, 128, dtype=torch.bfloat16)
+        k, v = (torch.empty(1, heads, kv_len, 128, dtype=torch.bfloat16) for _ in range(2))
+        g = from_fx(make_fx(step)(q, k, v))
+    return float(estimate_costs(g, hardware).node_s.sum()) * 1e6
+
+
+def chunk_table(measured_path: str, hardware: str, heads: int = 4) -> str:
+    """Markdown table: a prompt's causal attention forward whole and in chunks, measured (the sum over the chunks)
+    against the cost model, each also as x the whole; then the causal mask's check."""
+    rows = read_measured(measured_path)
+    fwd = [r for r in rows if r["what"] == "forward"]
+    lines = [f"GPU: {rows[0]['gpu']}, torch {rows[0]['torch']}; model: `{hardware}`.", "",
+             "| chunks | queries x keys per chunk | measured (us) | x whole | model (us) | x whole |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    whole_m = whole_p = 0.0
+    for chunks in sorted({int(r["chunks"]) for r in fwd}):
+        mine = [r for r in fwd if int(r["chunks"]) == chunks]
+        m = sum(float(r["median_us"]) for r in mine)
+        p = sum(chunk_model_us(int(r["q_len"]), int(r["kv_len"]), heads, hardware) for r in mine)
+        whole_m, whole_p = (m, p) if chunks == 1 else (whole_m, whole_p)
+        shapes = ", ".join(f"{r['q_len']} x {r['kv_len']}" for r in mine)
+        lines.append(f"| {chunks} | {shapes} | {m:.0f} | {m / whole_m:.2f} | {p:.0f} | {p / whole_p:.2f} |")
+    for r in rows:
+        if r["what"].endswith("mask"):
+            lines.append(f"\nFlash attention's causal output ({r['q_len']} queries, {r['kv_len']} keys) against the "
+                         f"math attention with a {r['what']}: max abs error {float(r['max_abs_err']):.4f}.")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -329,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     att = sub.add_parser("attention", help="flash attention measured vs the cost model")
     att.add_argument("measured")
     att.add_argument("--hardware", default="h100-sxm")
+    chk = sub.add_parser("chunks", help="a prompt's attention whole and in chunks, measured vs the cost model")
+    chk.add_argument("measured")
+    chk.add_argument("--hardware", default="h200-sxm")
     args = parser.parse_args(argv)
     if args.command == "cases":
         from commsched.io import atomic_write_text
@@ -338,6 +384,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "attention":
         print(attention_table(args.measured, args.hardware))
+        return 0
+    if args.command == "chunks":
+        print(chunk_table(args.measured, args.hardware))
         return 0
     print(compare_table(args.measured, args.hardware, args.cases))
     return 0

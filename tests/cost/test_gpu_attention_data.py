@@ -48,3 +48,18 @@ def test_the_model_is_within_0_7_to_1_2_of_every_measured_pass():
     for r in bench.read_measured(ROOT / "benchmarks" / "data" / "gpu_attention_h100.csv"):
         ratio = bench.attention_model_us(r, "h100-sxm") / float(r["median_us"])
         assert 0.7 <= ratio <= 1.2, (r["batch"], r["heads"], r["seq"], r["pass"], r["causal"], ratio)
+
+
+def test_results_chunk_table_is_the_stored_run_against_the_model():
+    """A prompt's attention whole and in chunks (benchmarks/data/gpu_attention_chunks_h200.csv): the RESULTS table
+    is the stored run against today's model, and the run shows the bottom-right causal mask the split relies on."""
+    bench = _bench()
+    path = ROOT / "benchmarks" / "data" / "gpu_attention_chunks_h200.csv"
+    table = bench.chunk_table(str(path), "h200-sxm")
+    results = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == 3
+    for row in rows:
+        assert row in results, row
+    errors = {r["what"]: float(r["max_abs_err"]) for r in bench.read_measured(path) if r["what"].endswith("mask")}
+    assert errors["bottom-right mask"] < 0.01 < 1.0 < errors["top-left mask"]
