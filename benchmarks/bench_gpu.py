@@ -361,6 +361,45 @@ def chunk_table(measured_path: str, hardware: str, heads: int = 4) -> str:
     return "\n".join(lines)
 
 
+GEMM_USES = {"qkv": 1, "output": 1, "gate_up": 2, "down": 1}
+"""how many times a layer multiplies by each measured weight shape (gate and up share theirs)"""
+
+
+def gemm_model_us(m: int, k: int, n: int, hardware: str) -> float:
+    """The cost model's time (us) for a bf16 ``[m, k] @ [k, n]``, traced on fake tensors."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from commsched.cost import estimate_costs
+    from commsched.frontends.fx import from_fx
+
+    with FakeTensorMode():
+        a, b = torch.empty(m, k, dtype=torch.bfloat16), torch.empty(k, n, dtype=torch.bfloat16)
+        g = from_fx(make_fx(torch.mm)(a, b))
+    return float(estimate_costs(g, hardware).node_s.sum()) * 1e6
+
+
+def gemm_chunk_table(measured_path: str, hardware: str) -> str:
+    """Markdown table: one layer's matmuls (:data:`GEMM_USES`) whole and in chunks of the sequence, measured (the
+    sum over the chunks) against the cost model, each also as x the whole."""
+    rows = read_measured(measured_path)
+    whole_rows = max(int(r["m"]) for r in rows)
+    lines = [f"GPU: {rows[0]['gpu']}, torch {rows[0]['torch']}; model: `{hardware}`.", "",
+             "| chunks | rows per chunk | measured (us) | x whole | model (us) | x whole |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    base: tuple[float, float] | None = None
+    for m in sorted({int(r["m"]) for r in rows}, reverse=True):
+        chunks = whole_rows // m
+        mine = [r for r in rows if int(r["m"]) == m]
+        meas = chunks * sum(GEMM_USES[r["weight"]] * float(r["median_us"]) for r in mine)
+        model = chunks * sum(GEMM_USES[r["weight"]] * gemm_model_us(m, int(r["k"]), int(r["n"]), hardware)
+                             for r in mine)  # fmt: skip
+        base = base or (meas, model)
+        lines.append(f"| {chunks} | {m} | {meas:.0f} | {meas / base[0]:.2f} | {model:.0f} | {model / base[1]:.2f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -375,6 +414,9 @@ def main(argv: list[str] | None = None) -> int:
     chk = sub.add_parser("chunks", help="a prompt's attention whole and in chunks, measured vs the cost model")
     chk.add_argument("measured")
     chk.add_argument("--hardware", default="h200-sxm")
+    gem = sub.add_parser("gemm-chunks", help="a layer's matmuls whole and in chunks, measured vs the cost model")
+    gem.add_argument("measured")
+    gem.add_argument("--hardware", default="h200-sxm")
     args = parser.parse_args(argv)
     if args.command == "cases":
         from commsched.io import atomic_write_text
@@ -387,6 +429,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "chunks":
         print(chunk_table(args.measured, args.hardware))
+        return 0
+    if args.command == "gemm-chunks":
+        print(gemm_chunk_table(args.measured, args.hardware))
         return 0
     print(compare_table(args.measured, args.hardware, args.cases))
     return 0

@@ -63,3 +63,14 @@ def test_results_chunk_table_is_the_stored_run_against_the_model():
         assert row in results, row
     errors = {r["what"]: float(r["max_abs_err"]) for r in bench.read_measured(path) if r["what"].endswith("mask")}
     assert errors["bottom-right mask"] < 0.01 < 1.0 < errors["top-left mask"]
+
+
+def test_results_gemm_chunk_table_is_the_stored_run_against_the_model():
+    """One TP+SP layer's matmuls whole and in chunks (benchmarks/data/gpu_gemm_chunks_h200.csv): the RESULTS table
+    is the stored run against today's model."""
+    table = _bench().gemm_chunk_table(str(ROOT / "benchmarks" / "data" / "gpu_gemm_chunks_h200.csv"), "h200-sxm")
+    results = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == 3
+    for row in rows:
+        assert row in results, row
