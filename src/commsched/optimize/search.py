@@ -270,6 +270,8 @@ def _kept_as_returned(
                              f"{kept_s * 1e3:.3f} ms: its program order changes fusion)")  # fmt: skip
             elif t.label == chosen[2].label:
                 t.verdict = "kept (judged as returned)"
+            elif t.verdict.startswith("slower than the kept one by -"):  # beyond the tries: never judged so
+                t.verdict = f"faster as judged, not judged as returned (only the {AS_RETURNED_TRIES} fastest are)"
     return chosen[0], chosen[1]
 
 

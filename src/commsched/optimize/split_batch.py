@@ -1,14 +1,15 @@
-"""Split-batch overlap as an :func:`commsched.optimize` candidate (issue 18): the zoo step retraced as two
-micro-batches (:mod:`commsched.rewrites.split_batch`), costed by the same model, scheduled by the same ``overlap``
-search (with the search's knobs) in two program orders, the micro-batches interleaved node by node and one after
-the other (the list scheduler's priorities start from the program order), and judged by the simulator within the
-same memory budget as every other variant.
+"""Split programs as :func:`commsched.optimize` candidates (issue 18): the zoo step retraced as two micro-batches
+(:mod:`commsched.rewrites.split_batch`) and with its sequences in 2, then 4 chunks
+(:mod:`commsched.rewrites.split_sequence`), costed by the same model, scheduled by the same ``overlap`` search (with
+the search's knobs) in two program orders, the micro-batches / chunks interleaved node by node and as traced (the
+list scheduler's priorities start from the program order), and judged by the simulator within the same memory
+budget as every other variant; the fastest split is then also bucketed like the fastest bucketed variant.
 
-Where it applies: a module the zoo traced and nobody changed since, whose batch is at least 2. Elsewhere the
-report says why it was not tried. A program whose lower bound (the simulator's, in its own costs) is no faster
-than the best variant found so far is not scheduled (its verdict gives both). Its label gives the micro-batches
-and the simulator's lower bound of the split program next to the traced program's (the bound is what a split can
-move and reordering cannot).
+Where they apply: a module the zoo traced and nobody changed since; the batch split where the batch is at least 2,
+the sequence split for a prefill and for a training step with TP or EP. Elsewhere the report says why it was not
+tried. A program whose lower bound (the simulator's, in its own costs) is no faster than the best variant found so
+far is not scheduled (its verdict gives both). Its label gives the simulator's lower bound of the split program next
+to the traced program's (the bound is what a split can move and reordering cannot).
 """
 
 from __future__ import annotations

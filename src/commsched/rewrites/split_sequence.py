@@ -1,21 +1,24 @@
-"""Split-sequence overlap (chunked prefill, as vLLM's and SGLang's chunked prefill run a prompt): a prefill's prompt
-run as ``k`` chunks of equal length, layer by layer, as a retrace of the zoo step.
+"""Split-sequence overlap (chunked prefill, as vLLM's and SGLang's chunked prefill run a prompt; in training, a
+sequence pipeline as TeraPipe's): each sequence of a prefill or a training step run as ``k`` chunks of equal length,
+layer by layer, as a retrace of the zoo step (:meth:`commsched.workloads.program.StepProgram.chunk_shapes`).
 
-Layer ``i`` of chunk ``c`` writes the KV cache at the chunk's positions and attends (causally, bottom-right
-aligned) to every cached position up to its own end, so it reads what layer ``i`` of chunks ``0 .. c - 1`` wrote
-and nothing of later chunks. Chunk ``c``'s layer ``i`` therefore does not wait for chunk ``c - 1``'s collectives
-after that layer's attention: a scheduler that reorders collectives (``overlap`` with ``reorder_collectives``) can
-run one chunk's TP collectives (the sequence-parallel all_gather / reduce_scatter, the all_reduce) or MoE
-dispatch / combine under another chunk's compute, which moves the lower bound where a one-sequence batch cannot be
-split along the batch (:mod:`commsched.rewrites.split_batch`). The logits are each sequence's last position's, the
-last chunk's; the KV cache holds every position, as after the whole prompt's prefill.
+Layer ``i`` of chunk ``c`` attends (causally, bottom-right aligned, as flash attention aligns it) to every position
+up to its own end: in a prefill it writes the KV cache at its positions and reads the cache, in training it reads
+the keys and values layer ``i`` of chunks ``0 .. c - 1`` computed (their gradients flow back to them). It reads
+nothing of later chunks, so chunk ``c``'s layer ``i`` does not wait for chunk ``c - 1``'s collectives after that
+layer's attention: a scheduler that reorders collectives (``overlap`` with ``reorder_collectives``) can run one
+chunk's TP collectives (the sequence-parallel all_gather / reduce_scatter, the all_reduce) or MoE dispatch /
+combine under another chunk's compute, which moves the lower bound where a one-sequence batch cannot be split along
+the batch (:mod:`commsched.rewrites.split_batch`). A prefill's logits are each sequence's last position's, the last
+chunk's, and its KV cache holds every position; a training step's loss is the mean of the chunks' mean losses (the
+step's), each parameter taken once for all chunks (one FSDP gather, one gradient per parameter).
 
 Nodes of chunk ``c`` carry ``node.meta["custom"]["micro_batch"] = c`` (and their position among the chunk's
 nodes), as split-batch's micro-batches do, so that :func:`commsched.rewrites.split_batch.interleave_micro_batches`
-orders them. The same function as the prefill (to rounding: smaller matmuls may round otherwise), except that a
-MoE's expert capacity is per chunk: where an expert overflows, a chunk drops other tokens than the prompt does.
-What a split costs (smaller GEMMs, attention over a longer cached prefix per chunk, each collective's latency) is
-the cost model's; the simulator decides (:mod:`commsched.optimize.split_batch`).
+orders them. The same function as the step (to rounding: smaller matmuls may round otherwise), except that a MoE's
+expert capacity is per chunk: where an expert overflows, a chunk drops other tokens than the step does. What a
+split costs (smaller GEMMs, attention over a longer prefix per chunk, each collective's latency) is the cost
+model's; the simulator decides (:mod:`commsched.optimize.split_batch`).
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ def why_not_split_sequence(spec: Any, chunks: int | None = None) -> str | None:
 
 
 def split_zoo_sequence(spec: Any, chunks: int = 2) -> RewriteResult:
-    """The zoo prefill ``spec`` retraced with its prompt as ``chunks`` chunks (module docstring), as rank 0 of a
+    """The zoo step ``spec`` retraced with its sequences as ``chunks`` chunks (module docstring), as rank 0 of a
     fake process group (or of the real one when initialised, as :func:`commsched.workloads.build`), in the traced
     order (layer by layer, chunk 0 first within each). Same inputs and outputs as the step. Rows: one per chunk.
     Raises GraphError with :func:`why_not_split_sequence`'s reason when it does not apply."""
