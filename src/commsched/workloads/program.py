@@ -202,8 +202,8 @@ class StepProgram:
         )
         self.n_params = len(spec.layout)
         self.on_layer: Callable[[int], None] | None = None  # called as the forward reaches each block
-        # prefill: the prompt run as this many chunks, layer by layer (rewrites/split_sequence.py); each chunk's
-        # work is traced inside chunk_scope(chunk)
+        # a prefill or a training step: each sequence run as this many chunks, layer by layer
+        # (rewrites/split_sequence.py); each chunk's work is traced inside chunk_scope(chunk)
         self.seq_chunks = 1
         self.chunk_scope: Callable[[int], contextlib.AbstractContextManager] = lambda c: contextlib.nullcontext()
 
