@@ -11,12 +11,11 @@ and its backward, the ops the zoo traces (key / value heads expanded to the quer
 
 from __future__ import annotations
 
-import csv
 import sys
 from typing import Any
 
 import torch
-from decompose_tp_streams import gpu_us  # this folder: the same timing behind a spin kernel
+from decompose_tp_streams import gpu_us, write_rows  # this folder: the same timing behind a spin kernel
 
 SHAPES = [  # (batch, heads, seq, head_dim): llama3-8b under TP 8 (4 heads) at three lengths, whole (32 heads)
     (1, 4, 8192, 128), (1, 4, 4096, 128), (2, 4, 4096, 128), (1, 32, 2048, 128), (1, 32, 8192, 128),
@@ -58,17 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1 or not torch.cuda.is_available():
         print("usage: attention_causal.py OUT.csv [--held-out] (needs a CUDA device)", file=sys.stderr)
         return 2
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": str(torch.version.cuda)}
     rows = []
     for shape in HELD_OUT if held_out else SHAPES:
         for causal in (False, True):
             rows += measure(*shape, causal)
-    with open(args[0], "w", newline="") as f:
-        writer = csv.DictWriter(f, FIELDS)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({**meta, **row})
-            print(row)
+    write_rows(args[0], FIELDS, rows)
     return 0
 
 

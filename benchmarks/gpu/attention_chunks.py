@@ -13,12 +13,11 @@ CUDA events behind a spin kernel (as ``decompose_tp_streams.py``), median of 20 
 
 from __future__ import annotations
 
-import csv
 import sys
 
 import torch
 import torch.nn.functional as F
-from decompose_tp_streams import gpu_us  # this folder: the same timing behind a spin kernel
+from decompose_tp_streams import gpu_us, write_rows  # this folder: the same timing behind a spin kernel
 
 HEADS, HEAD_DIM, SEQ = 4, 128, 8192
 FIELDS = ["gpu", "torch", "cuda", "what", "chunks", "chunk", "q_len", "kv_len", "median_us", "min_us", "max_abs_err"]
@@ -50,7 +49,6 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1 or not torch.cuda.is_available():
         print("usage: attention_chunks.py OUT.csv (needs a CUDA device)", file=sys.stderr)
         return 2
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": str(torch.version.cuda)}
     rows = mask_check()
     for chunks in (1, 2, 4):
         length = SEQ // chunks
@@ -58,12 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             med, low = forward_us(length, (c + 1) * length)
             rows.append({"what": "forward", "chunks": chunks, "chunk": c, "q_len": length, "kv_len": (c + 1) * length,
                          "median_us": med, "min_us": low})  # fmt: skip
-    with open(args[0], "w", newline="") as f:
-        writer = csv.DictWriter(f, FIELDS)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({**meta, **row})
-            print(row)
+    write_rows(args[0], FIELDS, rows)
     return 0
 
 

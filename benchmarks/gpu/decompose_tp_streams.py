@@ -355,6 +355,18 @@ def machine() -> dict[str, str]:
             "cuda": str(torch.version.cuda)}  # fmt: skip
 
 
+def write_rows(path: str, fields: list[str], rows: list[dict[str, Any]]) -> None:
+    """``rows``, each with the machine's fields (:func:`machine`), as a CSV of ``fields`` (other keys dropped);
+    each row printed as it is written."""
+    meta = machine()
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fields, extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**meta, **row})
+            print(row)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("cases", help="JSON list of cases (benchmarks/bench_gpu.py cases writes it)")

@@ -11,11 +11,10 @@ sequence) and at the 2 and 4 chunks' M. Times with CUDA events behind a spin ker
 
 from __future__ import annotations
 
-import csv
 import sys
 
 import torch
-from decompose_tp_streams import gpu_us  # this folder: the same timing behind a spin kernel
+from decompose_tp_streams import gpu_us, write_rows  # this folder: the same timing behind a spin kernel
 
 WEIGHTS = {"qkv": (4096, 768), "output": (512, 4096), "gate_up": (4096, 1792), "down": (1792, 4096)}
 ROWS = (8192, 4096, 2048)
@@ -27,7 +26,6 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1 or not torch.cuda.is_available():
         print("usage: gemm_chunks.py OUT.csv (needs a CUDA device)", file=sys.stderr)
         return 2
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": str(torch.version.cuda)}
     rows = []
     for name, (k, n) in WEIGHTS.items():
         w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
@@ -35,12 +33,7 @@ def main(argv: list[str] | None = None) -> int:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             med, low, _ = gpu_us(lambda x=x, w=w: torch.mm(x, w), 20, 5)
             rows.append({"weight": name, "m": m, "k": k, "n": n, "median_us": med, "min_us": low})
-    with open(args[0], "w", newline="") as f:
-        writer = csv.DictWriter(f, FIELDS)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({**meta, **row})
-            print(row)
+    write_rows(args[0], FIELDS, rows)
     return 0
 
 
