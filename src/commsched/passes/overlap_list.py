@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import numpy as np
 
 from commsched.passes.overlap_prep import Prep, range_max
 from commsched.sim.jit import ENABLED as JIT_ENABLED
 
-PRIORITIES = ("feeds", "input", "feeders")
+Priority = Literal["feeds", "input", "feeders", "nearest"]
+PRIORITIES: tuple[str, ...] = get_args(Priority)
 """how ready compute is ranked: "feeds" (what feeds the earliest collective, then the longest path to the end),
 "input" (the input order), "feeders" (the input order, except that what is about to release a collective of the
-busiest group goes first)"""
+busiest group goes first), "nearest" (what issues a collective soonest, i.e. the least kernel time from its end to a
+collective's issue, then the longest path to the end: a chunk's norm between its reduce_scatter and its
+all_gather ahead of the other chunk's matmuls)"""
 
 _PEEK = 8  # ready kernels looked at for one that fits the budget before waiting for a collective instead
 
@@ -43,6 +47,8 @@ def _rank_keys(p: Prep, priority: str) -> tuple[list[int], list[int]]:
         return p.pos, [0] * p.n
     if priority == "feeders":
         return [0 if f else 1 for f in p.feeder], [0] * p.n
+    if priority == "nearest":
+        return p.nearest, [-b for b in p.bottom]
     raise ValueError(f"priority={priority!r}: expected one of {', '.join(PRIORITIES)}")
 
 

@@ -63,6 +63,12 @@ class Prep:
         return _derived(self.shared, "feeder")
 
     @property
+    def nearest(self) -> list[int]:
+        """Per node: the least kernel time from its end to a collective's issue (:func:`nearest`; computed when
+        first read, once per GraphPrep: only the "nearest" priority reads it)."""
+        return _derived(self.shared, "nearest")
+
+    @property
     def tail(self) -> list[int]:
         """Per node: the least time from its end to the end of the step (computed when first read, once per
         GraphPrep: only the collective reordering reads it)."""
@@ -141,6 +147,7 @@ def _prepare_graph(
     pp_l, pi_l = pp.tolist(), pi.tolist()
     lazy = {
         "feeder (to compute)": functools.partial(feeders, g, dur_ns.copy(), np.array(order)),
+        "nearest (to compute)": functools.partial(nearest, g, dur_ns.copy(), np.array(order)),
         "tail (to compute)": functools.partial(_tails, g, dur_ns.copy()),
     }
     fields = dict(
@@ -176,15 +183,28 @@ def feeders(g: Graph, dur_ns: np.ndarray, order: np.ndarray, reach: float = 0.1)
     """Per node: whether a collective of the busiest process group can be issued within ``reach`` x that group's
     median collective time of the node's end (through its successors' durations). Running such nodes first keeps
     the bottleneck stream fed (e.g. a gradient's cast before its reduce_scatter, ahead of the next layer's work)."""
-    n = len(g)
     is_coll = g.coll_type >= 0
     if not is_coll.any():
-        return [False] * n
+        return [False] * len(g)
     comm = np.bincount(g.coll_group[is_coll], weights=dur_ns[is_coll], minlength=len(g.groups)).astype(np.float64)
     comm[np.bincount(g.coll_group[is_coll], minlength=len(g.groups)) == 0] = -1.0  # groups with no collective
     busiest = int(np.argmax(comm))
-    target = (is_coll & (g.coll_group == busiest)).tolist()
-    limit = int(reach * float(np.median(dur_ns[is_coll & (g.coll_group == busiest)])))
+    target = is_coll & (g.coll_group == busiest)
+    limit = int(reach * float(np.median(dur_ns[target])))
+    return [t <= limit for t in to_collective_ns(g, dur_ns, order, target)]
+
+
+def nearest(g: Graph, dur_ns: np.ndarray, order: np.ndarray) -> list[int]:
+    """Per node: the least kernel time from its end until a collective (of any group) can be issued
+    (:func:`to_collective_ns`; 2**62 where none follows)."""
+    return to_collective_ns(g, dur_ns, order, g.coll_type >= 0)
+
+
+def to_collective_ns(g: Graph, dur_ns: np.ndarray, order: np.ndarray, target: np.ndarray) -> list[int]:
+    """Per node: the shortest path, in its successors' durations, from its end to a ``target`` collective's issue
+    (2**62 where no target follows). ``order``: a topological order of ``g``. O(N + E)."""
+    n = len(g)
+    is_target = target.tolist()
     sp, si = (a.tolist() for a in g.successors_csr())
     dur = dur_ns.tolist()
     never = 1 << 62
@@ -192,11 +212,11 @@ def feeders(g: Graph, dur_ns: np.ndarray, order: np.ndarray, reach: float = 0.1)
     for v in reversed(order.tolist()):
         best = never
         for u in si[sp[v] : sp[v + 1]]:
-            d = 0 if target[u] else dur[u] + to_coll[u]
+            d = 0 if is_target[u] else dur[u] + to_coll[u]
             if d < best:
                 best = d
         to_coll[v] = best
-    return [t <= limit for t in to_coll]
+    return to_coll
 
 
 def prepare(gp: GraphPrep, chains: dict[int, list[int]]) -> Prep:
