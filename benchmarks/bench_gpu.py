@@ -289,12 +289,16 @@ def attention_model_us(row: dict[str, Any], hardware: str) -> float:
 
 
 def causal_block_fraction(row: dict[str, Any], units: int = 132) -> float:
-    """The cost model's causal / full ratio (:func:`commsched.cost.compute.causal_fraction`) for a measured pass."""
-    from commsched.cost.compute import causal_fraction
+    """The cost model's causal / full ratio for a measured pass: a forward's
+    (:func:`commsched.cost.compute.forward_attention_efficiency`, full over causal) or a backward's
+    (:func:`commsched.cost.compute.causal_fraction`)."""
+    from commsched.cost.compute import causal_fraction, forward_attention_efficiency
 
-    blocks = int(row["seq"]) // 128
-    bh = int(row["batch"]) * int(row["heads"])
-    return causal_fraction(bh, blocks, blocks, units, row["pass"] == "backward")
+    seq, bh = int(row["seq"]), int(row["batch"]) * int(row["heads"])
+    if row["pass"] == "backward":
+        return causal_fraction(bh, seq // 128, seq // 128, units)
+    full, causal = (forward_attention_efficiency(bh, seq, seq, c, units, 128) for c in (False, True))
+    return full / causal
 
 
 def attention_table(measured_path: str, hardware: str) -> str:

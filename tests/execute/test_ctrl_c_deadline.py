@@ -17,8 +17,10 @@ import psutil
 ROOT = Path(__file__).resolve().parents[2]
 
 STUCK = """
-import multiprocessing, threading, time
+import multiprocessing, signal, threading, time
 from commsched.cli.common import ctrl_c_deadline
+
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as Python sets it up unless started with SIGINT ignored
 
 def worker():
     time.sleep(60)
@@ -39,6 +41,8 @@ if __name__ == "__main__":
 CLEAN = """
 import signal, time
 from commsched.cli.common import ctrl_c_deadline
+
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as Python sets it up unless started with SIGINT ignored
 
 with ctrl_c_deadline(1.0):
     pass

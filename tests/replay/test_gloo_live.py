@@ -1,6 +1,7 @@
 """Replay the traces of 2 real profiled gloo ranks (made here, fresh each run): an async all_reduce whose
 ``work.wait()`` the profiler does not record, then a blocking one; the stored ``gloo_rank*.json.gz`` were made by
-the same program."""
+the same program with a 16x smaller async all_reduce (here 1 MB, so that the wait is sure to be recorded even when
+the machine is loaded and the matmul it overlaps runs slow)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ WORLD = 2
 
 
 def program(rank: int, port: int, folder: str) -> None:
-    """One rank: 2 iterations of matmul + relu (labelled "forward"), an async all_reduce, a matmul + tanh while it
-    runs, its wait, a blocking all_reduce; the profiler's trace to ``folder/rank{rank}.json``."""
+    """One rank: 2 iterations of matmul + relu (labelled "forward"), an async all_reduce (of 16 copies of the result),
+    a matmul + tanh while it runs, its wait, a blocking all_reduce; the profiler's trace to
+    ``folder/rank{rank}.json``."""
     import torch
     import torch.distributed as dist
 
@@ -36,7 +38,7 @@ def program(rank: int, port: int, folder: str) -> None:
             for _ in range(2):
                 with torch.profiler.record_function("forward"):
                     y = torch.relu(x @ w) @ w
-                work = dist.all_reduce(y, async_op=True)
+                work = dist.all_reduce(torch.cat([y] * 16), async_op=True)  # 1 MB: outlasts the matmul
                 z = torch.tanh(x @ w)
                 work.wait()
                 dist.all_reduce(z)

@@ -5,8 +5,11 @@ time = launch + max(flops / (peak[dtype] x eff_compute), bytes / (bandwidth x ef
 * ``eff_compute`` for a GEMM is the profile's best matmul efficiency times a shape term: the best over the tile
   shapes the library picks from of (tile fill x wave quantization over the SMs), times K / (K + k_half) for the
   main loop's prologue and epilogue. Small or skinny GEMMs fall well below peak; large square ones approach it.
-* ``eff_compute`` for attention: the same wave term over (batch x heads x query blocks), and the KV length in
-  place of K; a causal pass (the graph marks it) takes :func:`causal_fraction` of the full pass's time.
+* ``eff_compute`` for an attention forward: its CTAs as FlashAttention-2 launches them (split along the KV range
+  when few query blocks would leave SMs idle), each the blocks of the (bottom-right causal) mask it sees, two per SM,
+  one alone on its SM faster (:func:`forward_attention_efficiency`); times the KV length's K-depth term. For a
+  backward: the GEMM wave term over (batch x heads x query blocks), the KV length in place of K, and a causal pass
+  (the graph marks it) takes :func:`causal_fraction` of the full pass's time.
 * ``eff_memory = eff_max x bytes / (bytes + memory_half_bytes)``: a kernel moving few bytes cannot keep enough
   requests in flight to reach the bandwidth (Little's law); this is an efficiency curve in size, equivalently a
   latency of ``memory_half_bytes / bandwidth``. A profile may add a cache level (``cache_bytes``,
@@ -71,23 +74,24 @@ def attention_shape_efficiency(
     return fill * tiles / (waves * units) * (kv / (kv + k_half) if k_half > 0 else 1.0)
 
 
-ATTENTION_CTAS_PER_SM = {False: 2, True: 1}
-"""Flash attention CTAs resident per SM, forward (False) and backward (True): the fit, among one or two, to the causal /
-full ratios measured on one H100 (benchmarks/RESULTS.md, "flash attention, causal and not")"""
+_MANY_CTAS = 200_000  # beyond that the tail is noise: the balanced bound
+BACKWARD_CTAS_PER_SM = 1
+"""flash attention backward CTAs resident per SM: the fit, among one or two, to the causal / full ratios measured on
+one H100 (benchmarks/RESULTS.md, "flash attention, causal and not")"""
 
 
 @functools.lru_cache(maxsize=4096)
-def causal_fraction(batch_heads: int, q_blocks: int, kv_blocks: int, units: int, backward: bool) -> float:
-    """Causal / full time of a flash attention pass: its CTAs start in grid order, each on the first free place of
-    ``units x ATTENTION_CTAS_PER_SM``; a full one runs ``kv_blocks`` blocks, a causal one those its query block
-    sees (bottom-right aligned). The forward's CTAs go by query block, the backward's by KV block, longest first.
+def causal_fraction(batch_heads: int, q_blocks: int, kv_blocks: int, units: int) -> float:
+    """Causal / full time of a flash attention backward pass: its CTAs go by KV block, longest first, each to the
+    first free place of ``units x BACKWARD_CTAS_PER_SM``; a full one runs ``q_blocks`` blocks, a causal one those
+    that see its KV block (bottom-right aligned). (The forward's rule is :func:`forward_attention_efficiency`.)
 
-    Few CTAs (a TP rank's heads) fit in one wave, where the longest one sets the time and a mask saves nothing in
-    the forward; many CTAs share the places and it saves up to half. O(J log J) for J CTAs, cached per shape."""
-    slots = units * ATTENTION_CTAS_PER_SM[backward]
+    Few CTAs (a TP rank's heads) fit in one wave, where the longest one sets the time; many CTAs share the places
+    and a mask saves up to half. O(J log J) for J CTAs, cached per shape."""
+    slots = units * BACKWARD_CTAS_PER_SM
     seen = [min(kv_blocks, max(1, kv_blocks - q_blocks + m + 1)) for m in range(q_blocks)]
-    jobs = sorted(seen, reverse=True) if backward else seen
-    if batch_heads * q_blocks > 200_000:  # beyond that the tail is noise: the balanced bound
+    jobs = sorted(seen, reverse=True)
+    if batch_heads * q_blocks > _MANY_CTAS:
         full = math.ceil(batch_heads * q_blocks / slots) * kv_blocks
         return min(1.0, max(sum(seen) * batch_heads / slots, max(seen)) / full)
 
@@ -101,13 +105,136 @@ def causal_fraction(batch_heads: int, q_blocks: int, kv_blocks: int, units: int,
     return makespan(jobs) / makespan([kv_blocks] * q_blocks)
 
 
-def causal_attention_factor(gemm: np.ndarray, backward: np.ndarray, hw: Hardware) -> np.ndarray:
-    """:func:`causal_fraction` per attention node (rows of ``gemm``: batch x heads, query length, KV length)."""
+def causal_attention_factor(gemm: np.ndarray, hw: Hardware) -> np.ndarray:
+    """:func:`causal_fraction` per attention backward node (rows of ``gemm``: batch x heads, query length, KV
+    length)."""
     tile = float(hw.compute.attention_tile)
     units = int(hw.compute.num_units)
     out = np.ones(len(gemm))
-    for j, ((bh, q, kv), bwd) in enumerate(zip(gemm[:, :3].tolist(), backward.tolist())):
-        out[j] = causal_fraction(int(bh), math.ceil(q / tile), math.ceil(kv / tile), units, bool(bwd))
+    for j, (bh, q, kv) in enumerate(gemm[:, :3].tolist()):
+        out[j] = causal_fraction(int(bh), math.ceil(q / tile), math.ceil(kv / tile), units)
+    return out
+
+
+LONE_CTA_SPEEDUP = 1.8
+"""how much faster a flash attention forward CTA runs alone on its SM than as one of the two that share it: the fit
+(1.4-2.0 by 0.1, least squared log error) to the ten forward passes of benchmarks/data/gpu_attention_h100.csv, where
+4 heads x 4096 positions (128 CTAs, one per SM) takes 0.31 x the time of 4 x 8192 (256 CTAs, two per SM) for 0.25 x
+its work"""
+SPLIT_KV_ROWS = 64
+"""query rows per CTA of FlashAttention-2's split-KV forward kernel (flash_api.cpp ``set_params_splitkv``)"""
+SPLIT_KV_EFFICIENCY = 0.77
+"""the split-KV kernel's work rate, with its combine kernel, relative to the standard kernel's: the fit (mean log
+error 0 relative to the same run's unsplit passes) to the four split passes of
+benchmarks/data/gpu_attention_chunks_h200.csv, the only ones measured (2048 queries against 2048-8192 keys, 4 heads)"""
+
+
+def flash_num_splits(ctas_64: int, slots: int, kv_blocks: int, max_splits: int = 128) -> int:
+    """FlashAttention-2's ``num_splits_heuristic`` (flash_api.cpp), which torch's flash forward runs: with fewer
+    than 0.8 x ``slots`` (2 per SM) query blocks of 64 rows in the grid, the KV range is cut into the fewest splits
+    that reach 85 % of the best wave efficiency."""
+    if ctas_64 >= 0.8 * slots:
+        return 1
+    max_splits = min(max_splits, slots, kv_blocks)
+
+    def eligible(k: int) -> bool:  # a split count that gives the same blocks per split as one fewer is skipped
+        return k == 1 or -(-kv_blocks // k) != -(-kv_blocks // (k - 1))
+
+    effs = [0.0] * (max_splits + 1)
+    for k in range(1, max_splits + 1):
+        if eligible(k):
+            waves = ctas_64 * k / slots
+            effs[k] = waves / math.ceil(waves)
+    best = max(effs)
+    return next((k for k in range(1, max_splits + 1) if eligible(k) and effs[k] >= 0.85 * best), 1)
+
+
+def _forward_ctas(batch_heads: int, q_len: int, kv_len: int, causal: bool, units: int, tile: int) -> list[float]:
+    """The work of each CTA of a flash forward, in grid order, in (tile x tile) blocks at the standard kernel's
+    rate: the standard kernel's CTAs hold ``tile`` query rows; the split-KV kernel's hold SPLIT_KV_ROWS rows and one
+    of the KV ranges. A causal CTA (bottom-right aligned) runs the key blocks its last row sees."""
+    kv_blocks = -(-kv_len // tile)
+    splits = flash_num_splits(batch_heads * -(-q_len // SPLIT_KV_ROWS), 2 * units, kv_blocks)
+    rows = tile if splits == 1 else SPLIT_KV_ROWS
+    per_split = -(-kv_blocks // splits)
+    unit = rows / tile / (1.0 if splits == 1 else SPLIT_KV_EFFICIENCY)
+    one_head = []
+    for split in range(splits):
+        lo, hi = split * per_split, min(kv_blocks, (split + 1) * per_split)
+        for m in range(-(-q_len // rows)):
+            seen = min(kv_len, kv_len - q_len + (m + 1) * rows) if causal else kv_len
+            one_head.append(max(0, min(hi, -(-max(seen, 0) // tile)) - lo) * unit)
+    return one_head * batch_heads
+
+
+def _shared_makespan(jobs: list[float], units: int) -> float:
+    """Makespan of ``jobs`` (work at a shared CTA's rate 1) on ``units`` SMs of 2 places each, dispatched in order
+    (a first CTA on each SM, then a second, then each into the place the next finish frees); a CTA alone on its SM
+    runs LONE_CTA_SPEEDUP x faster. Event-driven processor sharing, O(J log S)."""
+    left: list[list[float]] = [[] for _ in range(units)]  # per SM: the remaining work of its CTAs
+    since = [0.0] * units  # per SM: when its remaining work was last brought up to date
+    version = [0] * units
+    heap: list[tuple[float, int, int]] = []
+    nxt = 0
+
+    def rate(k: int) -> float:
+        return LONE_CTA_SPEEDUP if k == 1 else 1.0
+
+    def plan(sm: int, t: float) -> None:
+        version[sm] += 1
+        if left[sm]:
+            heapq.heappush(heap, (t + min(left[sm]) / rate(len(left[sm])), sm, version[sm]))
+
+    for place in range(min(len(jobs), 2 * units)):
+        left[place % units].append(jobs[place])
+    nxt = min(len(jobs), 2 * units)
+    for sm in range(units):
+        plan(sm, 0.0)
+    end = 0.0
+    while heap:
+        t, sm, ver = heapq.heappop(heap)
+        if ver != version[sm]:
+            continue
+        done = (t - since[sm]) * rate(len(left[sm]))
+        since[sm], end = t, t
+        rest = [w - done for w in left[sm]]
+        rest.remove(min(rest))
+        if nxt < len(jobs):
+            rest.append(jobs[nxt])
+            nxt += 1
+        left[sm] = rest
+        plan(sm, t)
+    return end
+
+
+@functools.lru_cache(maxsize=4096)
+def forward_attention_efficiency(
+    batch_heads: int, q_len: int, kv_len: int, causal: bool, units: int, tile: int
+) -> float:
+    """Fraction of the attention efficiency a flash forward pass reaches per counted flop (the flops count the
+    masked blocks too): its full pass's work spread evenly over every SM at full occupancy, over the makespan of its
+    CTAs (:func:`_forward_ctas`, :func:`_shared_makespan`). About 1 for a large full pass, about 2 for a large
+    causal one; below 1 where few CTAs leave SMs idle or alone, or the last wave is short. Cached per shape."""
+    jobs = _forward_ctas(batch_heads, q_len, kv_len, causal, units, tile)
+    ideal = batch_heads * q_len * kv_len / (tile * tile) / (2 * units)  # every place busy at the shared rate
+    if len(jobs) > _MANY_CTAS:
+        makespan = max(sum(jobs) / (2 * units), max(jobs) / LONE_CTA_SPEEDUP)
+    else:
+        makespan = _shared_makespan(jobs, units)
+    return ideal / makespan if makespan > 0 else 1.0
+
+
+def forward_attention_factor(gemm: np.ndarray, causal: np.ndarray, hw: Hardware) -> np.ndarray:
+    """Shape term of each flash attention forward (rows of ``gemm``: batch x heads, query length, KV length):
+    :func:`forward_attention_efficiency` times the KV depth's K / (K + k_half) term, as a GEMM's."""
+    c = hw.compute
+    out = np.ones(len(gemm))
+    for j, ((bh, q, kv), is_causal) in enumerate(zip(gemm[:, :3].tolist(), causal.tolist())):
+        out[j] = forward_attention_efficiency(
+            max(int(bh), 1), max(int(q), 1), max(int(kv), 1), bool(is_causal), int(c.num_units), int(c.attention_tile)
+        )
+        if c.matmul_k_half > 0:
+            out[j] *= kv / (kv + c.matmul_k_half)
     return out
 
 

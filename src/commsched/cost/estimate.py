@@ -24,6 +24,7 @@ from commsched.cost.compute import (
     attention_dims,
     attention_shape_efficiency,
     causal_attention_factor,
+    forward_attention_factor,
     gemm_dims,
     gemm_shape_efficiency,
     kernel_times,
@@ -51,7 +52,7 @@ class GraphFeatures:
     nbytes: np.ndarray  # bytes read + written, unfused
     dtype_id: np.ndarray  # index into dtypes (dtype of the first output), -1 without outputs
     dtypes: tuple[str, ...]
-    gemm: np.ndarray  # (n, 4) M, N, K, batch for MATMUL; (bh, q, kv, 0) for ATTENTION; 0 otherwise
+    gemm: np.ndarray  # (n, 4) M, N, K, batch for MATMUL; (bh, q, kv, 1 backward / 0 forward) for ATTENTION; 0 otherwise
     flops: np.ndarray  # the graph's flops, derived from shapes for attention nodes without a count
     src: np.ndarray  # view base per node
     region: np.ndarray  # fusion region per node, -1 unfused
@@ -132,7 +133,7 @@ def graph_features(g: Graph) -> GraphFeatures:
         dims = shape_cache.get(sig)
         if dims is None:
             dims = shape_cache[sig] = attention_dims(targets[i], shapes, float(flops[i]))
-        gemm[i, :3] = dims[:3]
+        gemm[i] = (*dims[:3], 1.0 if "backward" in targets[i] else 0.0)
         node_flops[i] = dims[3]
 
     src = view_sources(g)
@@ -164,13 +165,15 @@ def _shape_efficiency(f: GraphFeatures, hw: Hardware) -> np.ndarray:
     if mm.any():
         d = f.gemm[mm]
         eff[mm] = gemm_shape_efficiency(d[:, 0], d[:, 1], d[:, 2], d[:, 3], hw)
-    at = f.cls == OpClass.ATTENTION
-    if at.any():
-        d = f.gemm[at]
-        eff[at] = attention_shape_efficiency(d[:, 0], d[:, 1], d[:, 2], hw)
-    causal = np.flatnonzero(f.causal)
-    if len(causal):  # the flops count the masked blocks too: a causal pass runs faster per counted flop
-        eff[causal] /= causal_attention_factor(f.gemm[causal], f.causal[causal] == 2, hw)
+    backward = np.flatnonzero((f.cls == OpClass.ATTENTION) & (f.gemm[:, 3] == 1))
+    if len(backward):
+        d = f.gemm[backward]
+        eff[backward] = attention_shape_efficiency(d[:, 0], d[:, 1], d[:, 2], hw)
+        causal = f.causal[backward] == 2  # the flops count the masked blocks too: a causal pass runs faster
+        eff[backward[causal]] /= causal_attention_factor(d[causal], hw)
+    forward = np.flatnonzero((f.cls == OpClass.ATTENTION) & (f.gemm[:, 3] == 0))
+    if len(forward):
+        eff[forward] = forward_attention_factor(f.gemm[forward], f.causal[forward] == 1, hw)
     return eff
 
 

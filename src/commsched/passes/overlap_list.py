@@ -17,7 +17,7 @@ import numpy as np
 from commsched.passes.overlap_prep import Prep, range_max
 from commsched.sim.jit import ENABLED as JIT_ENABLED
 
-Priority = Literal["feeds", "input", "feeders", "nearest"]
+Priority = Literal["feeds", "feeders", "input", "nearest"]
 PRIORITIES: tuple[str, ...] = get_args(Priority)
 """how ready compute is ranked: "feeds" (what feeds the earliest collective, then the longest path to the end),
 "input" (the input order), "feeders" (the input order, except that what is about to release a collective of the
