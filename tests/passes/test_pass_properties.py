@@ -1,8 +1,9 @@
 """Property test of every registered pass on random DAGs with collectives on several process groups.
 
 Each example runs every heuristic pass (and, on tiny graphs, the exact one) from a random valid start order, so
-the default profile checks well over 10,000 pass runs: valid topological order, every group's collective order
-unchanged, peak-memory budgets respected (full recompute), and the flagship never worse than its input.
+the default profile checks about 5,000 pass runs (``HYPOTHESIS_PROFILE=thorough``: 2,000 examples, 16,000):
+valid topological order, every group's collective order unchanged, peak-memory budgets respected (full recompute),
+and the flagship never worse than its input.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ BUDGET_KNOB = {
 }
 
 
-@settings(max_examples=1500)
+@settings(max_examples=max(600, settings().max_examples))  # the thorough profile's count where it is larger
 @given(graphs(max_nodes=48), st.sampled_from([0.0, 0.05, 0.5]), st.randoms(use_true_random=False))
 def test_every_pass_on_random_graphs(g, budget, rnd):
     costs = simple_costs(g, comm_bytes_per_s=rnd.choice([1e9, 20e9, 400e9]))
