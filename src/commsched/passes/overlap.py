@@ -70,6 +70,9 @@ class OverlapConfig(PassConfig):
     from (one round, scheduled with that priority). The due dates are the attempt's: where one chunk's norm
     waits behind the other chunk's matmuls, its all_gather looks due late and the rule keeps the chunks in lock step
     (llama3-8b TP+SP prefill split in two chunks: 7.09 ms from the "feeds" attempt, 6.50 ms from "nearest")"""
+    jackson_also_within: float = 0.05
+    """learn from such an attempt only when its step is within this fraction of the best order's so far (a pruning
+    rule: on the zoo steps every order this learner improved came from an attempt 1.00-1.035 x the best)"""
     exposed_moves: int = 2
     """with reorder_collectives: rounds of moving the most exposed collective earlier in its group's order (each
     tries a few distances and keeps the best; e.g. the embedding gradient's big reduce_scatter ahead of the last
@@ -201,8 +204,8 @@ class _Search:
             if self.done:
                 break
             a, _, res = self.attempt(f"input collective order, {priority} priority", p, (priority, False), False)
-            if res is None:  # the same order as an attempt already made: the round is skipped (it saves time)
-                continue
+            if res is None or res.makespan_ns > (1.0 + cfg.jackson_also_within) * self.best.makespan_ns:
+                continue  # an order already made, or one far slower than the best: the round is skipped (pruning)
             label = f"Jackson collective order learned from {priority} priority"
             self.jackson_rounds(gp, a, p, label, [(priority, False)], rounds=1)
         if self.best.prep is not None and not self.done:
