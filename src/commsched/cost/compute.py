@@ -75,6 +75,7 @@ def attention_shape_efficiency(
 
 
 _MANY_CTAS = 200_000  # beyond that the tail is noise: the balanced bound
+_MANY_FORWARD_CTAS = 20_000  # the same for the forward's slower (processor-sharing) schedule: 75 waves on 132 SMs
 BACKWARD_CTAS_PER_SM = 1
 """flash attention backward CTAs resident per SM: the fit, among one or two, to the causal / full ratios measured on
 one H100 (benchmarks/RESULTS.md, "flash attention, causal and not")"""
@@ -175,7 +176,6 @@ def _shared_makespan(jobs: list[float], units: int) -> float:
     since = [0.0] * units  # per SM: when its remaining work was last brought up to date
     version = [0] * units
     heap: list[tuple[float, int, int]] = []
-    nxt = 0
 
     def rate(k: int) -> float:
         return LONE_CTA_SPEEDUP if k == 1 else 1.0
@@ -217,7 +217,7 @@ def forward_attention_efficiency(
     causal one; below 1 where few CTAs leave SMs idle or alone, or the last wave is short. Cached per shape."""
     jobs = _forward_ctas(batch_heads, q_len, kv_len, causal, units, tile)
     ideal = batch_heads * q_len * kv_len / (tile * tile) / (2 * units)  # every place busy at the shared rate
-    if len(jobs) > _MANY_CTAS:
+    if len(jobs) > _MANY_FORWARD_CTAS:
         makespan = max(sum(jobs) / (2 * units), max(jobs) / LONE_CTA_SPEEDUP)
     else:
         makespan = _shared_makespan(jobs, units)

@@ -14,10 +14,10 @@ issued at the last point from which it still starts in time (its buffer is alloc
 the first point at which it costs nothing (the collective's inputs are released sooner).
 
 Every group keeps its input collective order (SPMD-safe) unless ``reorder_collectives`` is set, in which case the
-order within each group is rebuilt by Jackson's rule from a first attempt's timing, then from a "nearest" attempt's
-(what issues a collective soonest runs first) (start the released collective whose result is needed first;
-:mod:`commsched.passes.overlap_chains`) — deterministic in (graph, costs), so every rank
-that has the same costs (aligned estimates) makes the same choice, the condition torch's own scheduler relies on too.
+order within each group is rebuilt by Jackson's rule (start the released collective whose result is needed first;
+:mod:`commsched.passes.overlap_chains`) from a first attempt's timing, then from a "nearest" attempt's (what issues a
+collective soonest runs first) — deterministic in (graph, costs), so every rank that has the same costs (aligned
+estimates) makes the same choice, the condition torch's own scheduler relies on too.
 
 The simulator judges: every candidate is checked with the full memory model and simulated with the full simulator
 (link sharing, interference). The budget is hard: a variant over budget is retried with what it produced early

@@ -196,13 +196,13 @@ def feeders(g: Graph, dur_ns: np.ndarray, order: np.ndarray, reach: float = 0.1)
 
 def nearest(g: Graph, dur_ns: np.ndarray, order: np.ndarray) -> list[int]:
     """Per node: the least kernel time from its end until a collective (of any group) can be issued
-    (:func:`to_collective_ns`; 2**62 where none follows)."""
+    (:func:`to_collective_ns`; at least 2**62 where none follows)."""
     return to_collective_ns(g, dur_ns, order, g.coll_type >= 0)
 
 
 def to_collective_ns(g: Graph, dur_ns: np.ndarray, order: np.ndarray, target: np.ndarray) -> list[int]:
     """Per node: the shortest path, in its successors' durations, from its end to a ``target`` collective's issue
-    (2**62 where no target follows). ``order``: a topological order of ``g``. O(N + E)."""
+    (at least 2**62 where no target follows). ``order``: a topological order of ``g``. O(N + E)."""
     n = len(g)
     is_target = target.tolist()
     sp, si = (a.tolist() for a in g.successors_csr())
