@@ -66,3 +66,8 @@ def test_learning_from_the_nearest_attempt_unlocks_the_chunks_of_a_split_prefill
     assert step_s < 0.95 * feeds_only_s
     assert "learned from nearest priority" in both.stats[0].notes[-1]
     assert any(r["attempt"] == "input collective order, nearest priority" for r in both.stats[0].rows)
+    # the pruning rule: the "nearest" attempt itself is a little slower than the best order so far, so a zero
+    # tolerance skips the round it would have learned from
+    pruned = commsched.schedule(g2, costs, "default", reorder_collectives=True, jackson_also_within=0.0)
+    assert not any("learned from nearest" in r["attempt"] for r in pruned.stats[0].rows)
+    assert commsched.simulate_costs(g2, costs, pruned.order).makespan_s == feeds_only_s
