@@ -175,20 +175,53 @@ def _pairs(args, sweep: list[str], home: Path, results: dict) -> None:
         shutil.copytree(args.against / "commsched", other / "commsched", ignore=shutil.ignore_patterns("*.pyc"))
         trees.append(("against", other))
     ratios: dict[str, list[float]] = {name: [] for name, _ in trees}
+    bounds: dict[str, list[float]] = {name: [] for name, _ in trees}
     for i in range(args.repeat):
         for name, src in trees if i % 2 == 0 else trees[::-1]:
             key = "" if src is None else f" ({name})"
             run = [*sweep, "--no-cache", "-j"]
             one, cpu1, _, results[f"jobs 1 #{i}{key}"] = cli_procs([*run, "1"], TMP / "c1", home, TMP / "c.json", src)
-            print(f"{name}: --no-cache -j 1: {one:.2f} s, CPU {cpu1:.2f} s ({load()})")
+            print(f"{name}: --no-cache -j 1: {one:.2f} s, CPU {cpu1:.2f} s ({load()}); "
+                  f"{_serial_and_work(one, results[f'jobs 1 #{i}{key}'])}")  # fmt: skip
             two, cpu2, workers, results[f"jobs 2 #{i}{key}"] = cli_procs([*run, "2"], TMP / "c2", home,
                                                                           TMP / "d.json", src)  # fmt: skip
             ratios[name].append(two / one)
+            bounds[name].append(_halved_bound(one, results[f"jobs 1 #{i}{key}"]))
             seen = ", ".join(f"worker CPU {c:.2f} s, wrote {d / 2**20:.0f} MiB" for c, d in workers.values())
             print(f"{name}: --no-cache -j 2: {two:.2f} s, CPU {cpu2:.2f} s ({seen}; {load()}): "
-                  f"{two / one:.2f}x the -j 1 wall before it; {_split(results[f'jobs 2 #{i}{key}'])}")  # fmt: skip
+                  f"{two / one:.2f}x the -j 1 wall before it; {_split(results[f'jobs 2 #{i}{key}'])}; "
+                  f"{_serial_and_work(two, results[f'jobs 2 #{i}{key}'])}")  # fmt: skip
     for name, r in ratios.items():
-        print(f"{name}: -j 2 / -j 1, median of {len(r)}: {statistics.median(r):.2f}x")
+        print(f"{name}: -j 2 / -j 1, median of {len(r)}: {statistics.median(r):.2f}x (the -j 1 runs' serial part "
+              f"with their work halved exactly: median {statistics.median(bounds[name]):.2f}x)")
+
+
+def _work_by_pid(rows: list) -> dict[int, float]:
+    """Seconds each process spent in tasks, from the rows' stage walls: each task's trace once (its rows, one per
+    hardware profile, repeat it), every row's estimate, schedule and simulate."""
+    work: dict[int, float] = {}
+    traced: set[tuple] = set()
+    for r in rows:
+        key = (r["pid"], r["parallel"], r["world_size"], r["fsdp_bucket"])
+        stages = sum(r[k] or 0.0 for k in ("estimate_wall_s", "schedule_wall_s", "simulate_wall_s"))
+        work[r["pid"]] = work.get(r["pid"], 0.0) + stages + (0.0 if key in traced else r["trace_wall_s"] or 0.0)
+        traced.add(key)
+    return work
+
+
+def _serial_and_work(wall: float, rows: list) -> str:
+    """A run's wall split into the busiest process's task seconds and the rest ("serial": interpreter, imports,
+    forking, writing, exit), and the other processes' task seconds."""
+    work = sorted(_work_by_pid(rows).values(), reverse=True)
+    others = f" (other process(es): {', '.join(f'{w:.2f}' for w in work[1:])} s)" if len(work) > 1 else ""
+    return f"serial {wall - work[0]:.2f} s + tasks {work[0]:.2f} s{others}"
+
+
+def _halved_bound(wall_1: float, rows_1: list) -> float:
+    """What ``-j 2`` / ``-j 1`` would be if two processes split a ``-j 1`` run's task seconds exactly in half and
+    ran each as fast as one process alone, its serial part unchanged."""
+    work = sum(_work_by_pid(rows_1).values())
+    return (wall_1 - work / 2) / wall_1
 
 
 def _split(rows: list) -> str:
