@@ -104,9 +104,11 @@ def spin_cycles_per_us() -> float:
     return _CYCLES_PER_US[0]
 
 
-def gpu_us(fn: Callable[[], Any], reps: int = REPEATS, warmup: int = WARMUP) -> tuple[float, float, float]:
+def gpu_us(fn: Callable[[], Any], reps: int = REPEATS, warmup: int = WARMUP,
+           before: Callable[[], Any] | None = None) -> tuple[float, float, float]:  # fmt: skip
     """Median and min GPU time of ``fn`` (us) between two events on the current stream, behind a spin kernel that
-    covers the CPU's launches; and the median CPU launch time (us)."""
+    covers the CPU's launches; and the median CPU launch time (us). ``before`` (e.g. a write that evicts the L2
+    cache) runs before each spin kernel, outside the timed span."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -124,6 +126,8 @@ def gpu_us(fn: Callable[[], Any], reps: int = REPEATS, warmup: int = WARMUP) -> 
     try:
         for _ in range(reps):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if before is not None:
+                before()
             torch.cuda._sleep(cycles)
             start.record()
             fn()

@@ -28,35 +28,53 @@ from commsched.cost.opclass import OpClass
 from commsched.hardware import Hardware
 
 
-def memory_efficiency(nbytes: np.ndarray, eff_max: float | np.ndarray, half_bytes: float) -> np.ndarray:
+def memory_efficiency(nbytes: np.ndarray, eff_max: float | np.ndarray, half_bytes: float | np.ndarray) -> np.ndarray:
     nbytes = np.asarray(nbytes, np.float64)
-    return eff_max * nbytes / (nbytes + half_bytes) if half_bytes > 0 else np.full_like(nbytes, eff_max)
+    half = np.asarray(half_bytes, np.float64)
+    ramp = np.divide(nbytes, nbytes + half, out=np.ones(np.broadcast(nbytes, half).shape), where=half > 0)
+    return eff_max * ramp
 
 
-def memory_time(nbytes: np.ndarray, eff_max: float | np.ndarray, hw: Hardware) -> np.ndarray:
-    """Seconds to move ``nbytes`` through memory (0 for 0 bytes): HBM, or the cache level for small kernels."""
+def memory_time(nbytes: np.ndarray, eff_max: float | np.ndarray, hw: Hardware,
+                half_bytes: float | np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """Seconds to move ``nbytes`` through memory (0 for 0 bytes): HBM, or the cache level for small kernels;
+    ``half_bytes`` (default the profile's ``memory_half_bytes``) where the bandwidth reaches half."""
     c = hw.compute
     nbytes = np.asarray(nbytes, np.float64)
     bw = c.hbm_bandwidth_bytes_per_s
     if c.cache_bytes > 0:
         bw = np.where(nbytes <= c.cache_bytes, c.cache_bandwidth_bytes_per_s, bw)
-    eff = np.maximum(memory_efficiency(nbytes, eff_max, c.memory_half_bytes), 1e-12)
+    half = c.memory_half_bytes if half_bytes is None else half_bytes
+    eff = np.maximum(memory_efficiency(nbytes, eff_max, half), 1e-12)
     return np.where(nbytes > 0, nbytes / (bw * eff), 0.0)
+
+
+SPLIT_K = (1, 2, 4, 8, 16, 32, 64)
+"""the split-K factors a GEMM library may cut K into when its grid leaves SMs idle (cuBLAS's split-K / stream-K)"""
+SPLIT_K_MIN = 1024.0
+"""the least K a split keeps: the fit (256 / 512 / 1024, with the profile's matmul_memory_half_bytes; least squared
+log error) to the 40 Llama 3 8B-shaped matmuls of benchmarks/data/gpu_decode_h200.csv (1-512 tokens against
+the TP 8 and TP 1 weights); 512 came within 8 % of its error. Held out: the 30 70B-shaped ones"""
 
 
 def gemm_shape_efficiency(m: np.ndarray, n: np.ndarray, k: np.ndarray, batch: np.ndarray, hw: Hardware) -> np.ndarray:
     """Fraction of the best matmul efficiency a (batch x M x N x K) GEMM reaches: tiles, waves and K depth."""
     m, n, k, batch = (np.maximum(np.asarray(a, np.float64), 1.0) for a in (m, n, k, batch))
     units = float(hw.compute.num_units)
+    k_half = hw.compute.matmul_k_half
     best = np.zeros_like(m)
     for tm, tn, rel in hw.compute.matmul_tiles:
         tiles_m, tiles_n = np.ceil(m / tm), np.ceil(n / tn)
         fill = (m * n) / (tiles_m * tm * tiles_n * tn)
         tiles = tiles_m * tiles_n * batch
-        waves = np.ceil(tiles / units)
-        best = np.maximum(best, rel * fill * tiles / (waves * units))
-    k_half = hw.compute.matmul_k_half
-    return best * (k / (k + k_half) if k_half > 0 else 1.0)
+        for split in SPLIT_K:
+            # split-K: a grid that leaves SMs idle also cuts K, each split at least SPLIT_K_MIN deep
+            ok = (split == 1) | ((tiles < units) & (k / split >= SPLIT_K_MIN))
+            waves = np.ceil(tiles * split / units)
+            depth = k / split
+            eff = rel * fill * tiles * split / (waves * units) * (depth / (depth + k_half) if k_half > 0 else 1.0)
+            best = np.where(ok, np.maximum(best, eff), best)
+    return best
 
 
 def attention_shape_efficiency(
@@ -224,6 +242,29 @@ def forward_attention_efficiency(
     return ideal / makespan if makespan > 0 else 1.0
 
 
+COMBINE_S_PER_SPLIT = 0.225e-6
+"""seconds FlashAttention-2's split-KV combine kernel spends per split on each wave of its CTAs (4 query rows each,
+one CTA reading every split's partial output): the fit (0.05-0.40 us by 0.025, least squared log error) to the 18
+batch-1 decode passes of benchmarks/data/gpu_decode_h200.csv, where it is most of the time; held out: the 36 at
+batch 8 and 32 (0.73-1.09 x measured)"""
+
+
+def forward_attention_extra_s(gemm: np.ndarray, hw: Hardware) -> np.ndarray:
+    """Seconds each flash attention forward spends beyond its main kernel (rows of ``gemm``: batch x heads, query
+    length, KV length): where FlashAttention-2 splits the KV range, its combine kernel, one more launch and, per
+    wave of its CTAs (4 query rows each), a pass over every split's partial output."""
+    c = hw.compute
+    out = np.zeros(len(gemm))
+    for j, (bh, q, kv) in enumerate(gemm[:, :3].tolist()):
+        bh, q = max(int(bh), 1), max(int(q), 1)
+        kv_blocks = -(-max(int(kv), 1) // int(c.attention_tile))
+        splits = flash_num_splits(bh * -(-q // SPLIT_KV_ROWS), 2 * int(c.num_units), kv_blocks)
+        if splits > 1:
+            waves = -(-(-(-bh * q // 4)) // int(c.num_units))
+            out[j] = c.launch_overhead_s + COMBINE_S_PER_SPLIT * splits * waves
+    return out
+
+
 def forward_attention_factor(gemm: np.ndarray, causal: np.ndarray, hw: Hardware) -> np.ndarray:
     """Shape term of each flash attention forward (rows of ``gemm``: batch x heads, query length, KV length):
     :func:`forward_attention_efficiency` times the KV depth's K / (K + k_half) term, as a GEMM's."""
@@ -257,7 +298,8 @@ def kernel_times(
     ) * np.maximum(shape_eff, 1e-6)
     mem_eff_max = np.where(cls == OpClass.REDUCTION, eff.reduction, eff.elementwise)
     t_compute = np.divide(flops, peak_flops * compute_eff, out=np.zeros(len(cls)), where=flops > 0)
-    t_memory = memory_time(nbytes, mem_eff_max, hw)
+    half = np.where(cls == OpClass.MATMUL, c.matmul_memory_half_bytes or c.memory_half_bytes, c.memory_half_bytes)
+    t_memory = memory_time(nbytes, mem_eff_max, hw, half)
     t = c.launch_overhead_s + np.maximum(t_compute, t_memory)
     return np.where((cls == OpClass.FREE) | (cls == OpClass.COLLECTIVE), 0.0, t)
 
@@ -294,4 +336,9 @@ def attention_dims(target: str, input_shapes: list[tuple[int, ...]], flops: floa
     kv = float(max(s[2] for s in four))
     if flops <= 0:
         flops = 4.0 * b * h * q * kv * d * (2.5 if "backward" in target else 1.0)
+    kv_heads = float(four[1][1]) if len(four) > 1 else h
+    if "flash" in target and "backward" not in target and q == 1 and kv_heads < h and h % kv_heads == 0:
+        # FlashAttention-2's decode under GQA (flash_api.cpp seqlenq_ngroups_swapped): the query heads that share a
+        # KV head become the query rows of one head, so each KV head's cache is read by one CTA row block
+        return b * kv_heads, h / kv_heads, kv, flops
     return b * h, q, kv, flops

@@ -25,6 +25,7 @@ from commsched.cost.compute import (
     attention_shape_efficiency,
     causal_attention_factor,
     forward_attention_factor,
+    forward_attention_extra_s,
     gemm_dims,
     gemm_shape_efficiency,
     kernel_times,
@@ -239,6 +240,9 @@ def estimate_costs(
         table = _profile_table(hw.table_path)
     peak = _peak_per_node(f, hw)
     node_s = kernel_times(f.cls, f.flops, f.nbytes, peak, _shape_efficiency(f, hw), hw)
+    forward = np.flatnonzero((f.cls == OpClass.ATTENTION) & (f.gemm[:, 3] == 0))
+    if len(forward):  # a split forward's combine kernel: one more launch
+        node_s[forward] += forward_attention_extra_s(f.gemm[forward], hw)
     coll_latency = np.zeros(n)
     coll_link = np.full(n, -1, np.int8)
     algorithms: dict[int, str] = {}

@@ -52,6 +52,9 @@ class ComputeSpec:
     memory_half_bytes: float  # bytes at which a memory-bound kernel reaches half its bandwidth (Little's law)
     attention_tile: int  # query rows per attention tile
     cache_bytes: float = 0.0  # kernels moving at most this many bytes run at cache_bandwidth (0: no cache level)
+    # a memory-bound matmul's half-bandwidth bytes (a few tokens against a weight: its grid streams the weight with
+    # fewer requests in flight than a copy); 0: memory_half_bytes
+    matmul_memory_half_bytes: float = 0.0
     cache_bandwidth_bytes_per_s: float = 0.0
 
     def peak_flops_for(self, dtype: str) -> float:
@@ -266,6 +269,7 @@ def hardware_from_dict(data: Mapping[str, Any], *, where: str = "<profile>", bas
         attention_tile=c.int_("attention_tile"),
         cache_bytes=c.num("cache_bytes", default=0.0),
         cache_bandwidth_bytes_per_s=c.num("cache_gb_per_s", default=0.0) * _G,
+        matmul_memory_half_bytes=c.num("matmul_memory_half_bytes", default=0.0),
     )
     if compute.cache_bytes > 0 and compute.cache_bandwidth_bytes_per_s <= 0:
         raise _fail(f"{where} [compute]", "cache_bytes > 0 needs cache_gb_per_s > 0")
@@ -381,6 +385,7 @@ def hardware_to_dict(hw: Hardware) -> dict[str, Any]:
             "attention_tile": c.attention_tile,
             "cache_bytes": c.cache_bytes,
             "cache_gb_per_s": c.cache_bandwidth_bytes_per_s / _G,
+            "matmul_memory_half_bytes": c.matmul_memory_half_bytes,
             "peak_tflops": {k: v / _T for k, v in c.peak_flops},
             "efficiency": dataclasses.asdict(c.efficiency),
         },
