@@ -142,10 +142,12 @@ LONE_CTA_SPEEDUP = 1.8
 its work"""
 SPLIT_KV_ROWS = 64
 """query rows per CTA of FlashAttention-2's split-KV forward kernel (flash_api.cpp ``set_params_splitkv``)"""
-SPLIT_KV_EFFICIENCY = 0.77
-"""the split-KV kernel's work rate, with its combine kernel, relative to the standard kernel's: the fit (mean log
-error 0 relative to the same run's unsplit passes) to the four split passes of
-benchmarks/data/gpu_attention_chunks_h200.csv, the only ones measured (2048 queries against 2048-8192 keys, 4 heads)"""
+SPLIT_KV_EFFICIENCY = 0.94
+"""the split-KV kernel's work rate relative to the standard kernel's (its combine kernel is timed apart,
+:func:`forward_attention_extra_s`): the fit (the same mean log error as the same run's unsplit passes, 0.70-1.00
+by 0.02) to the four split passes of benchmarks/data/gpu_attention_chunks_h200.csv, the only prompt passes measured
+split (2048 queries against 2048-8192 keys, 4 heads), fitted jointly with COMBINE_S_PER_SPLIT (alternately, to a
+fixed point)"""
 
 
 def flash_num_splits(ctas_64: int, slots: int, kv_blocks: int, max_splits: int = 128) -> int:
@@ -242,11 +244,11 @@ def forward_attention_efficiency(
     return ideal / makespan if makespan > 0 else 1.0
 
 
-COMBINE_S_PER_SPLIT = 0.225e-6
+COMBINE_S_PER_SPLIT = 0.25e-6
 """seconds FlashAttention-2's split-KV combine kernel spends per split on each wave of its CTAs (4 query rows each,
 one CTA reading every split's partial output): the fit (0.05-0.40 us by 0.025, least squared log error) to the 18
 batch-1 decode passes of benchmarks/data/gpu_decode_h200.csv, where it is most of the time; held out: the 36 at
-batch 8 and 32 (0.73-1.09 x measured)"""
+batch 8 and 32 (benchmarks/RESULTS.md, "A decode step's kernels")"""
 
 
 def forward_attention_extra_s(gemm: np.ndarray, hw: Hardware) -> np.ndarray:
