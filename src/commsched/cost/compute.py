@@ -262,7 +262,8 @@ def forward_attention_extra_s(gemm: np.ndarray, hw: Hardware) -> np.ndarray:
         kv_blocks = -(-max(int(kv), 1) // int(c.attention_tile))
         splits = flash_num_splits(bh * -(-q // SPLIT_KV_ROWS), 2 * int(c.num_units), kv_blocks)
         if splits > 1:
-            waves = -(-(-(-bh * q // 4)) // int(c.num_units))
+            combine_ctas = -(-bh * q // 4)
+            waves = -(-combine_ctas // int(c.num_units))
             out[j] = c.launch_overhead_s + COMBINE_S_PER_SPLIT * splits * waves
     return out
 
