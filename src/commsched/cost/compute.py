@@ -3,11 +3,15 @@
 time = launch + max(flops / (peak[dtype] x eff_compute), bytes / (bandwidth x eff_memory)), where
 
 * ``eff_compute`` for a GEMM is the profile's best matmul efficiency times a shape term: the best over the tile
-  shapes the library picks from of (tile fill x wave quantization over the SMs), times K / (K + k_half) for the
-  main loop's prologue and epilogue. Small or skinny GEMMs fall well below peak; large square ones approach it.
+  shapes the library picks from, and over split-K where the grid leaves SMs idle, of (tile fill x wave quantization
+  over the SMs), times K / (K + k_half) for the main loop's prologue and epilogue (K of one split). Small or skinny
+  GEMMs fall well below peak; large square ones approach it. A matmul's memory term ramps up with its own
+  ``matmul_memory_half_bytes`` (a few tokens against a weight stream it slower than a copy).
 * ``eff_compute`` for an attention forward: its CTAs as FlashAttention-2 launches them (split along the KV range
-  when few query blocks would leave SMs idle), each the blocks of the (bottom-right causal) mask it sees, two per SM,
-  one alone on its SM faster (:func:`forward_attention_efficiency`); times the KV length's K-depth term. For a
+  when few query blocks would leave SMs idle; a decode's query heads that share a KV head as rows of that head),
+  each the blocks of the (bottom-right causal) mask it sees, two per SM, one alone on its SM faster
+  (:func:`forward_attention_efficiency`); times the KV length's K-depth term; a split pass also pays its combine
+  kernel (:func:`forward_attention_extra_s`). For a
   backward: the GEMM wave term over (batch x heads x query blocks), the KV length in place of K, and a causal pass
   (the graph marks it) takes :func:`causal_fraction` of the full pass's time.
 * ``eff_memory = eff_max x bytes / (bytes + memory_half_bytes)``: a kernel moving few bytes cannot keep enough
