@@ -1,6 +1,7 @@
 """A decode step's kernels measured on a GPU (benchmarks/gpu/decode_kernels.py) against the cost model.
 
 Usage: python benchmarks/bench_decode.py [MEASURED.csv] [--hardware h200-sxm]
+       python benchmarks/bench_decode.py benchmarks/data/gpu_decode_h100.csv --hardware h100-sxm (all held out)
 Prints the summary of model / measured per kernel kind and per set (the rows the model's constants were fitted on,
 and the rows held out), then the rows at batch 8 / 8 tokens, as benchmarks/RESULTS.md shows them; the tests re-check
 both against the stored run. Fitted: ``COMBINE_S_PER_SPLIT`` on the attention passes at batch 1, ``SPLIT_K_MIN``
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 DATA = Path(__file__).resolve().parent / "data" / "gpu_decode_h200.csv"
+FIT_GPU = "NVIDIA H200"  # the constants were fitted on this GPU's rows; on another GPU every row is held out
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
@@ -77,12 +79,14 @@ def label(row: dict[str, Any]) -> str:
 def summary(rows: list[dict[str, Any]], hardware: str) -> list[str]:
     """One line per (kernel kind, fitted / held out): model / measured, min, geometric mean, max."""
     lines = []
+    here = rows[0]["gpu"] == FIT_GPU
+    names = {True: "fitted on", False: "held out"} if here else {True: "the H200's fit rows", False: "the rest"}
     for what in ("attention", "mm"):
         for fitted in (True, False):
             mine = [r for r in rows if r["what"] == what and is_fit(r) == fitted]
             ratios = [model_us(r, hardware) / float(r["median_us"]) for r in mine]
             gm = math.exp(statistics.mean(math.log(x) for x in ratios))
-            lines.append(f"- {what}, {'fitted on' if fitted else 'held out'} ({len(mine)} kernels): model / measured "
+            lines.append(f"- {what}, {names[fitted]} ({len(mine)} kernels): model / measured "
                          f"{min(ratios):.2f}-{max(ratios):.2f}, geometric mean {gm:.2f}")  # fmt: skip
     return lines
 

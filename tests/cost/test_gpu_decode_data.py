@@ -48,6 +48,19 @@ def test_every_kernel_is_within_its_bounds(bench, what, fitted, low, high):
         assert low <= ratio <= high, (bench.label(r), ratio)
 
 
+def test_the_model_holds_on_another_gpu(bench):
+    """The H100 run (benchmarks/data/gpu_decode_h100.csv): nothing was fitted on it (its matmul ramp is the H200
+    fit's latency times its bandwidth); before the run's rules the model gave 0.33-8.91 x (attention) and
+    0.76-3.97 x (matmuls) here. Its summary in RESULTS is the stored run against today's model."""
+    path = ROOT / "benchmarks" / "data" / "gpu_decode_h100.csv"
+    results = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    for line in bench.summary(bench.read_rows(path), "h100-sxm"):
+        assert line in results, line
+    for r in bench.read_rows(path):
+        ratio = bench.model_us(r, "h100-sxm") / float(r["median_us"])
+        assert 0.6 <= ratio <= 1.2, (bench.label(r), ratio)
+
+
 def test_gqa_decode_is_costed_as_flash_attention_swaps_it():
     """One query per sequence on heads that share a KV head: the query heads become query rows of that head; not
     for a prompt, a backward, or heads of their own."""
