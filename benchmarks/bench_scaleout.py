@@ -193,7 +193,7 @@ def _pairs(args, sweep: list[str], home: Path, results: dict) -> None:
                   f"{_serial_and_work(two, results[f'jobs 2 #{i}{key}'])}")  # fmt: skip
     for name, r in ratios.items():
         print(f"{name}: -j 2 / -j 1, median of {len(r)}: {statistics.median(r):.2f}x (the -j 1 runs' serial part "
-              f"with their work halved exactly: median {statistics.median(bounds[name]):.2f}x)")
+              f"with their work halved exactly: median {statistics.median(bounds[name]):.2f}x)")  # fmt: skip
 
 
 def _work_by_pid(rows: list) -> dict[int, float]:
