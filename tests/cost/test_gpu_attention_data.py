@@ -3,19 +3,17 @@ in benchmarks/RESULTS.md is what the stored run and today's model give, row for 
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+
+from benchmark_modules import benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "benchmarks" / "bench_gpu.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark("bench_gpu")
 
 
 @pytest.mark.parametrize(("csv", "passes"), [("gpu_attention_h100.csv", 10), ("gpu_attention_h100_heldout.csv", 12)])

@@ -5,12 +5,12 @@ run showed (FlashAttention-2's decode swap under GQA, its combine kernel, split-
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from benchmark_modules import benchmark
 from commsched import hardware
 from commsched.cost import compute
 from commsched.cost.compute import attention_dims, forward_attention_extra_s, gemm_shape_efficiency, memory_time
@@ -20,10 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_decode", ROOT / "benchmarks" / "bench_decode.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark("bench_decode")
 
 
 def test_results_decode_table_is_the_stored_run_against_the_model(bench):

@@ -3,12 +3,13 @@ run checks out, the programs the simulator judges are the ones the GPU script ra
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from benchmark_modules import benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "benchmarks" / "data"
@@ -16,10 +17,7 @@ DATA = ROOT / "benchmarks" / "data"
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "benchmarks" / "bench_gpu.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark("bench_gpu")
 
 
 @pytest.fixture(scope="module")
