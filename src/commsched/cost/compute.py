@@ -344,7 +344,8 @@ def attention_dims(target: str, input_shapes: list[tuple[int, ...]], flops: floa
     if flops <= 0:
         flops = 4.0 * b * h * q * kv * d * (2.5 if "backward" in target else 1.0)
     kv_heads = float(four[1][1]) if len(four) > 1 else h
-    if "flash" in target and "backward" not in target and q == 1 and kv_heads < h and h % kv_heads == 0:
+    gpu_flash = "flash" in target and "backward" not in target and "for_cpu" not in target
+    if gpu_flash and q == 1 and kv_heads < h and h % kv_heads == 0:
         # FlashAttention-2's decode under GQA (flash_api.cpp seqlenq_ngroups_swapped): the query heads that share a
         # KV head become the query rows of one head, so each KV head's cache is read by one CTA row block
         return b * kv_heads, h / kv_heads, kv, flops

@@ -52,10 +52,10 @@ class ComputeSpec:
     memory_half_bytes: float  # bytes at which a memory-bound kernel reaches half its bandwidth (Little's law)
     attention_tile: int  # query rows per attention tile
     cache_bytes: float = 0.0  # kernels moving at most this many bytes run at cache_bandwidth (0: no cache level)
+    cache_bandwidth_bytes_per_s: float = 0.0
     # a memory-bound matmul's half-bandwidth bytes (a few tokens against a weight: its grid streams the weight with
     # fewer requests in flight than a copy); 0: memory_half_bytes
     matmul_memory_half_bytes: float = 0.0
-    cache_bandwidth_bytes_per_s: float = 0.0
 
     def peak_flops_for(self, dtype: str) -> float:
         table = dict(self.peak_flops)
