@@ -2,6 +2,7 @@
 
 Usage: python benchmarks/bench_decode.py [MEASURED.csv] [--hardware h200-sxm]
        python benchmarks/bench_decode.py benchmarks/data/gpu_decode_h100.csv --hardware h100-sxm (all held out)
+       python benchmarks/bench_decode.py --steps (whole decode steps, benchmarks/gpu/decode_step.py's runs)
 Prints the summary of model / measured per kernel kind and per set (the rows the model's constants were fitted on,
 and the rows held out), then the rows at batch 8 / 8 tokens, as benchmarks/RESULTS.md shows them; the tests re-check
 both against the stored run. Fitted: ``COMBINE_S_PER_SPLIT`` on the attention passes at batch 1, ``SPLIT_K_MIN``
@@ -14,12 +15,14 @@ from __future__ import annotations
 import argparse
 import csv
 import functools
+import json
 import math
 import statistics
 from pathlib import Path
 from typing import Any
 
 DATA = Path(__file__).resolve().parent / "data" / "gpu_decode_h200.csv"
+STEPS = Path(__file__).resolve().parent / "data" / "gpu_decode_step_h200"
 FIT_GPU = "NVIDIA H200"  # the constants were fitted on this GPU's rows; on another GPU every row is held out
 
 
@@ -105,12 +108,62 @@ def table(path: str | Path, hardware: str) -> str:
     return "\n".join(head)
 
 
+def step_model_us(preset: str, world_size: int, layers: int, hardware: str) -> dict[str, tuple[float, float, int]]:
+    """The cost model of one zoo TP decode step's kernels, unfused (eager runs every op alone), by kind (matmul,
+    attention, other): (seconds with each kernel's launch overhead, without it, kernels), in us."""
+    from commsched import hardware as hw_mod
+    from commsched.cost import estimate_costs
+    from commsched.cost.compute import forward_attention_extra_s
+    from commsched.cost.estimate import graph_features
+    from commsched.cost.opclass import OpClass
+    from commsched.workloads import build
+
+    g = build(preset, parallel="tp", world_size=world_size, layers=layers, mode="decode").graph
+    hw = hw_mod.for_graph(hardware, g)
+    hw_costs = estimate_costs(g, hw, fusion=False)
+    launch_us = hw.compute.launch_overhead_s * 1e6
+    features = graph_features(g)
+    cls = features.cls
+    out: dict[str, list[float]] = {}
+    for i, t in enumerate(hw_costs.node_s.tolist()):
+        if t <= 0 or cls[i] in (OpClass.COLLECTIVE, OpClass.FREE):
+            continue
+        kind = {OpClass.MATMUL: "matmul", OpClass.ATTENTION: "attention"}.get(OpClass(cls[i]), "other")
+        kernels = 1 + int(kind == "attention" and forward_attention_extra_s(features.gemm[i : i + 1], hw)[0] > 0)
+        row = out.setdefault(kind, [0.0, 0.0, 0])
+        row[0] += t * 1e6
+        row[1] += t * 1e6 - kernels * launch_us
+        row[2] += kernels
+    return {k: (v[0], v[1], int(v[2])) for k, v in out.items()}
+
+
+def step_table(folder: str | Path, hardware: str) -> str:
+    """Markdown: each stored decode step's kernels by kind, measured against the unfused model."""
+    lines = ["| step (rank 0, TP 8, 8 layers) | kind | measured kernels: us (count) | model: us with launches / "
+             "without (kernels) | model without launches / measured |", "|---|---|---|---|---|"]  # fmt: skip
+    for path in sorted(Path(folder).glob("*.json")):
+        m = json.loads(path.read_text())
+        model = step_model_us(m["preset"], m["world_size"], m["layers"], hardware)
+        for kind in ("matmul", "attention", "other"):
+            with_l, without, n = model[kind]
+            meas = m["kernel_us"][kind]
+            step = f"{m['preset']} decode, batch {m['batch']}, {m['kv_len']} keys"
+            lines.append(f"| {step} | {kind} | {meas:.0f} ({m['kernels'][kind]:.0f}) | {with_l:.0f} / {without:.0f} "
+                         f"({n}) | {without / meas:.2f} |")  # fmt: skip
+        total = sum(v[0] for v in model.values())
+        lines.append(f"| {m['preset']}: the step | all | {sum(m['kernel_us'].values()):.0f} summed; "
+                     f"{m['graph_step_us']:.0f} as a CUDA graph; {m['eager_span_us']:.0f} eager | {total:.0f} with "
+                     f"launches | {total / m['graph_step_us']:.2f} of the CUDA graph |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("measured", nargs="?", default=str(DATA))
     parser.add_argument("--hardware", default="h200-sxm")
+    parser.add_argument("--steps", action="store_true", help="whole decode steps (benchmarks/gpu/decode_step.py)")
     args = parser.parse_args(argv)
-    print(table(args.measured, args.hardware))
+    print(step_table(STEPS, args.hardware) if args.steps else table(args.measured, args.hardware))
     return 0
 
 

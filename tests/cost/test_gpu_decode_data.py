@@ -58,6 +58,21 @@ def test_the_model_holds_on_another_gpu(bench):
         assert 0.6 <= ratio <= 1.2, (bench.label(r), ratio)
 
 
+def test_results_decode_step_table_is_the_stored_runs_against_the_model(bench):
+    """Two whole decode steps measured on the H200 (benchmarks/data/gpu_decode_step_h200/): the RESULTS table is the
+    stored runs against today's unfused model, and the big kernels stay within bounds of their measured time."""
+    table = bench.step_table(bench.STEPS, "h200-sxm")
+    results = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| llama3")]
+    assert len(rows) == 8
+    for row in rows:
+        assert row in results, row
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        if cells[1] in ("matmul", "attention"):
+            assert 0.7 <= float(cells[4]) <= 1.15, row
+
+
 def test_gqa_decode_is_costed_as_flash_attention_swaps_it():
     """One query per sequence on heads that share a KV head: the query heads become query rows of that head; not
     for a prompt, a backward, or heads of their own."""
