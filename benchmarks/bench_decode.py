@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/bench_decode.py [MEASURED.csv] [--hardware h200-sxm]
        python benchmarks/bench_decode.py benchmarks/data/gpu_decode_h100.csv --hardware h100-sxm (all held out)
-       python benchmarks/bench_decode.py --steps (whole decode steps, benchmarks/gpu/decode_step.py's runs)
+       python benchmarks/bench_decode.py --steps [--hardware h100-sxm] (whole decode steps: decode_step.py's runs)
 Prints the summary of model / measured per kernel kind and per set (the rows the model's constants were fitted on,
 and the rows held out), then the rows at batch 8 / 8 tokens, as benchmarks/RESULTS.md shows them; the tests re-check
 both against the stored run. Fitted: ``COMBINE_S_PER_SPLIT`` on the attention passes at batch 1, ``SPLIT_K_MIN``
@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 DATA = Path(__file__).resolve().parent / "data" / "gpu_decode_h200.csv"
-STEPS = Path(__file__).resolve().parent / "data" / "gpu_decode_step_h200"
+STEPS = {"h200-sxm": Path(__file__).resolve().parent / "data" / "gpu_decode_step_h200",
+         "h100-sxm": Path(__file__).resolve().parent / "data" / "gpu_decode_step_h100"}  # fmt: skip
 FIT_GPU = "NVIDIA H200"  # the constants were fitted on this GPU's rows; on another GPU every row is held out
 
 
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hardware", default="h200-sxm")
     parser.add_argument("--steps", action="store_true", help="whole decode steps (benchmarks/gpu/decode_step.py)")
     args = parser.parse_args(argv)
-    print(step_table(STEPS, args.hardware) if args.steps else table(args.measured, args.hardware))
+    print(step_table(STEPS[args.hardware], args.hardware) if args.steps else table(args.measured, args.hardware))
     return 0
 
 
