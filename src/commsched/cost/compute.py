@@ -262,14 +262,21 @@ def forward_attention_extra_s(gemm: np.ndarray, hw: Hardware) -> np.ndarray:
     c = hw.compute
     out = np.zeros(len(gemm))
     for j, (bh, q, kv) in enumerate(gemm[:, :3].tolist()):
-        bh, q = max(int(bh), 1), max(int(q), 1)
-        kv_blocks = -(-max(int(kv), 1) // int(c.attention_tile))
-        splits = flash_num_splits(bh * -(-q // SPLIT_KV_ROWS), 2 * int(c.num_units), kv_blocks)
-        if splits > 1:
-            combine_ctas = -(-bh * q // 4)
-            waves = -(-combine_ctas // int(c.num_units))
-            out[j] = c.launch_overhead_s + COMBINE_S_PER_SPLIT * splits * waves
+        passes = _combine_passes(max(int(bh), 1), max(int(q), 1), max(int(kv), 1), int(c.num_units), c.attention_tile)
+        if passes:
+            out[j] = c.launch_overhead_s + COMBINE_S_PER_SPLIT * passes
     return out
+
+
+@functools.cache
+def _combine_passes(batch_heads: int, q_len: int, kv_len: int, units: int, tile: int) -> int:
+    """Splits x waves of the combine kernel's CTAs of one flash forward (0: not split). Cached per shape."""
+    kv_blocks = -(-kv_len // tile)
+    splits = flash_num_splits(batch_heads * -(-q_len // SPLIT_KV_ROWS), 2 * units, kv_blocks)
+    if splits == 1:
+        return 0
+    combine_ctas = -(-batch_heads * q_len // 4)
+    return splits * -(-combine_ctas // units)
 
 
 def forward_attention_factor(gemm: np.ndarray, causal: np.ndarray, hw: Hardware) -> np.ndarray:
