@@ -2,6 +2,7 @@
 
 from commsched.passes import exact, multi_stream, overlap  # noqa: F401  (importing registers the passes)
 from commsched.passes.baselines import (  # noqa: F401  (importing registers the seed passes under torch's names)
+    framework,
     global_comm_order,
     raise_comms,
     reorder_compute_for_overlap,
