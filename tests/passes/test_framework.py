@@ -3,6 +3,8 @@ waited at the end of the backward, the input order for anything else; always a v
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -42,7 +44,7 @@ def test_fsdp2_prefetches_one_unit_and_keeps_one_reduce_scatter_in_flight(fsdp_b
     scatters = chain[g.coll_type[chain] == CollType.REDUCE_SCATTER]
     assert len(gathers) >= 4 and len(scatters) >= 3
     compute = np.flatnonzero(g.kinds == OpKind.COMPUTE)
-    for prev, coll in zip(gathers[:-1], gathers[1:]):
+    for prev, coll in itertools.pairwise(gathers):
         # issued before the first compute that follows the previous unit's wait (that unit's layer)
         first = compute[compute > g.waits_of(int(prev)).max()]
         if len(first) and first[0] < coll:
@@ -93,7 +95,7 @@ def test_random_graphs_with_fsdp_and_ddp_roles_give_valid_orders(g, ddp_too, rnd
     compute = np.flatnonzero(g.kinds == OpKind.COMPUTE)
     anc = g.ancestor_bitsets()
     gathers = [c for c in g.collectives if g.coll_group[c] == 0 and g.coll_type[c] == CollType.ALL_GATHER]
-    for prev, coll in zip(gathers[:-1], gathers[1:]):
+    for prev, coll in itertools.pairwise(gathers):
         # issued before the first compute after the previous all_gather's wait, unless it depends on it
         after = compute[compute > g.waits_of(int(prev)).max()]
         if len(after) and after[0] < coll and not anc[coll] >> int(after[0]) & 1:

@@ -25,6 +25,8 @@ result declares ``reorders_collectives``. O(N + E).
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from commsched.ir import CollType, Graph, OpKind
@@ -77,7 +79,7 @@ def framework_moves(g: Graph, order: np.ndarray) -> tuple[np.ndarray, np.ndarray
         types = g.coll_type[chain]
         if group in fsdp:
             gathers = chain[types == CollType.ALL_GATHER]
-            for prev, coll in zip(gathers[:-1], gathers[1:]):
+            for prev, coll in itertools.pairwise(gathers):
                 anchor = _first_compute_after(g, order, int(pos[g.waits_of(int(prev))].max())) - 0.5
                 if anchor < pos[coll]:
                     early[coll], moved = anchor, moved + 1
