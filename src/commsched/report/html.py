@@ -257,3 +257,70 @@ def write_comparison_html(results: list[tuple[str, SimResult]], path: str | Path
     path = Path(path)
     atomic_write_text(path, render_comparison_html(results, **kw))
     return path
+
+
+def render_optimize_html(
+    o: Any,
+    refs: Any,
+    *,
+    title: str | None = None,
+    context: dict[str, Any] | None = None,
+    warnings: tuple[str, ...] | list[str] = (),
+    hardware: Hardware | None = None,
+) -> str:
+    """``optimize``'s report: first, in plain words, what bounds the kept step and what would move it, and the
+    headline against the framework and torch's best; then every step side by side (the kept one, the framework's,
+    torch's configurations, the traced order) with MFU and tokens/s, their timelines on one time axis, the kept
+    step's exposed collectives and why, and every variant the search tried with its verdict. ``o``: an
+    ``Optimized``; ``refs``: its ``References``."""
+    from commsched.report.bound_text import what_bounds_the_step, what_would_move_it
+    from commsched.report.optimize_report import headline, step_rows
+
+    kept = o.after
+    g = kept.graph
+    title = title or f"commsched optimize: {g.meta.get('workload', 'step')}"
+    rows = step_rows(o, refs)
+    table_rows = []
+    for r in rows:
+        if r.sim is None:
+            table_rows.append([r.label, "-", "-", "-", "-", "-", "-", "-", "-", r.note])
+            continue
+        s, rates = r.sim, step_rates(r.sim, hardware)
+        rel = s.makespan_s / kept.makespan_s if kept.makespan_s > 0 else 1.0
+        table_rows.append([r.label, fmt_seconds(s.makespan_s), f"{rel:.3f}x", fmt_seconds(s.exposed_comm_s),
+                           f"{100 * s.overlap_ratio:.1f} %", fmt_bytes(s.peak_memory_bytes), fmt_mfu(rates.mfu),
+                           fmt_rate(rates.tokens_per_s), str(len(s.graph.collectives)), r.note])  # fmt: skip
+    dtype = step_rates(kept).dtype
+    headers = ["step", "time", "vs optimize", "exposed comm", "overlap (HTA)", "peak memory", f"MFU ({dtype})",
+               "tokens / s", "collectives", "note"]  # fmt: skip
+    verdicts = [[t.label, "-" if t.collectives is None else str(t.collectives),
+                 "-" if t.makespan_s is None else fmt_seconds(t.makespan_s),
+                 "-" if t.peak_memory_bytes is None else fmt_bytes(t.peak_memory_bytes), t.verdict]
+                for t in o.tried]  # fmt: skip
+    ctx = {"nodes": len(g), "collectives": len(g.collectives), "memory budget": fmt_bytes(o.budget_bytes),
+           **(context or {})}  # fmt: skip
+    lead = [what_bounds_the_step(kept, hardware), what_would_move_it(kept, hardware), headline(o, refs)]
+    timelines = [(r.label, r.sim) for r in rows if r.sim is not None]
+    parts = [
+        *_page_head(title, ctx),
+        '<section id="answer">' + "".join(f'<p class="lead">{html.escape(line)}</p>' for line in lead) + "</section>",
+        *_warnings(warnings),
+        '<section id="comparison"><h2>The kept step against what runs today</h2>',
+        _table(headers, table_rows, text=("note",)),
+        "</section>",
+        *_timeline_section(timelines, _capacity(None, hardware)),
+        '<section id="exposed"><h2>Kept step: top exposed collectives, and why</h2>',
+        _exposed_table(kept, 15, o.budget_bytes),
+        "</section>",
+        '<section id="variants"><h2>Every variant tried, and its verdict</h2>',
+        _table(["variant", "collectives", "step time", "peak memory", "verdict"], verdicts, text=("verdict",)),
+        "</section></body></html>",
+    ]
+    return "\n".join(parts)
+
+
+def write_optimize_html(o: Any, refs: Any, path: str | Path, **kw: Any) -> Path:
+    """Write :func:`render_optimize_html` to ``path`` atomically; returns the path."""
+    path = Path(path)
+    atomic_write_text(path, render_optimize_html(o, refs, **kw))
+    return path

@@ -18,6 +18,7 @@ CSS = """
 body { font-family: system-ui, -apple-system, Segoe UI, Helvetica, Arial, sans-serif; margin: 2rem; color: #222; }
 h1 { font-size: 1.5rem; margin-bottom: 0.2rem; } h2 { font-size: 1.15rem; margin-top: 2rem; }
 .sub { color: #666; margin-top: 0; }
+.lead { font-size: 1.05em; margin: 4px 0; max-width: 110ch; }
 .cards { display: flex; flex-wrap: wrap; gap: 0.8rem; }
 .card { border: 1px solid #ddd; border-radius: 6px; padding: 0.6rem 1rem; min-width: 10rem; }
 .card .v { font-size: 1.3rem; font-weight: 600; } .card .k { color: #666; font-size: 0.85rem; }
