@@ -1,10 +1,12 @@
-"""Every example in README.md runs as written: each ```python block is executed and each ``commsched ...`` line of
-a ```bash / ```console / ```sh block is run through the CLI (in this process, typer's CliRunner), exit code 0.
+"""Every example in README.md and in the pages of docs/ runs as written: each ```python block is executed and each
+``commsched ...`` line of a ```bash / ```console / ```sh block is run through the CLI (in this process, typer's
+CliRunner), exit code 0.
 
-The examples run in the order of the README, in one scratch folder and one Python namespace, like a notebook: a
-block may use what an earlier one defined (``g``, ``costs``) or wrote (``graph.json``, ``step.json``). Lines that
-are not ``commsched`` commands are setup, each skipped with its reason in ``SKIPPED``; a command run earlier in the
-same folder is not run again. Calibration writes its profile to a scratch profile folder, not the user's.
+The examples run page by page in the order of ``DOC_PAGES`` (the README first, then the reference pages in the order
+they were once the README's sections), in one scratch folder and one Python namespace, like a notebook: a block may
+use what an earlier one defined (``g``, ``costs``) or wrote (``graph.json``, ``step.json``). Lines that are not
+``commsched`` commands are setup, each skipped with its reason in ``SKIPPED``; a command run earlier in the same
+folder is not run again. Calibration writes its profile to a scratch profile folder, not the user's.
 """
 
 from __future__ import annotations
@@ -17,7 +19,13 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOC_PAGES = ("README.md", "docs/cli.md", "docs/python-api.md", "docs/cost-model.md", "docs/optimize.md",
+             "docs/scaling-out.md", "docs/real-runs.md", "docs/replay.md", "docs/graph-format.md",
+             "docs/ARCHITECTURE.md")  # fmt: skip
+"""every page whose examples run, in the order they run"""
+README_MAX_BYTES = 16 * 1024  # issue 36: the README is a front door; reference goes in docs/
 
 # shell lines of the README that are not commsched commands, and why the suite does not run them
 SKIPPED = {
@@ -37,7 +45,8 @@ NEEDS_ROOT = ("--bandwidth", "shaped_network(")
 
 @dataclass(frozen=True)
 class Example:
-    line: int  # of README.md, 1-based
+    page: str  # e.g. "README.md", "docs/cli.md"
+    line: int  # of the page, 1-based
     section: str  # the heading above it
     kind: str  # "python" or "cli"
     code: str
@@ -45,7 +54,7 @@ class Example:
     @property
     def id(self) -> str:
         first = self.code.strip().splitlines()[0][:60]
-        return f"README.md:{self.line} {first}"
+        return f"{self.page}:{self.line} {first}"
 
 
 def _shell_commands(body: str, start: int) -> list[tuple[int, str]]:
@@ -66,8 +75,8 @@ def _shell_commands(body: str, start: int) -> list[tuple[int, str]]:
     return out
 
 
-def readme_examples() -> list[Example]:
-    text = README.read_text(encoding="utf-8")
+def page_examples(page: str) -> list[Example]:
+    text = (ROOT / page).read_text(encoding="utf-8")
     examples: list[Example] = []
     section = ""
     for m in re.finditer(r"^(#+ [^\n]*)$|^```(\w*)\n(.*?)^```", text, re.M | re.S):
@@ -77,13 +86,19 @@ def readme_examples() -> list[Example]:
         language, body = m.group(2), m.group(3)
         line = text.count("\n", 0, m.start()) + 2  # the block's first line of code
         if language == "python":
-            examples.append(Example(line, section, "python", body))
+            examples.append(Example(page, line, section, "python", body))
         elif language in SHELL_LANGUAGES:
-            examples += [Example(n, section, "cli", c) for n, c in _shell_commands(body, line)]
+            examples += [Example(page, n, section, "cli", c) for n, c in _shell_commands(body, line)]
     return examples
 
 
-EXAMPLES = readme_examples()
+EXAMPLES = [e for page in DOC_PAGES for e in page_examples(page)]
+
+
+def test_every_page_of_docs_is_run_and_the_readme_is_a_front_door():
+    assert {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")} <= set(DOC_PAGES)
+    assert len(README.read_bytes()) <= README_MAX_BYTES
+    assert any(e.page == "README.md" and e.code.startswith("commsched optimize ") for e in EXAMPLES)
 
 
 def test_every_shell_line_is_run_or_skipped_for_a_reason():
@@ -92,7 +107,7 @@ def test_every_shell_line_is_run_or_skipped_for_a_reason():
     for e in EXAMPLES:
         if e.kind == "cli":
             assert e.code.startswith("commsched ") or e.code in SKIPPED, f"{e.id}: neither run nor in SKIPPED"
-    assert set(SKIPPED) <= {e.code for e in EXAMPLES}, "SKIPPED names a line the README no longer has"
+    assert set(SKIPPED) <= {e.code for e in EXAMPLES}, "SKIPPED names a line no page has any more"
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +133,7 @@ def test_readme_example_runs(example: Example, workspace):
     if any(marker in example.code for marker in NEEDS_ROOT) and os.geteuid() != 0:
         pytest.skip("a shaped network needs root (ip netns, tc)")
     if example.kind == "python":
-        code = compile(example.code, f"README.md:{example.line}", "exec")
+        code = compile(example.code, f"{example.page}:{example.line}", "exec")
         exec(code, workspace["namespace"])  # our own documentation, not untrusted input
         if example.section == "Python API":
             ns = workspace["namespace"]
@@ -135,8 +150,9 @@ def test_readme_example_runs(example: Example, workspace):
     workspace["ran"].add(example.code)
 
 
-# Every percentage in README.md is a rule (a threshold the code applies) or a measured figure that a named test
-# re-checks; issue 19.7: the bucketing example once claimed -17.7 % while the command printed -5.9 %.
+# Every percentage in README.md and the user pages of docs/ (the ones that were README sections) is a rule (a
+# threshold the code applies) or a measured figure that a named test re-checks; issue 19.7: the bucketing example
+# once claimed -17.7 % while the command printed -5.9 %.
 README_PERCENTAGES = {
     "5 %": "rule: report.capacity.PADDING_WARN_RATIO, and torch's max(1 GiB, 5 %) memory rule",
     "90 %": "rule: the bucket cap (rewrites.bucket_plan)",
@@ -146,9 +162,10 @@ README_PERCENTAGES = {
 
 
 def test_every_readme_percentage_is_a_rule_or_rechecked_by_a_test():
-    found = set(re.findall(r"(?<![\w.])[-−+]?\d+(?:\.\d+)? ?%", README.read_text(encoding="utf-8")))
-    unexplained = {p for p in found if p.replace("−", "-").lstrip("+") not in README_PERCENTAGES}
-    assert not unexplained, f"README.md figures with no rule or test behind them: {sorted(unexplained)}"
+    for page in DOC_PAGES[:8]:  # README and the pages made from its sections (not the format or architecture)
+        found = set(re.findall(r"(?<![\w.])[-−+]?\d+(?:\.\d+)? ?%", (ROOT / page).read_text(encoding="utf-8")))
+        unexplained = {p for p in found if p.replace("−", "-").lstrip("+") not in README_PERCENTAGES}
+        assert not unexplained, f"{page} figures with no rule or test behind them: {sorted(unexplained)}"
     root = README.parent
     for figure, why in README_PERCENTAGES.items():
         if why.startswith("tests/"):

@@ -123,5 +123,5 @@ def framework(g: Graph, order: np.ndarray, ctx: PassContext) -> PassResult:
     the input order for anything else). A reference to compare against, not an optimiser. O(N + E)."""
     late, early, moved = framework_moves(g, order)
     new = order_by_moves(g, late, early, positions(order)) if moved else np.asarray(order, np.int32)
-    stats = PassStats("framework", notes=[f"{framework_label(g)}: {moved} collective(s) moved"])
+    stats = PassStats("framework", notes=[f"{moved} collective(s) moved as {framework_label(g)} issues them"])
     return PassResult(new, stats, reorders_collectives=bool(moved))
