@@ -35,7 +35,7 @@ def register(app: typer.Typer) -> None:
         stream, kernels by name, all communication or all computation scaled, or the recorded collectives re-costed
         on a hardware profile. Several ranks' traces are aligned by collective sequence (stragglers).
 
-        Example: commsched replay tests/replay/data/hta_multi_stream.json.gz --scale stream:20=2 --scale comm=0.5
+        Example: commsched replay tests/replay/data/hta_sampled_rank0.json.gz --scale stream:7=2 --scale comm=0.5
         """
         from commsched.replay.kineto import DEFAULT_COMM_PATTERNS
         from commsched.replay.run import replay_traces

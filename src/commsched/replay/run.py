@@ -95,7 +95,7 @@ class ReplayReport:
             "exposed_comm_s": self.replayed.exposed_comm_s, "measured_exposed_comm_s": self.measured.exposed_comm_s,
             "overlap_ratio": self.replayed.overlap_ratio, "measured_overlap_ratio": self.measured.overlap_ratio,
             "stream_busy_s": self.replayed.stream_busy_s, "measured_stream_busy_s": self.measured.stream_busy_s,
-            "scales": [f"{s.what}{':' + s.arg if s.arg else ''}={s.factor:g}" for s in self.scales],
+            "scales": [s.text for s in self.scales],
             "hardware": self.hardware, "recosted_collectives": self.recosted, "labels": self.label_rows(),
         }  # fmt: skip
 

@@ -17,7 +17,7 @@ def print_replay_report(r: ReplayReport, console: Console) -> None:
     """One trace: step, exposed communication and overlap (measured, replayed), the naive estimates, streams."""
     m, p = r.measured, r.replayed
     rank = "" if r.trace.rank is None else f" (rank {r.trace.rank})"
-    what = [f"{s.what}{':' + s.arg if s.arg else ''}={s.factor:g}" for s in r.scales]
+    what = [s.text for s in r.scales]
     if r.hardware:
         what.insert(0, f"{r.recosted} collectives on {r.hardware}")
     title = f"{r.trace.path.name}{rank}: {r.trace.mode} trace, {len(r.trace)} items" + (
