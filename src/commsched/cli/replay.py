@@ -46,16 +46,14 @@ def register(app: typer.Typer) -> None:
             scales = [parse_scale(s) for s in scale]
             result = replay_traces(traces, scales, hardware, (*DEFAULT_COMM_PATTERNS, *comm_pattern))
             written = []
-            sim = result.slowest.sim
-            context = {"trace": str(result.slowest.trace.path), "what-if": ", ".join(scale) or "none"}
             if trace_out:
                 from commsched.report.trace import write_chrome_trace
 
-                written.append(write_chrome_trace(sim, trace_out))
-            if html:
-                from commsched.report.html import write_html
+                written.append(write_chrome_trace(result.slowest.sim, trace_out))
+            if html:  # the replay's own result, as the terminal and the JSON print it
+                from commsched.report.replay_html import write_replay_html
 
-                written.append(write_html(sim, html, context=context))
+                written.append(write_replay_html(result.slowest, html, context={"what-if": ", ".join(scale) or "none"}))
         warn(result.warnings)
         if json_out:
             out = result.to_dict()
