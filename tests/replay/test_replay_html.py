@@ -9,11 +9,17 @@ import html
 import json
 import re
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from replay_helpers import NCCL_TRACE
 from typer.testing import CliRunner
 
 from commsched.cli import app
+from commsched.replay.run import exposed_per_item_ns
+from commsched.replay.work import COMM, COMPUTE, MEMORY
+from commsched.sim.result import comm_overlap_ns
 
 runner = CliRunner()
 UNIT_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
@@ -99,3 +105,30 @@ def test_the_html_timeline_classes_work_as_the_replay_did(tmp_path):
     assert data["kinds"][3] == "communication" and data["kinds"][1] == "memory copy / set"
     work = dict(re.findall(r"<tr><td[^>]*>(compute|comm|memory)</td><td[^>]*>(\d+)</td>", page))
     assert work == {"compute": "2679", "comm": "21", "memory": "1074"}
+
+
+class _Roles:
+    """What :func:`exposed_per_item_ns` reads of a trace: its items' roles."""
+
+    def __init__(self, role: list[int]) -> None:
+        self.role = np.asarray(role, np.int8)
+
+    def __len__(self) -> int:
+        return len(self.role)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from((COMPUTE, COMM, MEMORY)), st.integers(0, 100), st.integers(0, 40)),
+                max_size=30))  # fmt: skip
+def test_each_items_exposed_time_is_hta_s_rule_on_that_item_alone(items):
+    role = [r for r, _, _ in items]
+    start = np.array([s for _, s, _ in items], np.int64)
+    end = start + np.array([d for _, _, d in items], np.int64)
+    got = exposed_per_item_ns(_Roles(role), start, end)
+    comp = np.array(role, np.int8) == COMPUTE
+    for i, r in enumerate(role):
+        if r != COMM:
+            assert got[i] == 0
+            continue
+        both, alone = comm_overlap_ns(start[comp], end[comp], start[i : i + 1], end[i : i + 1])
+        assert got[i] == alone - both
