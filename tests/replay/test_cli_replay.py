@@ -27,10 +27,10 @@ def _invoke(args):
 
 
 def test_tables_show_measured_and_replayed_side_by_side():
-    out = _invoke([str(SMALL), "--scale", "stream:20=2", "--scale", "comm=0.5"])
+    out = _invoke([str(SMALL), "--scale", "stream:20=2", "--scale", "compute=0.5"])
     for text in ("step (first work start to last work end)", "exposed communication", "overlap ratio (HTA)",
                  "naive estimates of the measured step: sum of all work", "busiest stream", "stream 20",
-                 "stream 24", "stream 28", "what-if: stream:20=2, comm=0.5"):  # fmt: skip
+                 "stream 24", "stream 28", "what-if: stream:20=2, compute=0.5"):  # fmt: skip
         assert text in out, text
 
 

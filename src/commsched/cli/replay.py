@@ -35,7 +35,7 @@ def register(app: typer.Typer) -> None:
         stream, kernels by name, all communication or all computation scaled, or the recorded collectives re-costed
         on a hardware profile. Several ranks' traces are aligned by collective sequence (stragglers).
 
-        Example: commsched replay tests/replay/data/hta_multi_stream.json.gz --scale stream:20=2 --scale comm=0.5
+        Example: commsched replay tests/replay/data/hta_sampled_rank0.json.gz --scale stream:7=2 --scale comm=0.5
         """
         from commsched.replay.kineto import DEFAULT_COMM_PATTERNS
         from commsched.replay.run import replay_traces
@@ -46,16 +46,14 @@ def register(app: typer.Typer) -> None:
             scales = [parse_scale(s) for s in scale]
             result = replay_traces(traces, scales, hardware, (*DEFAULT_COMM_PATTERNS, *comm_pattern))
             written = []
-            sim = result.slowest.sim
-            context = {"trace": str(result.slowest.trace.path), "what-if": ", ".join(scale) or "none"}
             if trace_out:
                 from commsched.report.trace import write_chrome_trace
 
-                written.append(write_chrome_trace(sim, trace_out))
-            if html:
-                from commsched.report.html import write_html
+                written.append(write_chrome_trace(result.slowest.sim, trace_out))
+            if html:  # the replay's own result, as the terminal and the JSON print it
+                from commsched.report.replay_html import write_replay_html
 
-                written.append(write_html(sim, html, context=context))
+                written.append(write_replay_html(result.slowest, html, context={"what-if": ", ".join(scale) or "none"}))
         warn(result.warnings)
         if json_out:
             out = result.to_dict()

@@ -7,7 +7,8 @@ A GPU trace (it has kernels, memcpys or memsets) becomes:
 
 * **device work** per stream (``args.device``, ``args.stream``; else ``pid``, ``tid``), in its start order;
   NCCL kernels that carry ``Collective name`` are collectives (kind, size, group from their args), and any item
-  whose name matches a communication pattern is communication;
+  whose name matches a communication pattern (:data:`DEFAULT_COMM_PATTERNS`), or a copy between two devices, is
+  communication;
 * **the launch side**: per CPU thread, its runtime calls (``cuda_runtime`` / ``cuda_driver``) in time order as host
   segments; a segment ends where a launch call puts its work on the device (the work's measured start, within the
   call), so a kernel cannot start before its launch and host time between calls stays;
@@ -42,13 +43,47 @@ from commsched.replay.work import COMM, COMPUTE, HOST, MEMORY, Collective, EndIn
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
 DEFAULT_COMM_PATTERNS = (
-    r"(?i)nccl", r"(?i)rccl", r"(?i)all_?to_?all", r"(?i)all_?gather", r"(?i)reduce_?scatter",
-    r"(?i)all_?reduce", r"(?i)sendrecv", r"(?i)deep_?ep", r"(?i)nvshmem", r"(?i)mscclpp", r"(?i)pplx",
-    r"(?i)cross_device_reduce", r"(?i)memcpy ptop", r"(?i)memcpy.*peer", r"^(gloo|mpi|ucc|xccl):",
+    # NCCL and RCCL (RCCL keeps NCCL's kernel names): ncclDevKernel_<Coll>_... (NCCL >= 2.19), ncclKernel_<Coll>_...
+    # (older; HTA's NCCL test traces), ncclSymk... (symmetric kernels); all named from NVIDIA/nccl src/device
+    r"(?i)nccl", r"(?i)rccl",
+    # DeepEP: the kernels of its communication namespaces, as published (deepseek-ai/DeepEP csrc/kernels:
+    # deep_ep::[legacy::]intranode::{notify_dispatch, cached_notify_dispatch, dispatch, cached_notify_combine,
+    # combine, barrier}, deep_ep::[legacy::]internode::{notify_dispatch, dispatch, cached_notify, combine},
+    # deep_ep::[legacy::]internode_ll::{dispatch, combine, clean_low_latency_buffer}) and as vendored in DeepSeek's
+    # own framework (deepseek-ai/profile-data train.json: dpsk::ep::internode::{dispatch, combine, notify_dispatch,
+    # cached_notify}); get_dispatch_layout (namespace layout / dpsk::ep::cuda) only counts tokens: not communication
+    r"\b(deep_ep|dpsk::ep)::(legacy::)?(intranode|internode|internode_ll)::",
+    # DeepEP's elastic kernels (deep_ep/include/deep_ep/impls: deep_ep::elastic::*_impl); the copy and reduce
+    # epilogues run on local buffers
+    r"\bdeep_ep::elastic::(hybrid_)?(dispatch|combine|barrier|pp_send|pp_recv|engram_fetch|engram_fetch_wait)_impl",
+    # NVSHMEM's host-launched kernels (NVIDIA nvshmem: nvshmemi_proxy_quiet_entrypoint, nvshmemi_reduce_kernel, ...)
+    r"(?i)nvshmem",
+    # torch symmetric memory: c10d::symmetric_memory::{barrier, put_signal, wait_signal}_kernel
+    # (torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemory.cu); its collectives (CUDASymmetricMemoryOps.cu:
+    # one_shot_all_reduce_kernel, two_shot_all_reduce_kernel, multimem_all_gather_kernel, ...) match the names below
+    r"\bsymmetric_memory::",
+    # collective names of other libraries: torch symmetric memory, MSCCL++, vLLM's cross_device_reduce_{1,2}stage,
+    # flashinfer's trtllm_allreduce_fusion
+    r"(?i)all_?to_?all", r"(?i)all_?gather", r"(?i)reduce_?scatter", r"(?i)all_?reduce", r"(?i)sendrecv",
+    r"(?i)mscclpp", r"(?i)cross_device_reduce",
+    # copy-engine transfers between devices: Kineto names a CUPTI peer copy "Memcpy PtoP (Device -> Device)"
+    # (pytorch/kineto libkineto/src/CuptiActivity.cpp memcpyName); "Memcpy DtoD" is a copy within one device
+    # (see also :func:`is_peer_copy`)
+    r"^Memcpy PtoP",
+    # CPU backends' annotations
+    r"^(gloo|mpi|ucc|xccl):",
 )  # fmt: skip
-"""names of communication work: NCCL / RCCL kernels; all_to_all, all_gather, reduce_scatter and all_reduce kernels
-of other libraries (DeepEP, NVSHMEM, MSCCL++, pplx-kernels, vLLM's custom all_reduce, torch's symmetric memory);
-peer-to-peer copies on the copy engines; CPU backends' annotations"""
+"""names of communication work (``re.search``), the one list every replay classifies by (``--comm-pattern`` adds
+to it). pplx-kernels' ``dispatchKernel`` / ``combineKernel`` sit at global scope, too generic to name here."""
+
+
+def is_peer_copy(args: dict) -> bool:
+    """Whether a memcpy's args name two devices (Kineto's peer-copy record: ``fromDevice`` != ``toDevice``): a
+    transfer between GPUs on the copy engines, communication whatever its name; a copy within one device is not."""
+    src, dst = scalar(args.get("fromDevice")), scalar(args.get("toDevice"))
+    return src is not None and dst is not None and src != dst
+
+
 SLACK_NS = 1000  # timestamps of two clocks (host, device) agree to about a microsecond
 
 
@@ -181,7 +216,7 @@ class _Gpu:
         for d in self.dev:
             s = self.stream_of(d)
             coll = collective_of(self.ev, d.e, self.world, kernels=True) if "Collective name" in d.args else None
-            comm = coll is not None or self.is_comm(d.name)
+            comm = coll is not None or self.is_comm(d.name) or (d.e.get("cat") == "gpu_memcpy" and is_peer_copy(d.args))
             role = COMM if comm else COMPUTE if d.e.get("cat") == "kernel" else MEMORY
             i = self.items.add(d.name, role, s, d.start, d.end - d.start)
             if coll is not None:

@@ -24,9 +24,9 @@ if TYPE_CHECKING:
     from commsched.hardware import Hardware
 
 
-def _table(headers: list[str], rows: list[list[Any]], numeric_from: int = 1, *, text: tuple[str, ...] = ()) -> str:
-    """Columns from ``numeric_from`` on are right-aligned numbers, except those named in ``text`` (the last one
-    named "why" wraps as prose)."""
+def html_table(headers: list[str], rows: list[list[Any]], numeric_from: int = 1, *, text: tuple[str, ...] = ()) -> str:
+    """A table of ``rows`` under ``headers``, cells escaped. Columns from ``numeric_from`` on are right-aligned
+    numbers, except those named in ``text`` (the last one named "why" wraps as prose)."""
     classes = ["why" if h == "why" else "" if i < numeric_from or h in text else "n" for i, h in enumerate(headers)]
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = "".join(
@@ -36,7 +36,7 @@ def _table(headers: list[str], rows: list[list[Any]], numeric_from: int = 1, *, 
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _page_head(title: str, context: dict[str, Any]) -> list[str]:
+def page_head(title: str, context: dict[str, Any]) -> list[str]:
     """The document's start: its title and a line of ``context`` (key: value) under the heading."""
     sub = " · ".join(f"{html.escape(str(k))}: {html.escape(str(v))}" for k, v in context.items())
     return [
@@ -56,10 +56,9 @@ def _warnings(lines: list[str] | tuple[str, ...]) -> list[str]:
 
 
 def _timeline_section(results: list[tuple[str, SimResult]], capacity_bytes: float | None) -> list[str]:
-    """The interactive timeline: a legend above (never over) the bars, zoom buttons, one panel per order on one
-    shared time axis, and the data and script that draw it."""
+    """The interactive timeline of simulated orders: compute, other kernels, exposed waits, each process group's
+    collectives, the memory curve and the HBM line."""
     data = timeline_data(results, capacity_bytes=capacity_bytes)
-    colors = {**html_assets.COLORS, "comm": list(html_assets.COMM_COLORS)}
     swatches = [
         ("compute kernel", html_assets.COLORS["compute"], ""),
         ("other kernel", html_assets.COLORS["other"], ""),
@@ -73,11 +72,19 @@ def _timeline_section(results: list[tuple[str, SimResult]], capacity_bytes: floa
         share = f"{100 * peak / capacity_bytes:.0f} %"
         scale = "" if capacity_bytes <= 2 * peak else f": off the scale, the peak uses {share}"
         swatches.append((f"HBM capacity ({fmt_bytes(capacity_bytes)}{scale})", "", "line"))
+    shared = "one time axis for every order" if len(results) > 1 else "the step"
+    return timeline_block(data, swatches, shared)
+
+
+def timeline_block(data: dict[str, Any], swatches: list[tuple[str, str, str]], shared: str) -> list[str]:
+    """The interactive timeline of ``data`` (:func:`commsched.report.timeline.timeline_data`'s shape): a legend of
+    ``swatches`` (label, colour, css class) above (never over) the bars, zoom buttons, one panel per order on one
+    shared time axis (``shared`` says what it spans), and the data and script that draw it."""
+    colors = {**html_assets.COLORS, "comm": list(html_assets.COMM_COLORS)}
     legend = "".join(
         f'<span><i class="{cls}"{f" style=background:{color}" if color else ""}></i>{html.escape(label)}</span>'
         for label, color, cls in swatches
     )
-    shared = "one time axis for every order" if len(results) > 1 else "the step"
     return [
         '<section id="timeline"><h2>Timeline</h2>',
         f'<div class="legend" id="legend">{legend}</div>',
@@ -102,7 +109,7 @@ def _exposed_table(res: SimResult, k: int, budget_bytes: float | None = None) ->
         for f in facts
     ]
     headers = ["collective", "type", "group", "bytes", "duration", "exposed", "reason", "why"]
-    return _table(headers, rows, numeric_from=3, text=("reason",))
+    return html_table(headers, rows, numeric_from=3, text=("reason",))
 
 
 def _ns(ns: int) -> str:
@@ -126,7 +133,7 @@ def _moved_section(before: SimResult, after: SimResult, label: str, budget_bytes
     more = f"<p>... and {len(rows) - k} more, all less exposed.</p>" if len(rows) > k else ""
     return (
         f'<section class="moved" id="moved-{html.escape(label)}"><h3>{html.escape(label)} against the first order: '
-        f"{html.escape(summary)}</h3>{_table(headers, body, numeric_from=3, text=('status', 'reason'))}{more}"
+        f"{html.escape(summary)}</h3>{html_table(headers, body, numeric_from=3, text=('status', 'reason'))}{more}"
         "</section>"
     )
 
@@ -178,7 +185,7 @@ def render_html(
     ]
     bounds += [[f"comm on {k}", fmt_seconds(v)] for k, v in b.comm_s.items()]
     parts = [
-        *_page_head(title, ctx),
+        *page_head(title, ctx),
         *_warnings(warnings),
         f'<section id="summary"><h2>Summary</h2><div class="cards">{cards_html}</div></section>',
         *_timeline_section([("simulated step", res)], capacity_bytes),
@@ -186,10 +193,10 @@ def render_html(
         _exposed_table(res, 15, memory_budget_bytes),
         "</section>",
         '<section id="streams"><h2>Streams</h2>',
-        _table(list(STREAM_COLUMNS), stream_rows(res)),
+        html_table(list(STREAM_COLUMNS), stream_rows(res)),
         "</section>",
         '<section id="bounds"><h2>Lower bound terms</h2>',
-        _table(["term", "time"], bounds),
+        html_table(["term", "time"], bounds),
         "</section></body></html>",
     ]
     return "\n".join(parts)
@@ -236,10 +243,10 @@ def render_comparison_html(
     headers = ["order", "step time", "speedup", "makespan / bound", "exposed comm", "overlap (HTA)", "peak memory",
                f"MFU ({dtype})", "tokens / s"]  # fmt: skip
     parts = [
-        *_page_head(title, ctx),
+        *page_head(title, ctx),
         *_warnings(warnings),
         '<section id="comparison"><h2>Orders compared</h2>',
-        _table(headers, rows),
+        html_table(headers, rows),
         "</section>",
         *_timeline_section(results, capacity_bytes),
     ]

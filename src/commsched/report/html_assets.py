@@ -98,8 +98,10 @@ JS = r"""
     panel.className = "panel";
     panel.id = "panel-" + k;
     var head = document.createElement("h3");
+    // peak_bytes null: the timeline has no memory data (a replayed profiler trace records none)
     head.textContent = order.label + ": step " + fmtTime(order.makespan_ns) + ", exposed communication " +
-      fmtTime(order.exposed_ns) + ", peak memory " + fmtBytes(order.peak_bytes);
+      fmtTime(order.exposed_ns) + (order.peak_bytes === null ? ", memory not in the trace" :
+                                   ", peak memory " + fmtBytes(order.peak_bytes));
     panel.appendChild(head);
     var body = document.createElement("div");
     body.className = "body";
@@ -111,7 +113,8 @@ JS = r"""
       labels.appendChild(d);
     });
     var m = document.createElement("div");
-    m.style.height = MEM + "px"; m.style.lineHeight = MEM + "px"; m.textContent = "memory";
+    m.style.height = MEM + "px"; m.style.lineHeight = MEM + "px";
+    m.textContent = order.peak_bytes === null ? "memory: not in the trace" : "memory";
     labels.appendChild(m);
     var height = order.lanes.length * LANE + MEM + AXIS;
     var svg = el("svg", {"class": "timeline", height: height, "data-order": k});
@@ -140,7 +143,9 @@ JS = r"""
     });
     var top = lanesH, base = lanesH + MEM;
     el("line", {x1: 0, x2: W, y1: base, y2: base, stroke: "#ccc"}, svg);
-    el("text", {x: W - 4, y: top + 10, "text-anchor": "end"}, svg).textContent = fmtBytes(memMax) + " full scale";
+    if (order.peak_bytes !== null) {
+      el("text", {x: W - 4, y: top + 10, "text-anchor": "end"}, svg).textContent = fmtBytes(memMax) + " full scale";
+    }
     var pts = order.memory, d = "", last = null;
     for (var j = 0; j < pts.length; j++) {
       var y = base - pts[j][1] / memMax * (MEM - 4);
@@ -196,7 +201,8 @@ JS = r"""
     svg.addEventListener("mouseover", function (ev) {
       var i = ev.target.getAttribute && ev.target.getAttribute("data-i");
       if (i === null || i === undefined) { tip.style.display = "none"; return; }
-      var b = p.order.bars[+i], kind = ["compute", "kernel", "waiting on communication", "collective"][b[3]];
+      var b = p.order.bars[+i];
+      var kind = (data.kinds || ["compute", "kernel", "waiting on communication", "collective"])[b[3]];
       tip.textContent = data.names[b[4]] + " (" + kind + ", " + p.order.lanes[b[0]] + "): " +
         fmtTime(b[2] - b[1]) + (b[5] > 0 ? ", exposed " + fmtTime(b[5]) : "");
       tip.style.display = "block";
