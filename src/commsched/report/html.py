@@ -309,18 +309,18 @@ def render_optimize_html(
     lead = [what_bounds_the_step(kept, hardware), what_would_move_it(kept, hardware), headline(o, refs)]
     timelines = [(r.label, r.sim) for r in rows if r.sim is not None]
     parts = [
-        *_page_head(title, ctx),
+        *page_head(title, ctx),
         '<section id="answer">' + "".join(f'<p class="lead">{html.escape(line)}</p>' for line in lead) + "</section>",
         *_warnings(warnings),
         '<section id="comparison"><h2>The kept step against what runs today</h2>',
-        _table(headers, table_rows, text=("note",)),
+        html_table(headers, table_rows, text=("note",)),
         "</section>",
         *_timeline_section(timelines, _capacity(None, hardware)),
         '<section id="exposed"><h2>Kept step: top exposed collectives, and why</h2>',
         _exposed_table(kept, 15, o.budget_bytes),
         "</section>",
         '<section id="variants"><h2>Every variant tried, and its verdict</h2>',
-        _table(["variant", "collectives", "step time", "peak memory", "verdict"], verdicts, text=("verdict",)),
+        html_table(["variant", "collectives", "step time", "peak memory", "verdict"], verdicts, text=("verdict",)),
         "</section></body></html>",
     ]
     return "\n".join(parts)
