@@ -39,6 +39,7 @@ _LAZY = {
     "simulate_costs": "commsched.sim",
     "from_fx": "commsched.frontends.fx",
     "fake_process_group": "commsched.frontends.fake_pg",
+    "trace_fsdp2": "commsched.rewrites.fsdp_trace",
     "apply_schedule": "commsched.runtime",
     "compare_schedulers": "commsched.experiments.compare",
 }
@@ -87,4 +88,5 @@ __all__ = [
     "schedule",
     "simulate",
     "simulate_costs",
+    "trace_fsdp2",
 ]

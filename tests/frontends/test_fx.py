@@ -129,6 +129,27 @@ def test_missing_meta_is_a_clear_error():
         from_fx(gm)
 
 
+def test_an_eager_c10d_collective_is_refused_not_imported_as_compute():
+    """``dist.all_reduce`` traced as is records c10d's in-place op; imported as an ordinary op its transfer was lost
+    (a step with no collective: a wrong time). It is refused, naming the node and the functional collectives."""
+    import torch.distributed as dist
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from commsched.frontends.fake_pg import fake_process_group
+
+    def step(x):
+        dist.all_reduce(x)
+        return x * 2
+
+    with fake_process_group(4):
+        gm = make_fx(step)(torch.randn(4, 4))
+    for node in gm.graph.nodes:  # the process-group constant given a value, as FakeTensorProp would leave it
+        node.meta.setdefault("val", None)
+    with pytest.raises(GraphError, match=r"FX node 'allreduce_' \(c10d\.allreduce_\.default\): an eager c10d .*"
+                                          r"_functional_collectives"):  # fmt: skip
+        from_fx(gm, group_sizes={"0": 4})
+
+
 def test_unknown_group_needs_group_sizes():
     gm, _ = trace_program("fsdp_mlp", 8, layers=1, dim=64)
     # outside the fake process group the group cannot be resolved: all_gather carries its size, so this works

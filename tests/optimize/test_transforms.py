@@ -129,3 +129,29 @@ def test_plans_built_on_the_ir_judge_as_the_fx_rewrite_does(tp_sp_prefill, monke
     assert a == b and on_ir.label.startswith("decomposed TP")
     assert on_ir.graph.names == in_fx.graph.names
     np.testing.assert_array_equal(on_ir.schedule.order, in_fx.schedule.order)
+
+
+def test_a_user_programs_extra_wait_does_not_fail_the_decomposed_tp_plans():
+    """Issue #36 item 12: a user program (make_fx under the fake process group) that waits explicitly on a result
+    already waited made every decomposed-TP plan fail with "input 'tpd9' is other, expected the result of a
+    collective". The second wait is a no-op alias: every plan is now built and judged."""
+    import torch
+    import torch.distributed._functional_collectives as fc
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    wait = torch.ops._c10d_functional.wait_tensor
+    with commsched.fake_process_group(world_size=4) as pg:
+
+        def step(x, w1, w2):
+            h = fc.all_gather_tensor(x, 0, pg) @ w1  # sequence-parallel input, column-parallel matmul
+            return wait(fc.all_reduce(h @ w2, "sum", pg))  # row-parallel matmul; an explicit extra wait
+
+        with FakeTensorMode():
+            gm = make_fx(step)(torch.randn(256, 512), torch.randn(512, 1024), torch.randn(1024, 512))
+        o = commsched.optimize(gm, "h100-sxm", memory_budget=None)
+    tried = [t for t in o.tried if t.label.startswith("decomposed TP")]
+    assert len(tried) == len(tp_plans(gm)) >= 4
+    for t in tried:
+        assert t.verdict == "kept" or t.verdict.startswith(("slower", "pruned")), t
+    assert any(t.makespan_s is not None for t in tried)  # scheduled and simulated, not only probed

@@ -42,24 +42,12 @@ def _lower(workload, hardware: str) -> torch.fx.GraphModule:
     return res.gm
 
 
-def fsdp2_passes(gm: torch.fx.GraphModule, graph_sizes: dict[str, int] | None = None) -> torch.fx.GraphModule:
-    """The FSDP2 pipeline on a step traced by ``trace_fsdp2_step``: functionalize, relink, reinplace, order."""
-    from commsched.frontends.fx import from_fx
-    from commsched.rewrites.c10d_functionalize import functionalize_c10d
-    from commsched.rewrites.fsdp_ordering import enforce_fsdp_comm_ordering
-    from commsched.rewrites.fsdp_reinplace import reinplace_fsdp_all_gather
-    from commsched.rewrites.fsdp_unsharded_params import remove_unsharded_param_usage
-
-    gm = reinplace_fsdp_all_gather(remove_unsharded_param_usage(functionalize_c10d(gm).gm).gm).gm
-    return enforce_fsdp_comm_ordering(gm, from_fx(gm, group_sizes=graph_sizes)).gm
-
-
 def _fsdp2_case(opts: dict[str, Any]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Eager FSDP2 (the reference) and its traced, rewritten step, on this rank of the real process group."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from commsched.rewrites.fsdp_trace import shard_mlp, tiny_mlp, trace_fsdp2_step
+    from commsched.rewrites.fsdp_trace import fsdp2_passes, shard_mlp, tiny_mlp, trace_fsdp2_step
 
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     model = shard_mlp(tiny_mlp(), mesh, mixed_precision=opts.get("mixed_precision", False))

@@ -75,3 +75,23 @@ def test_decompose_graph_on_a_bucketed_program(parallel):
         assert out is gm_b
         fx = from_fx(out, group_sizes=g.group_sizes(), meta=g.meta)
         _assert_same_program(fx, decompose_graph(g_b, tp.splits, kept, facts), hw)
+
+
+@pytest.mark.parametrize("sp", [True, False])
+def test_decompose_graph_folds_a_user_programs_extra_waits(sp):
+    """A user program that waits twice on a collective's result (issue #36 item 12): every plan's IR rewrite equals
+    the FX rewrite re-imported, which folds the second wait away (before: the IR rewrite refused two waits, and the
+    FX rewrite left a wait on the concatenated chunks, which ``from_fx`` refused)."""
+    from random_programs import trace
+    from test_decompose_tp import _tp_layer
+
+    world = 4
+    gm, g = trace(_tp_layer(world, sp, True, False, extra_wait=True), world, [(8, 8), (8, 8), (8, 8), (8, 8)])
+    sites = find_tp_sites(gm)
+    assert {s.pattern for s in sites} == ({"ag_mm", "mm_rs"} if sp else {"mm_ar"})
+    hw = for_graph("h100-sxm", g, num_nodes=1, gpus_per_node=world)
+    facts = fx_facts(gm, sites)
+    for plan in tp_plans(gm, sites):
+        fx = from_fx(decompose_tp(gm, plan.splits, graph=g).gm, group_sizes=g.group_sizes(), meta=g.meta)
+        _assert_same_program(fx, decompose_graph(g, plan.splits, sites, facts), hw)
+        assert not any(n.startswith("wait_tensor") and n not in g.names for n in fx.names)

@@ -17,20 +17,22 @@ from commsched.rewrites.spmd import run_spmd
 c10d = torch.ops._c10d_functional
 
 
-def _tp_layer(world: int, sp: bool, side_reader: bool, backward_sum: bool):
+def _tp_layer(world: int, sp: bool, side_reader: bool, backward_sum: bool, extra_wait: bool = False):
     """A TP(+SP) block the way the zoo traces it: (all_gather ->) column-parallel mms -> row-parallel mm(s) ->
-    reduce_scatter (SP) or all_reduce (TP)."""
+    reduce_scatter (SP) or all_reduce (TP). ``extra_wait``: a user program's explicit second ``wait_tensor`` on
+    each collective's waited result (issue #36 item 12)."""
+
+    def wait(t):
+        t = c10d.wait_tensor(t)
+        return c10d.wait_tensor(t) if extra_wait else t
 
     def fn(x, w1, w2, w3):
-        h = c10d.wait_tensor(c10d.all_gather_into_tensor(x, world, "0")) if sp else x
+        h = wait(c10d.all_gather_into_tensor(x, world, "0")) if sp else x
         a, b = torch.mm(h, w1), torch.mm(h, w2)  # two readers, like q / k / v
         y = torch.mm(torch.relu(a) * b, w3)
         if backward_sum:  # an input gradient: a sum of products
             y = y + torch.mm(b, w3)
-        if sp:
-            out = c10d.wait_tensor(c10d.reduce_scatter_tensor(y, "sum", world, "0"))
-        else:
-            out = c10d.wait_tensor(c10d.all_reduce(y, "sum", "0"))
+        out = wait(c10d.reduce_scatter_tensor(y, "sum", world, "0") if sp else c10d.all_reduce(y, "sum", "0"))
         extra = [h.t() * 1] if side_reader else []  # a weight gradient's read of the gathered input
         return [out * 1, *extra]
 
@@ -47,17 +49,18 @@ def _tp_layer(world: int, sp: bool, side_reader: bool, backward_sum: bool):
     sp=st.booleans(),
     side_reader=st.booleans(),
     backward_sum=st.booleans(),
+    extra_wait=st.booleans(),
     dim=st.sampled_from(["m", "n"]),
     seed=st.integers(0, 2**16),
 )
 def test_decomposed_program_computes_the_same_function(
-    world, rows_per_chunk, chunks, k_dim, hidden, sp, side_reader, backward_sum, dim, seed
+    world, rows_per_chunk, chunks, k_dim, hidden, sp, side_reader, backward_sum, extra_wait, dim, seed
 ):
     s = rows_per_chunk * chunks  # rows per rank (SP) or of the whole tensor (TP)
     rows = s if sp else s * world
     n_out = chunks * k_dim  # so that an "n" split divides the columns
     shapes = [(rows, n_out), (n_out, hidden * chunks), (n_out, hidden * chunks), (hidden * chunks, n_out)]
-    gm, g = trace(_tp_layer(world, sp, side_reader, backward_sum), world, shapes)
+    gm, g = trace(_tp_layer(world, sp, side_reader, backward_sum, extra_wait), world, shapes)
     sites = find_tp_sites(gm)
     assert [x.pattern for x in sites] == (["ag_mm", "mm_rs"] if sp else ["mm_ar"])
     splits = [TPSplit(x.collective, "m" if x.pattern == "ag_mm" else dim, chunks) for x in sites]
@@ -65,6 +68,7 @@ def test_decomposed_program_computes_the_same_function(
     g2 = from_fx(res.gm, group_sizes=g.group_sizes())
     g2.validate()
     assert len(g2.collectives) == chunks * len(sites)
+    assert int((g2.wait_of >= 0).sum()) == len(g2.collectives)  # an extra wait on a split site's result is folded away
     # no matmul of the original size remains: every one was split
     assert sum(1 for k in g2.kinds if k == OpKind.COMPUTE) > sum(1 for k in g.kinds if k == OpKind.COMPUTE)
     gen = torch.Generator().manual_seed(seed)

@@ -225,8 +225,9 @@ def test_user_mutation_of_an_unsharded_parameter_is_an_error():
 def test_fsdp_passes_on_random_fully_shard_models(dims, world, mixed_precision, seed):
     """Random widths (odd ones make FSDP2 pad shards), world sizes and mixed precision: every pass leaves a valid
     graph (lint, IR validation) with the same outputs, and every matmul depends on an all_gather."""
-    from gloo_helpers import fsdp2_passes
     from torch.distributed.device_mesh import init_device_mesh
+
+    from commsched.rewrites.fsdp_trace import fsdp2_passes
 
     dims = [16, *dims]
     with fake_process_group(world):
@@ -252,3 +253,52 @@ def test_tracing_needs_two_ranks():
         model = shard_mlp(tiny_mlp(), init_device_mesh("cpu", (1,)))
         with pytest.raises(ValueError, match=">= 2 ranks"):
             trace_fsdp2_step(model, _loss, torch.randn(4, 16))
+
+
+def test_trace_fsdp2_is_the_public_way_in_for_a_fully_shard_step():
+    """Issue #36 item 13, README's FSDP2 example: ``commsched.trace_fsdp2`` gives a program ``from_fx`` imports with
+    every collective and every matmul linked to its all_gather, and ``optimize`` takes."""
+    import torch.nn as nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import commsched
+
+    with commsched.fake_process_group(world_size=8):
+        model = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024))
+        mesh = init_device_mesh("cpu", (8,))
+        for layer in model[::2]:
+            fully_shard(layer, mesh=mesh)  # one FSDP2 unit per Linear, then the root
+        fully_shard(model, mesh=mesh)
+        gm = commsched.trace_fsdp2(model, lambda m, x: m(x).pow(2).mean(), torch.randn(64, 1024))
+        g = commsched.from_fx(gm)  # functional collectives, weights read from their all_gathers
+        opt = commsched.optimize(gm, "h100-sxm")  # or simulate / schedule g, apply_schedule(gm, ...)
+    types = [CollType(int(g.coll_type[c])) for c in g.collectives.tolist()]
+    # forward gathers both Linears; backward re-gathers the first (the root keeps the last one gathered)
+    assert (types.count(CollType.ALL_GATHER), types.count(CollType.REDUCE_SCATTER)) == (4, 2)
+    n, linked = _weight_readers_with_all_gather_ancestor(g)
+    assert n == 5 and linked == n  # 2 forward, 3 backward matmuls (no input gradient for the first)
+    assert opt.after.makespan_s <= opt.before.makespan_s and len(opt.graph.collectives) >= 1
+
+
+def test_from_fx_on_a_fully_shard_step_traced_as_is_names_trace_fsdp2():
+    """``make_fx`` of a ``fully_shard`` step alone said "run FakeTensorProp first", which is not the fix; with the
+    process-group constants given a value it imported with no collective at all (a wrong step time)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with fake_process_group(2):
+        model = shard_mlp(tiny_mlp(), init_device_mesh("cpu", (2,)))
+
+        def step(x):
+            loss = _loss(model, x)
+            loss.backward()
+            return [loss, *[p.grad for p in model.parameters()]]
+
+        gm = make_fx(step)(torch.randn(4, 16))
+        with pytest.raises(GraphError, match=r"FX node 'all_gather_copy_in' .*commsched\.trace_fsdp2\(model, loss_fn"):
+            from_fx(gm)
+        for node in gm.graph.nodes:  # what running FakeTensorProp leaves: the constants hold no tensor
+            node.meta.setdefault("val", None)
+        with pytest.raises(GraphError, match=r"FSDP2 \(fully_shard\).*commsched\.trace_fsdp2"):
+            from_fx(gm)

@@ -50,8 +50,14 @@ COLLECTIVE_OPS: dict[str, _CollSpec] = {
     "symm_mem::one_shot_all_reduce": _CollSpec(CollType.ALL_REDUCE, sync=True),
 }
 WAIT_OPS = frozenset({"_c10d_functional::wait_tensor"})
+_FSDP2_OPS = frozenset({"fsdp::all_gather_copy_in", "fsdp::split_with_sizes_copy", "fsdp::chunk_cat"})
+"""FSDP2's own ops, as ``make_fx`` records a ``fully_shard`` step (with c10d's in-place collectives)"""
+FSDP2_AS_TRACED = (
+    "a step of an FSDP2 (fully_shard) module traced as is (FSDP2's own ops, c10d's in-place collectives, "
+    "parameters as constants): trace it with commsched.trace_fsdp2(model, loss_fn, example), whose graph passes "
+    "make it importable"
+)
 _DTYPE_NAMES = {d: str(d).removeprefix("torch.") for d in vars(torch).values() if isinstance(d, torch.dtype)}
-
 
 
 def _is_causal(node: torch.fx.Node) -> bool:
@@ -358,6 +364,11 @@ class _FxImporter:
         written = _written_args(node, info.write_args)
         write_storages = self._read_storages([self.ids[w] for w in written])
         spec = COLLECTIVE_OPS.get(sname) if sname else None
+        if spec is None and sname and sname.startswith("c10d::"):  # imported as compute, its transfer would be lost
+            raise GraphError(
+                f"FX node {node.name!r} ({tname}): an eager c10d collective, which the importer cannot time; "
+                "trace with torch.distributed._functional_collectives (the _c10d_functional ops)"
+            )
         if spec is not None:
             return self._add_collective(node, spec, inputs, flat_val, written, write_storages)
 
@@ -467,10 +478,18 @@ def from_fx(
     group) are resolved automatically.
     ``meta`` is added to the graph's meta, but for what the import derives from this graph itself (its causal
     attention nodes, its flop errors): a rewritten copy imported with the traced graph's meta keeps its own.
-    Raises GraphError naming the FX node when metadata is missing or a collective cannot be understood.
+    Raises GraphError naming the FX node when metadata is missing or a collective cannot be understood (an eager
+    c10d collective; a ``fully_shard`` step traced with ``make_fx`` alone: use ``commsched.trace_fsdp2``).
     """
     importer = _FxImporter(gm, group_sizes)
-    g = importer.run()
+    try:
+        g = importer.run()
+    except GraphError as exc:  # FSDP2's ops with eager collectives: not yet through its graph passes
+        names = [_schema_name(n.target) or "" for n in importer.graph.nodes]
+        fsdp2 = next((n for n, k in zip(importer.graph.nodes, names, strict=True) if k in _FSDP2_OPS), None)
+        if fsdp2 is None or not any(k.startswith("c10d::") for k in names):
+            raise
+        raise GraphError(f"FX node {fsdp2.name!r} ({target_name(fsdp2)}): {FSDP2_AS_TRACED}") from exc
     g.meta.update({k: v for k, v in (meta or {}).items() if k not in _DERIVED_META})
     g.meta.setdefault("source", "fx")
     return g

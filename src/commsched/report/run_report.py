@@ -79,6 +79,25 @@ class OutputCheck(JsonRecord):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class SpeedupCheck(JsonRecord):
+    """An order's measured speedup over the original next to the predicted one, judged against the run's own
+    spread (:func:`commsched.report.run_verdict.judge_speedup`, where the rule lives)."""
+
+    verdict: str
+    """"within" (the predicted speedup lies in the measured p25-p75), "outside" (it does not, but on the same side
+    of 1x), "contradicts" (the measured p25-p75 lies wholly on the other side of 1x), or "too few steps" to tell"""
+    measured_p25: float
+    measured_p75: float
+    """p25 and p75 of the per-step speedups (the original's step i over this order's step i: the orders take turns
+    within each step, so a pair shares the machine's state)"""
+    predicted: float
+    spread: float
+    """the wider relative p25-p75 range of the two orders' step times ((p75 - p25) / median)"""
+    steps: int
+    """paired steps"""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class OrderResult(JsonRecord):
     """One order (variant) of the step: measured, predicted, and how far apart."""
 
@@ -105,6 +124,8 @@ class OrderResult(JsonRecord):
     """the program that ran, when it is not the traced one (absent: the traced program, reordered or not)"""
     outputs: OutputCheck | None = dataclasses.field(default=None, metadata=OMIT_IF_NONE)
     """how a rewritten program's outputs compared (absent: not rewritten, and ``bit_identical`` is the check)"""
+    speedup_check: SpeedupCheck | None = dataclasses.field(default=None, metadata=OMIT_IF_NONE)
+    """the measured speedup judged against the predicted one (absent: the original order, or it did not run)"""
 
 
 class CollectiveTiming(NamedTuple):
@@ -224,6 +245,10 @@ class RunReport(JsonRecord):
     """the shaped network the ranks ran in (None: unshaped, or a torchrun launch)"""
     teardown_error: str | None = dataclasses.field(default=None, metadata=OMIT_IF_NONE)
     """a rank failed after every rank had finished its steps (the results are complete)"""
+    warnings: tuple[str, ...] = ()
+    """what the measurements say about the predictions, one line each with its likely cause: a measured speedup
+    that contradicts the predicted one, step times too spread or too few to judge by
+    (:func:`commsched.report.run_verdict.run_warnings`)"""
 
     def __post_init__(self) -> None:
         if (self.format, self.version) != (RUN_REPORT_FORMAT, RUN_REPORT_VERSION):

@@ -40,6 +40,8 @@ def print_run_report(rep: RunReport, console: Console) -> None:
             console.print(_program_line(name, v, rep.graph.collectives))
     for name, why in rep.skipped.items():
         console.print(f"[yellow]skipped {name}[/]: {why}")
+    for line in rep.warnings:  # measurements that do not bear the predictions out, with the likely cause
+        console.print(f"[yellow]warning[/]: {line}")
     if rep.teardown_error:
         console.print(f"[yellow]warning[/]: {rep.teardown_error} (the results above are complete)")
     if rep.reference_max_rel_error is not None:

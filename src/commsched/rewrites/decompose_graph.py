@@ -155,11 +155,31 @@ def _inputs2(g: Graph, v: int) -> tuple[str, str]:
     return (ins[0], ins[0]) if len(ins) == 1 else (ins[0], ins[1])
 
 
-def _single_wait(g: Graph, coll: int) -> int:
-    waits = g.waits_of(coll)
-    if len(waits) != 1:
-        raise Unsupported(f"collective {g.names[coll]!r}: {len(waits)} waits")
-    return int(waits[0])
+def _site_waits(g: Graph, coll: int) -> tuple[int, list[int]]:
+    """(the wait that reads ``coll``, the waits on that wait's result, directly or on one another): the latter are
+    :func:`commsched.rewrites.decompose_tp.extra_waits`, which the FX rewrite folds away. Any other shape of waits:
+    :class:`Unsupported`."""
+    waits = sorted(int(w) for w in g.waits_of(coll))  # topological: a wait after what it reads
+    known: set[int] = set()
+    extra: list[int] = []
+    for w in waits:
+        ins = g.inputs(w).tolist()
+        if not known and ins == [coll]:
+            known.add(w)
+        elif known and len(ins) == 1 and ins[0] in known:
+            known.add(w)
+            extra.append(w)
+        else:
+            raise Unsupported(f"collective {g.names[coll]!r}: {len(waits)} waits")
+    if not known:
+        raise Unsupported(f"collective {g.names[coll]!r}: no wait")
+    return waits[0], extra
+
+
+def _alias_users(g: Graph, wait: int, extra: list[int]) -> list[int]:
+    """The nodes reading ``wait`` or one of its ``extra`` waits, other than those waits, ascending."""
+    aliases = {wait, *extra}
+    return sorted({u for a in aliases for u in _users(g, a)} - aliases)
 
 
 def _interleave(b: _Builder, anchor: float, pieces: list[str], world: int, s: int) -> str:
@@ -175,7 +195,7 @@ def _split_ag(b: _Builder, coll: int, site: TPSite, split: TPSplit, records: tup
     removed, rename, smap_late = records
     pos = float(coll)
     x = g.names[int(g.inputs(coll)[0])]
-    wait = _single_wait(g, coll)
+    wait, extra = _site_waits(g, coll)
     world, k = int(g.groups[int(g.coll_group[coll])].size), split.chunks
     rows, cols = b.shape(x)
     s = rows // k
@@ -195,12 +215,13 @@ def _split_ag(b: _Builder, coll: int, site: TPSite, split: TPSplit, records: tup
         out = _interleave(b, float(u), pieces[u], world, s)
         rename[g.names[u] + "\0data"] = out
         smap_late[int(g.buf_storage[g.buf_ptr[u]])] = out
-    others = [v for v in _users(g, wait) if v not in pieces]  # other readers of the gathered tensor
+    others = [v for v in _alias_users(g, wait, extra) if v not in pieces]  # other readers of the gathered tensor
     if others:  # reassembled for them alone
         out = _interleave(b, float(others[0]), waited, world, s)
-        rename[g.names[wait] + "\0data"] = out
+        for w in (wait, *extra):
+            rename[g.names[w] + "\0data"] = out
         smap_late[int(g.buf_storage[g.buf_ptr[coll]])] = out
-    removed.update([*mms, wait, coll])
+    removed.update([*mms, *extra, wait, coll])
 
 
 def _leaf(b: _Builder, cache: dict, x0: str, j: int, how: tuple) -> str:
@@ -237,7 +258,7 @@ def _split_reduce(b: _Builder, coll: int, split: TPSplit, tree_names: tuple[str,
     g, index = b.g, b.index
     removed, rename, smap_late = records
     pos = float(coll)
-    wait = _single_wait(g, coll)
+    wait, extra = _site_waits(g, coll)
     tree = [index[t] for t in tree_names]
     in_tree = set(tree_names)
     kind = _COLL_TARGETS[g.targets[coll]]
@@ -271,9 +292,10 @@ def _split_reduce(b: _Builder, coll: int, split: TPSplit, tree_names: tuple[str,
         (sum(s[0] for s in shapes), shapes[0][1]) if dim == "m" else (shapes[0][0], sum(s[1] for s in shapes))
     )
     joined = b.new(float(wait), T_CAT, OpKind.OTHER, waited, joined_shape, waited[0])
-    rename[g.names[wait] + "\0data"] = joined
+    for w in (wait, *extra):
+        rename[g.names[w] + "\0data"] = joined
     smap_late[int(g.buf_storage[g.buf_ptr[coll]])] = joined
-    removed.update([wait, coll, *tree])
+    removed.update([*extra, wait, coll, *tree])
 
 
 def decompose_graph(g: Graph, splits: Sequence[TPSplit], sites: Sequence[TPSite], facts: FxFacts) -> Graph:

@@ -15,6 +15,9 @@ emitted, so the result runs on gloo and NCCL alike. Patterns, as the zoo's TP, T
   chunk ``j`` multiplies row block ``j`` of each left operand (for reduce_scatter: block ``j`` of every rank's
   slice, gathered by a copy, so that each rank receives its rows ``[j S/k, (j+1) S/k)``); concatenated on dim 0.
 
+A ``wait_tensor`` on a site's already-waited result (a user program's explicit extra wait) returns its input: the
+site's readers are found through it, and the split folds it away (:func:`extra_waits`).
+
 Reductions are elementwise, so every rank's result is the same function of the same operands; in floating point a
 matmul over a row or column block may round differently from the whole one (BLAS blocking), so the checks compare
 to a tolerance. What a split costs (smaller GEMMs at lower efficiency, more launches, each collective's latency,
@@ -118,6 +121,36 @@ def _product_tree(root: torch.fx.Node) -> list[torch.fx.Node] | None:
     return tree if any(is_op(n, MM) for n in tree) else None
 
 
+def extra_waits(wait: torch.fx.Node) -> list[torch.fx.Node]:
+    """The ``wait_tensor`` nodes that wait again on ``wait``'s result, directly or on one another (a user program
+    may wait explicitly on a tensor already waited). No work is pending on a completed tensor, so such a wait
+    returns its input: each is an alias of ``wait``, and a split folds it away. O(their users)."""
+    out: list[torch.fx.Node] = []
+    stack = [wait]
+    while stack:
+        n = stack.pop()
+        for u in n.users:
+            if is_op(u, WAIT) and u.args[0] is n:
+                out.append(u)
+                stack.append(u)
+    return out
+
+
+def _readers(wait: torch.fx.Node) -> tuple[set[torch.fx.Node], list[torch.fx.Node]]:
+    """(``wait`` and its :func:`extra_waits`, the nodes that read any of them other than those waits)."""
+    aliases = {wait, *extra_waits(wait)}
+    return aliases, list(dict.fromkeys(u for a in aliases for u in a.users if u not in aliases))
+
+
+def _fold_extra_waits(wait: torch.fx.Node) -> list[torch.fx.Node]:
+    """Rewire the readers of ``wait``'s :func:`extra_waits` to ``wait`` itself; returns those waits (read by
+    nothing, still reading ``wait`` until the caller erases them)."""
+    extra = extra_waits(wait)
+    for e in extra:
+        e.replace_all_uses_with(wait)
+    return extra
+
+
 def _site(node: torch.fx.Node) -> TPSite | None:
     waits = wait_users(node)
     if len(waits) != 1 or len(node.users) != 1:
@@ -126,7 +159,8 @@ def _site(node: torch.fx.Node) -> TPSite | None:
     nbytes = out.numel() * out.element_size() if isinstance(out, torch.Tensor) else 0
     if is_op(node, AG):
         x, world, group = node.args[:3]
-        mms = [u for u in waits[0].users if is_op(u, MM) and u.args[0] is waits[0] and _is2d(u.args[1])]
+        aliases, readers = _readers(waits[0])
+        mms = [u for u in readers if is_op(u, MM) and u.args[0] in aliases and _is2d(u.args[1])]
         if not (_is2d(x) and mms):
             return None
         rows = int(_val(x).shape[0])
@@ -192,6 +226,7 @@ def _split_ag(b: _Builder, coll: torch.fx.Node, split: TPSplit) -> list[torch.fx
     """``ag_mm`` split along rows of each rank's shard; returns the nodes it replaced."""
     x, world, group = coll.args[:3]
     wait = wait_users(coll)[0]
+    folded = _fold_extra_waits(wait)
     world, k = int(world), split.chunks
     s = int(_val(x).shape[0]) // k
     # in program order (a module rewritten in place keeps its users in creation order)
@@ -210,11 +245,12 @@ def _split_ag(b: _Builder, coll: torch.fx.Node, split: TPSplit) -> list[torch.fx
             pieces[u].append(b.new(first, MM, (w, u.args[1])))
     for u in mms:
         u.replace_all_uses_with(_interleave(b, u, pieces[u], world, s))
-    others = [v for v in wait.users if v not in pieces]  # the split matmuls still read it until they are erased
+    # the split matmuls and the folded waits still read it until they are erased
+    others = [v for v in wait.users if v not in pieces and v not in folded]
     if others:  # other readers of the gathered tensor: reassemble it for them alone
         joined = _interleave(b, min(others, key=lambda v: b.pos[v]), waited, world, s)
-        wait.replace_all_uses_with(joined, delete_user_cb=lambda v: v not in pieces)
-    return [*mms, wait, coll]
+        wait.replace_all_uses_with(joined, delete_user_cb=lambda v: v not in pieces and v not in folded)
+    return [*mms, *folded, wait, coll]
 
 
 def _interleave(b: _Builder, anchor: torch.fx.Node, pieces: list[torch.fx.Node], world: int, s: int):
@@ -228,6 +264,7 @@ def _interleave(b: _Builder, anchor: torch.fx.Node, pieces: list[torch.fx.Node],
 def _split_reduce(b: _Builder, coll: torch.fx.Node, split: TPSplit) -> list[torch.fx.Node]:
     """``mm_rs`` / ``mm_ar`` split along ``m`` or ``n``; returns the nodes it replaced."""
     wait = wait_users(coll)[0]
+    folded = _fold_extra_waits(wait)
     root = coll.args[0]
     tree = _product_tree(root)
     assert tree is not None  # find_tp_sites checked it
@@ -274,8 +311,8 @@ def _split_reduce(b: _Builder, coll: torch.fx.Node, split: TPSplit) -> list[torc
         starts.append(b.new(coll, coll.target, args, name=f"{coll.name}_tp{j}"))
     waited = [b.new(wait, WAIT, (c,)) for c in starts]
     joined = b.new(wait, aten.cat.default, (waited, 0 if dim == "m" else 1))
-    wait.replace_all_uses_with(joined)
-    return [wait, coll, *tree]
+    wait.replace_all_uses_with(joined, delete_user_cb=lambda v: v not in folded)
+    return [*folded, wait, coll, *tree]
 
 
 def decompose_tp(

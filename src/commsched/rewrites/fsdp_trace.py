@@ -10,6 +10,9 @@
   :func:`commsched.rewrites.fsdp_unsharded_params.remove_unsharded_param_usage`;
 * the collectives' group names and sizes (``gm.meta["fsdp2_groups"]``), for
   :func:`commsched.rewrites.c10d_functionalize.functionalize_c10d`.
+
+:func:`trace_fsdp2` is the public entry point (``commsched.trace_fsdp2``): the trace, then the FSDP2 graph passes
+(:func:`fsdp2_passes`), which make it a program ``from_fx``, ``optimize`` and ``apply_schedule`` take.
 """
 
 from __future__ import annotations
@@ -88,6 +91,37 @@ def trace_fsdp2_step(
     ]
     gm.meta["fsdp2_groups"] = _groups(gm)
     return gm
+
+
+def fsdp2_passes(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """The FSDP2 graph passes, in order, on a step traced by :func:`trace_fsdp2_step`: its c10d collectives made
+    functional (``functionalize_c10d``), compute relinked to the all_gathers that fill its unsharded parameters
+    (``remove_unsharded_param_usage``), each all_gather written into its copy-in buffer
+    (``reinplace_fsdp_all_gather``), FSDP2's communication order enforced (``enforce_fsdp_comm_ordering``). The
+    process groups come from ``gm.meta["fsdp2_groups"]``, so this works after the process group is gone."""
+    from commsched.frontends.fx import from_fx
+    from commsched.rewrites.c10d_functionalize import functionalize_c10d
+    from commsched.rewrites.fsdp_ordering import enforce_fsdp_comm_ordering
+    from commsched.rewrites.fsdp_reinplace import reinplace_fsdp_all_gather
+    from commsched.rewrites.fsdp_unsharded_params import remove_unsharded_param_usage
+
+    sizes = {g["name"]: int(g["size"]) for g in gm.meta.get("fsdp2_groups", {}).values()}
+    out = reinplace_fsdp_all_gather(remove_unsharded_param_usage(functionalize_c10d(gm).gm).gm).gm
+    return enforce_fsdp_comm_ordering(out, from_fx(out, group_sizes=sizes or None)).gm
+
+
+def trace_fsdp2(
+    model: nn.Module,
+    loss_fn: Callable[[nn.Module, torch.Tensor], torch.Tensor],
+    example: torch.Tensor,
+) -> torch.fx.GraphModule:
+    """One training step of ``model``, sharded with torch FSDP2 (``fully_shard``) under an initialised process group
+    of >= 2 ranks (``commsched.fake_process_group`` works at any world size), as a program commsched takes:
+    ``loss = loss_fn(model, example)``, ``loss.backward()``, returning ``[loss, *local gradient shards]``, traced
+    (:func:`trace_fsdp2_step`) and rewritten by :func:`fsdp2_passes`. Import it with ``from_fx`` while the process
+    group exists; give it to ``optimize`` or ``apply_schedule`` as it is. ``make_fx`` of such a step alone gives
+    FSDP2's own ops, c10d's in-place collectives and parameters as constants, which ``from_fx`` refuses."""
+    return fsdp2_passes(trace_fsdp2_step(model, loss_fn, example))
 
 
 def _drop_profiler_markers(gm: torch.fx.GraphModule) -> None:

@@ -42,6 +42,7 @@ from commsched.report.run_report import (
     RunReport,
     StepTimes,
 )
+from commsched.report.run_verdict import judge_speedup, relative_spread, run_warnings
 from commsched.runtime.apply import apply_schedule, copy_graph_module
 from commsched.runtime.numerics import SAME, OutputDiff, compare_outputs
 from commsched.runtime.profile import profile_variants
@@ -506,8 +507,7 @@ def _order_result(
         for g in gathered:
             diff = diff.merge(g.diffs[name])
         outputs = optimized.output_check(diff)
-    per_rank = [g.times_s[name] for g in gathered]
-    measured = _step_times([max(ts) for ts in zip(*per_rank)])  # a step ends when its slowest rank does
+    measured = _step_times(_steps_s(gathered, name))
     chosen = plan.predicted[name][cfg.costs]
     return OrderResult(
         measured=measured,
@@ -525,12 +525,25 @@ def _order_result(
     )
 
 
-def _with_speedups(v: OrderResult, base: OrderResult, costs: str) -> OrderResult:
+def _steps_s(gathered: list[_RankResult], name: str) -> list[float]:
+    """Variant ``name``'s step times in run order: a step ends when its slowest rank does."""
+    return [max(ts) for ts in zip(*(g.times_s[name] for g in gathered))]
+
+
+def _with_speedups(v: OrderResult, base: OrderResult, costs: str, steps_s: list[float], base_steps_s: list[float]):
+    """``v`` with its speedups over ``base`` (the original order) and, but for the original itself, their verdict
+    (``steps_s`` / ``base_steps_s``: both orders' step times in run order)."""
+    predicted = base.predicted[costs] / v.predicted[costs]
+    check = None
+    if v is not base:
+        spread = max(relative_spread(v.measured), relative_spread(base.measured))
+        check = judge_speedup(base_steps_s, steps_s, predicted, spread)
     return dataclasses.replace(
         v,
         speedup_measured=base.measured.median_s / v.measured.median_s,
         speedup_measured_min=base.measured.min_s / v.measured.min_s,
-        speedup_predicted=base.predicted[costs] / v.predicted[costs],
+        speedup_predicted=predicted,
+        speedup_check=check,
     )
 
 
@@ -548,10 +561,11 @@ def _report(
     variants = {n: _order_result(cfg, n, plan, gathered, optimized) for n in ran}
     base = variants.get("original")
     if base is not None:
-        variants = {n: _with_speedups(v, base, cfg.costs) for n, v in variants.items()}
+        steps = {n: _steps_s(gathered, n) for n in ran}
+        variants = {n: _with_speedups(v, base, cfg.costs, steps[n], steps["original"]) for n, v in variants.items()}
     errs = [g.reference_error for g in gathered if g.reference_error is not None]
     spec = cfg.spec
-    return RunReport(
+    report = RunReport(
         workload=plan.graph.meta,
         preset=spec.model.name,
         parallel=spec.plan.parallel,
@@ -575,3 +589,4 @@ def _report(
         reference_max_rel_error=max(errs) if errs else None,
         timings_s=phases,
     )
+    return dataclasses.replace(report, warnings=run_warnings(report))

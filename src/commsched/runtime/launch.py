@@ -14,6 +14,7 @@ from pathlib import Path
 
 from commsched.io import atomic_write_text, free_port
 from commsched.report.run_report import RunReport
+from commsched.report.run_verdict import run_warnings
 from commsched.runtime.executor import RunConfig, run_rank
 from commsched.runtime.netns import ShapedNetwork
 
@@ -159,4 +160,5 @@ def run_local(
             if not path.exists():
                 raise RuntimeError("rank 0 finished without writing its report")
             report = RunReport.load(path)
-    return dataclasses.replace(report, network=network.describe() if network is not None else None)
+    report = dataclasses.replace(report, network=network.describe() if network is not None else None)
+    return dataclasses.replace(report, warnings=run_warnings(report))  # their likely causes name the network
