@@ -22,6 +22,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 from commsched.ir import CAUSAL_META, CollType, Graph, GraphBuilder, GraphError, OpKind
+from commsched.ir.transform import inheritable_meta
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,6 @@ COLLECTIVE_OPS: dict[str, _CollSpec] = {
 }
 WAIT_OPS = frozenset({"_c10d_functional::wait_tensor"})
 _DTYPE_NAMES = {d: str(d).removeprefix("torch.") for d in vars(torch).values() if isinstance(d, torch.dtype)}
-
 
 
 def _is_causal(node: torch.fx.Node) -> bool:
@@ -471,10 +471,6 @@ def from_fx(
     """
     importer = _FxImporter(gm, group_sizes)
     g = importer.run()
-    g.meta.update({k: v for k, v in (meta or {}).items() if k not in _DERIVED_META})
+    g.meta.update(inheritable_meta(meta or {}))
     g.meta.setdefault("source", "fx")
     return g
-
-
-_DERIVED_META = (CAUSAL_META, "flop_errors")
-"""graph meta keys the import derives from the FX graph (never taken from ``from_fx``'s ``meta``)"""
