@@ -16,23 +16,15 @@ from commsched.cli.common import (
     user_errors,
     warn,
 )
-from commsched.io import read_input_json
 
 
 def load_order(g, path: Path):
     """``--order``: a schedule file (``commsched schedule -o``: its order, compute streams and contention charge),
-    or a plain JSON list of node names. Returns a :class:`commsched.passes.Schedule`."""
-    from commsched.passes import Schedule, load_schedule
-    from commsched.passes.pipeline import SCHEDULE_FORMAT
+    or a plain JSON list of node names, checked as ``commsched check`` checks it. Returns a
+    :class:`commsched.passes.Schedule`."""
+    from commsched.passes import load_order as load
 
-    data = read_input_json(path, "schedule (a schedule file or a JSON list of node names)")
-    if isinstance(data, dict) and data.get("format") == SCHEDULE_FORMAT:
-        return load_schedule(g, path)
-    if not isinstance(data, list) or not all(isinstance(v, (str, int)) for v in data):
-        raise ValueError(f"{path}: expected a schedule file (commsched schedule -o) or a JSON list of node names")
-    from commsched.ir.order import as_order
-
-    return Schedule(g, as_order(g, data))
+    return load(g, path)
 
 
 def register(app: typer.Typer) -> None:
