@@ -80,7 +80,8 @@ def register(app: typer.Typer) -> None:
 
             context = {"hardware": hardware, "nodes in cluster": hw.num_nodes, "passes": result.passes,
                        "input_makespan_s": before.makespan_s}  # fmt: skip
-            summary = {**after.summary(), "context": context, "warnings": warnings, "files": [str(out)] if out else []}
+            files = [str(out)] if out else []
+            summary = {**after.summary(hw), "context": context, "warnings": warnings, "files": files}
             console.print_json(json.dumps(summary))
             return
         print_schedule_report(

@@ -69,12 +69,9 @@ def register(app: typer.Typer) -> None:
             written = write_reports(res, trace=trace, html=html, gantt=gantt, context=context, hw=hw, warnings=warnings)
         warn(warnings)
         if json_out:
-            from commsched.report.rates import step_rates
-
             files = [str(p) for p in written]
-            rates = step_rates(res, hw).to_dict()  # as the HTML report's cards: null where the graph cannot tell
-            console.print_json(json.dumps({**step.summary(), **rates, "context": context, "warnings": warnings,
-                                           "files": files}))  # fmt: skip
+            summary = step.summary(hw)  # with mfu and tokens_per_s: null where the graph cannot tell
+            console.print_json(json.dumps({**summary, "context": context, "warnings": warnings, "files": files}))
             return
         print_summary(res, console, title=f"{graph.name} on {hardware} x {num_nodes}", contention_s=step.contention_s)
         for p in written:

@@ -43,20 +43,21 @@ class StepRates:
         return f"MFU ({self.dtype or 'dtype unknown'})"
 
     def to_dict(self) -> dict[str, float | None]:
-        """``mfu`` and ``tokens_per_s`` (None where unknown): what ``simulate --json`` adds to its summary."""
+        """``mfu`` and ``tokens_per_s`` (None where unknown): what ``simulate --json`` and ``schedule --json`` add."""
         return {"mfu": self.mfu, "tokens_per_s": self.tokens_per_s}
 
 
-def step_rates(res: SimResult, hw: Hardware | None = None) -> StepRates:
+def step_rates(res: SimResult, hw: Hardware | None = None, makespan_s: float | None = None) -> StepRates:
     """``res``'s rates on ``hw``: its peak for the graph's ``meta["dtype"]``; no peak (no MFU) when the graph names no
-    dtype or ``hw`` lists no peak for it (the profile's float32 peak is no stand-in for another dtype's)."""
+    dtype or ``hw`` lists no peak for it (the profile's float32 peak is no stand-in for another dtype's).
+    ``makespan_s``: the step time (default: ``res``'s makespan; a schedule's adds its contention charge)."""
     meta = res.graph.meta
     dtype = meta.get("dtype") if isinstance(meta.get("dtype"), str) and meta.get("dtype") else None
     tokens = meta.get("tokens_per_step")
     peaks = dict(hw.compute.peak_flops) if hw is not None else {}
     return StepRates(
         flops_per_rank=float(res.graph.flops.sum()),
-        makespan_s=res.makespan_s,
+        makespan_s=res.makespan_s if makespan_s is None else makespan_s,
         dtype=dtype,
         peak_flops=peaks.get(dtype) if dtype is not None else None,
         tokens_per_step=int(tokens) if isinstance(tokens, (int, float)) and tokens > 0 else None,
