@@ -157,8 +157,8 @@ def load_order(graph: Graph, path: str | os.PathLike[str], *, allow_collective_r
         raise GraphError(f"{path}: expected a schedule file (commsched schedule -o) or a JSON list of node names")
     try:
         order = as_order(graph, data)
-    except GraphError as exc:
-        raise GraphError(f"{path}: {exc}") from None
+    except GraphError as exc:  # a ScheduleError stays one
+        raise type(exc)(f"{path}: {exc}") from None
     return Schedule(graph, check_given_order(graph, order, allow_collective_reorder=allow_collective_reorder,
                                              where=str(path)))  # fmt: skip
 
