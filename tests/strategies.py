@@ -84,7 +84,7 @@ def graphs(
                 ctype,
                 grp,
                 "sum" if ctype in (CollType.ALL_REDUCE, CollType.REDUCE_SCATTER) else None,
-                nbytes,
+                out_bytes * size if ctype == CollType.REDUCE_SCATTER else nbytes,  # in_bytes = out x group size
                 out_bytes,
                 sync=sync,
             )

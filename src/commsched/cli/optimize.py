@@ -67,6 +67,7 @@ def register(app: typer.Typer) -> None:
                 from commsched.frontends.json_io import load_graph
 
                 program, groups = load_graph(target), None
+                source_meta = program.meta
             else:
                 from commsched.workloads import build
 
@@ -74,12 +75,13 @@ def register(app: typer.Typer) -> None:
                     w = build(target, parallel=parallel, world_size=world_size, layers=layers, mode=mode,
                               seq_len=seq_len, batch=batch)  # fmt: skip
                 program, groups = w.graph_module, w.graph.group_sizes()
+                source_meta = w.graph.meta
             with err_console.status("optimizing: scheduling and simulating every program variant"):
                 kw = dict(num_nodes=num_nodes, memory_budget=memory_budget, group_sizes=groups, table=table,
                           transforms=transforms)  # fmt: skip
                 o = _run(run_optimize, program, hardware, kw, jobs, ray_address)
             if out_dir is not None:
-                _write(o, out_dir)
+                _write(o, out_dir, source_meta)
             from commsched.hardware import for_graph
             from commsched.report.capacity import step_warnings
 
@@ -97,13 +99,16 @@ def _run(run_optimize, program, hardware, kw: dict, jobs: int | None, ray_addres
     return opt.run_on_executor(lambda ex: run_optimize(program, hardware, executor=ex, **kw), jobs, ray_address)
 
 
-def _write(o, out_dir: Path) -> None:
+def _write(o, out_dir: Path, source_meta: dict) -> None:
+    """The kept program's files; its graph keeps the workload meta of the program it came from (``source_meta``:
+    dtype, tokens per step, ... that ``simulate`` reports MFU and tokens/s by)."""
     from commsched.frontends.json_io import save_graph
     from commsched.io import atomic_write_text
+    from commsched.ir.transform import inherit_meta
     from commsched.report.trace import write_chrome_trace
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_graph(o.graph, out_dir / "graph.json")
+    save_graph(inherit_meta(o.graph, source_meta), out_dir / "graph.json")
     o.schedule.save(out_dir / "scheduled.json")
     write_chrome_trace(o.after, out_dir / "trace.json")
     atomic_write_text(out_dir / "optimize.json", json.dumps(o.to_dict(), indent=1))

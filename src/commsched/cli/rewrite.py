@@ -67,7 +67,7 @@ def register(app: typer.Typer) -> None:
             before, sched, costs = simulate(graph)
             if lower:
                 res = lower_all_reduces(gm, hw, graph=graph)
-                gm, graph = res.gm, from_fx(res.gm, group_sizes=sizes)
+                gm, graph = res.gm, from_fx(res.gm, group_sizes=sizes, meta=w.graph.meta)
                 lowering = LoweringDecisions(counts=res.counts, rows=res.rows)
             if bucket:
                 if plan_on == "schedule":
@@ -75,7 +75,7 @@ def register(app: typer.Typer) -> None:
                     res, plan = bucket_collectives(gm, hw, graph=graph, order=sched.order, costs=costs)
                 else:
                     res, plan = bucket_collectives(gm, hw, graph=graph)
-                gm, graph = res.gm, from_fx(res.gm, group_sizes=sizes)
+                gm, graph = res.gm, from_fx(res.gm, group_sizes=sizes, meta=w.graph.meta)
                 bucketing = BucketingDecisions(summary=plan.summary(), buckets=plan.rows())
                 print_bucket_plan(plan, console, max_rows=rows)
             after, _, _ = simulate(graph)

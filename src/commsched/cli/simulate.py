@@ -16,23 +16,15 @@ from commsched.cli.common import (
     user_errors,
     warn,
 )
-from commsched.io import read_input_json
 
 
 def load_order(g, path: Path):
     """``--order``: a schedule file (``commsched schedule -o``: its order, compute streams and contention charge),
-    or a plain JSON list of node names. Returns a :class:`commsched.passes.Schedule`."""
-    from commsched.passes import Schedule, load_schedule
-    from commsched.passes.pipeline import SCHEDULE_FORMAT
+    or a plain JSON list of node names, checked as ``commsched check`` checks it. Returns a
+    :class:`commsched.passes.Schedule`."""
+    from commsched.passes import load_order as load
 
-    data = read_input_json(path, "schedule (a schedule file or a JSON list of node names)")
-    if isinstance(data, dict) and data.get("format") == SCHEDULE_FORMAT:
-        return load_schedule(g, path)
-    if not isinstance(data, list) or not all(isinstance(v, (str, int)) for v in data):
-        raise ValueError(f"{path}: expected a schedule file (commsched schedule -o) or a JSON list of node names")
-    from commsched.ir.order import as_order
-
-    return Schedule(g, as_order(g, data))
+    return load(g, path)
 
 
 def register(app: typer.Typer) -> None:
@@ -78,7 +70,8 @@ def register(app: typer.Typer) -> None:
         warn(warnings)
         if json_out:
             files = [str(p) for p in written]
-            console.print_json(json.dumps({**step.summary(), "context": context, "warnings": warnings, "files": files}))
+            summary = step.summary(hw)  # with mfu and tokens_per_s: null where the graph cannot tell
+            console.print_json(json.dumps({**summary, "context": context, "warnings": warnings, "files": files}))
             return
         print_summary(res, console, title=f"{graph.name} on {hardware} x {num_nodes}", contention_s=step.contention_s)
         for p in written:

@@ -22,6 +22,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 from commsched.ir import CAUSAL_META, CollType, Graph, GraphBuilder, GraphError, OpKind
+from commsched.ir.transform import MODULE_META_KEY, inheritable_meta
 
 
 @dataclass(frozen=True)
@@ -490,10 +491,7 @@ def from_fx(
         if fsdp2 is None or not any(k.startswith("c10d::") for k in names):
             raise
         raise GraphError(f"FX node {fsdp2.name!r} ({target_name(fsdp2)}): {FSDP2_AS_TRACED}") from exc
-    g.meta.update({k: v for k, v in (meta or {}).items() if k not in _DERIVED_META})
+    carried = getattr(gm, "meta", {}).get(MODULE_META_KEY) or {}  # the workload the module was traced for
+    g.meta.update(inheritable_meta({**carried, **(meta or {})}))
     g.meta.setdefault("source", "fx")
     return g
-
-
-_DERIVED_META = (CAUSAL_META, "flop_errors")
-"""graph meta keys the import derives from the FX graph (never taken from ``from_fx``'s ``meta``)"""

@@ -128,34 +128,13 @@ class Graph:
     """
 
     def __init__(
-        self,
-        *,
-        names: list[str],
-        targets: list[str],
-        kinds: np.ndarray,
-        in_ptr: np.ndarray,
-        in_idx: np.ndarray,
-        dep_ptr: np.ndarray,
-        dep_idx: np.ndarray,
-        flops: np.ndarray,
-        buf_ptr: np.ndarray,
-        buf_shape: list[tuple[int, ...]],
-        buf_dtype: list[str],
-        buf_nbytes: np.ndarray,
-        buf_storage: np.ndarray,
-        storage_nbytes: np.ndarray,
-        storage_owner: np.ndarray,
-        side_effect: np.ndarray,
-        coll_type: np.ndarray,
-        coll_group: np.ndarray,
-        coll_reduce_op: dict[int, str],
-        coll_in_bytes: np.ndarray,
-        coll_out_bytes: np.ndarray,
-        coll_sync: np.ndarray,
-        wait_of: np.ndarray,
-        groups: Sequence[ProcessGroup],
-        meta: dict[str, Any] | None = None,
-    ) -> None:
+        self, *, names: list[str], targets: list[str], kinds: np.ndarray, in_ptr: np.ndarray, in_idx: np.ndarray,
+        dep_ptr: np.ndarray, dep_idx: np.ndarray, flops: np.ndarray, buf_ptr: np.ndarray,
+        buf_shape: list[tuple[int, ...]], buf_dtype: list[str], buf_nbytes: np.ndarray, buf_storage: np.ndarray,
+        storage_nbytes: np.ndarray, storage_owner: np.ndarray, side_effect: np.ndarray, coll_type: np.ndarray,
+        coll_group: np.ndarray, coll_reduce_op: dict[int, str], coll_in_bytes: np.ndarray, coll_out_bytes: np.ndarray,
+        coll_sync: np.ndarray, wait_of: np.ndarray, groups: Sequence[ProcessGroup], meta: dict[str, Any] | None = None,
+    ) -> None:  # fmt: skip
         self.names = names
         self.targets = targets
         self.kinds = kinds
@@ -448,15 +427,41 @@ def validate_graph(g: Graph) -> None:
     _check_buffers(g)
     _check_collectives(g)
     _check_ranges(g)
+    _check_collective_sizes(g)
+
+
+def _check_collective_sizes(g: Graph) -> None:
+    """A collective's byte counts agree (all_gather: out = in x group size; reduce_scatter: in = out x group size;
+    all_reduce, broadcast: in = out; all_to_all: no rule, uneven splits are not recorded) and with its output
+    tensors (out_bytes = their bytes), so it is costed at the size it moves. Exact in int64 (after _check_ranges)."""
+    colls = g.collectives
+    t, ib, ob = g.coll_type[colls], g.coll_in_bytes[colls], g.coll_out_bytes[colls]
+    size = np.array([grp.size for grp in g.groups] + [1], np.int64)[g.coll_group[colls]]
+    gather = t == CollType.ALL_GATHER
+    big, small = np.where(gather, ob, ib), np.where(gather, ib, ob)
+    times = np.where(gather | (t == CollType.REDUCE_SCATTER), size, 1)
+    bad = np.flatnonzero((t != CollType.ALL_TO_ALL) & ((big % times != 0) | (big // times != small)))
+    if len(bad):
+        k = int(bad[0])
+        rule = {CollType.ALL_GATHER: "out_bytes = in_bytes x group size", CollType.REDUCE_SCATTER:
+                "in_bytes = out_bytes x group size"}.get(CollType(int(t[k])), "in_bytes = out_bytes")  # fmt: skip
+        raise GraphError(f"{_label(g, int(colls[k]))}: {CollType(int(t[k])).name.lower()} in_bytes {int(ib[k])}, "
+                         f"out_bytes {int(ob[k])}, group size {int(size[k])}; expected {rule}")  # fmt: skip
+    prefix = np.concatenate([[0], np.cumsum(g.buf_nbytes, dtype=np.int64)])
+    held = prefix[g.buf_ptr[colls + 1]] - prefix[g.buf_ptr[colls]]
+    bad = np.flatnonzero(held != ob)
+    if len(bad):
+        k = int(bad[0])
+        raise GraphError(f"{_label(g, int(colls[k]))}: collective out_bytes {int(ob[k])} but its output tensors hold "
+                         f"{int(held[k])} bytes; expected equal")  # fmt: skip
 
 
 def _check_ranges(g: Graph) -> None:
     """Numbers small enough that no time, byte count or sum of them overflows (the MAX_* limits above)."""
     bad = np.flatnonzero(~(g.flops <= MAX_FLOPS))  # also NaN
     if len(bad):
-        raise GraphError(
-            f"{_label(g, int(bad[0]))}: flops {g.flops[bad[0]]:g} is out of range; expected <= {MAX_FLOPS:g}"
-        )
+        k = int(bad[0])
+        raise GraphError(f"{_label(g, k)}: flops {g.flops[k]:g} is out of range; expected <= {MAX_FLOPS:g}")
     buf_node = np.repeat(np.arange(len(g)), np.diff(g.buf_ptr))
     is_coll = g.coll_type >= 0
     for what, values, node in (
@@ -493,13 +498,11 @@ def _check_nodes(g: Graph) -> None:
     if n and (g.kinds.min() < 0 or g.kinds.max() > max(OpKind)):
         i = int(np.flatnonzero((g.kinds < 0) | (g.kinds > max(OpKind)))[0])
         raise GraphError(f"{_label(g, i)}: kind {int(g.kinds[i])} is not an OpKind")
-
     for ptr, idx, what in ((g.in_ptr, g.in_idx, "input"), (g.dep_ptr, g.dep_idx, "dep")):
         if len(ptr) != n + 1 or ptr[0] != 0 or ptr[-1] != len(idx) or np.any(np.diff(ptr) < 0):
             raise GraphError(f"{what} CSR pointers are malformed; expected {n + 1} non-decreasing offsets")
         dst = np.repeat(np.arange(n), np.diff(ptr))
         _check_edges_ascending(g, idx, dst, what)
-
     bad = np.flatnonzero(g.flops < 0)
     if len(bad):
         raise GraphError(f"{_label(g, int(bad[0]))}: flops {g.flops[bad[0]]} must be >= 0")

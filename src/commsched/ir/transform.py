@@ -2,9 +2,36 @@
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 
-from commsched.ir.graph import Graph, GraphError, OpKind
+from commsched.ir.graph import CAUSAL_META, Graph, GraphError, OpKind
+
+DERIVED_META = (CAUSAL_META, "flop_errors")
+"""graph meta keys a frontend derives from the graph itself: a program derived from another keeps its own"""
+
+
+MODULE_META_KEY = "commsched_graph_meta"
+"""``GraphModule.meta`` key under which a traced program carries its workload meta (the zoo sets it), so that
+``from_fx`` of the module, or of any copy a rewrite makes, keeps the workload facts its reports need"""
+
+
+def inheritable_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of a program's meta that a program derived from it (rewritten, bucketed, reordered) inherits:
+    the workload's facts that reports read (dtype, tokens per step, world size, ...), not :data:`DERIVED_META`."""
+    return {k: v for k, v in meta.items() if k not in DERIVED_META}
+
+
+def inherit_meta(g: Graph, meta: Mapping[str, Any]) -> Graph:
+    """``g`` (its arrays shared) with :func:`inheritable_meta` of ``meta``, the program it was derived from, added
+    to its own meta: a rewrite changes the program, not the workload it computes, so every graph written of it
+    keeps what its reports need."""
+    out = copy.copy(g)
+    out.meta = {**g.meta, **inheritable_meta(meta)}
+    return out
 
 
 def _remap_csr(ptr: np.ndarray, idx: np.ndarray, keep: np.ndarray, new_id: np.ndarray, strict: str | None):

@@ -11,8 +11,16 @@ from commsched.passes.baselines import (  # noqa: F401  (importing registers the
     sink_waits_iterative,
 )
 from commsched.passes.budget import MemoryBudget
-from commsched.passes.check import ScheduleError, check_schedule
-from commsched.passes.pipeline import PRESETS, Schedule, check_knobs, load_schedule, resolve_passes, schedule
+from commsched.passes.check import ScheduleError, check_given_order, check_schedule
+from commsched.passes.pipeline import (
+    PRESETS,
+    Schedule,
+    check_knobs,
+    load_order,
+    load_schedule,
+    resolve_passes,
+    schedule,
+)
 from commsched.passes.registry import (
     PASSES,
     KnobNamespace,
@@ -34,8 +42,10 @@ __all__ = [
     "PassStats",
     "Schedule",
     "ScheduleError",
+    "check_given_order",
     "check_knobs",
     "check_schedule",
+    "load_order",
     "load_schedule",
     "register_pass",
     "resolve_passes",

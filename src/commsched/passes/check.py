@@ -1,4 +1,5 @@
-"""Schedule validation: every pass result, and ``commsched check``, go through :func:`check_schedule`."""
+"""Schedule validation: every pass result goes through :func:`check_schedule`; every order a user gives (``commsched
+check``, ``simulate --order``, :func:`commsched.passes.load_schedule`) through :func:`check_given_order`."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 from commsched.ir import Graph
 from commsched.ir.order import ScheduleError, as_order, check_topological, collective_chains
 
-__all__ = ["ScheduleError", "check_schedule"]
+__all__ = ["ScheduleError", "check_given_order", "check_schedule"]
 
 
 def check_schedule(
@@ -54,6 +55,26 @@ def check_schedule(
     if streams is not None:
         _check_issue_order_forced(g, order, streams)
     return order
+
+
+def check_given_order(
+    g: Graph,
+    order: np.ndarray | Sequence[int | str],
+    *,
+    streams: np.ndarray | None = None,
+    recorded_chains: Mapping[int, np.ndarray] | None = None,
+    allow_collective_reorder: bool = False,
+    where: str = "",
+) -> np.ndarray:
+    """The one check of an order a user gives (a schedule file, a list of node names), whoever reads it: the rules
+    of :func:`check_schedule` against the graph's own collective order per group, or against the issue order a
+    schedule file records after ``reorder_collectives`` (``recorded_chains``), with its ``streams``. Errors begin
+    with ``where`` (the file), so every consumer refuses a bad order with the same line."""
+    try:
+        return check_schedule(g, order, allow_collective_reorder=allow_collective_reorder, streams=streams,
+                              expected_chains=recorded_chains)  # fmt: skip
+    except ScheduleError as exc:
+        raise ScheduleError(f"{where}: {exc}" if where else str(exc)) from None
 
 
 def _check_issue_order_forced(g: Graph, order: np.ndarray, streams: np.ndarray) -> None:

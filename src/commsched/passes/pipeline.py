@@ -18,7 +18,7 @@ from commsched.cost import resolve_costs
 from commsched.io import read_input_json
 from commsched.ir import Graph, GraphError, OpKind
 from commsched.ir.order import as_order, collective_chains
-from commsched.passes.check import check_schedule
+from commsched.passes.check import check_given_order, check_schedule
 from commsched.passes.registry import (
     PASSES,
     KnobNamespace,
@@ -127,15 +127,44 @@ class Schedule:
         atomic_write_text(path, json.dumps(self.to_dict()))
 
 
-def load_schedule(graph: Graph, path: str | os.PathLike[str]) -> Schedule:
-    """Read a schedule written by :meth:`Schedule.save` for ``graph`` (node names must match)."""
-    path = Path(path)
+def _read(path: Path, what: str) -> Any:
     try:
-        data = read_input_json(path, "schedule")
+        return read_input_json(path, what)
     except FileNotFoundError:
         raise GraphError(f"{path}: no such file") from None
     except ValueError as exc:
         raise GraphError(str(exc)) from None
+
+
+def load_schedule(graph: Graph, path: str | os.PathLike[str], *, allow_collective_reorder: bool = False) -> Schedule:
+    """Read a schedule written by :meth:`Schedule.save` for ``graph`` (node names must match), checked as every
+    given order is (:func:`commsched.passes.check.check_given_order`: topological, each group's collectives in the
+    graph's order or in the order the file records, forced issue order across its streams; ScheduleError naming the
+    file). ``allow_collective_reorder``: accept any per-group collective order (``check
+    --allow-collective-reorder``)."""
+    path = Path(path)
+    return _schedule_of(graph, _read(path, "schedule"), path, allow_collective_reorder)
+
+
+def load_order(graph: Graph, path: str | os.PathLike[str], *, allow_collective_reorder: bool = False) -> Schedule:
+    """A schedule file (:func:`load_schedule`) or a plain JSON list of node names (or ids), checked alike: what
+    ``simulate --order`` and ``commsched check`` read."""
+    path = Path(path)
+    data = _read(path, "schedule (a schedule file or a JSON list of node names)")
+    if isinstance(data, dict) and data.get("format") == SCHEDULE_FORMAT:
+        return _schedule_of(graph, data, path, allow_collective_reorder)
+    if not isinstance(data, list) or not all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in data):
+        raise GraphError(f"{path}: expected a schedule file (commsched schedule -o) or a JSON list of node names")
+    try:
+        order = as_order(graph, data)
+    except GraphError as exc:  # a ScheduleError stays one
+        raise type(exc)(f"{path}: {exc}") from None
+    return Schedule(graph, check_given_order(graph, order, allow_collective_reorder=allow_collective_reorder,
+                                             where=str(path)))  # fmt: skip
+
+
+def _schedule_of(graph: Graph, data: Any, path: Path, allow_collective_reorder: bool = False) -> Schedule:
+    """The checked :class:`Schedule` of a schedule file's JSON ``data``."""
     if not isinstance(data, dict) or data.get("format") != SCHEDULE_FORMAT:
         raise GraphError(f"{path}: field 'format': expected {SCHEDULE_FORMAT!r}")
     if data.get("version") != SCHEDULE_VERSION:
@@ -159,6 +188,8 @@ def load_schedule(graph: Graph, path: str | os.PathLike[str]) -> Schedule:
         raise GraphError(f"{path}: field 'compute_interference': expected a number >= 0, got {interference!r}")
     passes = data.get("passes", [])
     reordered_by, chains = _reordered_by(graph, data, path)
+    check_given_order(graph, order, streams=streams, recorded_chains=chains,
+                      allow_collective_reorder=allow_collective_reorder, where=str(path))  # fmt: skip
     return Schedule(graph, order, streams, passes=list(passes) if isinstance(passes, list) else [],
                     compute_interference=float(interference), reordered_by=reordered_by,
                     recorded_chains=chains)  # fmt: skip

@@ -169,7 +169,7 @@ def render_html(
         ("exposed comm", fmt_seconds(res.exposed_comm_s)),
         ("overlap (HTA)", f"{100 * res.overlap_ratio:.1f} %"),
         ("peak memory", fmt_bytes(res.peak_memory_bytes)),
-        (f"MFU ({rates.dtype})", fmt_mfu(rates.mfu)),
+        (rates.mfu_label, fmt_mfu(rates.mfu)),
         ("tokens / s", fmt_rate(rates.tokens_per_s)),
     ]
     cards_html = "".join(
@@ -239,9 +239,8 @@ def render_comparison_html(
         "binding bound": first.bound.binding,
         **(context or {}),
     }
-    dtype = step_rates(first).dtype
     headers = ["order", "step time", "speedup", "makespan / bound", "exposed comm", "overlap (HTA)", "peak memory",
-               f"MFU ({dtype})", "tokens / s"]  # fmt: skip
+               step_rates(first).mfu_label, "tokens / s"]  # fmt: skip
     parts = [
         *page_head(title, ctx),
         *_warnings(warnings),

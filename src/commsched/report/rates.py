@@ -1,6 +1,7 @@
 """How fast a simulated step computes: model FLOPs utilisation (the step's FLOPs per rank over the step time and the
 device's peak for the step's dtype) and tokens per second (a zoo workload knows its tokens per step: batch x
-sequence x data-parallel replicas). A graph without the number says "-" rather than guessing."""
+sequence x data-parallel replicas). A graph without the number says "-" rather than guessing: a graph that names no
+dtype (or one the device has no peak for) has no MFU, never one at another dtype's peak."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class StepRates:
-    """One step's rates. ``mfu``: ``flops_per_rank / (makespan_s * peak_flops)``, None without a device peak;
-    ``tokens_per_s``: ``tokens_per_step / makespan_s`` over the whole job, None when the graph does not say."""
+    """One step's rates. ``mfu``: ``flops_per_rank / (makespan_s * peak_flops)``, None without a device peak for the
+    graph's ``dtype`` (None when the graph does not name it); ``tokens_per_s``: ``tokens_per_step / makespan_s`` over
+    the whole job, None when the graph does not say."""
 
     flops_per_rank: float
     makespan_s: float
-    dtype: str
+    dtype: str | None
     peak_flops: float | None
     tokens_per_step: int | None
 
@@ -35,17 +37,29 @@ class StepRates:
             return None
         return self.tokens_per_step / self.makespan_s
 
+    @property
+    def mfu_label(self) -> str:
+        """The MFU's name in a report: ``MFU (bfloat16)``, or ``MFU (dtype unknown)``."""
+        return f"MFU ({self.dtype or 'dtype unknown'})"
 
-def step_rates(res: SimResult, hw: Hardware | None = None) -> StepRates:
-    """``res``'s rates on ``hw`` (its peak for the graph's ``meta["dtype"]``, float32 when unnamed)."""
+    def to_dict(self) -> dict[str, float | None]:
+        """``mfu`` and ``tokens_per_s`` (None where unknown): what ``simulate --json`` and ``schedule --json`` add."""
+        return {"mfu": self.mfu, "tokens_per_s": self.tokens_per_s}
+
+
+def step_rates(res: SimResult, hw: Hardware | None = None, makespan_s: float | None = None) -> StepRates:
+    """``res``'s rates on ``hw``: its peak for the graph's ``meta["dtype"]``; no peak (no MFU) when the graph names no
+    dtype or ``hw`` lists no peak for it (the profile's float32 peak is no stand-in for another dtype's).
+    ``makespan_s``: the step time (default: ``res``'s makespan; a schedule's adds its contention charge)."""
     meta = res.graph.meta
-    dtype = str(meta.get("dtype") or "float32")
+    dtype = meta.get("dtype") if isinstance(meta.get("dtype"), str) and meta.get("dtype") else None
     tokens = meta.get("tokens_per_step")
+    peaks = dict(hw.compute.peak_flops) if hw is not None else {}
     return StepRates(
         flops_per_rank=float(res.graph.flops.sum()),
-        makespan_s=res.makespan_s,
+        makespan_s=res.makespan_s if makespan_s is None else makespan_s,
         dtype=dtype,
-        peak_flops=hw.compute.peak_flops_for(dtype) if hw is not None else None,
+        peak_flops=peaks.get(dtype) if dtype is not None else None,
         tokens_per_step=int(tokens) if isinstance(tokens, (int, float)) and tokens > 0 else None,
     )
 

@@ -31,15 +31,20 @@ class StepPrediction:
         """The step time: the simulator's makespan plus the contention charge."""
         return self.sim.makespan_s + self.contention_s
 
-    def summary(self) -> dict[str, Any]:
-        """``SimResult.summary()`` with ``makespan_s`` the step time, plus ``simulated_makespan_s`` and
-        ``contention_s``: what ``simulate --json`` and ``schedule --json`` print."""
+    def summary(self, hardware: Any = None) -> dict[str, Any]:
+        """``SimResult.summary()`` with ``makespan_s`` the step time, plus ``simulated_makespan_s``,
+        ``contention_s``, and ``mfu`` and ``tokens_per_s`` over the step time (:mod:`commsched.report.rates`: None
+        without ``hardware``'s peak for the graph's dtype, or without its tokens per step): what ``simulate --json``
+        and ``schedule --json`` print."""
+        from commsched.report.rates import step_rates
+
         return {
             **self.sim.summary(),
             "makespan_s": self.makespan_s,
             "bound_ratio": self.makespan_s / self.sim.lower_bound_s if self.sim.lower_bound_s > 0 else 1.0,
             "simulated_makespan_s": self.sim.makespan_s,
             "contention_s": self.contention_s,
+            **step_rates(self.sim, hardware, makespan_s=self.makespan_s).to_dict(),
         }
 
 

@@ -14,6 +14,7 @@ import torch.fx
 
 from commsched.heap import imports_settled
 from commsched.ir import Graph
+from commsched.ir.transform import MODULE_META_KEY
 from commsched.workloads.mesh import create_groups
 from commsched.workloads.params import ParamInfo
 from commsched.workloads.presets import PRESETS
@@ -69,6 +70,7 @@ def trace_spec(spec: WorkloadSpec, progress: Callable[[str], None] | None = None
         gm.meta[WORKLOAD_META] = (spec, tuple(n.name for n in gm.graph.nodes))
         say(f"importing {len(gm.graph.nodes)} FX nodes into the commsched graph")
         meta = workload_meta(program, groups)
+        gm.meta[MODULE_META_KEY] = meta  # every import of this module, or of a rewritten copy, keeps it
         graph = from_fx(gm, meta=meta)
     return Workload(graph_module=gm, graph=graph, meta=meta, spec=spec)
 
