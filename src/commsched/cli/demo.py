@@ -10,6 +10,8 @@ from pathlib import Path
 import typer
 
 from commsched.cli.common import HardwareOption, console, err_console, user_errors, warn
+from commsched.cli.options import check_layers, layers_phrase, step_title
+from commsched.cli.options import out_dir as out_dir_option
 
 DEFAULT_PRESET, DEFAULT_PARALLEL, DEFAULT_LAYERS, DEFAULT_WORLD = "llama3-8b", "fsdp", 4, 64
 
@@ -17,11 +19,15 @@ DEFAULT_PRESET, DEFAULT_PARALLEL, DEFAULT_LAYERS, DEFAULT_WORLD = "llama3-8b", "
 def register(app: typer.Typer) -> None:
     @app.command()
     def demo(
-        out_dir: Path = typer.Option(Path("demo_out"), "--out-dir", help="where the demo writes its files"),
+        out_dir: Path = out_dir_option(
+            "--out-dir", help="a folder: where the demo writes its files", default=Path("demo_out")
+        ),
         world_size: int = typer.Option(DEFAULT_WORLD, help="ranks of the fake process group"),
         preset: str = typer.Option(DEFAULT_PRESET, "--preset", help="zoo model preset (commsched trace --list)"),
         parallel: str = typer.Option(DEFAULT_PARALLEL, "--parallel", help="zoo parallelism"),
-        layers: int = typer.Option(DEFAULT_LAYERS, "--layers", help="transformer blocks to trace"),
+        layers: int = typer.Option(
+            DEFAULT_LAYERS, "--layers", "-l", min=1, help="transformer blocks to trace (a slice, to stay quick)"
+        ),
         hardware: HardwareOption = "h100-sxm",
     ) -> None:
         """Trace, estimate, simulate, schedule and report the default workload.
@@ -40,6 +46,7 @@ def register(app: typer.Typer) -> None:
         from commsched.workloads import resolve, trace_spec
 
         with user_errors():
+            check_layers(preset, layers)
             spec = resolve(preset, parallel=parallel, world_size=world_size, layers=layers)
             with err_console.status(f"tracing {preset} / {parallel} / {layers} layers at world {world_size}") as status:
                 g = trace_spec(spec, progress=lambda msg: status.update(msg)).graph
@@ -76,8 +83,8 @@ def register(app: typer.Typer) -> None:
             results,
             (ours.stats[0], ours_reorder.stats[0]),
             console,
-            graph_title=g.meta.get("workload", "graph"),
-            title=f"one step on {hardware} x {nodes} nodes (simulated)",
+            graph_title=step_title(g.meta),
+            title=f"one step of {layers_phrase(preset, layers)} on {hardware} x {nodes} nodes (simulated)",
         )
         label, res = results[best]
         speedup = before.makespan_s / res.makespan_s

@@ -8,31 +8,28 @@ from pathlib import Path
 import typer
 
 from commsched.cli import common as opt
-from commsched.cli.common import console, err_console, user_errors, warn
+from commsched.cli.common import Stages, console, user_errors, warn
+from commsched.cli.options import ZooStep, step_layers, step_title, trace_zoo_step, zoo_step_options
+from commsched.cli.options import out_dir as out_dir_option
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
+    @zoo_step_options()
     def optimize(
         target: str = typer.Argument(
             ..., help="a zoo preset name (e.g. llama3-8b), or a graph JSON file (reorder only)"
         ),
-        parallel: opt.ParallelOption = "fsdp",
-        world_size: opt.WorldSizeOption = 8,
-        layers: opt.LayersOption = 4,
-        mode: opt.ModeOption = "train",
-        seq_len: int = typer.Option(None, "--seq-len", help="sequence length (default: the preset's)"),
-        batch: int = typer.Option(
-            None, "--batch", min=1, help="sequences per data-parallel replica (>= 2: split-batch overlap is tried)"
-        ),
+        zoo: ZooStep = None,  # type: ignore[assignment]  (the zoo-step options, for a preset: zoo_step_options)
         hardware: opt.HardwareOption = "h100-sxm",
         num_nodes: opt.NumNodesOption = None,
+        gpus_per_node: opt.GpusPerNodeOption = None,
         memory_budget: str = typer.Option("1.05", "--memory-budget", help="peak limit: 1.05 (x traced peak) or 40GiB"),
         table: Path = typer.Option(
             None, "--table", help="measured times: a table or profiler trace (e.g. from calibrate --trace -o)"
         ),
-        out_dir: Path = typer.Option(
-            None, "--out-dir", "-o", help="write graph.json, scheduled.json, trace.json, optimize.json"
+        out_dir: Path = out_dir_option(
+            "--out-dir", "-o", help="a folder: write graph.json, scheduled.json, trace.json, optimize.json there"
         ),
         transforms: bool = typer.Option(
             True,
@@ -48,7 +45,8 @@ def register(app: typer.Typer) -> None:
         """Try program variants (the traced program, its schedule, its collectives bucketed at several
         granularities, its TP collectives split into chunks that overlap their matmuls, a zoo step of several
         sequences as two interleaved micro-batches), schedule and simulate each alike, keep the fastest within the
-        memory budget.
+        memory budget. A preset's every layer unless --layers says fewer (llama3-8b's 32 take minutes: progress on
+        stderr; the examples slice it).
 
         Example: commsched optimize llama3-8b --parallel fsdp --world-size 64 --layers 2 --seq-len 2048 -o opt_out
 
@@ -63,29 +61,28 @@ def register(app: typer.Typer) -> None:
         from commsched.report.terminal_optimize import print_optimized
 
         with user_errors():
-            if Path(target).exists():
+            is_file = Path(target).exists()
+            if is_file:
                 from commsched.frontends.json_io import load_graph
 
                 program, groups = load_graph(target), None
-            else:
-                from commsched.workloads import build
-
-                with err_console.status(f"tracing {target} / {parallel} / world {world_size} / {layers} layers"):
-                    w = build(target, parallel=parallel, world_size=world_size, layers=layers, mode=mode,
-                              seq_len=seq_len, batch=batch)  # fmt: skip
-                program, groups = w.graph_module, w.graph.group_sizes()
-            with err_console.status("optimizing: scheduling and simulating every program variant"):
-                kw = dict(num_nodes=num_nodes, memory_budget=memory_budget, group_sizes=groups, table=table,
-                          transforms=transforms)  # fmt: skip
+            with Stages(("trace", "import", "optimize") if not is_file else ("optimize",)) as stages:
+                if not is_file:
+                    w = trace_zoo_step(zoo, target, stages)
+                    program, groups = w.graph_module, w.graph.group_sizes()
+                stages.stage("optimize", "scheduling and simulating every program variant")
+                kw = dict(num_nodes=num_nodes, gpus_per_node=gpus_per_node, memory_budget=memory_budget,
+                          group_sizes=groups, table=table, transforms=transforms)  # fmt: skip
                 o = _run(run_optimize, program, hardware, kw, jobs, ray_address)
             if out_dir is not None:
                 _write(o, out_dir)
             from commsched.hardware import for_graph
             from commsched.report.capacity import step_warnings
 
-            hw = for_graph(hardware, o.before.graph, num_nodes=num_nodes)
+            hw = for_graph(hardware, o.before.graph, num_nodes=num_nodes, gpus_per_node=gpus_per_node)
             warn(step_warnings(o.before.graph.meta, hw, o.after.peak_memory_bytes))
-        print_optimized(o, console, f"{target}: {len(o.before.graph)} nodes on {hardware}")
+        name = target if is_file else step_title(o.before.graph.meta)
+        print_optimized(o, console, f"{name}: {len(o.before.graph)} nodes on {hw.name} x {hw.num_nodes} node(s)")
         if out_dir is not None:
             console.print(f"wrote [bold]{out_dir}[/] (graph.json, scheduled.json, trace.json, optimize.json)")
 
@@ -106,4 +103,5 @@ def _write(o, out_dir: Path) -> None:
     save_graph(o.graph, out_dir / "graph.json")
     o.schedule.save(out_dir / "scheduled.json")
     write_chrome_trace(o.after, out_dir / "trace.json")
-    atomic_write_text(out_dir / "optimize.json", json.dumps(o.to_dict(), indent=1))
+    record = {**o.to_dict(), **step_layers(o.before.graph.meta)}
+    atomic_write_text(out_dir / "optimize.json", json.dumps(record, indent=1))
