@@ -26,11 +26,20 @@ def register(app: typer.Typer) -> None:
         lower: bool = typer.Option(False, "--lower-all-reduce", help="clone + all_reduce_ or one-shot symm-mem"),
         plan_on: str = typer.Option("schedule", "--plan-on", help="order the buckets are planned on: schedule|trace"),
         passes: str = typer.Option("default", "--schedule", "-s", help="scheduler preset to simulate with"),
+        reorder: bool = typer.Option(
+            False,
+            "--reorder-collectives/--keep-collective-order",
+            help="let the scheduler reorder each group's collectives, as optimize does (default: keep their order)",
+        ),
         out: Path = out_file("--out", "-o", help="write the rewritten graph JSON here"),
         stats: Path = out_file("--stats", help="write every decision as JSON here"),
         rows: int = typer.Option(30, "--rows", help="bucket rows to print"),
     ) -> None:
         """Rewrite a traced step (bucketing, all_reduce lowering) and simulate it before and after.
+
+        Both are scheduled by SCHEDULE keeping each group's collective order (the title says so); optimize's
+        "traced program, scheduled" lets the scheduler reorder them, so its step can be shorter than "before" here:
+        --reorder-collectives schedules as optimize does.
 
         Example: commsched rewrite llama3-8b --parallel fsdp --world-size 64 --seq-len 2048 --stats buckets.json
         """
@@ -59,7 +68,7 @@ def register(app: typer.Typer) -> None:
 
             def simulate(g):
                 costs = estimate_costs(g, hw)
-                sched = schedule(g, costs, passes)
+                sched = schedule(g, costs, passes, **({"reorder_collectives": True} if reorder else {}))
                 return simulate_costs(g, costs, sched.order), sched, costs
 
             before, sched, costs = simulate(graph)
@@ -86,7 +95,8 @@ def register(app: typer.Typer) -> None:
             bucketing=bucketing,
             step_s=StepChange(before=before.makespan_s, after=after.makespan_s),
         )
-        title = f"{step_title(w.meta)} on {hw.name} x {hw.num_nodes}, schedule {passes!r}"
+        how = "collectives reordered" if reorder else "each group's collective order kept"
+        title = f"{step_title(w.meta)} on {hw.name} x {hw.num_nodes}, schedule {passes!r} ({how})"
         print_rewrite_result(report, before, after, console, title=title)
         if stats is not None:
             atomic_write_text(stats, json.dumps(report.to_dict(), indent=1, default=str))
