@@ -153,7 +153,7 @@ def check_output_file(path: str | os.PathLike[str]) -> Path:
     target = Path(os.path.realpath(path))
     try:
         mode = os.stat(target).st_mode
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # missing, or under a file: the parent check says which
         _check_parent_folder(path, target.parent)
         return target
     except OSError as exc:
@@ -169,7 +169,7 @@ def check_output_dir(path: str | os.PathLike[str]) -> Path:
     target = Path(os.path.realpath(path))
     try:
         mode = os.stat(target).st_mode
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # missing, or under a file: the parent check says which
         _check_parent_folder(path, target.parent)
         return target
     except OSError as exc:
@@ -184,7 +184,7 @@ def _check_parent_folder(given: str | os.PathLike[str], parent: Path) -> None:
     for folder in (parent, *parent.parents):
         try:
             mode = os.stat(folder).st_mode
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # missing, or under a file: the parent check says which
             continue
         except OSError as exc:
             raise ValueError(f"{given}: cannot write: {exc.strerror or exc}") from None
