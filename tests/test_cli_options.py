@@ -104,7 +104,8 @@ ZOO_COMMANDS = ("trace", "compare", "optimize", "rewrite", "run", "sweep")
 
 
 def _longs(command: str) -> set[str]:
-    return {next(o for o in p.opts if o.startswith("--")) for p in COMMANDS[command].params if p.param_type_name == "option"}
+    options = (p for p in COMMANDS[command].params if p.param_type_name == "option")
+    return {next(o for o in p.opts if o.startswith("--")) for p in options}
 
 
 def test_every_zoo_command_takes_the_same_step_options():
