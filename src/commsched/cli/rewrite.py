@@ -41,7 +41,7 @@ def register(app: typer.Typer) -> None:
         "traced program, scheduled" lets the scheduler reorder them, so its step can be shorter than "before" here:
         --reorder-collectives schedules as optimize does.
 
-        Example: commsched rewrite llama3-8b --parallel fsdp --world-size 64 --seq-len 2048 --stats buckets.json
+        Example: commsched rewrite llama3-8b --parallel fsdp --world-size 64 --layers 4 --seq-len 2048 --stats b.json
         """
         from commsched import from_fx, hardware
         from commsched.cost import estimate_costs
