@@ -132,7 +132,7 @@ def test_tables_show_human_units_and_keep_titles_on_one_line(tmp_path):
 
     res = runner.invoke(app, ["trace", "llama-tiny", "-w", "4", "-l", "1", "-o", str(tmp_path / "g.json")])
     assert res.exit_code == 0, res.output
-    assert "llama-tiny/fsdp/train/world 4/1 layers: " in res.output  # the title on one line
+    assert "llama-tiny/fsdp/train/world 4/1 of 2 layers: " in res.output  # the title on one line
     outputs = [res.output]
     for args in (
         ["schedule", str(tmp_path / "g.json"), "--stats"],

@@ -87,3 +87,60 @@ def test_written_files_get_the_umasks_mode_and_replaced_files_keep_theirs(tmp_pa
         assert stat.S_IMODE(os.stat(fresh).st_mode) == 0o664
     finally:
         os.umask(old)
+
+
+# ---------------------------------------------------------------- issue 36 item 1: only regular files are replaced
+def _device_copy_of_dev_null(tmp_path):
+    """A character device with /dev/null's numbers, in tmp_path (root only): what the writer must not replace."""
+    import os
+    import stat
+
+    st = os.stat("/dev/null")
+    path = tmp_path / "null"
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o666, st.st_rdev)
+    except PermissionError:
+        pytest.skip("making a device node needs root")
+    return path
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "device", "symlink to a fifo"])
+def test_atomic_writes_refuse_what_is_not_a_regular_file_and_leave_it(tmp_path, kind):
+    """Before: the rename put a file in place of a device, a FIFO (as root: /dev/full, /dev/null), and a directory
+    gave IsADirectoryError's traceback. Now a ValueError names the path and what it is; nothing is changed."""
+    import os
+    import stat
+
+    path = tmp_path / "out"
+    if kind == "directory":
+        path.mkdir()
+        test, what = stat.S_ISDIR, "is a directory"
+    elif kind == "device":
+        path = _device_copy_of_dev_null(tmp_path)
+        test, what = stat.S_ISCHR, "is a character device"
+    else:
+        os.mkfifo(tmp_path / "fifo")
+        if kind == "fifo":
+            path = tmp_path / "fifo"
+        else:
+            path.symlink_to(tmp_path / "fifo")
+        test, what = stat.S_ISFIFO, "is a FIFO"
+    for write in (lambda: atomic_write_text(path, "x"), lambda: atomic_write_bytes(path, b"x")):
+        with pytest.raises(ValueError, match=what) as exc:
+            write()
+        assert str(path) in str(exc.value)
+        assert test(os.stat(path).st_mode)
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_output_checks_name_a_parent_that_is_a_file(tmp_path):
+    from commsched.io import check_output_dir, check_output_file
+
+    (tmp_path / "f").write_text("keep")
+    for check in (check_output_file, check_output_dir):
+        with pytest.raises(ValueError, match="is a regular file, not a folder"):
+            check(tmp_path / "f" / "sub" / "x.json")
+    with pytest.raises(ValueError, match="is a regular file; expected a folder"):
+        check_output_dir(tmp_path / "f")
+    assert check_output_dir(tmp_path / "new" / "dir") == tmp_path / "new" / "dir"
+    assert (tmp_path / "f").read_text() == "keep"

@@ -1,5 +1,6 @@
 """Small shared I/O: atomic file writes (the bytes go to a temporary file in the target's folder, then a rename puts it
-in place, so a reader sees either the old file or the whole new one, never a partial write), the one way an input
+in place, so a reader sees either the old file or the whole new one, never a partial write; only over a regular file
+or nothing, never over a device, FIFO, socket or directory), the one way an input
 file is read (:func:`read_input_bytes`, :func:`read_input_text`, :func:`read_input_json`: size-capped, gzip when it
 is gzip, strict UTF-8 and JSON, every failure a ValueError naming the file) and a free local port for a rendezvous."""
 
@@ -137,6 +138,61 @@ def _mode_for(path: Path) -> int:
         return 0o666 & ~_umask()
 
 
+def path_kind(mode: int) -> str:
+    """What a file of ``st_mode`` is, in words ("a directory", "a character device", ...)."""
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISREG, "a regular file"))  # fmt: skip
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
+def check_output_file(path: str | os.PathLike[str]) -> Path:
+    """The file an atomic write of ``path`` would replace (a symlink followed), if it may be written: a regular
+    file, or a path that does not exist yet whose nearest existing folder is a folder. Anything else (a device such
+    as /dev/null, a FIFO, a socket, a directory) is a ValueError naming the path and what it is: the rename would
+    put a file in its place. Called by every atomic write, and by the CLI for each output option before any work."""
+    target = Path(os.path.realpath(path))
+    try:
+        mode = os.stat(target).st_mode
+    except (FileNotFoundError, NotADirectoryError):  # missing, or under a file: the parent check says which
+        _check_parent_folder(path, target.parent)
+        return target
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot write: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"{path}: is {path_kind(mode)}; expected a regular file or a path that does not exist yet")
+    return target
+
+
+def check_output_dir(path: str | os.PathLike[str]) -> Path:
+    """An output folder (created when missing): a ValueError naming ``path`` when it exists and is not a folder, or
+    when a parent is not one. The files written into it are each checked by the atomic writer."""
+    target = Path(os.path.realpath(path))
+    try:
+        mode = os.stat(target).st_mode
+    except (FileNotFoundError, NotADirectoryError):  # missing, or under a file: the parent check says which
+        _check_parent_folder(path, target.parent)
+        return target
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot write: {exc.strerror or exc}") from None
+    if not stat.S_ISDIR(mode):
+        raise ValueError(f"{path}: is {path_kind(mode)}; expected a folder or a path that does not exist yet")
+    return target
+
+
+def _check_parent_folder(given: str | os.PathLike[str], parent: Path) -> None:
+    """The nearest existing ancestor of a path to be created must be a folder (``mkdir`` would fail)."""
+    for folder in (parent, *parent.parents):
+        try:
+            mode = os.stat(folder).st_mode
+        except (FileNotFoundError, NotADirectoryError):  # missing, or under a file: the parent check says which
+            continue
+        except OSError as exc:
+            raise ValueError(f"{given}: cannot write: {exc.strerror or exc}") from None
+        if not stat.S_ISDIR(mode):
+            raise ValueError(f"{given}: {folder} is {path_kind(mode)}, not a folder")
+        return
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` (parents created) through a temporary file and a rename; returns the path.
 
@@ -145,9 +201,12 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
 
     A symlink at ``path`` is followed: its target is replaced, the link stays. The temporary file is
     ``.NAME.PID.RANDOM.tmp`` next to the target; one that a killed writer left behind (SIGKILL, SIGTERM: no cleanup
-    runs) is deleted by the next write to the same file."""
+    runs) is deleted by the next write to the same file.
+
+    Only a regular file (or a path that does not exist yet) is written: a device, FIFO, socket or directory at
+    ``path`` is a ValueError (:func:`check_output_file`) and is left as it is."""
     given = Path(path)
-    path = Path(os.path.realpath(given))
+    path = check_output_file(given)
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
@@ -155,6 +214,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
         os.fchmod(fd, _mode_for(path))
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
+        check_output_file(path)  # again, just before the rename: something else may have appeared there meanwhile
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)  # never leave a stray temporary file behind

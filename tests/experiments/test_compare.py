@@ -112,5 +112,5 @@ def test_cli_compares_several_targets(tmp_path):
     args = ["compare", "llama-tiny,llama-nope", "-w", "8", "-l", "1", "--no-torch", "--exact-max-nodes", "0", "-j", "1"]
     res = CliRunner().invoke(app, [*args, "--json", str(out)])
     assert res.exit_code == 0, res.output
-    assert "llama-tiny: " in res.output and "error llama-nope: trace: ValueError" in res.output
+    assert "llama-tiny (1 of 2 layers): " in res.output and "error llama-nope: trace: ValueError" in res.output
     assert [t["target"] for t in json.loads(out.read_text())["targets"]] == ["llama-tiny", "llama-nope"]

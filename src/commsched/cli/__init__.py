@@ -7,7 +7,7 @@ import importlib
 
 import typer
 
-from commsched.cli.common import install_typer_conventions
+from commsched.cli.common import CommandGroup, install_typer_conventions
 
 install_typer_conventions()
 app = typer.Typer(
@@ -16,6 +16,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=CommandGroup,
 )
 
 # modules that define `register(app)`; one per command family

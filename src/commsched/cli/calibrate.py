@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from commsched.cli.common import console, error_line, user_errors
+from commsched.cli.options import json_option, out_file
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -229,14 +230,14 @@ def _run_nccl_mode(
     num_nodes: int | None,
     gpus_per_node: int | None,
     collective: str | None,
-    json_out: bool,
+    json_out: str | None,
     device_args: dict[str, bool],
     fit_args: dict,
 ) -> None:
     """``calibrate --nccl-tests``: compare (or fit and write), print, exit 2 with one line on stderr for bad input."""
-    import json
-
     from rich.markup import escape
+
+    from commsched.cli.options import emit_json
 
     try:
         stray = [name for name, given in device_args.items() if given]
@@ -256,19 +257,28 @@ def _run_nccl_mode(
         # one line however long the path: no wrapping; brackets of a quoted log line are not markup
         error_line(str(exc))
         raise typer.Exit(2) from None
+    data = None
+    if json_out and fit_args["fit"]:
+        data = {**fit.to_json(), "overlay": None if written is None else str(written)}
+    elif json_out:
+        data = {"hardware": hardware, "logs": [c.to_json() for c in comparisons]}
+    try:
+        json_written = emit_json(data, json_out) if data is not None else None
+    except (ValueError, OSError) as exc:
+        error_line(str(exc))
+        raise typer.Exit(2) from None
+    if data is not None and json_written is None:  # on stdout, in place of the tables
+        return
     if fit_args["fit"]:
-        if json_out:
-            console.print_json(json.dumps({**fit.to_json(), "overlay": None if written is None else str(written)}))
-            return
         print_fit(fit, console)
         if written is not None:
             where = escape(str(written))
             use = f"{escape(fit.base.name.split('@')[0])}@{where}" if fit.network_only else where
             console.print(f"wrote {where} (use it with --hardware {use})", soft_wrap=True)
-    elif json_out:
-        console.print_json(json.dumps({"hardware": hardware, "logs": [c.to_json() for c in comparisons]}))
     else:
         print_nccl_comparisons(comparisons, console)
+    if json_written is not None:
+        console.print(f"wrote {escape(str(json_written))}", soft_wrap=True)
 
 
 def print_trace_calibration(cal: TraceCalibration, out: Console) -> None:
@@ -343,10 +353,10 @@ def register(app: typer.Typer) -> None:
             None, "--num-nodes", min=1, help="with --nccl-tests: nodes the logs ran on (default: their hosts)"
         ),
         collective: str = typer.Option(None, "--collective", help="with --nccl-tests: for logs that do not name it"),
-        json_out: bool = typer.Option(False, "--json", help="with --nccl-tests: print the comparison as JSON"),
+        json_out: str = json_option("with --nccl-tests: the comparison (or the fit)"),
         device: str = typer.Option("cpu", "--device", help="cpu or cuda"),
-        out: Path = typer.Option(
-            None, "--out", "-o", help="profile path (default: the user profile folder; --fit: the overlay, no default)"
+        out: Path = out_file(
+            "--out", "-o", help="profile path (default: the user profile folder; --fit: the overlay, no default)"
         ),
         world: int = typer.Option(2, "--world", min=1, help="local ranks for the collective measurements"),
         quick: bool = typer.Option(False, "--quick", help="fewer sizes and repetitions (a few seconds)"),
@@ -389,7 +399,8 @@ def register(app: typer.Typer) -> None:
             given = (("--nccl-tests", nccl_tests), ("--fit", fit), ("--allow-bounds", allow_bounds),
                      ("--all-sizes", all_sizes), ("--force", force), ("--hardware", hardware is not None),
                      ("--num-nodes", num_nodes is not None), ("--collective", collective is not None),
-                     ("--json", json_out), ("--device", device != "cpu"), ("--world", world != 2), ("--quick", quick),
+                     ("--json", json_out is not None), ("--device", device != "cpu"), ("--world", world != 2),
+                     ("--quick", quick),
                      ("--threads", threads != 1), ("--base", base is not None), ("--no-collectives", no_collectives),
                      ("--gpus-per-node", gpus_per_node is not None))  # fmt: skip
             _run_trace_mode(logs, out, [name for name, on in given if on])

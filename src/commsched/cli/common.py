@@ -11,6 +11,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
 # captured output (CI logs, pipes) gets wide tables instead of rich's 80-column default
 console = Console(width=None if sys.stdout.isatty() else 140)
@@ -65,6 +66,25 @@ def install_typer_conventions() -> None:
 
         option.display_type_rich = flag_without_type
     rich_utils._commsched_conventions = True
+
+
+class CommandGroup(TyperGroup):
+    """The app's command group: a bare ``--json`` reads as ``--json -``
+    (:func:`commsched.cli.options.bare_json_as_stdout`), and Ctrl-C anywhere in a command is "interrupted" on stderr
+    and exit 130 (typer exits 130 saying nothing)."""
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        from commsched.cli.options import bare_json_as_stdout
+
+        name, cmd, rest = super().resolve_command(ctx, args)
+        return name, cmd, bare_json_as_stdout(rest)
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            err_console.print("interrupted", highlight=False)
+            raise typer.Exit(130) from None
 
 
 def warn(lines: Iterable[str]) -> None:
@@ -153,14 +173,6 @@ GpusPerNodeOption = Annotated[
 KnobOption = Annotated[
     list[str], typer.Option("--knob", "-k", help="pass knob NAME=VALUE, or PASS.NAME=VALUE for one pass (repeatable)")
 ]
-
-# a zoo workload, as commsched.workloads.build takes it
-ParallelOption = Annotated[str, typer.Option("--parallel", "-p", help="fsdp, ddp, tp, tp+sp, fsdp+tp, ep, ...")]
-WorldSizeOption = Annotated[int, typer.Option("--world-size", "-w", help="ranks of the (fake) process group")]
-LayersOption = Annotated[
-    int | None, typer.Option("--layers", "-l", min=1, help="transformer blocks (unset: the preset's)")
-]
-ModeOption = Annotated[str, typer.Option("--mode", "-m", help="train, prefill or decode")]
 
 
 def parse_knobs(items: list[str]) -> dict[str, Any]:
@@ -264,3 +276,18 @@ def ctrl_c_deadline(seconds: float = CTRL_C_DEADLINE_S) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
         for t in timer:  # the block has been left (its cleanup done): the rest of the stop is the caller's
             t.cancel()
+
+
+@contextlib.contextmanager
+def quiet_torch_logs() -> Iterator[None]:
+    """Log records below WARNING held back inside the block: torch sets some of its loggers to INFO as their module
+    is imported (Inductor's FSDP bucketing pass, which torch's OverlapScheduler runs, announces what it merged on
+    stderr); the command's output is its tables. Warnings and errors still show."""
+    import logging
+
+    previous = logging.root.manager.disable
+    logging.disable(max(previous, logging.INFO))
+    try:
+        yield
+    finally:
+        logging.disable(previous)

@@ -2,35 +2,41 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
 from commsched.cli import common as opt
-from commsched.cli.common import console, err_console, user_errors, warn
+from commsched.cli.common import Stages, console, err_console, quiet_torch_logs, user_errors, warn
+from commsched.cli.options import (
+    ZooStep,
+    check_layers,
+    emit_json,
+    json_option,
+    layers_phrase,
+    step_layers,
+    step_title,
+    trace_zoo_step,
+    zoo_step_options,
+)
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
+    @zoo_step_options()
     def compare(
         target: str = typer.Argument(
             ..., help="a graph JSON file or a zoo preset name (e.g. llama3-8b); several, comma-separated"
         ),
-        parallel: opt.ParallelOption = "fsdp",
-        world_size: opt.WorldSizeOption = 8,
-        layers: opt.LayersOption = 4,
-        mode: opt.ModeOption = "train",
-        seq_len: int = typer.Option(None, "--seq-len", min=1, help="sequence length (preset; default: the preset's)"),
-        batch: int = typer.Option(None, "--batch", min=1, help="sequences per data-parallel replica (preset)"),
-        tp_size: int = typer.Option(None, "--tp-size", min=1, help="tensor-parallel degree (preset: tp*, fsdp+tp*)"),
+        zoo: ZooStep = None,  # type: ignore[assignment]  (the zoo-step options, for a preset: zoo_step_options)
         hardware: opt.HardwareOption = "h100-sxm",
         num_nodes: opt.NumNodesOption = None,
+        gpus_per_node: opt.GpusPerNodeOption = None,
         torch_peer: bool = typer.Option(True, "--torch/--no-torch", help="run torch's OverlapScheduler too (preset)"),
         exact_max_nodes: int = typer.Option(300, help="run the CP-SAT scheduler on graphs up to this many nodes"),
         exact_time_limit: float = typer.Option(20.0, help="CP-SAT time limit in seconds"),
         table: Path = typer.Option(None, "--table", help="measured times (JSON/CSV table or a profiler trace)"),
-        json_out: Path = typer.Option(None, "--json", help="write the rows as JSON"),
+        json_out: str = json_option("the rows", stdout_replaces="the table"),
         jobs: int = typer.Option(
             None, "--jobs", "-j", min=1, help="several targets: processes at once (default: CPUs)"
         ),
@@ -54,9 +60,11 @@ def register(app: typer.Typer) -> None:
 
         targets = [t.strip() for t in target.split(",") if t.strip()]
         if len(targets) > 1 or ray_address is not None:
-            given = {"seq_len": seq_len, "batch": batch, "tp_size": tp_size}
-            build = {"parallel": parallel, "world_size": world_size, "layers": layers, "mode": mode,
-                     **{k: v for k, v in given.items() if v is not None}}  # fmt: skip
+            with user_errors():
+                for t in targets:
+                    if not Path(t).exists():
+                        check_layers(t, zoo.layers)
+            build = {"parallel": zoo.parallel, "world_size": zoo.world_size, "layers": zoo.layers, **zoo.options()}
             knobs = {"exact_max_nodes": exact_max_nodes, "exact_time_limit_s": exact_time_limit}
             _compare_many(targets, hardware, num_nodes, build, torch_peer, knobs, jobs, ray_address, json_out)
             return
@@ -67,14 +75,10 @@ def register(app: typer.Typer) -> None:
 
                 graph = load_graph(target)
             else:
-                from commsched.workloads import build
-
-                with err_console.status(f"tracing {target} / {parallel} / world {world_size} / {layers} layers"):
-                    given = {"seq_len": seq_len, "batch": batch, "tp_size": tp_size}
-                    w = build(target, parallel=parallel, world_size=world_size, layers=layers, mode=mode,
-                              **{k: v for k, v in given.items() if v is not None})  # fmt: skip
+                with Stages(("trace", "import")) as stages:
+                    w = trace_zoo_step(zoo, target, stages)
                 graph, gm = w.graph, (w.graph_module if torch_peer else None)
-            hw = for_graph(hardware, graph, num_nodes=num_nodes)
+            hw = for_graph(hardware, graph, num_nodes=num_nodes, gpus_per_node=gpus_per_node)
             nodes = hw.num_nodes
             match = None
             if table is not None:
@@ -86,7 +90,7 @@ def register(app: typer.Typer) -> None:
                 match = table_match(graph, costs, measured)
             else:
                 costs = estimate_costs(graph, hw)
-            with err_console.status("scheduling") as status:
+            with err_console.status("scheduling") as status, quiet_torch_logs():
                 result = compare_schedulers(
                     graph,
                     costs,
@@ -95,23 +99,29 @@ def register(app: typer.Typer) -> None:
                     exact_time_limit_s=exact_time_limit,
                     progress=lambda name: status.update(f"scheduling: {name}"),
                 )
-            result.meta.update({"target": target, "hardware": hardware, "num_nodes": nodes, "nodes": len(graph)})
+            result.meta.update({"target": target, "hardware": hardware, "num_nodes": nodes, "nodes": len(graph),
+                                **step_layers(graph.meta)})  # fmt: skip
             if match is not None:
                 result.meta["table_match"] = match.to_dict()
-            if json_out:
-                from commsched.io import atomic_write_text
-
-                atomic_write_text(json_out, json.dumps(result.to_dict(), indent=1))
+            written = emit_json(result.to_dict(), json_out)
         from commsched.report.capacity import step_warnings
 
         warn(step_warnings(graph.meta, hw, result.input_peak_bytes))  # the traced order's peak
+        if json_out == "-":
+            return
         if match is not None and match.matched_nothing:
             warn([f"{match.line()}: every time is the model's (another shape, dtype or group size?)"])
         elif match is not None:
             console.print(match.line(), highlight=False, soft_wrap=True)
-        print_compare(result, console, f"{target}: {len(graph)} nodes on {hardware} x {nodes} node(s)")
-        if json_out:
-            console.print(f"wrote [bold]{json_out}[/]")
+        title = f"{_name(target, graph.meta)}: {len(graph)} nodes on {hardware} x {nodes} node(s)"
+        print_compare(result, console, title)
+        if written:
+            console.print(f"wrote [bold]{written}[/]")
+
+
+def _name(target: str, meta: dict) -> str:
+    """A target as a title names it: a zoo step with its layers out of the preset's (:func:`step_title`)."""
+    return step_title(meta) if "preset" in meta and not Path(target).exists() else target
 
 
 def _compare_many(targets, hardware, num_nodes, build, torch_peer, knobs, jobs, ray_address, json_out) -> None:
@@ -121,16 +131,19 @@ def _compare_many(targets, hardware, num_nodes, build, torch_peer, knobs, jobs, 
     from commsched.report.terminal_experiments import print_compare
 
     with user_errors():
-        with console.status(f"comparing {len(targets)} targets"):
+        with err_console.status(f"comparing {len(targets)} targets"), quiet_torch_logs():
             out = run_on_executor(
                 lambda ex: compare_many(targets, hardware=hardware, num_nodes=num_nodes, build=build,
                                         torch_peer=torch_peer, executor=ex, **knobs),
                 jobs, ray_address,
             )  # fmt: skip
-        if json_out:
-            from commsched.io import atomic_write_text
+        written = emit_json({"targets": out}, json_out)
+    if json_out == "-":
+        if all("error" in item for item in out):
+            from commsched.cli.common import fail
 
-            atomic_write_text(json_out, json.dumps({"targets": out}, indent=1))
+            fail("no target could be compared")
+        return
     for item in out:
         if "error" in item:
             from rich.markup import escape
@@ -139,11 +152,12 @@ def _compare_many(targets, hardware, num_nodes, build, torch_peer, knobs, jobs, 
                           soft_wrap=True)  # fmt: skip
             continue
         res = result_from_dict(item["result"])
-        print_compare(
-            res, console, f"{item['target']}: {res.meta['nodes']} nodes on {hardware} x {res.meta['num_nodes']} node(s)"
-        )
-    if json_out:
-        console.print(f"wrote [bold]{json_out}[/]")
+        t = item["target"]
+        name = t if Path(t).exists() else f"{t} ({layers_phrase(t, build['layers'])})"
+        title = f"{name}: {res.meta['nodes']} nodes on {hardware} x {res.meta['num_nodes']} node(s)"
+        print_compare(res, console, title)
+    if written:
+        console.print(f"wrote [bold]{written}[/]")
     if all("error" in item for item in out):
         from commsched.cli.common import fail
 

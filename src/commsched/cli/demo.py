@@ -12,6 +12,8 @@ from pathlib import Path
 import typer
 
 from commsched.cli.common import HardwareOption, console, err_console, user_errors, warn
+from commsched.cli.options import check_layers, step_title
+from commsched.cli.options import out_dir as out_dir_option
 
 DEFAULT_PRESET, DEFAULT_PARALLEL, DEFAULT_LAYERS, DEFAULT_WORLD = "llama3-8b", "fsdp", 4, 64
 DEMO_FILES = ("graph.json", "scheduled.json", "trace.json", "optimize.json", "report.html")
@@ -20,11 +22,15 @@ DEMO_FILES = ("graph.json", "scheduled.json", "trace.json", "optimize.json", "re
 def register(app: typer.Typer) -> None:
     @app.command()
     def demo(
-        out_dir: Path = typer.Option(Path("demo_out"), "--out-dir", help="where the demo writes its files"),
+        out_dir: Path = out_dir_option(
+            "--out-dir", help="a folder: where the demo writes its files", default=Path("demo_out")
+        ),
         world_size: int = typer.Option(DEFAULT_WORLD, help="ranks of the fake process group"),
         preset: str = typer.Option(DEFAULT_PRESET, "--preset", help="zoo model preset (commsched trace --list)"),
         parallel: str = typer.Option(DEFAULT_PARALLEL, "--parallel", help="zoo parallelism"),
-        layers: int = typer.Option(DEFAULT_LAYERS, "--layers", min=1, help="transformer blocks to trace"),
+        layers: int = typer.Option(
+            DEFAULT_LAYERS, "--layers", "-l", min=1, help="transformer blocks to trace (a slice, to stay quick)"
+        ),
         hardware: HardwareOption = "h100-sxm",
     ) -> None:
         """Optimize the default workload and judge it against FSDP2 eager and torch's best configuration.
@@ -39,10 +45,11 @@ def register(app: typer.Typer) -> None:
         from commsched.workloads import build
 
         with user_errors():
+            check_layers(preset, layers)
             build_kwargs = {"parallel": parallel, "world_size": world_size, "layers": layers}
             w = _traced(build, preset, build_kwargs)
             hw = for_graph(hardware, w.graph)
-            title = f"{w.graph.meta.get('workload', preset)} on {hardware} x {hw.num_nodes} nodes"
+            title = f"{step_title(w.graph.meta)} on {hardware} x {hw.num_nodes} nodes"
             with err_console.status("optimizing: scheduling and simulating every program variant"):
                 o = optimize(w.graph_module, hw, group_sizes=w.graph.group_sizes())
             with err_console.status("the references: the framework's order and torch's configurations") as status:

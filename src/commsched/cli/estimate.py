@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from commsched.cli.common import GpusPerNodeOption, HardwareOption, NumNodesOption, console, user_errors, warn
+from commsched.cli.options import emit_json, json_option
 
 
 def register(app: typer.Typer) -> None:
@@ -19,7 +20,7 @@ def register(app: typer.Typer) -> None:
         table: Path = typer.Option(None, "--table", help="measured times (JSON/CSV table or a profiler trace)"),
         no_fusion: bool = typer.Option(False, "--no-fusion", help="charge every op as its own kernel (eager)"),
         top: int = typer.Option(10, "--top", min=0, help="how many of the most expensive ops to list"),
-        json_out: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+        json_out: str = json_option("the summary"),
     ) -> None:
         """Estimate every node of a graph on a hardware profile; print totals and the top ops.
 
@@ -29,8 +30,6 @@ def register(app: typer.Typer) -> None:
 
         Example: commsched estimate graph.json -H cpu-local --table trace.json --no-fusion
         """
-        import json
-
         from commsched.cost import estimate_costs, load_measured
         from commsched.cost.summary import cost_summary
         from commsched.frontends.json_io import load_graph
@@ -55,12 +54,17 @@ def register(app: typer.Typer) -> None:
         if match is not None and match.matched_nothing:
             warnings.append(f"{match.line()}: every time is the model's (another shape, dtype or group size?)")
         warn(warnings)
+        written = None
         if json_out:
-            summary = {**summary, "warnings": warnings}
+            data = {**summary, "warnings": warnings}
             if match is not None:
-                summary["table_match"] = match.to_dict()
-            console.print_json(json.dumps(summary))
-        else:
-            print_cost_summary(summary, console, title=str(graph))
-            if match is not None:
-                console.print(match.line(), highlight=False, soft_wrap=True)
+                data["table_match"] = match.to_dict()
+            with user_errors():
+                written = emit_json(data, json_out)
+            if written is None:
+                return
+        print_cost_summary(summary, console, title=str(graph))
+        if match is not None:
+            console.print(match.line(), highlight=False, soft_wrap=True)
+        if written is not None:
+            console.print(f"wrote [bold]{written}[/]")

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from commsched.cli.common import console, user_errors, warn
+from commsched.cli.options import emit_json, json_option
 from commsched.report.summary import summarize
 from commsched.report.terminal_inputs import print_graph_info
 
@@ -15,14 +16,12 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def info(
         graph: Path = typer.Argument(..., help="a graph JSON file (commsched.graph format)"),
-        json_out: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+        json_out: str = json_option("the summary"),
     ) -> None:
         """Counts by node kind, collective type and process group; total flops; bytes communicated.
 
         Example: commsched info graph.json
         """
-        import json
-
         from commsched.frontends.json_io import load_graph
 
         with user_errors():
@@ -30,7 +29,12 @@ def register(app: typer.Typer) -> None:
         from commsched.report.capacity import step_warnings
 
         warn(step_warnings(g.meta, None, None))
+        written = None
         if json_out:
-            console.print_json(json.dumps(summarize(g).to_dict()))
-        else:
-            print_graph_info(summarize(g), console, title=str(graph))
+            with user_errors():
+                written = emit_json(summarize(g).to_dict(), json_out)
+            if written is None:
+                return
+        print_graph_info(summarize(g), console, title=str(graph))
+        if written is not None:
+            console.print(f"wrote [bold]{written}[/]")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
 from commsched.cli.common import console, user_errors, warn
+from commsched.cli.options import emit_json, json_option, out_file
 
 
 def register(app: typer.Typer) -> None:
@@ -25,9 +25,9 @@ def register(app: typer.Typer) -> None:
         comm_pattern: list[str] = typer.Option(
             [], "--comm-pattern", help="a regex naming more communication kernels (added to the defaults)"
         ),
-        json_out: bool = typer.Option(False, "--json", help="print the result as JSON instead of tables"),
-        trace_out: Path = typer.Option(None, "--trace", help="write the (slowest rank's) replay as a Chrome trace"),
-        html: Path = typer.Option(None, "--html", help="write the (slowest rank's) replay as an HTML report"),
+        json_out: str = json_option(),
+        trace_out: Path = out_file("--trace", help="write the (slowest rank's) replay as a Chrome trace"),
+        html: Path = out_file("--html", help="write the (slowest rank's) replay as an HTML report"),
     ) -> None:
         """Replay each profiler trace from its device work's durations and dependencies (stream order, launches,
         events, synchronising calls; not its timestamps) and print the measured and replayed step, per-stream busy
@@ -58,8 +58,11 @@ def register(app: typer.Typer) -> None:
         if json_out:
             out = result.to_dict()
             out["files"] = [str(p) for p in written]
-            console.print_json(json.dumps(out, allow_nan=False))
-            return
+            with user_errors():
+                path = emit_json(out, json_out)
+            if path is None:
+                return
+            written.append(path)
         print_multi_replay(result, console)
         for p in written:
             console.print(f"wrote [bold]{p}[/]")

@@ -16,19 +16,15 @@ from commsched.cli.common import (
     parse_knobs,
     user_errors,
 )
+from commsched.cli.options import ZooStep, emit_json, json_option, out_dir, zoo_step_options
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
+    @zoo_step_options(world_size=2, dtype="float32")
     def run(
         preset: str = typer.Argument(..., help="a zoo preset small enough to run here, e.g. llama-tiny"),
-        parallel: str = typer.Option("fsdp", "--parallel", "-p", help="parallelism (see commsched trace --list)"),
-        world_size: int = typer.Option(2, "--world-size", "-w", min=2, help="ranks (local processes)"),
-        layers: int = typer.Option(None, "--layers", min=1, help="transformer blocks (default: the preset's)"),
-        seq_len: int = typer.Option(None, "--seq-len", min=1, help="sequence length (default: the preset's)"),
-        batch: int = typer.Option(None, "--batch", min=1, help="sequences per data-parallel replica"),
-        dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16 | float16"),
-        tp_size: int = typer.Option(None, "--tp-size", min=1, help="tensor-parallel degree (tp, fsdp+tp)"),
+        zoo: ZooStep = None,  # type: ignore[assignment]  (the zoo-step options: zoo_step_options; --mode train)
         bandwidth: str = typer.Option(None, "--bandwidth", help="shape the loopback (root): tc rate, e.g. 2gbit"),
         delay: str = typer.Option("0ms", "--delay", help="with --bandwidth: netem delay per packet, e.g. 1ms"),
         iters: int = typer.Option(10, "--iters", min=1, help="timed steps per order"),
@@ -53,9 +49,9 @@ def register(app: typer.Typer) -> None:
         ),
         backend: str = typer.Option(None, "--backend", help="gloo | nccl (default: nccl with a GPU per rank)"),
         seed: int = typer.Option(0, "--seed", help="parameters and batch"),
-        json_out: Path = typer.Option(None, "--json", help="also write the full report (every step time) as JSON"),
-        profile: Path = typer.Option(
-            None, "--profile", help="also profile one step per order: DIR/ORDER-rankR.json.gz (commsched replay)"
+        json_out: str = json_option("the full report (every step time)", stdout_replaces="the report's tables"),
+        profile: Path = out_dir(
+            "--profile", help="also profile one step per order: DIR/ORDER-rankR.json.gz (commsched replay)"
         ),
     ) -> None:
         """Run PRESET's training step for real on WORLD_SIZE ranks with the original order, commsched's order and
@@ -76,25 +72,18 @@ def register(app: typer.Typer) -> None:
         from commsched.runtime.executor import RunConfig, run_rank
         from commsched.runtime.launch import RunStopped, launched_by_torchrun, run_local, signals_stop_the_run
         from commsched.runtime.netns import ShapedNetworkUnavailable, shaped_network
-        from commsched.workloads import resolve
 
         with user_errors():
             if backend not in (None, "gloo", "nccl"):
                 raise ValueError(f"--backend {backend!r}: expected gloo or nccl")
+            if zoo.world_size < 2:
+                raise ValueError(f"--world-size {zoo.world_size}: expected at least 2 ranks")
+            if zoo.mode != "train":
+                raise ValueError(f"--mode {zoo.mode}: commsched run runs training steps (--mode train)")
             import torch
 
             cuda = torch.cuda.is_available() and backend != "gloo"
-            spec = resolve(
-                preset,
-                parallel=parallel,
-                world_size=world_size,
-                layers=layers,
-                seq_len=seq_len,
-                batch=batch,
-                dtype=dtype,
-                tp_size=tp_size,
-                attention="flash" if cuda else "sdpa",  # the flash op has no CPU kernel
-            )
+            spec = zoo.resolve(preset, attention="flash" if cuda else "sdpa")  # the flash op has no CPU kernel
             names = tuple(v.strip() for v in variants.split(",") if v.strip())
             cfg = RunConfig(
                 spec=spec,
@@ -119,7 +108,7 @@ def register(app: typer.Typer) -> None:
         else:
             try:
                 ctx = shaped_network(bandwidth, delay=delay) if bandwidth else contextlib.nullcontext()
-                what = f"{world_size} ranks: {', '.join(names)}, {warmup} + {iters} steps each"
+                what = f"{zoo.world_size} ranks: {', '.join(names)}, {warmup} + {iters} steps each"
                 with signals_stop_the_run(), user_errors(), ctx as net, Stages(("run",)) as stages:
                     stages.stage("run", what)  # each rank traces, calibrates, then runs every order
                     report = run_local(cfg, network=net, backend=backend, progress=stages.detail)
@@ -138,7 +127,9 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(1) from None
         if report is None:  # a rank other than 0 under torchrun
             return
+        if json_out == "-":
+            emit_json(report.to_dict(), json_out)
+            return
         print_run_report(report, console)
         if json_out:
-            report.save(json_out)
-            console.print(f"wrote [bold]{json_out}[/]")
+            console.print(f"wrote [bold]{report.save(json_out)}[/]")

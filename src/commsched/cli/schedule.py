@@ -17,6 +17,7 @@ from commsched.cli.common import (
     user_errors,
     warn,
 )
+from commsched.cli.options import emit_json, json_option, out_file
 
 
 def register(app: typer.Typer) -> None:
@@ -30,12 +31,12 @@ def register(app: typer.Typer) -> None:
         knob: KnobOption = [],  # noqa: B006 (typer copies it)
         stats: bool = typer.Option(False, "--stats", help="print what each pass did"),
         timeline: bool = typer.Option(False, "--timeline", help="print a text timeline of the final order"),
-        out: Path = typer.Option(None, "-o", "--out", help="write the schedule (order of node names) as JSON"),
+        out: Path = out_file("-o", "--out", help="write the schedule (order of node names) as JSON"),
         table: Path = typer.Option(
             None, "--table", help="measured times: a table or profiler trace (e.g. from calibrate --trace -o)"
         ),
         list_passes: bool = typer.Option(False, "--list", help="list passes and presets, then exit"),
-        json_out: bool = typer.Option(False, "--json", help="print the scheduled step's summary as JSON (as simulate)"),
+        json_out: str = json_option("the scheduled step's summary (as simulate's)"),
     ) -> None:
         """Reorder GRAPH with scheduling passes and report the simulated effect.
 
@@ -75,20 +76,22 @@ def register(app: typer.Typer) -> None:
                 result.save(out)
         warnings = step_warnings(g.meta, hw, after.sim.peak_memory_bytes)
         warn(warnings)
+        written = None
         if json_out:
-            import json
-
             context = {"hardware": hardware, "nodes in cluster": hw.num_nodes, "passes": result.passes,
                        "input_makespan_s": before.makespan_s}  # fmt: skip
             files = [str(out)] if out else []
             summary = {**after.summary(hw), "context": context, "warnings": warnings, "files": files}
-            console.print_json(json.dumps(summary))
-            return
+            with user_errors():
+                written = emit_json(summary, json_out)
+            if written is None:
+                return
         print_schedule_report(
             result, before, after, console, title=graph.name, costs=costs, stats=stats, timeline=timeline
         )
-        if out:
-            console.print(f"wrote [bold]{out}[/]")
+        for path in (out, written):
+            if path:
+                console.print(f"wrote [bold]{path}[/]")
 
     @app.command()
     def check(

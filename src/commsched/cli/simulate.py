@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -16,6 +15,7 @@ from commsched.cli.common import (
     user_errors,
     warn,
 )
+from commsched.cli.options import emit_json, json_option, out_file
 
 
 def load_order(g, path: Path):
@@ -37,10 +37,10 @@ def register(app: typer.Typer) -> None:
         order: Path = typer.Option(
             None, "--order", help="a schedule file (schedule -o: order and streams) or a JSON list of node names"
         ),
-        trace: Path = typer.Option(None, "--trace", help="write a Perfetto / Chrome trace (Kineto-shaped JSON)"),
-        html: Path = typer.Option(None, "--html", help="write a self-contained HTML report"),
-        gantt: Path = typer.Option(None, "--gantt", help="write a Gantt chart PNG"),
-        json_out: bool = typer.Option(False, "--json", help="print the summary as JSON instead of tables"),
+        trace: Path = out_file("--trace", help="write a Perfetto / Chrome trace (Kineto-shaped JSON)"),
+        html: Path = out_file("--html", help="write a self-contained HTML report"),
+        gantt: Path = out_file("--gantt", help="write a Gantt chart PNG"),
+        json_out: str = json_option("the summary"),
     ) -> None:
         """Simulate one step of GRAPH on a hardware profile and report step time, exposed communication, overlap
         and peak memory.
@@ -70,9 +70,11 @@ def register(app: typer.Typer) -> None:
         warn(warnings)
         if json_out:
             files = [str(p) for p in written]
-            summary = step.summary(hw)  # with mfu and tokens_per_s: null where the graph cannot tell
-            console.print_json(json.dumps({**summary, "context": context, "warnings": warnings, "files": files}))
-            return
+            # with mfu and tokens_per_s: null where the graph cannot tell
+            path = emit_json({**step.summary(hw), "context": context, "warnings": warnings, "files": files}, json_out)
+            if path is None:
+                return
+            written.append(path)
         print_summary(res, console, title=f"{graph.name} on {hardware} x {num_nodes}", contention_s=step.contention_s)
         for p in written:
             console.print(f"wrote [bold]{p}[/]")

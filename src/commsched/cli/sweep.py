@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from pathlib import Path
 
@@ -11,14 +10,22 @@ import typer
 
 from commsched.cli.common import (
     GpusPerNodeOption,
-    LayersOption,
-    ModeOption,
     console,
     ctrl_c_deadline,
     err_console,
     error_line,
     exit_interrupted,
     user_errors,
+)
+from commsched.cli.options import (
+    ZooStep,
+    check_layers,
+    emit_json,
+    json_option,
+    layers_phrase,
+    out_file,
+    preset_layers,
+    zoo_step_options,
 )
 
 
@@ -40,20 +47,11 @@ def parse_list(text: str, what: str, *, as_int: bool = False) -> list:
 
 def register(app: typer.Typer) -> None:
     @app.command()
+    @zoo_step_options(lists=True)
     def sweep(
         preset: str = typer.Argument(..., help="model preset (see commsched trace --list), e.g. llama3-8b"),
-        parallel: str = typer.Option("fsdp", "--parallel", "-p", help="comma-separated parallelisms: fsdp,tp,..."),
-        world_size: str = typer.Option("8,64,512", "--world-size", "-w", help="comma-separated world sizes"),
+        zoo: ZooStep = None,  # type: ignore[assignment]  (the zoo-step options: zoo_step_options)
         hardware: str = typer.Option("h100-sxm", "--hardware", "-H", help="comma-separated hardware profiles"),
-        layers: LayersOption = None,
-        mode: ModeOption = "train",
-        seq_len: int = typer.Option(None, "--seq-len", min=1, help="sequence length"),
-        batch: int = typer.Option(None, "--batch", min=1, help="sequences per data-parallel replica"),
-        tp_size: int = typer.Option(None, "--tp-size", min=1, help="tensor-parallel degree (tp*, fsdp+tp*)"),
-        ep_size: int = typer.Option(None, "--ep-size", min=1, help="expert-parallel degree (ep)"),
-        fsdp_bucket: str = typer.Option(
-            "param", "--fsdp-bucket", help="comma-separated FSDP buckets: param (one collective per parameter), block"
-        ),
         schedule: str = typer.Option("default", "--schedule", "-s", help="pass preset or comma-separated passes"),
         optimize: str = typer.Option("off", "--optimize", help="off, on, or off,on: also run commsched optimize"),
         gpus_per_node: GpusPerNodeOption = None,
@@ -62,8 +60,8 @@ def register(app: typer.Typer) -> None:
             None, "--ray-address", help="run on Ray: 'local' (a private instance) or a head's HOST:PORT"
         ),
         no_cache: bool = typer.Option(False, "--no-cache", help="trace everything (neither read nor fill the cache)"),
-        out: Path = typer.Option(None, "--out", "-o", help="write a PNG plot of step time and peak memory"),
-        json_path: Path = typer.Option(None, "--json", help="write the rows as JSON"),
+        out: Path = out_file("--out", "-o", help="write a PNG plot of step time and peak memory"),
+        json_path: str = json_option("the rows", stdout_replaces="the table"),
     ) -> None:
         """Trace PRESET at every (parallelism, world size), simulate it on every hardware profile in the traced
         order and in the order SCHEDULE chooses, and print step time, exposed communication, overlap and peak
@@ -78,16 +76,19 @@ def register(app: typer.Typer) -> None:
         """
         from commsched.execute import ExecutorError
         from commsched.experiments.sweep import default_processes, run_sweep, sweep_to_dict
-        from commsched.io import atomic_write_text
         from commsched.report.terminal_experiments import print_sweep
 
+        layers, mode = zoo.layers, zoo.mode
         with user_errors():
-            parallels = parse_list(parallel, "--parallel")
-            worlds = parse_list(world_size, "--world-size", as_int=True)
+            parallels = parse_list(zoo.parallel, "--parallel")
+            worlds = parse_list(zoo.world_size, "--world-size", as_int=True)
             profiles = parse_list(hardware, "--hardware")
-            buckets = parse_list(fsdp_bucket, "--fsdp-bucket")
+            buckets = parse_list(zoo.fsdp_bucket, "--fsdp-bucket")
             optimizing = _on_off(optimize)
-            options = {"seq_len": seq_len, "batch": batch, "tp_size": tp_size, "ep_size": ep_size}
+            check_layers(preset, layers)
+            # only what was given: the trace cache's keys and an interrupted sweep's stored rows stay the same
+            options = {"seq_len": zoo.seq_len, "batch": zoo.batch, "tp_size": zoo.tp_size, "ep_size": zoo.ep_size,
+                       "kv_len": zoo.kv_len, "dtype": None if zoo.dtype == "bfloat16" else zoo.dtype}  # fmt: skip
             build_kw = {k: v for k, v in options.items() if v is not None}
             t0 = time.perf_counter()
             computed: list = []
@@ -122,13 +123,15 @@ def register(app: typer.Typer) -> None:
             if json_path is not None:
                 context = {
                     "preset": preset,
+                    "layers": layers or preset_layers(preset),  # traced in every row
+                    "preset_layers": preset_layers(preset),
                     "schedule": schedule,
                     "mode": mode,
                     "jobs": min(jobs or default_processes(), len(parallels) * len(worlds) * len(buckets)),
                     "ray_address": ray_address,
                     "wall_s": wall_s,
                 }
-                atomic_write_text(json_path, json.dumps(sweep_to_dict(rows, **context), indent=1))
+                written = emit_json(sweep_to_dict(rows, **context), json_path)
             if out is not None and ok:
                 from commsched.report.sweep_plot import write_sweep_plot
 
@@ -138,9 +141,14 @@ def register(app: typer.Typer) -> None:
             err_console.print(f"{len(rows) - len(computed)} of {len(rows)} rows from an earlier run of this sweep "
                               "(kept in the cache folder; --no-cache recomputes)")  # fmt: skip
         _warn_capacity(ok)
-        title = f"{preset} ({layers or 'all'} layers, {mode}), schedule {schedule}"
+        if json_path == "-":  # the JSON is stdout's only content
+            if not ok:
+                error_line("no configuration succeeded")
+                raise typer.Exit(2)
+            return
+        title = f"{preset} ({layers_phrase(preset, layers)}, {mode}), schedule {schedule}"
         print_sweep(rows, console, title=title, wall_s=wall_s)
-        for p in ((json_path,) if json_path else ()) + ((out,) if out and ok else ()):
+        for p in ((written,) if json_path else ()) + ((out,) if out and ok else ()):
             console.print(f"wrote [bold]{p}[/]")
         if not ok:
             error_line("no configuration succeeded")

@@ -37,7 +37,7 @@ from commsched.hardware.profile import (
     load_profile,
 )
 from commsched.hardware.toml_write import dump_toml
-from commsched.io import atomic_write_text, read_input_text
+from commsched.io import atomic_write_text, path_kind, read_input_text
 
 _cache: dict[tuple[str, float], Hardware] = {}
 
@@ -78,8 +78,11 @@ def resolve_profile(name: str | os.PathLike[str]) -> Path:
     text = os.fspath(name)
     if text.endswith(".toml") or os.sep in text or "/" in text:
         path = Path(text).expanduser()
-        if not path.is_file():
+        if not path.exists():
             raise FileNotFoundError(f"hardware profile {text!r} does not exist")
+        if not path.is_file():  # a device such as /dev/zero, a directory: it exists, and is no profile
+            raise ValueError(f"hardware profile {text!r}: is {path_kind(path.stat().st_mode)}; expected a .toml "
+                             f"file or a known profile name")  # fmt: skip
         return path
     for folder in (user_profile_dir(), _shipped_dir()):
         path = folder / f"{text}.toml"

@@ -117,12 +117,18 @@ def _rebucketed(gm, hw, cost, knobs: dict, variants: list, finalists: int, granu
     searched = [v.label for v in variants if isinstance(v, _Variant) and isinstance(v.plan, tuple)]
     finals = {lab.split("(", 1)[1].split(", planned on")[0] for lab in searched if lab.startswith("bucketed (")}
     caps = tuple(gr for gr in granularities or GRANULARITIES if gr[0] in finals) or granularities or GRANULARITIES
-    out = _bucketed(gm, g2, hw, (c2, cost), knobs, order, 1, caps, variants)
+    # the candidate bucketed like the best bucketed variant (_candidates) is one of these plans: judged already
+    ours = f" + {label}"
+    done = {v.label.partition(", collectives")[0].removesuffix(ours) for v in variants if v.label.endswith(ours)
+            or v.label.partition(", collectives")[0].endswith(ours)}  # fmt: skip
+    out = _bucketed(gm, g2, hw, (c2, cost), knobs, order, 1, caps, variants, done)
     for v in out:
         head, sep, rest = v.label.partition(", collectives")
-        v.label = f"{head} + {label}{sep}{rest}"
+        v.label = f"{head}{ours}{sep}{rest}"
         if isinstance(v, _Variant):
             v.plan = ReusePlan(best.dropped, g2, v.plan)
+        elif v.verdict.startswith("the same plan as: "):  # a plan of this program, not of the traced one
+            v.verdict += ours
     return out
 
 

@@ -24,7 +24,7 @@ import functools
 import gc
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +69,19 @@ class Tried:
     """'kept', or why it lost: slower than the kept one, over the memory budget, the same plan as another, failed"""
     probe_s: float | None = None
     """a bucket plan's step time after the one-attempt probe (:data:`PROBE`) that ranks plans for the full search"""
+
+    def __str__(self) -> str:
+        """One line in human units, naming only what was measured: ``label: verdict (34 collectives, step ...)``."""
+        from commsched.report.units import fmt_bytes, fmt_seconds
+
+        figures = (
+            (self.collectives, lambda n: f"{n} collectives"),
+            (self.probe_s, lambda t: f"probe {fmt_seconds(t)}"),
+            (self.makespan_s, lambda t: f"step {fmt_seconds(t)}"),
+            (self.peak_memory_bytes, lambda b: f"peak {fmt_bytes(b)}"),
+        )
+        shown = ", ".join(show(v) for v, show in figures if v is not None)
+        return f"{self.label}: {self.verdict}" + (f" ({shown})" if shown else "")
 
 
 @dataclass
@@ -123,10 +136,14 @@ class Optimized:
         }
 
     def summary(self) -> str:
+        """One line in human units: what was kept, how much faster than the traced order, its peak against the
+        budget, how many variants were tried and the wall time."""
+        from commsched.report.units import fmt_bytes, fmt_seconds
+
         return (
-            f"kept {self.label}: {self.after.makespan_s * 1e3:.3f} ms vs traced {self.before.makespan_s * 1e3:.3f} ms "
-            f"({self.speedup:.3f}x), peak {self.after.peak_memory_bytes} B (budget {self.budget_bytes} B), "
-            f"{len(self.tried)} variant(s) in {self.wall_s:.2f} s"
+            f"kept {self.label}: {fmt_seconds(self.after.makespan_s)} vs traced {fmt_seconds(self.before.makespan_s)} "
+            f"({self.speedup:.3f}x), peak {fmt_bytes(self.after.peak_memory_bytes)} "
+            f"(budget {fmt_bytes(self.budget_bytes)}), {len(self.tried)} variant(s) in {self.wall_s:.2f} s"
         )
 
 
@@ -342,13 +359,14 @@ def _plans(g: Graph, hw: Any, costs: CostEstimate, scheduled_order: np.ndarray, 
 
 def _bucketed(
     gm: Any, g: Graph, hw: Any, costing: tuple, knobs: dict, scheduled_order, finalists: int,
-    granularities: tuple = GRANULARITIES, prior: list | tuple = (),
+    granularities: tuple = GRANULARITIES, prior: list | tuple = (), done: Collection[str] = (),
 ) -> list:  # fmt: skip
     """Every distinct bucket plan applied on the IR (:func:`bucket_graph`, the graph the FX rewrite gives) and
     judged by one guarded list-scheduling attempt (:data:`PROBE`); per order the plans were made on, the
     ``finalists`` fastest get the full ``overlap`` search (with ``knobs``) unless their lower bound is above a step
     already found (``prior``: the variants judged before), the others keep the probe's verdict. ``costing``: (the
-    costs of ``g``, the function that costs a bucketed graph alike)."""
+    costs of ``g``, the function that costs a bucketed graph alike). ``done``: labels of plans the caller has
+    already judged on this same program (left out here, so that no variant is listed twice)."""
     from commsched.rewrites.bucket_graph import bucket_graph, noncontiguous_inputs
 
     noncontig = noncontiguous_inputs(gm, g)
@@ -358,6 +376,9 @@ def _bucketed(
     costs, cost = costing
     for label, plan, order, plan_on in _plans(g, hw, costs, scheduled_order, granularities):
         key = tuple(b.members for b in plan.buckets if b.merged)
+        if key and label in done:
+            seen.setdefault(key, label)
+            continue
         if not key or key in seen:
             out.append(Tried(label, None, verdict="no merge" if not key else f"the same plan as: {seen[key]}"))
             continue
@@ -455,6 +476,8 @@ def _finals(probed: dict[str, list], knobs: dict, finalists: int, best_ns: int,
 def _judge(variants: list, limit: int, best: _Variant | None = None) -> tuple[_Variant, list[Tried]]:
     """The fastest variant within ``limit`` bytes (ties: less memory, then the earlier, simpler one), or ``best``
     where given, and a verdict for every variant."""
+    from commsched.report.units import fmt_bytes
+
     fits = [v for v in variants if isinstance(v, _Variant) and v.sim.peak_memory_bytes <= limit]
     # nothing within the budget (an absolute one below the traced peak): the traced program, as it came
     if best is None:
@@ -467,7 +490,7 @@ def _judge(variants: list, limit: int, best: _Variant | None = None) -> tuple[_V
         if v is best:
             verdict = "kept"
         elif v.sim.peak_memory_bytes > limit:
-            verdict = f"over the memory budget ({v.sim.peak_memory_bytes} B > {limit} B)"
+            verdict = f"over the memory budget ({fmt_bytes(v.sim.peak_memory_bytes)} > {fmt_bytes(limit)})"
         else:
             verdict = f"slower than the kept one by {(v.sim.makespan_s / best.sim.makespan_s - 1) * 100:.2f} %"
         tried.append(

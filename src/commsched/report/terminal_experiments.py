@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from commsched.report.tables import new_table
-from commsched.report.units import fmt_bytes, fmt_percent, fmt_seconds, fmt_seconds_short
+from commsched.report.units import fmt_bytes, fmt_percent, fmt_seconds, fmt_seconds_short, fmt_signed_percent
 
 if TYPE_CHECKING:
     from commsched.compare import CompareResult
@@ -35,7 +35,7 @@ def compare_table(result: CompareResult, title: str) -> Table:
         table.add_row(
             r.scheduler,
             fmt_seconds(r.makespan_s),
-            f"+{r.gap_to_bound * 100:.1f}%" if r.gap_to_bound is not None else "",
+            fmt_signed_percent(r.gap_to_bound) if r.gap_to_bound is not None else "",
             fmt_seconds(r.exposed_comm_s),
             fmt_percent(r.overlap_ratio),
             fmt_bytes(r.peak_memory_bytes),
@@ -54,18 +54,20 @@ def print_compare(result: CompareResult, console: Console, title: str) -> None:
 
 
 def sweep_table(rows: Sequence[SweepRow], title: str) -> Table:
-    """One row per configuration; fits an 80-column terminal."""
+    """One row per configuration; fits an 80-column terminal where it can. A number is never cut: each number
+    column is as wide as its widest value; the text columns (parallelism, hardware) wrap instead."""
     columns = ("parallel", "world", "hardware", "step\ntraced", "step\nsched.", "speed\nup", "exposed\ncomm")
     columns += ("over-\nlap", "peak\nmemory", "lower\nbound")
-    table = new_table(title, columns, left=("parallel", "hardware"), no_wrap=True, box=box.SIMPLE_HEAD, padding=0)
+    text = ("parallel", "hardware")
+    cells = []
     for r in rows:
         # the sweep's other dimensions, only when swept: FSDP buckets per block, optimize on
         parallel = r.parallel + ("/block" if r.fsdp_bucket == "block" else "")
         head = [parallel, str(r.world_size), r.hardware + (" (opt.)" if r.optimize else "")]
         if not r.ok:
-            table.add_row(*head, "[red]error[/]", *[""] * 6)
+            cells.append([*head, "[red]error[/]", *[""] * 6])
             continue
-        table.add_row(
+        cells.append([
             *head,
             fmt_seconds_short(r.step_time_input_s),
             fmt_seconds_short(r.step_time_s),
@@ -74,7 +76,16 @@ def sweep_table(rows: Sequence[SweepRow], title: str) -> Table:
             fmt_percent(r.overlap_ratio),
             fmt_bytes(r.peak_memory_bytes),
             fmt_seconds_short(r.lower_bound_s),
-        )
+        ])  # fmt: skip
+    table = new_table(title, columns, left=text, box=box.SIMPLE_HEAD, padding=0)
+    for k, column in enumerate(table.columns):
+        if columns[k] in text:
+            column.overflow = "fold"
+        else:  # numbers: never wrapped nor shortened (an "error" cell is markup: 5 characters shown)
+            widest = max((len(row[k]) if row[k] != "[red]error[/]" else 5 for row in cells), default=0)
+            column.no_wrap, column.min_width = True, max(widest, *map(len, columns[k].split("\n")))
+    for row in cells:
+        table.add_row(*row)
     return table
 
 

@@ -33,9 +33,5 @@ def print_optimized(o: Optimized, console: Console, title: str) -> None:
 
 
 def optimized_line(o: Optimized) -> str:
-    """``Optimized.summary()`` in human units: what was kept, how much faster, its peak against the budget."""
-    return (
-        f"kept {o.label}: {fmt_seconds(o.after.makespan_s)} vs traced {fmt_seconds(o.before.makespan_s)} "
-        f"({o.speedup:.3f}x), peak {fmt_bytes(o.after.peak_memory_bytes)} (budget {fmt_bytes(o.budget_bytes)}), "
-        f"{len(o.tried)} variant(s) in {o.wall_s:.2f} s"
-    )
+    """The line under the table: :meth:`Optimized.summary` (human units)."""
+    return o.summary()

@@ -47,6 +47,11 @@ def fmt_percent(ratio: float) -> str:
     return f"{100 * ratio:.1f} %"
 
 
+def fmt_signed_percent(ratio: float) -> str:
+    """A relative difference (0.062, -0.211) as a signed percentage ("+6.2 %", "-21.1 %")."""
+    return f"{100 * ratio:+.1f} %"
+
+
 def fmt_value(key: str, value: Any) -> str:
     """One value of a record as a table shows it: seconds (``*_s``) and bytes (``*_bytes``, ``bytes``) in human
     units, a mapping as ``k=v, k=v``, a list comma-separated, a float in 4 significant digits."""
