@@ -10,7 +10,10 @@
 
 So a calibrated ``cpu-local`` replaces the shipped default once written. ``"PROFILE@NETWORK"`` (or
 ``get(name, network=...)``) puts a network profile (``commsched/hardware/networks``: NICs per node, line rate and
-efficiency, per-protocol network step latency) under a GPU profile.
+efficiency, per-protocol network step latency) under a GPU profile. Without one, the profile's ``default_network``
+is put under it (``h100-sxm``, ``h200-sxm``, ``b200``: the fitted ``ib-ndr-8x400``); ``PROFILE@nccl-defaults``
+keeps the profile's own inter-node fields (NCCL's tuning constants). ``network_warning`` is the one line a command
+prints when a step spans nodes on a network with no fitted data.
 
 ``for_graph(hardware, graph, num_nodes=None, gpus_per_node=None)`` is the one way from the hardware arguments of
 ``schedule``, ``simulate``, ``estimate_costs`` and the CLI to a :class:`Hardware`: a profile name or path is sized for
