@@ -84,7 +84,8 @@ def log_errors(entry: dict) -> dict[str, float] | str:
         return f"{log.collective} not modelled"
     n, nodes = entry["nranks"], entry["nodes"]
     nodes, per_node = nvlink_domains(entry) if profile == "gb200-nvl72" else (nodes, n // nodes)
-    hw = hardware.get(profile, num_nodes=nodes, gpus_per_node=per_node)
+    # the GPU profile's own network (NCCL's constants), not its default fitted one: issue 17's uncalibrated baseline
+    hw = hardware.get(f"{profile}@{hardware.NCCL_DEFAULTS}", num_nodes=nodes, gpus_per_node=per_node)
     per_class: dict[str, list[float]] = defaultdict(list)
     for row in log.rows:
         for name, lo, hi in SIZE_CLASSES:
@@ -193,7 +194,8 @@ def shipped_networks(index: dict[str, dict]) -> None:
     print("| log | GPU | network | " + " | ".join(f"{c}: GPU alone / with network" for c, _, _ in SIZE_CLASSES) + " |")
     print("|---|---|---|" + "---|" * len(SIZE_CLASSES))
     for file, gpu, network in SHIPPED_NETWORKS:
-        errs = [compare_with_model(indexed(index[file]), gpu if n is None else f"{gpu}@{n}") for n in (None, network)]
+        nets = (hardware.NCCL_DEFAULTS, network)
+        errs = [compare_with_model(indexed(index[file]), f"{gpu}@{n}") for n in nets]
         cells = [" / ".join(_class_median(c, lo, hi) for c in errs) for _, lo, hi in SIZE_CLASSES]
         net = network or "none (its own 8 x 200G, NCCL constants)"
         print(f"| {file} | {gpu} | {net} | " + " | ".join(cells) + " |")
@@ -276,7 +278,7 @@ def _before_is_the_gpu_alone(sizes, profile: str) -> list:
     names a network (``GPU@NETWORK``: the fit then starts from the shipped network, and refits it)."""
     if "@" not in profile:
         return list(sizes)
-    gpu = hardware.get(profile.split("@")[0])
+    gpu = hardware.get(profile.split("@")[0], network=hardware.NCCL_DEFAULTS)
     out = []
     for s in sizes:
         hw = gpu.with_nodes(s.num_nodes, s.nranks // s.num_nodes)

@@ -51,9 +51,9 @@ def rows(profile: str):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--hardware", action="append", help="profile(s); default h100-sxm and h100-sxm@ib-ndr-8x400")
+    ap.add_argument("--hardware", action="append", help="profile(s); default h100-sxm@nccl-defaults and h100-sxm")
     args = ap.parse_args()
-    for profile in args.hardware or ["h100-sxm", "h100-sxm@ib-ndr-8x400"]:
+    for profile in args.hardware or ["h100-sxm@nccl-defaults", "h100-sxm"]:
         print(f"\n#### {profile}\n")
         print("| ranks | collective | size (MiB) | one collective (us) | its algorithm | 3 collectives (us) | "
               "ratio | pipelined (us) | ratio |")  # fmt: skip

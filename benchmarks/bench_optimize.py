@@ -108,7 +108,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="the first two cases only")
     ap.add_argument("--case", action="append", type=int, help="run only this row of CASES (0-based; repeatable)")
-    ap.add_argument("--hardware", default="h100-sxm", help="profile (e.g. h100-sxm@ib-ndr-8x400: the fitted network)")
+    ap.add_argument("--hardware", default="h100-sxm", help="profile (h100-sxm@nccl-defaults: NCCL's constants)")
     args = ap.parse_args()
     ratios: dict[str, list[float]] = {}
     cases = [CASES[i] for i in args.case] if args.case else QUICK if args.quick else CASES

@@ -192,7 +192,9 @@ def test_vectorised_times_equal_the_planner_bit_for_bit(profile, nodes, kind, n,
 def test_all_to_all_across_ten_nodes_posts_every_peer_at_once():
     """The public 10-node all_to_all (80 H100, xxrjun cluster01; shipped with the package): the model is within 10 %
     median from 32 MB up. Every peer's send is posted at once, so the latency is one network step plus a small cost
-    per peer, not n - 1 network steps in a row (which made it 11 % off here, and far worse with slower steps)."""
+    per peer, not n - 1 network steps in a row (which made it 11 % off here, and far worse with slower steps). Under
+    the default network (ib-ndr-8x400, fitted on all_reduce only: NIC efficiency 0.833) the model runs 18 % slow
+    here; NCCL's constants (0.94 of line rate) are the ones within 10 %."""
     import dataclasses
 
     from commsched.cost.nccl_tests import compare_with_model, read_nccl_tests
@@ -200,7 +202,8 @@ def test_all_to_all_across_ten_nodes_posts_every_peer_at_once():
     data = Path(commsched.__file__).parent / "cost" / "data" / "nccl_tests"
     (log,) = read_nccl_tests(data / "xxrjun_cluster01_h100_10node_g8_alltoall.txt", collective="all_to_all")
     log = dataclasses.replace(log, nranks=80, nodes=10, ranks_per_host=(8,) * 10)
-    assert compare_with_model(log, "h100-sxm").median_abs_err < 0.10
+    assert compare_with_model(log, "h100-sxm@nccl-defaults").median_abs_err < 0.10
+    assert 0.15 < compare_with_model(log, "h100-sxm").median_abs_err < 0.20
     hw = hardware.get("h100-sxm", num_nodes=128)
     fastest_step_s = min(p.inter_hop_latency_s for p in hw.protocols)
     assert collective_time_s("all_to_all", MB, 1024, hw) < 1023 * fastest_step_s  # not 1023 network steps
@@ -226,16 +229,17 @@ def test_sendrecv_is_one_link_per_pair():
 
 
 def test_the_gpu_profiles_as_shipped_keep_their_collective_times():
-    """Issue 17 keeps the GPU profiles' defaults for existing users: 240 plans (h100-sxm, b200, a100-sxm-80g at 2-16
-    nodes; all_reduce, all_gather, reduce_scatter, all_to_all; 1 MB-2 GB) hash to the same bits as on main before the
-    network profiles learned NVLS-tree's pace and the two-children tree (branch netfit3)."""
+    """The GPU profiles' own network fields (``@nccl-defaults``, NCCL's constants; the default before issue 36 moved
+    it to the fitted network): 240 plans (h100-sxm, b200, a100-sxm-80g at 2-16 nodes; all_reduce, all_gather,
+    reduce_scatter, all_to_all; 1 MB-2 GB) hash to the same bits as on main before the network profiles learned
+    NVLS-tree's pace and the two-children tree (branch netfit3)."""
     import hashlib
     import struct
 
     times = []
     for profile in ("h100-sxm", "b200", "a100-sxm-80g"):
         for nodes in (2, 4, 8, 16):
-            hw = hardware.get(profile, num_nodes=nodes)
+            hw = hardware.get(f"{profile}@nccl-defaults", num_nodes=nodes)
             for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
                 for nbytes in (1 << 20, 4 << 20, 32 << 20, 256 << 20, 2 << 30):
                     times.append(plan_collective(kind, nbytes, 8 * nodes, hw).time_s)
@@ -252,7 +256,7 @@ def test_a_tree_level_below_the_root_costs_two_network_steps_under_the_shipped_n
     for network in hardware.list_networks():
         hw = hardware.get(f"h100-sxm@{network}")
         assert [tree_network_steps(hw, n) for n in (1, 2, 4, 8, 10)] == [0, 1, 3, 5, 7], network
-    own = hardware.get("h100-sxm")
+    own = hardware.get("h100-sxm@nccl-defaults")
     assert [tree_network_steps(own, n) for n in (1, 2, 4, 8, 10)] == [0, 1, 2, 3, 4]
     two, four = (hardware.get("h100-sxm@ib-ndr-8x400", num_nodes=n) for n in (2, 4))
     flat = dataclasses.replace(four, inter_node=dataclasses.replace(four.inter_node, tree_two_children=False))

