@@ -21,8 +21,10 @@ estimates) makes the same choice, the condition torch's own scheduler relies on 
 
 The simulator judges: every candidate is checked with the full memory model and simulated with the full simulator
 (link sharing, interference). The budget is hard: a variant over budget is retried with what it produced early
-across its peak moved past it. The best order that fits and simulates no worse than the input wins; otherwise the
-input order is returned, or a ScheduleError raised if even that breaks a byte budget. Stats list every attempt.
+across its peak moved past it, and, while its step beats the best order that fits, with its memory guard's budget
+lowered by the overshoot (the guard's memory account can miss the simulated peak by a little). The best order
+that fits and simulates no worse than the input wins; otherwise the input order is returned, or a ScheduleError
+raised if even that breaks a byte budget. Stats list every attempt.
 """
 
 from __future__ import annotations
