@@ -49,7 +49,7 @@ GRANULARITIES = (
 """bucket caps tried: where a collective reaches this fraction of its asymptotic bus bandwidth, or a fixed size
 (nccl-tests bytes; a few buckets per step, as torch's FSDP pre-bucketing makes them). Bigger: fewer, larger
 collectives, less overlap, more memory; the simulator decides."""
-PROBE = {"variants": (("input", True),), "max_peak_repairs": 0, "reorder_collectives": False}
+PROBE = {"variants": (("input", True),), "max_peak_repairs": 0, "budget_retries": 0, "reorder_collectives": False}
 """the first judgement of every bucket plan: one list-scheduling attempt that keeps the planned order's priorities
 under the future-aware memory guard (it nearly always fits), about a fifth of the full search. Simulating the plan
 in the order it was planned on instead misjudges plans that only pay off once rescheduled (e.g. llama3-70b FSDP+TP

@@ -145,7 +145,8 @@ def workload_meta(program: StepProgram, groups: dict[str, Any]) -> dict[str, Any
             "stride": ranks[1] - ranks[0] if len(ranks) > 1 else 1,
         }
     meta: dict[str, Any] = {
-        "workload": f"{cfg.name}/{plan.parallel}/{spec.mode}/world {plan.world_size}/{cfg.n_layers} layers",
+        "workload": f"{cfg.name}/{plan.parallel}/{spec.mode}/world {plan.world_size}/{cfg.n_layers} of "
+        f"{PRESETS[cfg.name].n_layers if cfg.name in PRESETS else cfg.n_layers} layers",
         "preset": cfg.name,
         "parallel": plan.parallel,
         "mode": spec.mode,
