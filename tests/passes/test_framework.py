@@ -54,7 +54,7 @@ def test_fsdp2_prefetches_one_unit_and_keeps_one_reduce_scatter_in_flight(fsdp_b
         last = compute[compute < scatters[k + 1]].max()
         assert pos[g.waits_of(int(coll))].min() > pos[last]
     before, after = simulate_costs(g, costs), simulate_costs(g, costs, order)
-    assert after.exposed_comm_s < 0.5 * before.exposed_comm_s
+    assert after.exposed_comm_s < 0.75 * before.exposed_comm_s
     assert after.makespan_s < before.makespan_s
 
 

@@ -88,6 +88,27 @@ def test_bucket_graph_equals_the_fx_rewrite_on_random_programs(program, seed, ca
     assert_same_graph(fx, bucket_graph(graph, plan, order, noncontiguous_inputs(gm, graph)))
 
 
+def test_a_member_read_after_another_member_written_in_place_keeps_fx_s_ordering_edge():
+    """Found by the property test above: once two reduce_scatters share a bucket, an in-place write into one
+    member's output (through a slice) writes the storage the other member's reader reads, and ``from_fx`` orders that
+    reader after the write; the IR rewrite once left the edge out."""
+    from random_programs import Program
+
+    program = Program(world=2, inputs=((2, 1, "float32"), (2, 1, "float32"), (4, 1, "float32")),
+                      steps=(("unary", 0), ("reduce_scatter", 0, 1, "sum"), ("unary", 0),
+                             ("reduce_scatter", 26, 1, "sum"), ("narrow", 6), ("unary", 0), ("unary", 0),
+                             ("inplace", 7)))  # fmt: skip
+    gm, graph = program.trace()
+    plan = plan_buckets(graph, H100, None, config=BucketConfig(cap_bytes=None, overlap_aware=False, early_use=False))
+    assert len(plan.merged) == 1
+    with fake_process_group(program.world):
+        fx = from_fx(apply_bucket_plan(gm, graph, plan, None).gm)
+    ir = bucket_graph(graph, plan, None, noncontiguous_inputs(gm, graph))
+    assert_same_graph(fx, ir)
+    reader, writer = ir.index["mul_5"], ir.index["add_"]
+    assert writer in ir.deps(reader).tolist()
+
+
 def test_noncontiguous_inputs_are_cloned_in_both():
     """Collectives whose inputs are transposed views: both rewrites clone them before flattening."""
 

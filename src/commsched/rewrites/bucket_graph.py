@@ -409,12 +409,13 @@ def _ptr_of(row: np.ndarray, m: int) -> np.ndarray:
 
 
 def _merge_rows(ptr: np.ndarray, vals: np.ndarray, rows: dict[int, list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """CSR (``ptr``, ``vals``) with the (empty) rows in ``rows`` replaced by the given lists."""
+    """CSR (``ptr``, ``vals``) with the entries in ``rows`` added to their rows (sorted, without repeats)."""
     if not any(rows.values()):
         return ptr, vals
     lists = np.split(vals, ptr[1:-1])
     for p, row in rows.items():
-        lists[p] = np.asarray(row, np.int64)
+        if row:
+            lists[p] = np.asarray(sorted({*lists[p].tolist(), *row}), np.int64)
     lens = np.asarray([len(x) for x in lists], np.int64)
     out = np.zeros(len(lists) + 1, np.int64)
     np.cumsum(lens, out=out[1:])
@@ -474,15 +475,18 @@ def _buffers(e: _Emit, smap_late: dict[int, str]) -> tuple[np.ndarray, dict]:
 
 
 def _new_deps(e: _Emit, in_ptr, in_idx, buf_ptr, storage, creator) -> dict[int, list[int]]:
-    """New nodes' ordering dependencies: a new node (not a view or wait) that reads a storage written in place
-    runs after the last kept node that wrote it before it (``from_fx``'s read-after-write rule)."""
+    """Ordering dependencies ``from_fx``'s rule gives the bucketed program beyond the old nodes' remapped ones: a new
+    node (not a view or wait) that reads a storage written in place runs after the last kept node that wrote it
+    before it (read-after-write); and on a storage a new node created (a bucket's output, which its members' outputs
+    now share), a kept reader follows the last in-place writer before it, and a kept writer follows the readers
+    since the previous write (write-after-read): edges a member's reader and another member's writer never had."""
     import bisect
 
-    g, old_pos = e.g, e.old_pos
+    g = e.g
     row_item = _row_of(buf_ptr)
     # in-place writes: a kept node (not a view, wait, input or output) whose output lives on a storage it reads
     writer_item = np.zeros(e.m, bool)
-    writer_item[old_pos] = ~np.isin(g.kinds[e.old_v], _NOT_WRITERS)
+    writer_item[e.old_pos] = ~np.isin(g.kinds[e.old_v], _NOT_WRITERS)
     # rows that created their storage cannot be on a storage their node reads
     candidates = np.flatnonzero(writer_item[row_item] & ~creator).tolist()
     storages = storage.tolist()
@@ -499,20 +503,55 @@ def _new_deps(e: _Emit, in_ptr, in_idx, buf_ptr, storage, creator) -> dict[int, 
             reads[p] = read(p)
         if storages[r] in reads[p]:
             events.setdefault(storages[r], []).append(p)
-    out: dict[int, list[int]] = {}
+    out: dict[int, set[int]] = {}
+    if not events:
+        return {p: [] for p in e.new_pos}
+
+    def last_writer(p: int, s: int) -> int | None:
+        at = events.get(s)
+        k = bisect.bisect_left(at, p) if at else 0
+        return at[k - 1] if k else None
+
     for p in e.new_pos:
-        if e.items[p].kind in (OpKind.VIEW, OpKind.WAIT) or not events:
-            out[p] = []
-            continue
-        inputs = idx[ptr[p] : ptr[p + 1]]
         deps = set()
-        for i in inputs:
-            for b in range(bptr[i], bptr[i + 1]):
-                at = events.get(storages[b])
-                k = bisect.bisect_left(at, p) if at else 0
-                if k:
-                    deps.add(at[k - 1])
-        out[p] = sorted(deps - set(inputs))
+        if e.items[p].kind not in (OpKind.VIEW, OpKind.WAIT):
+            deps = {w for s in read(p) if (w := last_writer(p, s)) is not None}
+        out[p] = deps
+    for p, deps in _shared_storage_deps(e, in_ptr, in_idx, row_item, storage, creator, events, read).items():
+        out.setdefault(p, set()).update(deps)
+    return {p: sorted(deps - {p} - set(idx[ptr[p] : ptr[p + 1]])) for p, deps in out.items()}
+
+
+def _shared_storage_deps(e: _Emit, in_ptr, in_idx, row_item, storage, creator, events, read) -> dict[int, set[int]]:
+    """Kept nodes' ordering dependencies on the storages new nodes created (see :func:`_new_deps`)."""
+    import bisect
+
+    is_new = np.zeros(e.m, bool)
+    is_new[e.new_pos] = True
+    created = set(storage[creator & is_new[row_item]].tolist()) & set(events)
+    if not created:
+        return {}
+    kind_at = np.full(e.m, -1, np.int64)
+    kind_at[e.old_pos] = e.g.kinds[e.old_v]
+    on_created = np.zeros(e.m, bool)
+    on_created[row_item[np.isin(storage, list(created))]] = True
+    readers = np.unique(_row_of(in_ptr)[on_created[in_idx]])
+    readers_of: dict[int, list[int]] = {}  # storage -> ascending positions of its kept readers (not views or waits)
+    for p in readers[~is_new[readers]].tolist():
+        if kind_at[p] not in (int(OpKind.VIEW), int(OpKind.WAIT)):
+            for s in read(p) & created:
+                readers_of.setdefault(s, []).append(p)
+    out: dict[int, set[int]] = {}
+    for s, at in events.items():
+        if s not in created:
+            continue
+        for p in readers_of.get(s, ()):  # read-after-write
+            k = bisect.bisect_left(at, p)
+            if k:
+                out.setdefault(p, set()).add(at[k - 1])
+        for k, w in enumerate(at):  # write-after-read: the readers since the previous write
+            prev = at[k - 1] if k else -1
+            out.setdefault(w, set()).update(r for r in readers_of.get(s, ()) if prev < r < w)
     return out
 
 
