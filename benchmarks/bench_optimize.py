@@ -1,7 +1,9 @@
 """``commsched.optimize`` against torch's three overlap configurations, in the same run, with the same costs.
 
 Usage: python benchmarks/bench_optimize.py [--quick] [--case N ...] [--hardware PROFILE]
-Per traced zoo step (h100-sxm, nodes = world / 8): the traced order; torch 2.13's ``schedule_overlap_bucketing``
+Per traced zoo step (h100-sxm, nodes = world / 8): the traced order; the step as the framework runs it today
+(``experiments/references.py``: FSDP2 eager on the per-block trace, DDP eager, else torch.compile's default order);
+torch 2.13's ``schedule_overlap_bucketing``
 plain, with collective bucketing, and with FSDP pre-bucketing + bucketing (all fed our per-node costs; bucketed
 collectives it creates are costed by our collective model when the result is re-imported); ours reorder-only (the
 ``overlap`` pass with ``reorder_collectives``); ``optimize`` without program transforms (bucketing and reordering
@@ -67,6 +69,13 @@ def case_rows(
     sizes = g.group_sizes()
     base = commsched.simulate_costs(g, costs)
     rows = [("traced order", len(g.collectives), base, None)]
+    # what the user runs today (issue 36.9): FSDP2 / DDP eager on the framework's program, torch.compile's order else
+    from commsched.experiments.references import framework_program, reference_steps
+
+    fw = framework_program(preset, dict(parallel=parallel, world_size=world, layers=layers, seq_len=seq_len, mode=mode,
+                                        batch=batch))  # fmt: skip
+    ref = reference_steps(g, hw, framework_graph=None if fw is None else fw.graph).framework
+    rows.append((f"framework: {ref.label}", len(ref.sim.graph.collectives), ref.sim, ref.wall_s))
     for label, knobs in (
         ("torch plain", {"bucket": False}),
         ("torch bucketing", {"bucket": True, "pre_bucketing_fsdp_collectives": False}),
@@ -128,6 +137,11 @@ def main() -> None:
         if not torch_rows:
             continue
         best = min(torch_rows, key=lambda r: r[2].makespan_s)
+        framework = next(r for r in rows if r[0].startswith("framework: "))
+        kept = next(r for r in rows if r[0] == "optimize")
+        print(f"\noptimize / {framework[0].removeprefix('framework: ')}: "
+              f"{kept[2].makespan_s / framework[2].makespan_s:.3f} (peak {kept[2].peak_memory_bytes / 2**30:.2f} vs "
+              f"{framework[2].peak_memory_bytes / 2**30:.2f} GiB)")  # fmt: skip
         for key, prefix in (("without", "optimize without transforms"), ("with", "optimize")):
             # the fastest row of this search within torch's best's peak (equal or less memory)
             ours = [r for r in rows if r[0].startswith(prefix) and (key == "without") == ("without" in r[0])

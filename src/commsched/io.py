@@ -150,22 +150,17 @@ def check_output_file(path: str | os.PathLike[str]) -> Path:
     file, or a path that does not exist yet whose nearest existing folder is a folder. Anything else (a device such
     as /dev/null, a FIFO, a socket, a directory) is a ValueError naming the path and what it is: the rename would
     put a file in its place. Called by every atomic write, and by the CLI for each output option before any work."""
-    target = Path(os.path.realpath(path))
-    try:
-        mode = os.stat(target).st_mode
-    except (FileNotFoundError, NotADirectoryError):  # missing, or under a file: the parent check says which
-        _check_parent_folder(path, target.parent)
-        return target
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot write: {exc.strerror or exc}") from None
-    if not stat.S_ISREG(mode):
-        raise ValueError(f"{path}: is {path_kind(mode)}; expected a regular file or a path that does not exist yet")
-    return target
+    return _check_output(path, stat.S_ISREG, "a regular file")
 
 
 def check_output_dir(path: str | os.PathLike[str]) -> Path:
     """An output folder (created when missing): a ValueError naming ``path`` when it exists and is not a folder, or
     when a parent is not one. The files written into it are each checked by the atomic writer."""
+    return _check_output(path, stat.S_ISDIR, "a folder")
+
+
+def _check_output(path: str | os.PathLike[str], is_wanted, wanted: str) -> Path:
+    """``path`` resolved, if it is missing (under a folder) or ``is_wanted(st_mode)``; else the one-line error."""
     target = Path(os.path.realpath(path))
     try:
         mode = os.stat(target).st_mode
@@ -174,8 +169,8 @@ def check_output_dir(path: str | os.PathLike[str]) -> Path:
         return target
     except OSError as exc:
         raise ValueError(f"{path}: cannot write: {exc.strerror or exc}") from None
-    if not stat.S_ISDIR(mode):
-        raise ValueError(f"{path}: is {path_kind(mode)}; expected a folder or a path that does not exist yet")
+    if not is_wanted(mode):
+        raise ValueError(f"{path}: is {path_kind(mode)}; expected {wanted} or a path that does not exist yet")
     return target
 
 
