@@ -23,8 +23,8 @@ The simulator judges: every candidate is checked with the full memory model and 
 (link sharing, interference). The budget is hard: a variant over budget is retried with what it produced early
 across its peak moved past it, and, while its step beats the best order that fits, with its memory guard's budget
 lowered by the overshoot (the guard's memory account can miss the simulated peak by a little). The best order
-that fits and simulates no worse than the input wins; otherwise the input order is returned, or a ScheduleError
-raised if even that breaks a byte budget. Stats list every attempt.
+that fits and simulates no worse than the input wins; otherwise the input order is returned, or a
+ScheduleError raised if even that breaks a byte budget. Stats list every attempt.
 """
 
 from __future__ import annotations

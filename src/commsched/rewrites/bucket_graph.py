@@ -20,6 +20,7 @@ import numpy as np
 from commsched.ir import CollType, Graph, GraphError, OpKind
 from commsched.ir.graph import Buffer, csr
 from commsched.ir.transform import kahn_order
+from commsched.rewrites.bucket_deps import inplace_ordering_deps, row_of
 from commsched.rewrites.bucket_plan import Bucket, BucketPlan
 from commsched.sim.jit import ENABLED as JIT_ENABLED
 
@@ -31,7 +32,6 @@ _COLL_TARGET = {
 _COLL_TYPE = {"all_gather": CollType.ALL_GATHER, "reduce_scatter": CollType.REDUCE_SCATTER,
               "all_reduce": CollType.ALL_REDUCE}  # fmt: skip
 WAIT_TARGET = "_c10d_functional.wait_tensor.default"
-_NOT_WRITERS = (int(OpKind.VIEW), int(OpKind.WAIT), int(OpKind.INPUT), int(OpKind.OUTPUT))
 
 
 def name_prefix(names: Sequence[str]) -> str:
@@ -284,9 +284,9 @@ def _fx_order(g: Graph, pos: np.ndarray, removed: set[int], rename: dict[str, st
 def _fx_edges(g: Graph, at_old: np.ndarray, data_ref: np.ndarray, dep_ref: np.ndarray):
     """(src, dst) item indices of the old nodes' data edges (the kept ones and the output's) and of every
     ordering edge; -1 for a removed node nothing stands for."""
-    dst_v = _row_of(g.in_ptr)
+    dst_v = row_of(g.in_ptr)
     data = at_old[dst_v] >= 0
-    dep_dst = dep_ref[_row_of(g.dep_ptr)]  # ordering edges (in-place hazards), remapped like ir_control_edges
+    dep_dst = dep_ref[row_of(g.dep_ptr)]  # ordering edges (in-place hazards), remapped like ir_control_edges
     deps = dep_dst >= 0
     src = np.concatenate([data_ref[g.in_idx[data]], dep_ref[g.dep_idx[deps]]])
     return src, np.concatenate([at_old[dst_v[data]], dep_dst[deps]])
@@ -302,7 +302,7 @@ def _emit(g: Graph, pos, removed: set[int], rename: dict[str, str], smap_late: d
     buf_ptr, bufs = _buffers(e, smap_late)
     storage = bufs["storage"]
     dep_ptr, dep_idx = _sorted_unique(*e.rows(g.dep_ptr, g.dep_idx, e.reader_map, {}))
-    new_deps = _new_deps(e, in_ptr, in_idx, buf_ptr, storage, bufs["creator"])
+    new_deps = inplace_ordering_deps(e, in_ptr, in_idx, buf_ptr, storage, bufs["creator"])
     dep_ptr, dep_idx = _merge_rows(dep_ptr, dep_idx, new_deps)
     coll, wait_of = _collectives(e)
     dep_ptr, dep_idx = _wait_deps(wait_of, in_ptr, in_idx, dep_ptr, dep_idx)
@@ -380,13 +380,9 @@ class _Emit:
         return out_ptr, vals
 
 
-def _row_of(ptr: np.ndarray) -> np.ndarray:
-    return np.repeat(np.arange(len(ptr) - 1, dtype=np.int64), np.diff(ptr))
-
-
 def _dedup(ptr: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each row without repeats, first occurrences in order (``GraphBuilder.add_node``'s rule)."""
-    row = _row_of(ptr)
+    row = row_of(ptr)
     _, first = np.unique(row * (len(ptr) + 1) + vals, return_index=True)
     if len(first) == len(vals):
         return ptr, vals
@@ -398,7 +394,7 @@ def _dedup(ptr: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _sorted_unique(ptr: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each row sorted, without repeats."""
     span = len(ptr) + 1
-    key = np.unique(_row_of(ptr) * span + vals)
+    key = np.unique(row_of(ptr) * span + vals)
     return _ptr_of(key // span, len(ptr) - 1), key % span
 
 
@@ -472,87 +468,6 @@ def _buffers(e: _Emit, smap_late: dict[int, str]) -> tuple[np.ndarray, dict]:
     return ptr, {"shape": shape, "dtype": dtype, "nbytes": nbytes, "storage": storage,
                  "storage_nbytes": storage_nbytes.astype(np.int64), "storage_owner": row_item[creator],
                  "creator": creator}  # fmt: skip
-
-
-def _new_deps(e: _Emit, in_ptr, in_idx, buf_ptr, storage, creator) -> dict[int, list[int]]:
-    """Ordering dependencies ``from_fx``'s rule gives the bucketed program beyond the old nodes' remapped ones: a new
-    node (not a view or wait) that reads a storage written in place runs after the last kept node that wrote it
-    before it (read-after-write); and on a storage a new node created (a bucket's output, which its members' outputs
-    now share), a kept reader follows the last in-place writer before it, and a kept writer follows the readers
-    since the previous write (write-after-read): edges a member's reader and another member's writer never had."""
-    import bisect
-
-    g = e.g
-    row_item = _row_of(buf_ptr)
-    # in-place writes: a kept node (not a view, wait, input or output) whose output lives on a storage it reads
-    writer_item = np.zeros(e.m, bool)
-    writer_item[e.old_pos] = ~np.isin(g.kinds[e.old_v], _NOT_WRITERS)
-    # rows that created their storage cannot be on a storage their node reads
-    candidates = np.flatnonzero(writer_item[row_item] & ~creator).tolist()
-    storages = storage.tolist()
-    ptr, idx, bptr = in_ptr.tolist(), in_idx.tolist(), buf_ptr.tolist()
-
-    def read(p: int) -> set[int]:
-        return {storages[b] for i in idx[ptr[p] : ptr[p + 1]] for b in range(bptr[i], bptr[i + 1])}
-
-    events: dict[int, list[int]] = {}  # storage -> positions of its in-place writers, ascending
-    reads: dict[int, set[int]] = {}
-    for r in candidates:
-        p = int(row_item[r])
-        if p not in reads:
-            reads[p] = read(p)
-        if storages[r] in reads[p]:
-            events.setdefault(storages[r], []).append(p)
-    out: dict[int, set[int]] = {}
-    if not events:
-        return {p: [] for p in e.new_pos}
-
-    def last_writer(p: int, s: int) -> int | None:
-        at = events.get(s)
-        k = bisect.bisect_left(at, p) if at else 0
-        return at[k - 1] if k else None
-
-    for p in e.new_pos:
-        deps = set()
-        if e.items[p].kind not in (OpKind.VIEW, OpKind.WAIT):
-            deps = {w for s in read(p) if (w := last_writer(p, s)) is not None}
-        out[p] = deps
-    for p, deps in _shared_storage_deps(e, in_ptr, in_idx, row_item, storage, creator, events, read).items():
-        out.setdefault(p, set()).update(deps)
-    return {p: sorted(deps - {p} - set(idx[ptr[p] : ptr[p + 1]])) for p, deps in out.items()}
-
-
-def _shared_storage_deps(e: _Emit, in_ptr, in_idx, row_item, storage, creator, events, read) -> dict[int, set[int]]:
-    """Kept nodes' ordering dependencies on the storages new nodes created (see :func:`_new_deps`)."""
-    import bisect
-
-    is_new = np.zeros(e.m, bool)
-    is_new[e.new_pos] = True
-    created = set(storage[creator & is_new[row_item]].tolist()) & set(events)
-    if not created:
-        return {}
-    kind_at = np.full(e.m, -1, np.int64)
-    kind_at[e.old_pos] = e.g.kinds[e.old_v]
-    on_created = np.zeros(e.m, bool)
-    on_created[row_item[np.isin(storage, list(created))]] = True
-    readers = np.unique(_row_of(in_ptr)[on_created[in_idx]])
-    readers_of: dict[int, list[int]] = {}  # storage -> ascending positions of its kept readers (not views or waits)
-    for p in readers[~is_new[readers]].tolist():
-        if kind_at[p] not in (int(OpKind.VIEW), int(OpKind.WAIT)):
-            for s in read(p) & created:
-                readers_of.setdefault(s, []).append(p)
-    out: dict[int, set[int]] = {}
-    for s, at in events.items():
-        if s not in created:
-            continue
-        for p in readers_of.get(s, ()):  # read-after-write
-            k = bisect.bisect_left(at, p)
-            if k:
-                out.setdefault(p, set()).add(at[k - 1])
-        for k, w in enumerate(at):  # write-after-read: the readers since the previous write
-            prev = at[k - 1] if k else -1
-            out.setdefault(w, set()).update(r for r in readers_of.get(s, ()) if prev < r < w)
-    return out
 
 
 def _collectives(e: _Emit) -> tuple[dict, np.ndarray]:
