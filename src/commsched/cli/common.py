@@ -68,14 +68,38 @@ def install_typer_conventions() -> None:
     rich_utils._commsched_conventions = True
 
 
+JSON_STDOUT = "-"
+"""the ``--json`` value that means stdout"""
+
+OPTIONAL_VALUES = {"--json": JSON_STDOUT}
+"""options whose value may be left out (typer takes no optional-value options): given last, or before another
+option, they read as given this value"""
+
+
+def bare_json_as_stdout(args: Sequence[str]) -> list[str]:
+    """A command's arguments with each value-less ``--json`` (:data:`OPTIONAL_VALUES`) given its value: ``--json``
+    followed by nothing or by another option (``-x``, ``--x``; ``-`` is a value) reads as ``--json -``. A ``--json``
+    followed by anything else takes it as its PATH (so ``--json`` before a positional argument must be ``--json -``)."""
+    out: list[str] = []
+    items = list(args)
+    for k, arg in enumerate(items):
+        out.append(arg)
+        if arg == "--":
+            out.extend(items[k + 1 :])
+            break
+        if arg in OPTIONAL_VALUES:
+            nxt = items[k + 1] if k + 1 < len(items) else None
+            if nxt is None or (nxt.startswith("-") and nxt != "-"):
+                out.append(OPTIONAL_VALUES[arg])
+    return out
+
+
 class CommandGroup(TyperGroup):
     """The app's command group: a bare ``--json`` reads as ``--json -``
-    (:func:`commsched.cli.options.bare_json_as_stdout`), and Ctrl-C anywhere in a command is "interrupted" on stderr
+    (:func:`bare_json_as_stdout`), and Ctrl-C anywhere in a command is "interrupted" on stderr
     and exit 130 (typer exits 130 saying nothing)."""
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
-        from commsched.cli.options import bare_json_as_stdout
-
         name, cmd, rest = super().resolve_command(ctx, args)
         return name, cmd, bare_json_as_stdout(rest)
 

@@ -7,13 +7,13 @@ import dataclasses
 import functools
 import inspect
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from commsched.cli.common import console
+from commsched.cli.common import JSON_STDOUT, console
 
 
 # ---------------------------------------------------------------- output files and folders
@@ -56,7 +56,6 @@ def out_dir(*decls: str, help: str, default: Path | None = None) -> Any:
 OUTPUT_CALLBACKS = (_checked_file, _checked_dir)
 """the callbacks of every output option (tests/test_cli_options.py checks each command's output options use one)"""
 
-JSON_STDOUT = "-"
 JSON_HELP = "write the result as JSON to PATH; '-' (or --json last / before another option): print it on stdout"
 
 
@@ -79,29 +78,6 @@ def emit_json(data: Any, dest: str | None) -> Path | None:
     from commsched.io import atomic_write_text
 
     return atomic_write_text(dest, json.dumps(data, indent=1, allow_nan=False, default=str))
-
-
-OPTIONAL_VALUES = {"--json": JSON_STDOUT}
-"""options whose value may be left out (typer takes no optional-value options): given last, or before another
-option, they read as given this value"""
-
-
-def bare_json_as_stdout(args: Sequence[str]) -> list[str]:
-    """A command's arguments with each value-less ``--json`` (:data:`OPTIONAL_VALUES`) given its value: ``--json``
-    followed by nothing or by another option (``-x``, ``--x``; ``-`` is a value) reads as ``--json -``. A ``--json``
-    followed by anything else takes it as its PATH (so ``--json`` before a positional argument must be ``--json -``)."""
-    out: list[str] = []
-    items = list(args)
-    for k, arg in enumerate(items):
-        out.append(arg)
-        if arg == "--":
-            out.extend(items[k + 1 :])
-            break
-        if arg in OPTIONAL_VALUES:
-            nxt = items[k + 1] if k + 1 < len(items) else None
-            if nxt is None or (nxt.startswith("-") and nxt != "-"):
-                out.append(OPTIONAL_VALUES[arg])
-    return out
 
 
 # ---------------------------------------------------------------- a zoo step
