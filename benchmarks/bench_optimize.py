@@ -70,17 +70,13 @@ def case_rows(
     base = commsched.simulate_costs(g, costs)
     rows = [("traced order", len(g.collectives), base, None)]
     # what the user runs today (issue 36.9): FSDP2 / DDP eager on the framework's program, torch.compile's order else
-    from commsched.experiments.references import framework_program, reference_steps
+    from commsched.experiments.references import TORCH_CONFIGS, framework_program, reference_steps
 
     fw = framework_program(preset, dict(parallel=parallel, world_size=world, layers=layers, seq_len=seq_len, mode=mode,
                                         batch=batch))  # fmt: skip
     ref = reference_steps(g, hw, framework_graph=None if fw is None else fw.graph).framework
     rows.append((f"framework: {ref.label}", len(ref.sim.graph.collectives), ref.sim, ref.wall_s))
-    for label, knobs in (
-        ("torch plain", {"bucket": False}),
-        ("torch bucketing", {"bucket": True, "pre_bucketing_fsdp_collectives": False}),
-        ("torch pre-bucketing + bucketing", {"bucket": True}),
-    ):
+    for label, knobs in TORCH_CONFIGS:
         try:
             r = run_torch_overlap_scheduler(gm, g, costs, **knobs)
         except Exception as exc:  # a configuration torch cannot run here is a row, not a crash

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from commsched.cost.model import CostEstimate
+from commsched.experiments.references import TORCH_CONFIGS
 from commsched.ir import Graph
 
 SEED_PASSES = (
@@ -167,9 +168,10 @@ def compare_schedulers(
     return CompareResult(rows, lb, base.bound.binding, base.peak_memory_bytes)
 
 
-PROGRAM_CONFIGS = (
-    ("torch OverlapScheduler, bucketing", {"bucket": True, "pre_bucketing_fsdp_collectives": False}),
-    ("torch OverlapScheduler, pre-bucketing + bucketing", {"bucket": True}),
+PROGRAM_CONFIGS = tuple(
+    (f"torch OverlapScheduler, {label.removeprefix('torch ')}", knobs)
+    for label, knobs in TORCH_CONFIGS
+    if knobs["bucket"]
 )
 """torch's configurations that change the program (its collectives), besides the plain scheduler above"""
 
