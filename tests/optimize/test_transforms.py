@@ -8,7 +8,7 @@ import pytest
 
 import commsched
 from commsched.frontends.fx import from_fx
-from commsched.optimize.transforms import tp_plans
+from commsched.optimize.families.decomposed_tp import tp_plans
 from commsched.rewrites.decompose_tp import TRANSFORM_META, find_tp_sites
 
 
@@ -112,11 +112,12 @@ def test_plans_built_on_the_ir_judge_as_the_fx_rewrite_does(tp_sp_prefill, monke
     """The search builds each decomposed-TP candidate on the IR (``decompose_graph``) and rewrites only the kept one
     in FX; with the IR build refused (the FX rewrite and import for every plan, as where an in-place write makes
     the IR build unsure) the search gives the same verdicts, steps and kept program."""
-    from commsched.optimize import split_batch, transforms
+    from commsched.optimize.families import decomposed_tp as transforms
+    from commsched.optimize.families import split_sequence
     from commsched.rewrites.decompose_graph import Unsupported
 
     w = tp_sp_prefill
-    monkeypatch.setattr(split_batch, "SEQUENCE_CHUNKS", ())  # the prompt's split wins here: compare without it
+    monkeypatch.setattr(split_sequence, "SEQUENCE_CHUNKS", ())  # the prompt's split wins here: compare without it
     on_ir = commsched.optimize(w.graph_module, "h100-sxm", group_sizes=w.graph.group_sizes())
 
     def refuse(*args, **kwargs):

@@ -56,10 +56,10 @@ def test_an_order_that_is_not_topological_is_refused():
     ],
 )
 def test_optimize_reports_the_module_it_returns(parallel, world, batch, seq_len, kept, monkeypatch):
-    from commsched.optimize import split_batch
+    from commsched.optimize.families import split_sequence
 
     if kept != "split sequence":  # it wins on these TP+SP prefills: the others are checked without it
-        monkeypatch.setattr(split_batch, "SEQUENCE_CHUNKS", ())
+        monkeypatch.setattr(split_sequence, "SEQUENCE_CHUNKS", ())
     mode = "train" if parallel == "fsdp" else "prefill"
     w = build("llama3-8b", parallel=parallel, world_size=world, layers=2, mode=mode, batch=batch, seq_len=seq_len)
     o = commsched.optimize(w.graph_module, "h100-sxm", group_sizes=w.graph.group_sizes())

@@ -12,7 +12,7 @@ import commsched
 from commsched.cost import estimate_costs
 from commsched.frontends.fx import from_fx
 from commsched.hardware import for_graph
-from commsched.optimize.transforms import tp_plans
+from commsched.optimize.families.decomposed_tp import tp_plans
 from commsched.rewrites import BucketConfig, apply_bucket_plan, plan_buckets
 from commsched.rewrites.bucket_graph import bucket_graph, noncontiguous_inputs
 from commsched.rewrites.decompose_graph import decompose_graph, fx_facts

@@ -22,7 +22,7 @@ Reductions are elementwise, so every rank's result is the same function of the s
 matmul over a row or column block may round differently from the whole one (BLAS blocking), so the checks compare
 to a tolerance. What a split costs (smaller GEMMs at lower efficiency, more launches, each collective's latency,
 the concatenation's copy) is the cost model's; whether it pays is the simulator's call
-(:mod:`commsched.optimize.transforms`).
+(:mod:`commsched.optimize.families.decomposed_tp`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ An FSDP step gathers each layer's parameters twice: in the forward, and again in
 (resharding) to save memory. Where the memory is there, the backward can read the forward's gathered value instead:
 one all_gather fewer per parameter, the same values bit for bit (the same collective of the same unchanged shard).
 torchtitan does this for the last block (its backward follows at once); which layers pay off within a memory budget
-is the simulator's call (:mod:`commsched.optimize.reuse_gathers`).
+is the simulator's call (:mod:`commsched.optimize.families.kept_gathers`).
 
 A *re-gather* is an ``all_gather_into_tensor`` whose input is the same chain of pure ops (``detach``, ``_to_copy``,
 views) of the same placeholder as an earlier one's, with the same group arguments, where nothing writes the

@@ -18,7 +18,7 @@ nodes), as split-batch's micro-batches do, so that :func:`commsched.rewrites.spl
 orders them. The same function as the step (to rounding: smaller matmuls may round otherwise), except that a MoE's
 expert capacity is per chunk: where an expert overflows, a chunk drops other tokens than the step does. What a
 split costs (smaller GEMMs, attention over a longer prefix per chunk, each collective's latency) is the cost
-model's; the simulator decides (:mod:`commsched.optimize.split_batch`).
+model's; the simulator decides (:mod:`commsched.optimize.families.split_sequence`).
 """
 
 from __future__ import annotations

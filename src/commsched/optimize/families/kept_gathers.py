@@ -9,40 +9,53 @@ rewritten for the kept one only), costed like every other variant, and judged by
 unbucketed, and bucketed by the plan of the best bucketed variant so far (its configuration, planned on the
 candidate's own program order). A form whose lower bound is above the best step so far is not probed; the count
 stops growing once the probed forms of a candidate all exceed the budget (more kept parameters only hold more
-memory). The ``finalists`` fastest probes get the full ``overlap`` search unless their lower bound is above a step
-already found.
+memory). The core's finals follow (the ``finalists`` fastest probes fully scheduled unless their lower bound is above
+a step already found), then the bucketing family's search on the fastest candidate's program.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
-from commsched.cost import CostEstimate
 from commsched.ir import Graph
+from commsched.optimize.protocol import (
+    BUCKETING,
+    BucketedPlan,
+    Candidate,
+    Judge,
+    Probed,
+    State,
+    Tried,
+    Variant,
+    bound_ns,
+    bound_pruned,
+)
 
+name = "kept gathers"
+transform = True
 LABEL = "gathers kept for the backward"
 
 
 @dataclasses.dataclass
 class ReusePlan:
-    """One candidate (a plan kind of the search: ``apply_fx`` gives the module to keep): the re-gathers it drops,
-    the IR of the program without them, and the bucket plan (with the order it was planned on) applied after, if
-    any. The FX module is rewritten for the kept candidate only."""
+    """One candidate's plan (``apply_fx`` gives the module to keep): the re-gathers it drops, the IR of the program
+    without them, and the bucketing applied after, if any. The FX module is rewritten for the kept candidate only."""
 
     dropped: tuple
     graph: Graph
-    buckets: tuple | None = None
+    buckets: BucketedPlan | None = None
 
     def apply_fx(self, gm: Any, graph: Graph) -> Any:
-        from commsched.rewrites import apply_bucket_plan
         from commsched.rewrites.reuse_gathers import reuse_gathers
 
         out = reuse_gathers(gm, [r.backward for r in self.dropped], recompile=False).gm
         if self.buckets is None:
             return out
-        return apply_bucket_plan(out, self.graph, *self.buckets, recompile=False, copy=False).gm
+        from commsched.rewrites import apply_bucket_plan
+
+        b = self.buckets
+        return apply_bucket_plan(out, self.graph, b.plan, b.order, recompile=False, copy=False).gm
 
 
 def counts(runs: int) -> list[int]:
@@ -54,26 +67,24 @@ def counts(runs: int) -> list[int]:
     return [*out, runs] if runs else []
 
 
-def reuse_variants(gm: Any, g: Graph, hw: Any, cost: Callable[[Graph], CostEstimate], knobs: dict, variants: list,
-                   finalists: int = 2, granularities: tuple | None = None) -> list:  # fmt: skip
-    """The candidates of ``gm`` (IR ``g``), judged as the module docstring says: the search's ``_Variant`` (``plan``:
-    a :class:`ReusePlan`) or a ``Tried`` with its verdict. Empty when ``gm`` gathers nothing twice."""
-    from commsched.optimize.search import PROBE, Tried, _finals, _incumbent_ns, _scheduled, bound_ns, bound_pruned
+def variants(state: State, judge: Judge) -> list:
+    """The candidates of the traced module, judged as the module docstring says: variants (``plan``: a
+    :class:`ReusePlan`) and verdicts. Empty when the module gathers nothing twice."""
     from commsched.rewrites.reuse_gathers import find_regathers
     from commsched.sim import simulate_costs
 
-    runs = find_regathers(gm)
+    runs = find_regathers(state.gm)
     if not runs:
         return []
-    base = _bucketing_of(variants, knobs)
-    incumbent = _incumbent_ns(variants, knobs)
+    base = state.bucketing()
+    incumbent = state.incumbent_ns()
     out: list = []
-    probed: list[tuple] = []
+    probed: list[Probed] = []
     for j in counts(len(runs)):
         dropped = tuple(r for run in runs[:j] for r in run)
         label = f"{LABEL} ({j} of {len(runs)} runs, {len(dropped)} all_gathers fewer)"
         try:
-            candidates = _candidates(gm, g, hw, cost, dropped, label, base)
+            candidates = _candidates(state, dropped, label, base)
         except Exception as exc:  # a candidate that cannot be built is a verdict, not a failed search
             out.append(Tried(label, None, verdict=f"failed: {exc}"))
             break
@@ -84,80 +95,69 @@ def reuse_variants(gm: Any, g: Graph, hw: Any, cost: Callable[[Graph], CostEstim
                 out.append(Tried(lab, len(g2.collectives), verdict=why))
                 continue
             probes += 1
-            probe = _scheduled(lab, g2, c2, {**knobs, **PROBE}, plan)
+            (probe,) = judge.probe([Candidate(lab, plan, lambda g2=g2, c2=c2: (g2, c2))])
             if isinstance(probe, Tried):
                 out.append(probe)
                 continue
-            fits = fits or probe.sim.peak_memory_bytes <= knobs["memory_budget"].bytes
-            probed.append((probe.sim.makespan_ns, len(probed), lab, g2, c2, plan, probe.sim))
+            fits = fits or probe.peak_bytes <= state.limit_bytes
+            probed.append(probe)
         if probes and not fits:  # more kept gathers only hold more memory (all pruned: fewer gathers may win)
             break
-    out += _finals({"all": probed}, knobs, finalists, incumbent, "the best such candidate's")
-    return out + _rebucketed(gm, hw, cost, knobs, [*variants, *out], finalists, granularities)
+    out += judge.finals({"all": probed}, "the best such candidate's", incumbent)
+    return out + _rebucketed(state, judge, [*state.variants, *out])
 
 
-def _rebucketed(gm, hw, cost, knobs: dict, variants: list, finalists: int, granularities: tuple | None) -> list:
-    """The search's bucket-plan search (planned on the program's order and on its probe's schedule) on the program
+def _rebucketed(state: State, judge: Judge, variants: list) -> list:
+    """The bucketing family's search (planned on the program's order and on its probe's schedule) on the program
     of the fastest candidate within the budget, its variants labelled and planned as candidates; empty when no
     candidate fits. Only the granularities whose plans got the full search on the traced program are tried (a few
     all_gathers fewer seldom change which caps pay; on the 5.5k-node FSDP step the other caps cost 1.5 s)."""
-    from commsched.optimize.search import GRANULARITIES, PROBE, _bucketed, _scheduled, _Variant
+    from commsched.optimize.protocol import PROBE, schedule_variant
 
-    limit = knobs["memory_budget"].bytes
-    mine = [v for v in variants if isinstance(v, _Variant) and isinstance(v.plan, ReusePlan)
-            and v.sim.peak_memory_bytes <= limit]  # fmt: skip
+    mine = [v for v in variants[len(state.variants):] if isinstance(v, Variant)
+            and v.sim.peak_memory_bytes <= state.limit_bytes]  # fmt: skip
     if not mine:
         return []
     best = min(mine, key=lambda v: v.sim.makespan_ns).plan
     g2 = best.graph
-    c2 = cost(g2)
-    probe = _scheduled("", g2, c2, {**knobs, **PROBE})
-    order = probe.schedule.order if isinstance(probe, _Variant) else None
+    c2 = state.cost(g2)
+    probe = schedule_variant("", g2, c2, {**state.knobs, **PROBE})
+    order = probe.schedule.order if isinstance(probe, Variant) else None
     label = next(v.label for v in mine if v.plan is best).split(" + ")[-1].split(", collectives")[0]
-    searched = [v.label for v in variants if isinstance(v, _Variant) and isinstance(v.plan, tuple)]
+    searched = [v.label for v in variants if isinstance(v, Variant) and v.family == BUCKETING]
     finals = {lab.split("(", 1)[1].split(", planned on")[0] for lab in searched if lab.startswith("bucketed (")}
-    caps = tuple(gr for gr in granularities or GRANULARITIES if gr[0] in finals) or granularities or GRANULARITIES
+    granularities = state.granularities
+    caps = tuple(gr for gr in granularities if gr[0] in finals) or granularities
     # the candidate bucketed like the best bucketed variant (_candidates) is one of these plans: judged already
     ours = f" + {label}"
     done = {v.label.partition(", collectives")[0].removesuffix(ours) for v in variants if v.label.endswith(ours)
             or v.label.partition(", collectives")[0].endswith(ours)}  # fmt: skip
-    out = _bucketed(gm, g2, hw, (c2, cost), knobs, order, 1, caps, variants, done)
+    out = judge.bucketed(g2, c2, order, 1, caps, variants, done)
     for v in out:
         head, sep, rest = v.label.partition(", collectives")
         v.label = f"{head}{ours}{sep}{rest}"
-        if isinstance(v, _Variant):
+        if isinstance(v, Variant):
             v.plan = ReusePlan(best.dropped, g2, v.plan)
         elif v.verdict.startswith("the same plan as: "):  # a plan of this program, not of the traced one
             v.verdict += ours
     return out
 
 
-def _candidates(gm, g: Graph, hw, cost, dropped: tuple, label: str, base) -> list[tuple]:
+def _candidates(state: State, dropped: tuple, label: str, base: tuple | None) -> list[tuple]:
     """(label, IR, costs, plan) of the rewritten program (its IR made directly, :func:`reuse_graph`), and of it
     bucketed like ``base`` (a bucket config and its label), where that merges anything."""
     from commsched.rewrites import plan_buckets
     from commsched.rewrites.bucket_graph import bucket_graph, noncontiguous_inputs
     from commsched.rewrites.reuse_gathers import reuse_graph
 
-    g2 = reuse_graph(g, dropped)
-    c2 = cost(g2)
+    g2 = reuse_graph(state.graph, dropped)
+    c2 = state.cost(g2)
     out = [(label, g2, c2, ReusePlan(dropped, g2))]
     if base is not None:
         config, cap_label = base
-        plan = plan_buckets(g2, c2, None, hardware=hw, config=config)
+        plan = plan_buckets(g2, c2, None, hardware=state.hw, config=config)
         if plan.merged:
-            g3 = bucket_graph(g2, plan, None, noncontiguous_inputs(gm, g))
+            g3 = bucket_graph(g2, plan, None, noncontiguous_inputs(state.gm, state.graph))
             lab = f"bucketed ({cap_label}, planned on traced order) + {label}"
-            out.append((lab, g3, cost(g3), ReusePlan(dropped, g2, (plan, None))))
+            out.append((lab, g3, state.cost(g3), ReusePlan(dropped, g2, BucketedPlan(plan))))
     return out
-
-
-def _bucketing_of(variants: list, knobs: dict) -> tuple | None:
-    """(bucket config, its label) of the fastest bucketed variant within the budget, or None."""
-    from commsched.optimize.transforms import _best_bucketed
-
-    best = _best_bucketed(variants, knobs)
-    if best is None:
-        return None
-    cap = best.label.split("(", 1)[1].split(", planned on")[0]
-    return best.plan[0].config, cap
