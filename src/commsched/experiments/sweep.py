@@ -345,7 +345,7 @@ def _early_pool(processes: int | None, in_process: bool, n_tasks: int, check: Ca
 def _execute(todo: list, fail: Callable, finish: Callable, bar: Any, executor: Any, processes: int | None,
              in_process: bool, ray_address: str | None) -> None:  # fmt: skip
     """Run ``todo`` on ``executor``, or on one made here (and closed, also after Ctrl-C)."""
-    from commsched.execute.base import make_executor
+    from commsched.execute.factory import make_executor
     from commsched.execute.local import LocalExecutor
 
     own = executor is None
