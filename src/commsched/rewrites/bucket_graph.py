@@ -3,8 +3,9 @@
 The search in :mod:`commsched.optimize` tries many bucket plans; rewriting the FX module and re-importing it for each
 costs about a second per plan on a 5k-node step (FakeTensor dispatch for every new node, recompilation). This
 module builds the same :class:`Graph` directly: the same nodes, names, targets, kinds, edges, buffers and storages,
-in the same order (the FX rewrite's stable topological sort, replayed). ``tests/rewrites/test_bucket_graph.py``
-checks the two agree field by field on traced zoo steps, so a plan judged here is the program the FX rewrite runs.
+in the same order (the FX rewrite's stable topological sort, replayed by :mod:`commsched.rewrites.graph_emit`).
+``tests/rewrites/test_bucket_graph.py`` checks the two agree field by field on traced zoo steps, so a plan judged
+here is the program the FX rewrite runs.
 
 New nodes are named ``{prefix}{k}_...`` (bucket ``k``) by both this module and the FX rewrite (:func:`new_names`),
 so a schedule of the bucketed IR applies to the rewritten module by name.
