@@ -2,7 +2,8 @@
 in place, so a reader sees either the old file or the whole new one, never a partial write; only over a regular file
 or nothing, never over a device, FIFO, socket or directory), the one way an input
 file is read (:func:`read_input_bytes`, :func:`read_input_text`, :func:`read_input_json`: size-capped, gzip when it
-is gzip, strict UTF-8 and JSON, every failure a ValueError naming the file) and a free local port for a rendezvous."""
+is gzip, strict UTF-8 and JSON, every failure a ValueError naming the file), a free local port for a rendezvous and
+whether a process is alive (:func:`pid_alive`)."""
 
 from __future__ import annotations
 
@@ -92,7 +93,9 @@ def read_input_json(path: str | os.PathLike[str], what: str = "input") -> Any:
     return parse_json(read_input_text(path, what), str(path), what)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine (another user's counts): what tells a leftover of a killed
+    writer or run (a temporary file, a network namespace) from one still in use."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -111,7 +114,7 @@ def _remove_stale_temps(path: Path) -> None:
         return
     for name in names:
         pid = name[len(prefix) :].split(".", 1)[0]
-        if pid.isdigit() and not _pid_alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             (path.parent / name).unlink(missing_ok=True)
 
 

@@ -15,7 +15,7 @@ from exec_helpers import alive, interrupt_cli
 from typer.testing import CliRunner
 
 from commsched.cli import app
-from commsched.execute import base
+from commsched.execute import base, factory
 from commsched.execute.local import LocalExecutor
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,7 +129,7 @@ def test_versions_are_checked_with_one_line(monkeypatch):
 
 
 def test_ray_address_without_ray_is_one_line(monkeypatch):
-    monkeypatch.setattr(base, "ray_available", lambda: False)
+    monkeypatch.setattr(factory, "ray_available", lambda: False)
     res = CliRunner().invoke(app, ["sweep", "llama-tiny", "-w", "8", "-l", "1", "--ray-address", "local"])
     assert res.exit_code == 2
     lines = [line for line in res.output.splitlines() if line.strip()]

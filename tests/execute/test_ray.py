@@ -19,7 +19,7 @@ import psutil
 import pytest
 from exec_helpers import ROOT, alive, interrupt_cli, ray_workers
 
-from commsched.execute.base import ray_available
+from commsched.execute.factory import ray_available
 from commsched.experiments.sweep import SweepRow, run_sweep
 from commsched.io import free_port
 

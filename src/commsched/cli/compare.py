@@ -64,7 +64,7 @@ def register(app: typer.Typer) -> None:
                 for t in targets:
                     if not Path(t).exists():
                         check_layers(t, zoo.layers)
-            build = {"parallel": zoo.parallel, "world_size": zoo.world_size, "layers": zoo.layers, **zoo.options()}
+            build = zoo.build_kwargs()
             knobs = {"exact_max_nodes": exact_max_nodes, "exact_time_limit_s": exact_time_limit}
             _compare_many(targets, hardware, num_nodes, build, torch_peer, knobs, jobs, ray_address, json_out)
             return

@@ -145,8 +145,7 @@ def _references(o, hw, gm, zoo_step, stages):
     framework_graph = None
     if zoo_step is not None:
         preset, zoo = zoo_step
-        build_kwargs = {"parallel": zoo.parallel, "world_size": zoo.world_size, "layers": zoo.layers, **zoo.options()}
-        fw = framework_program(preset, build_kwargs)
+        fw = framework_program(preset, zoo.build_kwargs())
         framework_graph = None if fw is None else fw.graph
     return reference_steps(o.before.graph, hw, gm=gm, framework_graph=framework_graph,
                            progress=lambda msg: stages.detail(msg))  # fmt: skip

@@ -106,6 +106,11 @@ class ZooStep:
                  "fsdp_bucket": self.fsdp_bucket}  # fmt: skip
         return {k: v for k, v in given.items() if v is not None}
 
+    def build_kwargs(self) -> dict[str, Any]:
+        """Every ``build`` keyword of the step (parallel, world size, layers, then :meth:`options`): what travels
+        to a worker that builds it itself."""
+        return {"parallel": self.parallel, "world_size": self.world_size, "layers": self.layers, **self.options()}
+
     def resolve(self, preset: str, **extra: Any) -> Any:
         """``commsched.workloads.resolve`` of ``preset`` with these options, its layers checked first
         (:func:`check_layers`)."""

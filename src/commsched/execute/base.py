@@ -7,8 +7,9 @@ int, float, None) and never raises for a bad configuration; a task whose worker 
 ``fail(spec, error_text)``, built on the driver. Every backend returns the same list for the same tasks.
 
 Backends: :class:`commsched.execute.local.LocalExecutor` (this process and forked or spawned workers) and
-:class:`commsched.execute.ray_backend.RayExecutor` (warmed actors on a Ray cluster). ``import commsched`` imports
-neither torch nor ray; :func:`make_executor` imports a backend when asked for it.
+:class:`commsched.execute.ray_backend.RayExecutor` (warmed actors on a Ray cluster), both built on this module;
+:func:`commsched.execute.factory.make_executor` picks one. ``import commsched`` imports neither torch nor ray;
+``make_executor`` imports a backend when asked for it.
 """
 
 from __future__ import annotations
@@ -46,9 +47,6 @@ class ExecutorError(RuntimeError):
     """A run that cannot go on (mixed versions, a lost Ray head); the message is one line for the user."""
 
 
-EXTRA_HINT = "pip install 'commsched[ray]'"
-
-
 def resolve_fn(name: str) -> Callable[[Any], Any]:
     """The function ``"module:function"`` names (imported where the task runs; names come from code, not input)."""
     module, _, attr = name.partition(":")
@@ -62,6 +60,12 @@ def warm_imports_of(fn: str) -> Callable[[], None] | None:
     module's tasks import first, so that a local pool can fork warm workers before any task has run."""
     module = importlib.import_module(fn.partition(":")[0])
     return getattr(module, "warm_imports", None)
+
+
+def call(fn: str, spec: Any) -> Any:
+    """Run one task: ``fn`` (``"module:function"``, see :func:`resolve_fn`) applied to ``spec``, in this process
+    (a worker's, a Ray actor's or the driver's)."""
+    return resolve_fn(fn)(spec)
 
 
 @functools.cache
@@ -140,29 +144,3 @@ def error_text(stage: str, exc: BaseException) -> str:
 def default_jobs() -> int:
     """One per CPU."""
     return os.cpu_count() or 1
-
-
-def ray_available() -> bool:
-    """Whether the optional Ray backend can be imported (without importing it)."""
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec("ray") is not None
-    except (ImportError, ValueError):  # a broken install, or ray blocked in sys.modules
-        return False
-
-
-def make_executor(*, jobs: int | None = None, ray_address: str | None = None, progress: Any = None) -> Executor:
-    """The local pool (``jobs`` processes, this one included; default one per CPU), or with ``ray_address`` the Ray
-    backend (``"local"``: a private Ray instance on this machine; else the address of a running head).
-    ``progress``: an object with ``describe(text)`` for start-up messages. Without Ray installed, a
-    ``ray_address`` is an ExecutorError naming the extra to install."""
-    if ray_address is None:
-        from commsched.execute.local import LocalExecutor
-
-        return LocalExecutor(jobs=jobs, progress=progress)
-    if not ray_available():
-        raise ExecutorError(f"--ray-address needs Ray, which is not installed: {EXTRA_HINT}")
-    from commsched.execute.ray_backend import RayExecutor
-
-    return RayExecutor(ray_address, jobs=jobs, progress=progress)

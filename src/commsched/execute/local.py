@@ -42,20 +42,15 @@ from commsched.execute.base import (
     ExecutorError,
     Fail,
     OnResult,
+    call,
     check_versions,
     default_jobs,
     error_text,
     hello,
-    resolve_fn,
     versions,
     warm_imports_of,
     warm_up,
 )
-
-
-def call(fn: str, spec: Any) -> Any:
-    """Run one task (in a worker or here)."""
-    return resolve_fn(fn)(spec)
 
 
 def default_start() -> str:

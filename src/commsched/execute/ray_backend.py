@@ -43,7 +43,7 @@ def _actor_class(ray: Any) -> Any:
             return self._info
 
         def run(self, fn: str, spec: Any) -> Any:
-            from commsched.execute.local import call
+            from commsched.execute.base import call
 
             return call(fn, spec)
 

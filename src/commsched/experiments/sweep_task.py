@@ -3,7 +3,7 @@ take it from the trace cache), then estimate, schedule (or ``optimize``) and sim
 
 The spec is plain data plus the hardware profiles by content (``Hardware`` values resolved on the driver), so a
 worker on another machine computes the same rows as the driver would; the rows come back as plain dicts
-(:meth:`commsched.experiments.sweep.SweepRow.to_dict`), each stamped with the commsched / torch / numpy versions.
+(:meth:`commsched.experiments.sweep_row.SweepRow.to_dict`), each stamped with the commsched / torch / numpy versions.
 It runs in any process: the driver, a local worker, a Ray actor (whose memory keeps the last traces).
 """
 
@@ -68,7 +68,7 @@ def _head(spec: TaskSpec, hardware: str, optimize: bool) -> dict[str, Any]:
 
 def error_rows(spec: TaskSpec, error: str, **fields: Any) -> list[dict[str, Any]]:
     """Every row of ``spec`` failed with ``error`` (also the executor's ``fail`` for a task whose worker died)."""
-    from commsched.experiments.sweep import SweepRow
+    from commsched.experiments.sweep_row import SweepRow
 
     out = []
     for name, _ in spec["hardware"]:
@@ -126,7 +126,7 @@ def run_task(spec: TaskSpec) -> list[dict[str, Any]]:
 def _evaluate(spec: TaskSpec, g: Any, gm: Any, name: str, profile: Any, optimize: bool, trace_wall_s: float,
               cached: bool) -> Any:  # fmt: skip
     """Estimate, schedule (or optimize) and simulate one traced workload on one hardware profile."""
-    from commsched.experiments.sweep import SweepRow
+    from commsched.experiments.sweep_row import SweepRow
     from commsched.hardware import for_graph, nodes_for_world
 
     meta = g.meta

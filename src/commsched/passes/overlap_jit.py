@@ -7,6 +7,7 @@ heap keys (all unique, so any binary heap pops them in the same order), the same
 :func:`commsched.passes.overlap_orders.tighten`, and :func:`kahn_jit` the keyed topological sort it ends with
 (:func:`commsched.ir.transform.kahn_order`). The pure-Python forms stay as the readable specification and run
 where numba is missing; ``tests/passes/test_overlap_jit.py`` checks both give identical attempts and orders.
+This module takes a ``Prep`` by its attributes and imports no other ``overlap_*`` module: they import it.
 """
 
 from __future__ import annotations
@@ -112,17 +113,6 @@ def prep_arrays(p) -> PrepArrays:
 
 def _csr_arrays(p) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return tuple(np.asarray(x, np.int64) for x in (p.succ_ptr, p.succ_idx, p.indeg))
-
-
-def rank_arrays(p, priority: str) -> tuple[np.ndarray, np.ndarray]:
-    """The ready-compute keys of ``priority`` (:func:`commsched.passes.overlap_list._rank_keys`) as arrays."""
-    key = ("rank", priority)
-    if key not in p.cache:
-        from commsched.passes.overlap_list import _rank_keys
-
-        k1, k2 = _rank_keys(p, priority)
-        p.cache[key] = (np.asarray(k1, np.int64), np.asarray(k2, np.int64))
-    return p.cache[key]
 
 
 def chain_arrays(p) -> tuple[np.ndarray, np.ndarray]:

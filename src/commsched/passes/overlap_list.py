@@ -52,6 +52,16 @@ def _rank_keys(p: Prep, priority: str) -> tuple[list[int], list[int]]:
     raise ValueError(f"priority={priority!r}: expected one of {', '.join(PRIORITIES)}")
 
 
+def rank_arrays(p: Prep, priority: str) -> tuple[np.ndarray, np.ndarray]:
+    """The ready-compute keys of ``priority`` (:func:`_rank_keys`) as int64 arrays, for the compiled loop (cached on
+    ``p``)."""
+    key = ("rank", priority)
+    if key not in p.cache:
+        k1, k2 = _rank_keys(p, priority)
+        p.cache[key] = (np.asarray(k1, np.int64), np.asarray(k2, np.int64))
+    return p.cache[key]
+
+
 class ListScheduler:
     """The state of one attempt; :meth:`run` is the loop, the other methods are its handlers."""
 
@@ -254,7 +264,7 @@ def schedule_once(
 
 
 def _schedule_once_compiled(p: Prep, budget: int, not_before: dict[int, int], priority: str, guard: bool) -> Attempt:
-    from commsched.passes.overlap_jit import prep_arrays, rank_arrays, schedule_once_jit
+    from commsched.passes.overlap_jit import prep_arrays, schedule_once_jit
 
     ar = prep_arrays(p)
     key1, key2 = rank_arrays(p, priority)

@@ -24,7 +24,7 @@ import re
 from pathlib import Path
 
 from commsched.cost.trace_import import TraceEvents, collective_of
-from commsched.replay.work import COMM, COMPUTE, HOST, Collective, EndIndex, Items, ReplayTrace, finish
+from commsched.replay.work import COMM, COMPUTE, HOST, Collective, EndIndex, Items, ReplayTrace, finish, trace_rank
 
 _WAIT = re.compile(r"(wait_tensor$|^c10d::wait|^aten::wait$|::wait$)")
 _ISSUE = re.compile(r"^(c10d::|record_param_comms$|c10d_functional::|_c10d_functional::)")
@@ -146,8 +146,6 @@ def read_cpu_trace(
     path: Path, ev: TraceEvents, info: dict, world: int, patterns: list[re.Pattern], window_us: float
 ) -> ReplayTrace | None:
     """A CPU-only trace as replayable work (see the module docstring); None when it has no CPU ops."""
-    from commsched.replay.kineto import _rank
-
     threads, _ = _thread_events(ev)
     if not threads:
         return None
@@ -155,5 +153,5 @@ def read_cpu_trace(
     for key in sorted(threads):
         cpu.add_thread(key, threads[key])
     inferred = cpu.link(round(window_us * 1000))
-    return finish(cpu.items, path, _rank(path, info), "cpu", collectives=cpu.coll_of, inferred_edges=inferred,
+    return finish(cpu.items, path, trace_rank(path, info), "cpu", collectives=cpu.coll_of, inferred_edges=inferred,
                   events=len(ev.events))  # fmt: skip

@@ -38,7 +38,18 @@ from pathlib import Path
 from typing import Any
 
 from commsched.cost.trace_import import TraceEvents, collective_of, load_trace
-from commsched.replay.work import COMM, COMPUTE, HOST, MEMORY, Collective, EndIndex, Items, ReplayTrace, finish
+from commsched.replay.work import (
+    COMM,
+    COMPUTE,
+    HOST,
+    MEMORY,
+    Collective,
+    EndIndex,
+    Items,
+    ReplayTrace,
+    finish,
+    trace_rank,
+)
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
@@ -379,15 +390,8 @@ def read_gpu_trace(
     gpu.add_host()
     linked = gpu.add_event_deps()
     inferred = 0 if gpu.sync else gpu.infer(round(infer_window_us * 1000))
-    return finish(gpu.items, path, _rank(path, info), "gpu", collectives=gpu.collectives, inferred_edges=inferred,
+    return finish(gpu.items, path, trace_rank(path, info), "gpu", collectives=gpu.collectives, inferred_edges=inferred,
                   event_edges=linked, events=len(ev.events))  # fmt: skip
-
-
-def _rank(path: Path, info: dict) -> int | None:
-    rank = info.get("rank")
-    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
-        raise ValueError(f"{path}: distributedInfo.rank: expected an integer >= 0, got {rank!r}")
-    return rank
 
 
 def read_trace(

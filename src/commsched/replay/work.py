@@ -185,6 +185,15 @@ def _add_gaps(items: Items) -> None:
             items.preds[i] = [g]
 
 
+def trace_rank(path: Path, info: dict) -> int | None:
+    """The rank a trace's ``distributedInfo`` (``info``) names, or None where it names none; ValueError naming the
+    file when it is not an integer >= 0. Every trace reader passes it to :func:`finish`."""
+    rank = info.get("rank")
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+        raise ValueError(f"{path}: distributedInfo.rank: expected an integer >= 0, got {rank!r}")
+    return rank
+
+
 def finish(items: Items, path: Path, rank: int | None, mode: str, **extra) -> ReplayTrace:
     """Add the residual gaps (:func:`_add_gaps`) and sort the items topologically, earliest measured start first.
     ValueError naming the file on a dependency cycle (a trace whose timestamps contradict its links)."""

@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from commsched.experiments.sweep import SweepRow
+from commsched.experiments.sweep_row import SweepRow
 from commsched.io import atomic_write_bytes
 
 HARDWARE_COLORS = ("#3b75af", "#ef8636", "#519e3e", "#c53a32", "#8d69b8", "#84584e", "#d57dbf", "#7f7f7f")

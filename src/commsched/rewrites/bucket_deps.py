@@ -1,5 +1,5 @@
 """The ordering edges ``from_fx`` derives from in-place writes (read-after-write, write-after-read on a storage), as
-the bucketed program needs them beyond the old nodes' remapped ones (``rewrites/bucket_graph.py``: ``e`` is its
+a rewritten program needs them beyond the old nodes' remapped ones (``rewrites/graph_emit.py``: ``e`` is its
 emitted sequence: ``g``, ``m``, ``items``, ``new_pos``, ``old_pos``, ``old_v``)."""
 
 from __future__ import annotations

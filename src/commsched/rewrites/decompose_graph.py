@@ -4,12 +4,12 @@
 node, a copy of the module) and re-importing it costs about a second per plan on a 5k-node step. This module builds
 the same :class:`Graph` from the source IR: the same new nodes (names, targets, kinds, shapes, storages, flops), made
 in the same order with the same priorities, placed by the same stable topological sort
-(:mod:`commsched.rewrites.bucket_graph` replays it). Only the kept plan is rewritten in FX.
+(:mod:`commsched.rewrites.graph_emit` replays it). Only the kept plan is rewritten in FX.
 ``tests/rewrites/test_decompose_graph.py`` checks the two agree field by field on traced zoo TP, TP+SP and FSDP+TP
 steps, on the traced program and on a bucketed one.
 
 What the IR does not hold comes from the traced FX module (:func:`fx_facts`): which nodes form each site's sum of
-products (the rule is :func:`commsched.rewrites.decompose_tp._product_tree`'s) and which operands are not contiguous.
+products (the rule is :func:`commsched.rewrites.decompose_tp.product_tree`'s) and which operands are not contiguous.
 Where the rewrite would change an in-place ordering dependency (a storage it reads or frees is written in place) or
 the order in which process groups first appear, :class:`Unsupported` is raised: the caller rewrites the FX module.
 """
@@ -24,7 +24,6 @@ import numpy as np
 from torch.utils.flop_counter import flop_registry
 
 from commsched.ir import Graph, GraphError, OpKind
-from commsched.rewrites.bucket_graph import _emit, _New
 from commsched.rewrites.decompose_tp import (
     ADD,
     AG,
@@ -34,11 +33,12 @@ from commsched.rewrites.decompose_tp import (
     WAIT,
     TPSite,
     TPSplit,
-    _product_tree,
     aten,
     new_priority,
     node_prefix,
+    product_tree,
 )
+from commsched.rewrites.graph_emit import NewNode, emit_graph
 
 T_SLICE, T_VIEW, T_SELECT = str(aten.slice.Tensor), str(aten.view.default), str(aten.select.int)
 T_STACK, T_CAT, T_CLONE = str(aten.stack.default), str(aten.cat.default), str(aten.clone.default)
@@ -66,7 +66,7 @@ def fx_facts(gm, sites: Sequence[TPSite]) -> FxFacts:
     trees = {}
     for s in sites:
         if s.pattern != "ag_mm":
-            tree = _product_tree(by_name[s.collective].args[0])
+            tree = product_tree(by_name[s.collective].args[0])
             trees[s.collective] = tuple(n.name for n in tree or ())
     noncontig = set()
     for n in gm.graph.nodes:
@@ -82,7 +82,7 @@ class _Builder:
 
     def __init__(self, g: Graph, facts: FxFacts):
         self.g, self.facts, self.index = g, facts, g.index
-        self.added: list[_New] = []
+        self.added: list[NewNode] = []
         self.meta: dict[str, tuple[tuple[int, ...], str, int, str | None]] = {}
         self.seq = 0
         self.prefix = node_prefix(g.names)
@@ -118,9 +118,9 @@ class _Builder:
         storage = None if view_of is None else self.storage_of(view_of)
         self.meta[name] = (shape, dtype, itemsize, storage)
         side = kind in (OpKind.COLLECTIVE, OpKind.WAIT)
-        self.added.append(_New(name, target, kind, inputs, [(shape, dtype, nbytes, storage)],
-                               new_priority(anchor, self.seq), side_effect=side, coll=coll, wait_of=wait_of,
-                               flops=flops))  # fmt: skip
+        self.added.append(NewNode(name, target, kind, inputs, [(shape, dtype, nbytes, storage)],
+                                  new_priority(anchor, self.seq), side_effect=side, coll=coll, wait_of=wait_of,
+                                  flops=flops))  # fmt: skip
         return name
 
     def view(self, anchor: float, target: str, src: str, shape) -> str:
@@ -321,7 +321,7 @@ def decompose_graph(g: Graph, splits: Sequence[TPSplit], sites: Sequence[TPSite]
         else:
             _split_reduce(b, coll, split, facts.trees[split.site], (removed, rename, smap_late))
     _check_no_hazards(g, removed)
-    out = _emit(g, np.arange(len(g), dtype=np.float64), removed, rename, smap_late, b.added)
+    out = emit_graph(g, np.arange(len(g), dtype=np.float64), removed, rename, smap_late, b.added)
     first = np.unique(out.coll_group[out.coll_group >= 0], return_index=True)[1]
     if np.any(np.diff(out.coll_group[out.coll_group >= 0][np.sort(first)]) < 0):
         raise Unsupported("the split changes the order in which process groups first appear")

@@ -99,9 +99,10 @@ def _single_user(node: torch.fx.Node) -> bool:
     return len(node.users) == 1
 
 
-def _product_tree(root: torch.fx.Node) -> list[torch.fx.Node] | None:
-    """The nodes of the sum of products computing ``root`` (``mm`` / ``add`` nodes, each read only by its parent;
-    root first), or None when ``root`` is not one or holds no ``mm``."""
+def product_tree(root: torch.fx.Node) -> list[torch.fx.Node] | None:
+    """The nodes of the sum of products computing ``root`` (``mm`` / ``add`` nodes on 2-D values, each read only by
+    its parent; root first), or None when ``root`` is not one or holds no ``mm``: what a reduce site's split
+    rewrites, here and on the IR (:mod:`commsched.rewrites.decompose_graph`)."""
     tree: list[torch.fx.Node] = []
     stack = [root]
     while stack:
@@ -166,7 +167,7 @@ def _site(node: torch.fx.Node) -> TPSite | None:
         rows = int(_val(x).shape[0])
         return TPSite(node.name, "ag_mm", str(group), tuple(m.name for m in mms), (("m", rows),), nbytes)
     if is_op(node, RS, AR) and isinstance(node.args[0], torch.fx.Node):
-        tree = _product_tree(node.args[0])
+        tree = product_tree(node.args[0])
         if tree is None:
             return None
         m, n = (int(s) for s in _val(node.args[0]).shape)
@@ -266,7 +267,7 @@ def _split_reduce(b: _Builder, coll: torch.fx.Node, split: TPSplit) -> list[torc
     wait = wait_users(coll)[0]
     folded = _fold_extra_waits(wait)
     root = coll.args[0]
-    tree = _product_tree(root)
+    tree = product_tree(root)
     assert tree is not None  # find_tp_sites checked it
     in_tree = set(tree)
     world = int(coll.args[2]) if is_op(coll, RS) else 1

@@ -257,7 +257,7 @@ def split_zoo_step(spec: Any, parts: int = 2, *, interleave: bool = True) -> Rew
     from commsched.frontends.fake_pg import fake_process_group
     from commsched.workloads.mesh import create_groups
     from commsched.workloads.program import StepProgram
-    from commsched.workloads.trace import TRACED_RANK, _tidy
+    from commsched.workloads.trace import TRACED_RANK, tidy_traced
 
     why = why_not_split(spec, parts)
     if why is not None:
@@ -272,7 +272,7 @@ def split_zoo_step(spec: Any, parts: int = 2, *, interleave: bool = True) -> Rew
             dims = tuple(_batch_dim(x, y) for x, y in zip(inputs, programs[sizes[0]].empty_inputs(), strict=True))
             fn = merged_step([programs[b].step for b in sizes], sizes, dims, _zoo_merge(spec))
             gm = trace_merged(fn, inputs)
-        _tidy(gm, whole.input_names)
+        tidy_traced(gm, whole.input_names)
         if interleave:
             from commsched.frontends.fx import from_fx
 

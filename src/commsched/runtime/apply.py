@@ -2,6 +2,8 @@
 
 The IR's node names are the FX node names (``commsched.frontends.fx``), so an order computed on the IR maps onto the
 GraphModule by name. Reordering moves nodes in the FX linked list; it never adds, removes or rewrites a node.
+An order planned on rank 0 maps onto every rank's graph the same way only if their names agree:
+:func:`check_same_graph` checks that, on every rank together.
 """
 
 from __future__ import annotations
@@ -153,3 +155,22 @@ def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         if new.name != old.name:
             raise GraphError(f"copying the FX graph renamed node {old.name!r} to {new.name!r}")
     return torch.fx.GraphModule(gm, new_graph)
+
+
+def check_same_graph(gm: torch.fx.GraphModule, what: str = "traced step") -> None:
+    """Every rank's graph must have rank 0's node names and targets, in the same order (SPMD): the orders are by
+    name. Call on every rank; raises on every rank whose graph differs, naming ``what`` it is."""
+    import torch.distributed as dist
+
+    mine = [(n.name, str(n.target)) for n in gm.graph.nodes]
+    box = [mine if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    ref = box[0]
+    bad = torch.tensor([0 if mine == ref else 1])
+    dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    if bad.item():
+        first = next(((a, b) for a, b in zip(mine, ref) if a != b), (f"{len(mine)} nodes", f"{len(ref)} nodes"))
+        raise RuntimeError(
+            f"rank {dist.get_rank()}'s {what} differs from rank 0's ({first[0]} vs {first[1]}): the schedule "
+            "maps onto every rank by node name, so every rank must have the same graph"
+        )

@@ -43,7 +43,7 @@ from commsched.report.run_report import (
     StepTimes,
 )
 from commsched.report.run_verdict import judge_speedup, relative_spread, run_warnings
-from commsched.runtime.apply import apply_schedule, copy_graph_module
+from commsched.runtime.apply import apply_schedule, check_same_graph, copy_graph_module
 from commsched.runtime.numerics import SAME, OutputDiff, compare_outputs
 from commsched.runtime.profile import profile_variants
 from commsched.runtime.profile import sync_device as _sync
@@ -201,23 +201,6 @@ def trace_rank(spec: WorkloadSpec, groups: Mapping[str, Any], rank: int, device:
 
     program = StepProgram(spec, groups, rank)
     return program, trace_step(program, device)
-
-
-def check_same_graph(gm: torch.fx.GraphModule, what: str = "traced step") -> None:
-    """Every rank's graph must have rank 0's node names and targets, in the same order (SPMD): the orders are by
-    name. Call on every rank; raises on every rank whose graph differs, naming ``what`` it is."""
-    mine = [(n.name, str(n.target)) for n in gm.graph.nodes]
-    box = [mine if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    ref = box[0]
-    bad = torch.tensor([0 if mine == ref else 1])
-    dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-    if bad.item():
-        first = next(((a, b) for a, b in zip(mine, ref) if a != b), (f"{len(mine)} nodes", f"{len(ref)} nodes"))
-        raise RuntimeError(
-            f"rank {dist.get_rank()}'s {what} differs from rank 0's ({first[0]} vs {first[1]}): the schedule "
-            "maps onto every rank by node name, so every rank must have the same graph"
-        )
 
 
 @dataclasses.dataclass(frozen=True)

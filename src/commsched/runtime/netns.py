@@ -20,6 +20,8 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+from commsched.io import pid_alive
+
 NAME_PREFIX = "commsched-"
 _CLONE_NEWNET = 0x40000000
 _NETNS_DIRS = (Path("/run/netns"), Path("/var/run/netns"))
@@ -109,23 +111,13 @@ def list_namespaces() -> list[str]:
     return sorted(names)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_stale_namespaces() -> list[str]:
     """Delete namespaces left by commsched runs whose process no longer exists (a run killed by SIGKILL cannot
     clean up after itself). Returns the names removed."""
     removed = []
     for name in list_namespaces():
         m = re.fullmatch(re.escape(NAME_PREFIX) + r"(\d+)-[0-9a-f]+", name)
-        if m and not _pid_alive(int(m.group(1))):
+        if m and not pid_alive(int(m.group(1))):
             subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
             removed.append(name)
     return removed

@@ -24,6 +24,7 @@ import torch.fx
 from commsched.ir import Graph
 from commsched.passes.budget import MemoryBudget
 from commsched.report.run_report import OutputCheck, ProgramChange
+from commsched.runtime.apply import check_same_graph
 from commsched.runtime.numerics import OutputDiff, merged_reductions, reduction_dtypes, reduction_ranks, reduction_rtol
 
 Rows = list[tuple[str, int, int, float]]
@@ -82,7 +83,6 @@ def optimize_on_every_rank(
     arguments; raises on every rank when any rank's search failed or kept another program than rank 0's."""
     from commsched import hardware as hw_mod
     from commsched.optimize import optimize
-    from commsched.runtime.executor import check_same_graph
     from commsched.runtime.plan import run_memory_budget
 
     t0 = time.perf_counter()

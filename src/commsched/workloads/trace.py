@@ -84,7 +84,7 @@ def trace_step(program: StepProgram, device: torch.device | None = None) -> torc
     settle_imports()
     with FakeTensorMode(), torch.device(device) if device is not None else contextlib.nullcontext():
         gm = make_fx(program.step)(*program.empty_inputs())
-    _tidy(gm, program.input_names)
+    tidy_traced(gm, program.input_names)
     return gm
 
 
@@ -98,9 +98,11 @@ def settle_imports() -> None:
         import torch._dynamo  # noqa: F401  (make_fx imports it on its first call, FakeTensorMode its config)
 
 
-def _tidy(gm: torch.fx.GraphModule, input_names: list[str]) -> None:
-    """Name the placeholders after the inputs and drop the unused ``getitem`` s of multi-output ops (flash
-    attention's RNG state, its None / int outputs), which carry no tensor."""
+def tidy_traced(gm: torch.fx.GraphModule, input_names: list[str]) -> None:
+    """In place, on a freshly traced step (``make_fx``): name the placeholders after the inputs (``input_names``, one
+    per placeholder, in order; dots become underscores) and drop the unused ``getitem`` s of multi-output ops (flash
+    attention's RNG state, its None / int outputs), which carry no tensor; then recompile. Every zoo trace ends with
+    it (:func:`trace_step`, :func:`commsched.rewrites.split_batch.split_zoo_step`), so their node names agree."""
     graph = gm.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     rename = all(hasattr(n, "_rename") for n in placeholders)  # torch.fx.Node._rename is private: optional
