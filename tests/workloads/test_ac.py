@@ -31,9 +31,10 @@ def _costed(ac: str) -> tuple:
 
 
 def _flops(w, target: str | None = None, *, forward: bool | None = None) -> float:
+    """Flops of the nodes running ``target`` (None: all), of the forward (before the loss) or the backward."""
     g, loss = w.graph, loss_node(w.graph)
-    return sum(float(g.flops[i]) for i in np.flatnonzero(g.flops)
-               if (target is None or g.targets[i] == target) and (forward is None or (i < loss) == forward))  # fmt: skip
+    picked = [i for i in np.flatnonzero(g.flops) if target is None or g.targets[i] == target]
+    return sum(float(g.flops[i]) for i in picked if forward is None or (i < loss) == forward)
 
 
 def _compute_s(w, costs) -> float:
