@@ -1,5 +1,6 @@
 """Options several commands take alike, each defined once: where output goes (files, folders, ``--json``) and the
-options that pick a zoo step (``--parallel`` ... ``--fsdp-bucket``), with the check that the step's layers exist."""
+options that pick a zoo step (``--parallel`` ... ``--fsdp-bucket``, ``--ac``), with the check that the step's layers
+exist."""
 
 from __future__ import annotations
 
@@ -98,12 +99,15 @@ class ZooStep:
     ep_size: int | None
     kv_len: int | None
     fsdp_bucket: str
+    ac: str = "none"
 
     def options(self) -> dict[str, Any]:
         """``resolve`` / ``build`` keywords beyond preset, parallel, world size and layers (None left out)."""
+        # ac "none" (the default) left out, as the options given to resolve were before --ac existed
         given = {"mode": self.mode, "seq_len": self.seq_len, "batch": self.batch, "dtype": self.dtype,
                  "tp_size": self.tp_size, "ep_size": self.ep_size, "kv_len": self.kv_len,
-                 "fsdp_bucket": self.fsdp_bucket}  # fmt: skip
+                 "fsdp_bucket": self.fsdp_bucket,
+                 "ac": None if self.ac == "none" else self.ac}  # fmt: skip
         return {k: v for k, v in given.items() if v is not None}
 
     def build_kwargs(self) -> dict[str, Any]:
@@ -156,7 +160,8 @@ def step_title(meta: dict[str, Any]) -> str:
     if "layers" not in meta or "preset" not in meta:
         return str(meta.get("workload", "graph"))
     head = f"{meta['preset']}/{meta['parallel']}/{meta['mode']}/world {meta['world_size']}"
-    return f"{head}/{meta['layers']} of {meta.get('preset_layers', meta['layers'])} layers"
+    ac = f"/ac {meta['ac']}" if meta.get("ac", "none") != "none" else ""
+    return f"{head}/{meta['layers']} of {meta.get('preset_layers', meta['layers'])} layers{ac}"
 
 
 def step_layers(meta: dict[str, Any]) -> dict[str, Any]:
@@ -170,7 +175,20 @@ _ZOO_HELP = {
     "parallel": "fsdp, ddp, tp, tp+sp, fsdp+tp, ep, ...",
     "world_size": "ranks of the (fake) process group",
     "fsdp_bucket": "param: one collective per parameter; block: one per block",
+    "ac": "activation checkpointing of the blocks (train): none, full, selective-op, selective-layer:N "
+    "(every N-th block), as torchtitan applies it",
 }
+
+
+def _checked_ac(value: str) -> str:
+    """A typer callback: ``--ac``'s value in its canonical form, or a usage error (exit 2) naming the accepted
+    values, before any work."""
+    from commsched.workloads.ac import parse_ac
+
+    try:
+        return parse_ac(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def _zoo_parameters(world_size: int, dtype: str, lists: bool) -> list[inspect.Parameter]:
@@ -193,6 +211,7 @@ def _zoo_parameters(world_size: int, dtype: str, lists: bool) -> list[inspect.Pa
         ("ep_size", int | None, opt(None, "--ep-size", min=1, help="expert-parallel degree (ep, fsdp+ep)")),
         ("kv_len", int | None, opt(None, "--kv-len", min=1, help="KV-cache capacity (prefill / decode)")),
         ("fsdp_bucket", str, opt("param", "--fsdp-bucket", help=_ZOO_HELP["fsdp_bucket"] + many)),
+        ("ac", str, opt("none", "--ac", callback=_checked_ac, help=_ZOO_HELP["ac"])),
     ]  # fmt: skip
     return [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=kind)
             for name, kind, info in specs]  # fmt: skip

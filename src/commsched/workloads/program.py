@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from commsched.workloads import model
+from commsched.workloads.ac import Checkpoint, block_checkpoint, parse_ac
 from commsched.workloads.collectives import Comm, DDPBuckets, Group, ddp_buckets
 from commsched.workloads.mesh import INFERENCE_PARALLELISMS, MODES, ParallelPlan, make_plan
 from commsched.workloads.params import ParamInfo, init_full_params, param_layout, shard_for_rank
@@ -59,6 +60,7 @@ class WorkloadSpec:
     attention: str  # "flash" or "sdpa"
     capacity_factor: float  # MoE
     layout: tuple[ParamInfo, ...]
+    ac: str = "none"  # activation checkpointing of the blocks (commsched.workloads.ac): none, full, selective-...
 
     @property
     def train(self) -> bool:
@@ -76,7 +78,7 @@ class WorkloadSpec:
 
 
 # WorkloadSpec fields that are also resolve options and do not depend on the parallel plan
-_STEP_OPTIONS = ("seq_len", "batch", "dtype", "mode", "kv_len", "reduce_dtype", "attention", "capacity_factor")
+_STEP_OPTIONS = ("seq_len", "batch", "dtype", "mode", "kv_len", "reduce_dtype", "attention", "capacity_factor", "ac")
 
 
 def resolve(
@@ -96,8 +98,11 @@ def resolve(
     reduce_dtype: str | torch.dtype = "float32",
     attention: str = "flash",
     capacity_factor: float = 1.0,
+    ac: str = "none",
 ) -> WorkloadSpec:
-    """Validate a request; every impossible dimension raises ValueError naming it."""
+    """Validate a request; every impossible dimension raises ValueError naming it. ``ac``: activation
+    checkpointing of the transformer blocks (training only): ``"none"``, ``"full"``, ``"selective-op"`` or
+    ``"selective-layer:N"`` (:mod:`commsched.workloads.ac`)."""
     cfg = get_preset(preset) if isinstance(preset, str) else preset
     if layers is not None:
         if layers < 1:
@@ -117,6 +122,10 @@ def resolve(
         raise ValueError(f"fsdp_bucket={fsdp_bucket!r}: expected 'param' or 'block'")
     if not capacity_factor > 0:
         raise ValueError(f"capacity_factor={capacity_factor}: expected > 0")
+    ac = parse_ac(ac)
+    if ac != "none" and mode != "train":
+        raise ValueError(f"ac={ac!r} is for mode='train' (activation checkpointing recomputes the forward in the "
+                         f"backward), not mode={mode!r}; use ac='none'")  # fmt: skip
     plan = make_plan(
         parallel,
         world_size,
@@ -154,6 +163,7 @@ def resolve(
         attention=attention,
         capacity_factor=capacity_factor,
         layout=tuple(param_layout(cfg, plan)),
+        ac=ac,
     )
 
 
@@ -355,7 +365,9 @@ class StepProgram:
                 if self.on_layer is not None:
                     self.on_layer(i)
                 cache = caches[i] if caches is not None else None
-                h = src.run(f"layers.{i}", lambda p, h, c=cache: model.block(p, h, cfg, s, comm, rope, c), h)
+                checkpoint = self.block_checkpoint(i)
+                h = src.run(f"layers.{i}", lambda p, h, c=cache: model.block(p, h, cfg, s, comm, rope, c), h,
+                            checkpoint=checkpoint)  # fmt: skip
             if spec.train:
                 out = src.run("final", lambda p: model.head_loss(p, h, labels, cfg, s, comm))
             else:
@@ -364,6 +376,11 @@ class StepProgram:
             return [out]
         grads = torch.autograd.grad(out, params)
         return [out, *src.finalize(list(grads))]
+
+    def block_checkpoint(self, layer: int) -> Checkpoint | None:
+        """The activation checkpoint block ``layer`` runs under (``spec.ac``; None: none)."""
+        cfg = self.spec.model
+        return block_checkpoint(self.spec.ac, layer, moe_router_shape=(cfg.dim, cfg.n_experts) if cfg.is_moe else None)
 
     def chunk_shapes(self, chunks: int) -> list[model.Shapes]:
         """The shapes of each of ``chunks`` equal pieces of every sequence (a training step's or a prefill's
@@ -406,13 +423,14 @@ class StepProgram:
         for i in range(cfg.n_layers):
             if self.on_layer is not None:
                 self.on_layer(i)
-            kv, prefix = (caches[i], None) if caches is not None else (None, [])
+            kv = caches[i] if caches is not None else None
 
-            def layer(p, *hs, kv=kv, prefix=prefix):
+            def layer(p, *hs, kv=kv):
+                prefix = None if kv is not None else []  # a fresh list each call: a checkpoint's recompute too
                 return each(lambda c, s, span: model.block(p, hs[c], cfg, s, comm, (rope[0][span], rope[1][span]),
                                                            kv, prefix))  # fmt: skip
 
-            hs = src.run(f"layers.{i}", layer, *hs)
+            hs = src.run(f"layers.{i}", layer, *hs, checkpoint=self.block_checkpoint(i))
         if labels is None:
             with self.chunk_scope(len(shapes) - 1):
                 return src.run("final", lambda p: model.head_logits(p, hs[-1], cfg, shapes[-1], comm))

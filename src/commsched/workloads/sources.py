@@ -14,8 +14,9 @@ reads the re-gathered copy, so the traced graph's data dependencies are those of
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.autograd import Function
@@ -31,6 +32,9 @@ from commsched.workloads.collectives import (
     reduce_scatter,
 )
 from commsched.workloads.params import ParamInfo
+
+if TYPE_CHECKING:
+    from commsched.workloads.ac import Checkpoint
 
 
 class _Same:
@@ -66,7 +70,15 @@ class ParamSource:
         for pid, p in enumerate(self.layout):
             self.units.setdefault(p.unit, []).append(pid)
 
-    def run(self, unit: str, fn: Callable[..., Any], *args: Any) -> Any:
+    def run(self, unit: str, fn: Callable[..., Any], *args: Any, checkpoint: Checkpoint | None = None) -> Any:
+        """``fn(params, *args)`` with the unit's compute-ready parameters. ``checkpoint`` (activation
+        checkpointing, :mod:`commsched.workloads.ac`): the parameter fetch and ``fn`` run under it, so the
+        backward recomputes both (FSDP: re-gathers the unit, as FSDP2 does before a checkpointed block)."""
+        if checkpoint is None:
+            return self._run(unit, fn, *args)
+        return checkpoint(functools.partial(self._run, unit, fn, checkpointed=True), *args)
+
+    def _run(self, unit: str, fn: Callable[..., Any], *args: Any, checkpointed: bool = False) -> Any:
         params = {self.layout[pid].key: self._compute_param(pid) for pid in self.units[unit]}
         return fn(params, *args)
 
@@ -242,11 +254,11 @@ class FSDPSource(ParamSource):
         return g
 
     # -------------------------------------------------------------- units
-    def run(self, unit: str, fn: Callable[..., Any], *args: Any) -> Any:
+    def _run(self, unit: str, fn: Callable[..., Any], *args: Any, checkpointed: bool = False) -> Any:
         pids = self.units[unit]
         gathered = _FSDPUnshard.apply(self, pids, *[self.params[pid] for pid in pids])
         params = {self.layout[pid].key: t for pid, t in zip(pids, gathered, strict=True)}
-        if not self.reshard(unit):
+        if not self.reshard(unit) or checkpointed:  # checkpointed: the recompute re-gathers, nothing is saved
             return fn(params, *args)
         keys = {StorageWeakRef(t.untyped_storage()): (pid, t) for pid, t in zip(pids, gathered, strict=True)}
 

@@ -47,8 +47,9 @@ def build(
     Options (see ``resolve``): ``layers``, ``seq_len`` (default: the preset's), ``batch`` (sequences per
     data-parallel replica; default 1, 8 for decode), ``dtype``, ``mode`` (``"train"``: joint forward + backward,
     ``"prefill"`` or ``"decode"``: forward with a KV cache), ``kv_len``, ``tp_size``, ``ep_size``, ``fsdp_bucket``
-    ("param" | "block"), ``reduce_dtype``, ``attention`` ("flash" | "sdpa"), ``capacity_factor``. Raises ValueError
-    for an impossible configuration.
+    ("param" | "block"), ``reduce_dtype``, ``attention`` ("flash" | "sdpa"), ``capacity_factor``, ``ac`` (activation
+    checkpointing: "none" | "full" | "selective-op" | "selective-layer:N"). Raises ValueError for an impossible
+    configuration.
     """
     return trace_spec(resolve(preset, parallel=parallel, world_size=world_size, **options), progress)
 
@@ -148,7 +149,8 @@ def workload_meta(program: StepProgram, groups: dict[str, Any]) -> dict[str, Any
         }
     meta: dict[str, Any] = {
         "workload": f"{cfg.name}/{plan.parallel}/{spec.mode}/world {plan.world_size}/{cfg.n_layers} of "
-        f"{PRESETS[cfg.name].n_layers if cfg.name in PRESETS else cfg.n_layers} layers",
+        f"{PRESETS[cfg.name].n_layers if cfg.name in PRESETS else cfg.n_layers} layers"
+        + (f"/ac {spec.ac}" if spec.ac != "none" else ""),
         "preset": cfg.name,
         "parallel": plan.parallel,
         "mode": spec.mode,
@@ -166,6 +168,7 @@ def workload_meta(program: StepProgram, groups: dict[str, Any]) -> dict[str, Any
         "traced_device": "cpu",
         "traced_rank": TRACED_RANK,
         "attention": spec.attention,
+        "ac": spec.ac,  # activation checkpointing of the blocks (commsched.workloads.ac)
         # torch's flop counter charges causal attention for the full seq x seq score matrix
         "attention_causal": spec.mode != "decode",
         "params_total": cfg.total_params(),  # of the traced model (``layers`` blocks)
