@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_optimize import CASES  # noqa: E402
+from bench_optimize import CASES
 
 
 def _record(o) -> dict:

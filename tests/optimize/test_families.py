@@ -45,7 +45,7 @@ def test_a_registered_family_is_judged_by_the_core(tp_step, monkeypatch):
         probed = [p for p in judge.probe([again, Candidate("broken", None, broken)])]
         out = [p for p in probed if isinstance(p, Tried)]
         out += judge.finals({"all": [p for p in probed if isinstance(p, Probed)]}, "the best again's")
-        return out + [judge.scheduled("scheduled again", state.graph, state.costs)]
+        return [*out, judge.scheduled("scheduled again", state.graph, state.costs)]
 
     registry = {**families.FAMILIES, "toy": _family("toy", variants)}
     monkeypatch.setattr(families, "FAMILIES", registry)
@@ -118,5 +118,5 @@ def test_every_family_keeps_to_the_protocol():
     """Each registered family names itself as registered, says whether it is a transform and has ``variants``."""
     for name, fam in families.FAMILIES.items():
         assert fam.name == name and isinstance(fam.transform, bool) and callable(fam.variants)
-    assert list(families.FAMILIES)[0] == "bucketing"  # the others build on the fastest bucketed variant
+    assert next(iter(families.FAMILIES)) == "bucketing"  # the others build on the fastest bucketed variant
     assert all(isinstance(v, type) for v in (Variant, Tried))

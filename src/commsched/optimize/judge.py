@@ -13,19 +13,8 @@ from typing import Any
 
 from commsched.cost import CostEstimate
 from commsched.ir import Graph
-from commsched.optimize.protocol import (
-    NO_INCUMBENT_NS,
-    PROBE,
-    Candidate,
-    ModulePlan,
-    Probed,
-    State,
-    Tried,
-    Variant,
-    bound_ns,
-    bound_pruned,
-    schedule_variant,
-)
+from commsched.optimize import protocol
+from commsched.optimize.protocol import NO_INCUMBENT_NS, PROBE, Candidate, ModulePlan, Probed, State, Tried, Variant
 from commsched.sim import simulate_costs
 
 
@@ -45,7 +34,7 @@ def judge_finals(chosen: list[Probed], best_ns: int, limit: int, run: Callable, 
     executor."""
     judged: dict[int, Any] = {}
     for q in chosen:
-        why = bound_pruned(q.bound_ns, best_ns)
+        why = protocol.bound_pruned(q.bound_ns, best_ns)
         if why is not None:
             judged[q.index] = pruned(q, why)
             continue
@@ -68,7 +57,7 @@ class SerialJudge:
         self._probed = 0  # candidates probed so far: their index breaks ties (the earlier wins)
 
     def scheduled(self, label: str, g: Graph, costs: CostEstimate, plan: Any = None) -> Variant | Tried:
-        return schedule_variant(label, g, costs, self.state.knobs, plan)
+        return protocol.schedule_variant(label, g, costs, self.state.knobs, plan)
 
     def probe(self, candidates: list[Candidate]) -> list[Probed | Tried]:
         return [self._probe_here(c, self._next_index()) for c in candidates]
@@ -82,11 +71,11 @@ class SerialJudge:
             g2, c2 = c.build()
         except Exception as exc:  # a candidate that cannot be built is a verdict, not a failed search
             return Tried(c.label, None, verdict=f"failed: {exc}")
-        v = schedule_variant(c.label, g2, c2, {**self.state.knobs, **PROBE}, c.plan)
+        v = protocol.schedule_variant(c.label, g2, c2, {**self.state.knobs, **PROBE}, c.plan)
         if isinstance(v, Tried):  # no order within the budget even for the probe
             return v
-        return Probed(v.sim.makespan_ns, index, c, len(g2.collectives), bound_ns(v.sim), v.sim.peak_memory_bytes,
-                      g2, c2)  # fmt: skip
+        bound = protocol.bound_ns(v.sim)
+        return Probed(v.sim.makespan_ns, index, c, len(g2.collectives), bound, v.sim.peak_memory_bytes, g2, c2)
 
     def finals(self, probed: dict[str, list[Probed]], rival: str, best_ns: int = NO_INCUMBENT_NS,
                finalists: int | None = None) -> list:  # fmt: skip

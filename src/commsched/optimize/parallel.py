@@ -18,18 +18,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from commsched.execute.base import error_text, resolve_fn
+from commsched.optimize import protocol
 from commsched.optimize.judge import SerialJudge, figures
-from commsched.optimize.protocol import (
-    PROBE,
-    Candidate,
-    Probed,
-    State,
-    Tried,
-    Variant,
-    bound_ns,
-    bound_pruned,
-    schedule_variant,
-)
+from commsched.optimize.protocol import PROBE, Candidate, Probed, State, Tried, Variant
 
 PROBE_FN = "commsched.optimize.parallel:judge_candidate"
 
@@ -47,7 +38,7 @@ class Evaluated(Variant):
         one); with this stand-in's label, plan and family as they are now."""
         if self.real is None:
             g2, c2 = _build(self.spec)
-            self.real = schedule_variant(self.label, g2, c2, self.spec["ctx"]["knobs"], self.plan)
+            self.real = protocol.schedule_variant(self.label, g2, c2, self.spec["ctx"]["knobs"], self.plan)
             self.real.probe_s = self.probe_s
         if isinstance(self.real, Variant):
             self.real.family = self.family
@@ -73,14 +64,14 @@ def judge_candidate(spec: dict[str, Any]) -> dict[str, Any]:
         g2, c2 = _build(spec)
     except Exception as exc:  # a plan that cannot be applied: a verdict, as a failed schedule is
         return _failed(spec, error_text("build", exc))
-    v = schedule_variant(spec["label"], g2, c2, knobs, spec["plan"])
+    v = protocol.schedule_variant(spec["label"], g2, c2, knobs, spec["plan"])
     if isinstance(v, Tried):
         return {"label": v.label, "collectives": v.collectives, "verdict": v.verdict}
     sim = v.sim
     row = {"label": v.label, "collectives": len(g2.collectives), "makespan_ns": int(sim.makespan_ns),
            "makespan_s": float(sim.makespan_s), "peak_memory_bytes": int(sim.peak_memory_bytes)}  # fmt: skip
     if spec["stage"] == "probe":  # a finalist whose bound is above a step found before it is pruned
-        row["lower_bound_ns"] = bound_ns(sim)
+        row["lower_bound_ns"] = protocol.bound_ns(sim)
     return row
 
 
@@ -122,7 +113,7 @@ class ExecutorJudge(SerialJudge):
     def _prepare_finals(self, chosen: list[Probed], best_ns: int) -> None:
         """The full searches of the remote finalists run at once, but for those the step found before them already
         prunes (the bound rule is then applied in order, as the serial judge does, so each verdict is the same)."""
-        runs = [q for q in chosen if q.graph is None and bound_pruned(q.bound_ns, best_ns) is None]
+        runs = [q for q in chosen if q.graph is None and protocol.bound_pruned(q.bound_ns, best_ns) is None]
         specs = [self._spec(q.candidate, "full") for q in runs]
         self._rows.update(zip((q.index for q in runs), self.executor.map(PROBE_FN, specs, fail=_failed),
                               strict=True))  # fmt: skip

@@ -35,7 +35,6 @@ from commsched.rewrites.bucket_plan import BUCKETABLE, Bucket, BucketConfig, Buc
 from commsched.rewrites.fxutil import (
     RewriteResult,
     call,
-    copy_graph_module,
     fake_mode_of,
     finish,
     ir_control_edges,
@@ -124,8 +123,8 @@ def apply_bucket_plan(
     (:func:`commsched.rewrites.fxutil.copy_graph_module`), its code generated when first used, not here. Raises
     GraphError if the plan does not fit ``gm``.
     """
-    out = copy_graph_module(gm, lazy=not recompile) if copy else gm
-    result = RewriteResult(gm=out, name="bucket_collectives")
+    result = RewriteResult.on_copy(gm, "bucket_collectives", copy=copy, lazy=not recompile)
+    out = result.gm
     merged = plan.merged
     if not merged:
         result.notes.append("no bucket has two or more members: nothing to rewrite")

@@ -39,7 +39,6 @@ from commsched.rewrites.fxutil import (
     WAIT,
     RewriteResult,
     call,
-    copy_graph_module,
     fake_mode_of,
     finish,
     ir_control_edges,
@@ -332,8 +331,8 @@ def decompose_tp(
     caller built and no longer needs, e.g. a bucketed program's rewrite). Raises GraphError naming the
     collective when a split does not apply (not a site, or ``chunks`` does not divide the dim). Rows: one per
     split. O(N log N)."""
-    out = copy_graph_module(gm, lazy=not recompile) if copy else gm
-    result = RewriteResult(gm=out, name="decompose_tp")
+    result = RewriteResult.on_copy(gm, "decompose_tp", copy=copy, lazy=not recompile)
+    out = result.gm
     if not splits:
         result.notes.append("no split asked for")
         return result

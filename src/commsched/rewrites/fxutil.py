@@ -40,6 +40,12 @@ class RewriteResult:
     notes: list[str] = dataclasses.field(default_factory=list)
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # rewrite-specific results (e.g. constraints)
 
+    @classmethod
+    def on_copy(cls, gm: torch.fx.GraphModule, name: str, *, copy: bool = True, lazy: bool = False) -> RewriteResult:
+        """The result of rewrite ``name`` started on a copy of ``gm`` (:func:`copy_graph_module`, ``lazy`` as
+        there), or on ``gm`` itself where ``copy`` is False (the caller owns it and gives it up)."""
+        return cls(gm=copy_graph_module(gm, lazy=lazy) if copy else gm, name=name)
+
     def count(self, reason: str, k: int = 1) -> None:
         self.counts[reason] = self.counts.get(reason, 0) + k
 

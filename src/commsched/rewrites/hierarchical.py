@@ -26,7 +26,6 @@ from commsched.rewrites.fxutil import (
     WAIT,
     RewriteResult,
     call,
-    copy_graph_module,
     fake_mode_of,
     finish,
     is_op,
@@ -76,8 +75,8 @@ def hierarchical_all_reduce(gm: torch.fx.GraphModule, sites: Sequence[tuple[str,
     """Rewrite each all_reduce in ``sites`` ((FX name, group name, ranks per node), e.g. from
     :func:`find_hierarchical_sites`) on a copy of ``gm``. Raises GraphError naming a node that is not a functional
     all_reduce with one wait, or whose size ``per_node`` does not divide. O(N)."""
-    out = copy_graph_module(gm)
-    result = RewriteResult(gm=out, name="hierarchical_all_reduce")
+    result = RewriteResult.on_copy(gm, "hierarchical_all_reduce")
+    out = result.gm
     mode = fake_mode_of(out) if sites else None
     by_name = nodes_by_name(out)
     for name, group, per_node in sites:

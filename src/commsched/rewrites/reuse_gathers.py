@@ -27,7 +27,7 @@ import torch
 import torch.fx
 
 from commsched.ir import Graph, GraphError, OpKind
-from commsched.rewrites.fxutil import WAIT, RewriteResult, copy_graph_module, finish, is_op, nodes_by_name, wait_users
+from commsched.rewrites.fxutil import WAIT, RewriteResult, finish, is_op, nodes_by_name, wait_users
 
 aten = torch.ops.aten
 AG = torch.ops._c10d_functional.all_gather_into_tensor.default
@@ -118,9 +118,9 @@ def reuse_gathers(gm: torch.fx.GraphModule, backward: Iterable[str], *, recompil
         if name not in known:
             raise GraphError(f"FX node {name!r} is not an all_gather that repeats an earlier one of the same "
                              f"unchanged parameter: expected one of find_regathers' backward names")  # fmt: skip
-    out = copy_graph_module(gm, lazy=True)
+    res = RewriteResult.on_copy(gm, "reuse_gathers", lazy=True)
+    out = res.gm
     by_name = nodes_by_name(out)
-    res = RewriteResult(out, "reuse_gathers")
     for name in names:
         r = known[name]
         ag, kept = by_name[r.backward], by_name[r.forward]

@@ -19,18 +19,8 @@ import dataclasses
 from typing import Any
 
 from commsched.ir import Graph
-from commsched.optimize.protocol import (
-    BUCKETING,
-    BucketedPlan,
-    Candidate,
-    Judge,
-    Probed,
-    State,
-    Tried,
-    Variant,
-    bound_ns,
-    bound_pruned,
-)
+from commsched.optimize import protocol
+from commsched.optimize.protocol import BUCKETING, BucketedPlan, Candidate, Judge, Probed, State, Tried, Variant
 
 name = "kept gathers"
 transform = True
@@ -90,7 +80,7 @@ def variants(state: State, judge: Judge) -> list:
             break
         fits, probes = False, 0
         for lab, g2, c2, plan in candidates:
-            why = bound_pruned(bound_ns(simulate_costs(g2, c2)), incumbent)
+            why = protocol.bound_pruned(protocol.bound_ns(simulate_costs(g2, c2)), incumbent)
             if why is not None:  # no order of it can win
                 out.append(Tried(lab, len(g2.collectives), verdict=why))
                 continue
