@@ -2,8 +2,8 @@
 
 :mod:`commsched.optimize.families.decomposed_tp` judges decomposed-TP plans; rewriting the FX module (a FakeTensor
 dispatch per new node, a copy of the module) and re-importing it costs about a second per plan on a 5k-node step.
-This module builds the same :class:`Graph` from the source IR: the same new nodes (names, targets, kinds, shapes, storages, flops), made
-in the same order with the same priorities, placed by the same stable topological sort
+This module builds the same :class:`Graph` from the source IR: the same new nodes (names, targets, kinds, shapes,
+storages, flops), made in the same order with the same priorities, placed by the same stable topological sort
 (:mod:`commsched.rewrites.graph_emit` replays it). Only the kept plan is rewritten in FX.
 ``tests/rewrites/test_decompose_graph.py`` checks the two agree field by field on traced zoo TP, TP+SP and FSDP+TP
 steps, on the traced program and on a bucketed one.
