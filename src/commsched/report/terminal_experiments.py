@@ -15,8 +15,8 @@ from commsched.report.tables import new_table
 from commsched.report.units import fmt_bytes, fmt_percent, fmt_seconds, fmt_seconds_short, fmt_signed_percent
 
 if TYPE_CHECKING:
-    from commsched.compare import CompareResult
-    from commsched.sweep import SweepRow
+    from commsched.experiments.compare import CompareResult
+    from commsched.experiments.sweep_row import SweepRow
 
 
 def compare_table(result: CompareResult, title: str) -> Table:
