@@ -3,6 +3,7 @@
 Usage:
   python benchmarks/optimize_records.py --out FILE [--budgets FILE] [--case N ...] [--executor]
   python benchmarks/optimize_records.py --compare BEFORE.json AFTER.json
+  python benchmarks/optimize_records.py --ab OLD_SRC [--rounds 2] [--case N ...]
 
 A record is what the search decided: the kept label, step and peak (ns, bytes), the lower bound, the kept program's
 node count and schedule (a digest of its node names in schedule order) and every variant's verdict with its figures.
@@ -10,6 +11,8 @@ Per case it holds ``optimize`` with and without transforms at the default budget
 ``--torch-budgets``: the peak of torch's best configuration, as ``bench_optimize.py`` measures it) gives one, at that
 budget. ``--executor``: the bucket plans judged on a local pool of 2 workers (the same verdicts). ``--compare`` prints
 every record that differs and the search's wall time after / before (run both in one session, on one machine).
+``--ab OLD_SRC``: the search's wall time of this tree against the ``src`` folder ``OLD_SRC`` in one run, each case in
+a fresh process per tree, the two trees alternating (which goes first alternates too), and the records compared.
 """
 
 from __future__ import annotations
@@ -92,6 +95,38 @@ def compare(before: dict, after: dict) -> int:
     return 1 if diffs else 0
 
 
+def ab(old_src: str, indices: list[int], rounds: int, budgets_path: str | None) -> None:
+    """Wall time of this tree's search against ``old_src``'s, case by case, in alternating fresh processes."""
+    import os
+    import statistics
+    import subprocess
+    import tempfile
+
+    new_src = str(Path(__file__).resolve().parents[1] / "src")
+    ratios, diffs = [], 0
+    for i in indices:
+        walls: dict[str, list[float]] = {"old": [], "new": []}
+        recs = {}
+        for r in range(rounds):
+            order = [("new", new_src), ("old", old_src)][:: 1 if (i + r) % 2 else -1]
+            for name, src in order:
+                with tempfile.NamedTemporaryFile(suffix=".json") as out:
+                    cmd = [sys.executable, __file__, "--out", out.name, "--case", str(i)]
+                    cmd += ["--budgets", budgets_path] if budgets_path else []
+                    subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "PYTHONPATH": src})
+                    got = json.loads(Path(out.name).read_text())
+                walls[name].append(got["wall_s"][str(i)])
+                recs[name] = got["cases"][str(i)]
+        diffs += recs["old"] != recs["new"]
+        ratio = statistics.median(walls["new"]) / statistics.median(walls["old"])
+        ratios.append(ratio)
+        print(f"case {i} {CASES[i]}: search {statistics.median(walls['new']):.2f} s after, "
+              f"{statistics.median(walls['old']):.2f} s before ({ratio:.3f}); records "
+              f"{'identical' if recs['old'] == recs['new'] else 'DIFFER'}", flush=True)  # fmt: skip
+    geo = statistics.geometric_mean(ratios)
+    print(f"geomean search wall after / before over {len(ratios)} cases: {geo:.3f}; {diffs} case(s) differ")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
@@ -100,11 +135,15 @@ def main() -> None:
     ap.add_argument("--case", action="append", type=int)
     ap.add_argument("--executor", action="store_true")
     ap.add_argument("--compare", nargs=2)
+    ap.add_argument("--ab", metavar="OLD_SRC")
+    ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     if args.compare:
         a, b = (json.loads(Path(p).read_text()) for p in args.compare)
         raise SystemExit(compare(a, b))
     indices = args.case or list(range(len(CASES)))
+    if args.ab:
+        return ab(args.ab, indices, args.rounds, args.budgets)
     if args.torch_budgets:
         Path(args.torch_budgets).write_text(json.dumps(torch_budgets(indices), indent=1))
         return
