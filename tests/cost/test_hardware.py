@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from commsched import hardware
 from commsched.hardware import Hardware, hardware_to_dict, load_profile, save_profile, shipped_profile
 
-SHIPPED = ("h100-sxm", "h200-sxm", "a100-sxm-80g", "b200", "gb200-nvl72", "mi300x", "cpu-local")
+SHIPPED = ("h100-sxm", "h100-sxm-96g", "h100-nvl", "h800", "h200-sxm", "a100-sxm-80g", "b200", "gb200-nvl72",
+           "gb300-nvl72", "mi300x", "mi325x", "cpu-local")  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
@@ -28,6 +29,11 @@ def test_shipped_profiles_load(name):
     assert hw.compute.peak_flops_for("float32") > 0
     assert any(p.name == "simple" for p in hw.protocols)
     assert hardware.get(name, num_nodes=4, gpus_per_node=4).world_size == 16
+
+
+def test_every_shipped_profile_is_tested():
+    """SHIPPED is the package's whole list: a new profile file is loaded and checked by the tests below."""
+    assert set(SHIPPED) == set(hardware.list_profiles())  # the user folder is empty here (_isolated_profiles)
 
 
 @pytest.mark.parametrize("name", [n for n in SHIPPED if n != "cpu-local"])

@@ -189,9 +189,13 @@ def test_the_ib_cell_over_the_bar_is_a_log_that_disagrees_with_itself():
 # ------------------------------------------------------------------------ issue 36: the default network of a GPU
 # the fitted network of each shipped GPU profile's usual fabric, or None where no fitted one is shipped: A100's HDR
 # (one recent 2-node log, whose network fit ends on a bound: benchmarks/RESULTS.md), GB200 NVL72's scale-out network
-# (a network fit to the CoreWeave racks is not physical: gb200-nvl72.toml), MI300X (no network fit), cpu-local
+# (a network fit to the CoreWeave racks is not physical: gb200-nvl72.toml), MI300X (no network fit), cpu-local;
+# issue 38: H800 nodes carry 8 x 400G InfiniBand (DeepSeek, h800.toml); the H100 96 GB's fabric is not stated
+# (RoCE or InfiniBand), the H100 NVL's is whatever its server holds, GB300 NVL72's is 800G (no shipped network)
 DEFAULT_NETWORKS = {"h100-sxm": "ib-ndr-8x400", "h200-sxm": "ib-ndr-8x400", "b200": "ib-ndr-8x400",
-                    "a100-sxm-80g": None, "gb200-nvl72": None, "mi300x": None, "cpu-local": None}  # fmt: skip
+                    "h800": "ib-ndr-8x400", "h100-sxm-96g": None, "h100-nvl": None, "gb300-nvl72": None,
+                    "mi325x": None, "a100-sxm-80g": None, "gb200-nvl72": None, "mi300x": None,
+                    "cpu-local": None}  # fmt: skip
 
 
 def _network_fields(hw: hardware.Hardware) -> tuple:

@@ -22,6 +22,7 @@ app = typer.Typer(
 # modules that define `register(app)`; one per command family
 COMMAND_MODULES = (
     "commsched.cli.info",
+    "commsched.cli.hardware",
     "commsched.cli.trace",
     "commsched.cli.estimate",
     "commsched.cli.calibrate",

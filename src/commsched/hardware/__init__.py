@@ -5,13 +5,14 @@
 1. ``name`` is a path to a ``.toml`` file (or contains a path separator): that file;
 2. the user profile folder: ``$COMMSCHED_PROFILE_DIR`` if set, else ``$XDG_CACHE_HOME/commsched/profiles``
    (``~/.cache/commsched/profiles``), where ``commsched calibrate`` writes ``cpu-local.toml``;
-3. the profiles shipped with the package (``h100-sxm``, ``h200-sxm``, ``a100-sxm-80g``, ``b200``, ``gb200-nvl72``,
-   ``mi300x``, ``cpu-local``).
+3. the profiles shipped with the package (``h100-sxm``, ``h100-sxm-96g``, ``h100-nvl``, ``h800``, ``h200-sxm``,
+   ``a100-sxm-80g``, ``b200``, ``gb200-nvl72``, ``gb300-nvl72``, ``mi300x``, ``mi325x``, ``cpu-local``; ``commsched
+   hardware`` lists them with their headline numbers).
 
 So a calibrated ``cpu-local`` replaces the shipped default once written. ``"PROFILE@NETWORK"`` (or
 ``get(name, network=...)``) puts a network profile (``commsched/hardware/networks``: NICs per node, line rate and
 efficiency, per-protocol network step latency) under a GPU profile. Without one, the profile's ``default_network``
-is put under it (``h100-sxm``, ``h200-sxm``, ``b200``: the fitted ``ib-ndr-8x400``); ``PROFILE@nccl-defaults``
+is put under it (``h100-sxm``, ``h200-sxm``, ``h800``, ``b200``: the fitted ``ib-ndr-8x400``); ``PROFILE@nccl-defaults``
 keeps the profile's own inter-node fields (NCCL's tuning constants). ``network_warning`` is the one line a command
 prints when a step spans nodes on a network with no fitted data.
 
