@@ -9,6 +9,8 @@ __version__ = "0.1.0"
 # every public name loads on first use (PEP 562): ``import commsched`` costs nothing, so a command that needs
 # little (a sweep whose rows are stored) does not pay for numba and the passes; torch-backed parts never load for
 # JSON-only users
+from commsched.lazy import lazy_getattr
+
 _LAZY = {
     "hardware": "commsched.hardware",
     "CostEstimate": "commsched.cost",
@@ -45,15 +47,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        module = importlib.import_module(_LAZY[name])
-        value = getattr(module, name, module)  # ``optimize`` is the function, ``hardware`` the module
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'commsched' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = [

@@ -7,6 +7,7 @@
 * :func:`commsched_backend` / :class:`CommschedPostGradPass`: torch.compile integration.
 """
 
+from commsched.lazy import lazy_getattr
 from commsched.runtime.apply import STREAM_META_KEY, apply_schedule, copy_graph_module, fx_order
 from commsched.runtime.netns import ShapedNetwork, ShapedNetworkUnavailable, parse_rate, parse_time, shaped_network
 
@@ -40,10 +41,5 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    # the executor pulls in the workload zoo and torch.distributed; load it on first use
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'commsched.runtime' has no attribute {name!r}")
+# the executor pulls in the workload zoo and torch.distributed: loaded on first use
+__getattr__ = lazy_getattr(__name__, _LAZY)
