@@ -119,15 +119,16 @@ def register(app: typer.Typer) -> None:
                 stages.stage("simulate", "costing, ordering as the framework does, simulating")
                 p = predict_workload(w, step, hardware, num_nodes=num_nodes, gpus_per_node=gpus_per_node)
         warn(p.warnings)
+        written = None
         if json_out:
-            record = {**p.to_dict(), "notes": list(step.notes)}
-            if emit_json(record, json_out) is None:
+            written = emit_json(p.to_dict(), json_out)
+            if written is None:
                 return
         hw = p.hardware
         title = f"predict: {step_title(p.meta)} on {hw.name} x {hw.num_nodes} node(s)"
         print_prediction(p, console, title)
-        if json_out:
-            console.print(f"wrote [bold]{json_out}[/]")
+        if written is not None:
+            console.print(f"wrote [bold]{written}[/]")
 
 
 def _progress(stages: Stages, message: str) -> None:

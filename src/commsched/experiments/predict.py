@@ -103,7 +103,7 @@ def trace(config: StepConfig, progress: Callable[[str], None] | None = None) -> 
     from commsched.workloads import build
 
     config.check()
-    return build(config.preset, **config.build_kwargs(), fsdp_bucket="block", progress=progress)
+    return build(config.preset, **{**config.build_kwargs(), "fsdp_bucket": "block"}, progress=progress)
 
 
 @dataclass(frozen=True)
@@ -180,12 +180,12 @@ class Prediction:
 
     def configuration_line(self) -> str:
         """One line: preset, mesh, layers, batch x sequence, dtype, AC, eager / compiled, the source."""
-        from commsched.cli.options import layers_phrase
-
         m = self.meta
+        layers, most = int(m["layers"]), int(m.get("preset_layers", m["layers"]))
+        sliced = f"all {most} layers" if layers == most else f"{layers} of {most} layers"
         mesh = " x ".join(f"{name} {size}" for name, size in m.get("mesh", {}).items())
         parts = [str(m.get("preset")), f"{m.get('parallel')} ({mesh}{', sp' if m.get('sp') else ''})",
-                 f"world {m.get('world_size')}", layers_phrase(str(m.get("preset")), int(m["layers"])),
+                 f"world {m.get('world_size')}", sliced,
                  f"batch {m.get('batch')} x seq {m.get('seq_len')}", str(m.get("dtype")), f"ac {m.get('ac', 'none')}",
                  "torch.compile" if self.config.compile else "eager"]  # fmt: skip
         if self.config.async_tp:
@@ -202,12 +202,11 @@ class Prediction:
 
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` record: the headline numbers, the configuration, the cluster and what bounds the step."""
-        from commsched.cli.options import step_layers
         from commsched.report.bound_text import bound_summary
 
-        hw = self.hardware
-        layout = {**step_layers(self.meta), "mesh": self.meta.get("mesh"), "seq_len": self.meta.get("seq_len"),
-                  "batch": self.meta.get("batch")}  # fmt: skip
+        hw, m = self.hardware, self.meta
+        layout = {"layers": m["layers"], "preset_layers": m.get("preset_layers", m["layers"]), "mesh": m.get("mesh"),
+                  "seq_len": m.get("seq_len"), "batch": m.get("batch")}  # fmt: skip
         cluster = {"name": hw.name, "num_nodes": hw.num_nodes, "gpus_per_node": hw.gpus_per_node,
                    "peak_flops": self.peak_flops, "hbm_capacity_bytes": hw.compute.hbm_capacity_bytes}  # fmt: skip
         return {
@@ -230,6 +229,7 @@ class Prediction:
             "hardware": cluster,
             "bound": bound_summary(self.sim, hw),
             "warnings": list(self.warnings),
+            "notes": list(self.config.notes),
         }
 
 
