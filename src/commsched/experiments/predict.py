@@ -292,9 +292,3 @@ def world_for_nodes(hardware: str | Hardware, num_nodes: int, gpus_per_node: int
     gpn = gpus_per_node or (hardware.gpus_per_node if isinstance(hardware, Hardware) else get(hardware).gpus_per_node)
     return num_nodes * gpn
 
-
-def from_torchtitan_config(path: str, *, world_size: int | None = None) -> StepConfig:
-    """The step a torchtitan job config trains (:func:`commsched.experiments.torchtitan.from_torchtitan_config`)."""
-    from commsched.experiments.torchtitan import from_torchtitan_config as read
-
-    return read(path, world_size=world_size)

@@ -272,7 +272,7 @@ def _ac(cfg: _Config) -> str:
 
 def _float8(cfg: _Config) -> tuple[str, bool]:
     """(float8 recipe or "none", FSDP2 all-gathers float8 weights): ``converters = ["float8"]`` (or the older
-    ``[float8] enable_float8_linear``) turns float8 on; no recipe is torchtao's tensorwise one."""
+    ``[float8] enable_float8_linear``) turns float8 on; no recipe is torchao's tensorwise one."""
     converters = cfg.get("model.converters", default=[])
     if any(c in ("mx", "quantize.linear.mx", "mxfp8") for c in converters):
         raise cfg.error("model.converters", f"{converters}: MX formats are not yet supported by the zoo")
