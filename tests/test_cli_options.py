@@ -100,7 +100,7 @@ def test_dev_null_is_refused_and_left_a_device():
 
 
 # ---------------------------------------------------------------- items 4 and 11: one definition of a zoo step
-ZOO_COMMANDS = ("trace", "compare", "optimize", "rewrite", "run", "sweep")
+ZOO_COMMANDS = ("trace", "compare", "optimize", "rewrite", "run", "sweep", "predict")
 
 
 def _longs(command: str) -> set[str]:

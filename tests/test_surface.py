@@ -43,6 +43,7 @@ def test_cli_commands():
         "rewrite",
         "sweep",
         "optimize",
+        "predict",
         "run",
         "replay",
     }

@@ -31,6 +31,7 @@ COMMAND_MODULES = (
     "commsched.cli.schedule",
     "commsched.cli.compare",
     "commsched.cli.optimize",
+    "commsched.cli.predict",
     "commsched.cli.rewrite",
     "commsched.cli.sweep",
     "commsched.cli.run",

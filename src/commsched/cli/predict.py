@@ -1,0 +1,138 @@
+"""``commsched predict``: the step as the user's framework runs it (FSDP2 / DDP eager, or compiled), the number to
+compare with a job's logs (:mod:`commsched.experiments.predict`); from the zoo options or a torchtitan job config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from commsched.cli.common import (
+    GpusPerNodeOption,
+    HardwareOption,
+    NumNodesOption,
+    Stages,
+    console,
+    user_errors,
+    warn,
+)
+from commsched.cli.options import ZOO_STEP_OPTIONS, ZooStep, emit_json, json_option, step_title, zoo_step_options
+
+COMPILE_HELP = (
+    "torch.compile as torchtitan applies it (each block compiled): a block's kernels fused as Inductor fuses them, "
+    "its collectives (TP) in torch.compile's default order (no overlap pass: as traced, as in eager); FSDP2's and "
+    "DDP's hooks stay eager around the blocks, so their prefetch and bucket overlap do not change"
+)
+TORCHTITAN_HELP = (
+    "read the step from a torchtitan job config (.toml): model, parallel degrees, batch, seq_len, AC, compile; "
+    "the world size from its degrees, else --world-size or --num-nodes; only --layers (and options that agree) with it"
+)
+
+
+def _given(ctx: typer.Context, names: tuple[str, ...]) -> set[str]:
+    """The parameters among ``names`` that the command line set (not their defaults). By the source's name: typer
+    may run its own copy of click, whose ``ParameterSource`` is another enum."""
+    sources = {n: ctx.get_parameter_source(n) for n in names}
+    return {n for n, src in sources.items() if getattr(src, "name", None) in ("COMMANDLINE", "ENVIRONMENT")}
+
+
+def _from_options(preset: str | None, zoo: ZooStep, compile_: bool, given: set[str]) -> Any:
+    """The StepConfig of the zoo options (FSDP: one collective per block, FSDP2's program, whatever the default)."""
+    from commsched.cli.options import check_layers
+    from commsched.experiments.predict import StepConfig
+
+    if preset is None:
+        raise ValueError("give a PRESET (e.g. llama3-8b) or --torchtitan-config FILE.toml")
+    if zoo.mode != "train":
+        raise ValueError(f"--mode {zoo.mode}: predict models a training step (what the job logs); "
+                         "simulate or compare take inference steps")  # fmt: skip
+    if "fsdp_bucket" in given and zoo.fsdp_bucket != "block":
+        raise ValueError(f"--fsdp-bucket {zoo.fsdp_bucket}: predict traces FSDP2's program, one collective per "
+                         "block (--fsdp-bucket block)")  # fmt: skip
+    check_layers(preset, zoo.layers)
+    own = ("seq_len", "batch", "dtype", "tp_size", "ac")
+    extra = {k: v for k, v in zoo.options().items() if k not in (*own, "mode", "fsdp_bucket")}
+    return StepConfig(preset=preset, parallel=zoo.parallel, world_size=int(zoo.world_size), layers=zoo.layers,
+                      seq_len=zoo.seq_len, batch=zoo.batch, dtype=zoo.dtype, tp_size=zoo.tp_size, ac=zoo.ac,
+                      compile=compile_, extra=tuple(sorted(extra.items())))  # fmt: skip
+
+
+def _from_torchtitan(path: Path, preset: str | None, zoo: ZooStep, compile_: bool, given: set[str], world: int | None):
+    """The StepConfig of a torchtitan config, with the command-line options that agree with it (and --layers)."""
+    from commsched.cli.options import check_layers
+    from commsched.experiments.torchtitan import from_torchtitan_config, merge_options
+
+    step = from_torchtitan_config(path, world_size=world)
+    if preset is not None and preset != step.preset:
+        raise ValueError(f"{preset} conflicts with {step.source}'s model ({step.preset}): give one or the other")
+    values = {**{n: getattr(zoo, n) for n in ZOO_STEP_OPTIONS}, "compile": compile_}
+    step = merge_options(step, {n: values[n] for n in sorted(given) if n != "world_size"})
+    check_layers(step.preset, step.layers)
+    return step
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    @zoo_step_options()
+    def predict(
+        ctx: typer.Context,
+        preset: str = typer.Argument(None, help="a zoo preset, e.g. llama3-8b (or --torchtitan-config)"),
+        zoo: ZooStep = None,  # type: ignore[assignment]  (the zoo-step options: zoo_step_options)
+        compile_: bool = typer.Option(False, "--compile/--no-compile", help=COMPILE_HELP),
+        torchtitan_config: Path = typer.Option(None, "--torchtitan-config", help=TORCHTITAN_HELP),
+        hardware: HardwareOption = "h100-sxm",
+        num_nodes: NumNodesOption = None,
+        gpus_per_node: GpusPerNodeOption = None,
+        json_out: str = json_option("the prediction"),
+    ) -> None:
+        """Predict one training step as the user's framework runs it: FSDP2 eager (one all_gather per block,
+        the next block prefetched, parameters resharded after the forward), DDP eager (gradient buckets
+        all-reduced as they fill), or with --compile; the step time, tokens/s per GPU (one data-parallel rank's
+        tokens / step / (TP x CP)), MFU (torchtitan's model FLOPs) and peak memory per GPU: the numbers to compare
+        with the job's logs. This is not commsched's optimiser (commsched optimize searches a faster step). With
+        --num-nodes and no --world-size, the world is every GPU of those nodes.
+
+        Example: commsched predict llama3-8b --parallel fsdp --world-size 8 --layers 2 -H h100-sxm
+
+        Example: commsched predict --torchtitan-config llama3_8b.toml --world-size 64 -H h100-sxm
+        """
+        from commsched.experiments.predict import predict_workload, trace, world_for_nodes
+        from commsched.report.terminal_predict import print_prediction
+
+        with user_errors():
+            given = _given(ctx, (*ZOO_STEP_OPTIONS, "compile_"))
+            given = {"compile" if n == "compile_" else n for n in given}
+            world = int(zoo.world_size) if "world_size" in given else None
+            if world is None and num_nodes is not None:
+                world = world_for_nodes(hardware, num_nodes, gpus_per_node)
+            if world is not None:
+                zoo = ZooStep(**{**{n: getattr(zoo, n) for n in ZOO_STEP_OPTIONS}, "world_size": world})
+            if torchtitan_config is not None:
+                step = _from_torchtitan(torchtitan_config, preset, zoo, compile_, given, world)
+            else:
+                step = _from_options(preset, zoo, compile_, given)
+            step.resolve()  # an impossible step is refused before any tracing
+            with Stages(("trace", "import", "simulate"), enabled=not json_out) as stages:
+                stages.stage("trace", f"{step.preset} / {step.parallel} at world {step.world_size}")
+                w = trace(step, progress=lambda msg: _progress(stages, msg))
+                stages.stage("simulate", "costing, ordering as the framework does, simulating")
+                p = predict_workload(w, step, hardware, num_nodes=num_nodes, gpus_per_node=gpus_per_node)
+        warn(p.warnings)
+        written = None
+        if json_out:
+            written = emit_json(p.to_dict(), json_out)
+            if written is None:
+                return
+        hw = p.hardware
+        title = f"predict: {step_title(p.meta)} on {hw.name} x {hw.num_nodes} node(s)"
+        print_prediction(p, console, title)
+        if written is not None:
+            console.print(f"wrote [bold]{written}[/]")
+
+
+def _progress(stages: Stages, message: str) -> None:
+    if message.startswith("importing"):
+        stages.stage("import", message.removeprefix("importing ").strip())
+    else:
+        stages.detail(message.removeprefix("tracing: "))
