@@ -48,8 +48,8 @@ def build(
     data-parallel replica; default 1, 8 for decode), ``dtype``, ``mode`` (``"train"``: joint forward + backward,
     ``"prefill"`` or ``"decode"``: forward with a KV cache), ``kv_len``, ``tp_size``, ``ep_size``, ``fsdp_bucket``
     ("param" | "block"), ``reduce_dtype``, ``attention`` ("flash" | "sdpa"), ``capacity_factor``, ``ac`` (activation
-    checkpointing: "none" | "full" | "selective-op" | "selective-layer:N"). Raises ValueError for an impossible
-    configuration.
+    checkpointing: "none" | "full" | "selective-op" | "selective-layer:N"), ``float8`` (float8 training of the
+    blocks' linears: "none" | "tensorwise" | "rowwise"). Raises ValueError for an impossible configuration.
     """
     return trace_spec(resolve(preset, parallel=parallel, world_size=world_size, **options), progress)
 
@@ -148,7 +148,8 @@ def workload_meta(program: StepProgram, groups: dict[str, Any]) -> dict[str, Any
     meta: dict[str, Any] = {
         "workload": f"{cfg.name}/{plan.parallel}/{spec.mode}/world {plan.world_size}/{cfg.n_layers} of "
         f"{PRESETS[cfg.name].n_layers if cfg.name in PRESETS else cfg.n_layers} layers"
-        + (f"/ac {spec.ac}" if spec.ac != "none" else ""),
+        + (f"/ac {spec.ac}" if spec.ac != "none" else "")
+        + (f"/float8 {spec.float8}" if spec.float8 != "none" else ""),
         "preset": cfg.name,
         "parallel": plan.parallel,
         "mode": spec.mode,
@@ -167,6 +168,7 @@ def workload_meta(program: StepProgram, groups: dict[str, Any]) -> dict[str, Any
         "traced_rank": TRACED_RANK,
         "attention": spec.attention,
         "ac": spec.ac,  # activation checkpointing of the blocks (commsched.workloads.ac)
+        "float8": spec.float8,  # float8 training of the blocks' linears (commsched.workloads.float8)
         # torch's flop counter charges causal attention for the full seq x seq score matrix
         "attention_causal": spec.mode != "decode",
         "params_total": cfg.total_params(),  # of the traced model (``layers`` blocks)
@@ -183,6 +185,9 @@ def workload_meta(program: StepProgram, groups: dict[str, Any]) -> dict[str, Any
     }
     if spec.mode != "train":
         meta["kv_len"] = spec.kv_len
+    if spec.float8 != "none":
+        meta["float8_linears"] = sorted({spec.layout[pid].key for pid in spec.float8_params})
+        meta["float8_all_gather"] = spec.float8_all_gather
     if plan.fsdp > 1:
         meta["fsdp_bucket"] = spec.fsdp_bucket
         meta["fsdp_reshard_after_forward"] = sorted({p.unit for p in spec.layout if p.unit != "final"})
