@@ -117,7 +117,8 @@ def _tidy(gm: torch.fx.GraphModule, input_names: list[str]) -> None:
 def _padding_meta(layout: tuple[ParamInfo, ...], spec: WorkloadSpec) -> dict[str, Any]:
     rows = []
     fsdp_pad_bytes = 0
-    for p in layout:
+    float8 = spec.float8_params if spec.float8_all_gather else frozenset()  # gathered as 1 byte per element
+    for pid, p in enumerate(layout):
         if p.fsdp_pad_rows or p.vocab_pad_rows:
             row_elems = math.prod(p.local_shape[1:])
             rows.append(
@@ -128,7 +129,7 @@ def _padding_meta(layout: tuple[ParamInfo, ...], spec: WorkloadSpec) -> dict[str
                     "vocab_pad_rows": p.vocab_pad_rows,
                 }
             )
-            fsdp_pad_bytes += p.fsdp_pad_rows * row_elems * spec.dtype.itemsize
+            fsdp_pad_bytes += p.fsdp_pad_rows * row_elems * (1 if pid in float8 else spec.dtype.itemsize)
     return {"params": rows, "fsdp_all_gather_pad_bytes": fsdp_pad_bytes}
 
 
