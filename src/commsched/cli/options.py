@@ -1,6 +1,6 @@
 """Options several commands take alike, each defined once: where output goes (files, folders, ``--json``) and the
-options that pick a zoo step (``--parallel`` ... ``--fsdp-bucket``, ``--ac``), with the check that the step's layers
-exist."""
+options that pick a zoo step (``--parallel`` ... ``--fsdp-bucket``, ``--ac``, ``--float8``), with the check that the
+step's layers exist."""
 
 from __future__ import annotations
 
@@ -100,14 +100,16 @@ class ZooStep:
     kv_len: int | None
     fsdp_bucket: str
     ac: str = "none"
+    float8: str = "none"
 
     def options(self) -> dict[str, Any]:
         """``resolve`` / ``build`` keywords beyond preset, parallel, world size and layers (None left out)."""
-        # ac "none" (the default) left out, as the options given to resolve were before --ac existed
+        # ac / float8 "none" (the defaults) left out, as the options given to resolve were before they existed
         given = {"mode": self.mode, "seq_len": self.seq_len, "batch": self.batch, "dtype": self.dtype,
                  "tp_size": self.tp_size, "ep_size": self.ep_size, "kv_len": self.kv_len,
                  "fsdp_bucket": self.fsdp_bucket,
-                 "ac": None if self.ac == "none" else self.ac}  # fmt: skip
+                 "ac": None if self.ac == "none" else self.ac,
+                 "float8": None if self.float8 == "none" else self.float8}  # fmt: skip
         return {k: v for k, v in given.items() if v is not None}
 
     def build_kwargs(self) -> dict[str, Any]:
@@ -161,7 +163,8 @@ def step_title(meta: dict[str, Any]) -> str:
         return str(meta.get("workload", "graph"))
     head = f"{meta['preset']}/{meta['parallel']}/{meta['mode']}/world {meta['world_size']}"
     ac = f"/ac {meta['ac']}" if meta.get("ac", "none") != "none" else ""
-    return f"{head}/{meta['layers']} of {meta.get('preset_layers', meta['layers'])} layers{ac}"
+    float8 = f"/float8 {meta['float8']}" if meta.get("float8", "none") != "none" else ""
+    return f"{head}/{meta['layers']} of {meta.get('preset_layers', meta['layers'])} layers{ac}{float8}"
 
 
 def step_layers(meta: dict[str, Any]) -> dict[str, Any]:
@@ -177,6 +180,8 @@ _ZOO_HELP = {
     "fsdp_bucket": "param: one collective per parameter; block: one per block",
     "ac": "activation checkpointing of the blocks (train): none, full, selective-op, selective-layer:N "
     "(every N-th block), as torchtitan applies it",
+    "float8": "float8 training of the blocks' linears (train), as torchtitan runs torchao's Float8Linear: none, "
+    "tensorwise (under FSDP: float8 all_gather of the weights), rowwise",
 }
 
 
@@ -187,6 +192,17 @@ def _checked_ac(value: str) -> str:
 
     try:
         return parse_ac(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def _checked_float8(value: str) -> str:
+    """A typer callback: ``--float8``'s value in its canonical form, or a usage error (exit 2) naming the accepted
+    values, before any work."""
+    from commsched.workloads.float8 import parse_float8
+
+    try:
+        return parse_float8(value)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
 
@@ -212,6 +228,7 @@ def _zoo_parameters(world_size: int, dtype: str, lists: bool) -> list[inspect.Pa
         ("kv_len", int | None, opt(None, "--kv-len", min=1, help="KV-cache capacity (prefill / decode)")),
         ("fsdp_bucket", str, opt("param", "--fsdp-bucket", help=_ZOO_HELP["fsdp_bucket"] + many)),
         ("ac", str, opt("none", "--ac", callback=_checked_ac, help=_ZOO_HELP["ac"])),
+        ("float8", str, opt("none", "--float8", callback=_checked_float8, help=_ZOO_HELP["float8"])),
     ]  # fmt: skip
     return [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=kind)
             for name, kind, info in specs]  # fmt: skip

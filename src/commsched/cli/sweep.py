@@ -89,7 +89,8 @@ def register(app: typer.Typer) -> None:
             # only what was given: the trace cache's keys and an interrupted sweep's stored rows stay the same
             options = {"seq_len": zoo.seq_len, "batch": zoo.batch, "tp_size": zoo.tp_size, "ep_size": zoo.ep_size,
                        "kv_len": zoo.kv_len, "dtype": None if zoo.dtype == "bfloat16" else zoo.dtype,
-                       "ac": None if zoo.ac == "none" else zoo.ac}  # fmt: skip
+                       "ac": None if zoo.ac == "none" else zoo.ac,
+                       "float8": None if zoo.float8 == "none" else zoo.float8}  # fmt: skip
             build_kw = {k: v for k, v in options.items() if v is not None}
             t0 = time.perf_counter()
             computed: list = []

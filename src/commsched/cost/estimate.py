@@ -40,6 +40,8 @@ from commsched.hardware import Hardware, for_graph
 from commsched.ir import CAUSAL_META, CollType, Graph, NodeView, OpKind
 
 EstimateFn = Callable[[NodeView], "float | None"]
+SCALED_MM = "aten._scaled_mm"
+"""the target prefix of torch's scaled (float8) matmul: its flops run at its operands' dtype's peak"""
 _FREE_KINDS = (OpKind.INPUT, OpKind.WAIT, OpKind.VIEW, OpKind.OUTPUT)
 
 
@@ -59,6 +61,8 @@ class GraphFeatures:
     region: np.ndarray  # fusion region per node, -1 unfused
     causal: np.ndarray  # int8: 1 / 2 a causal attention forward / backward (ir.CAUSAL_META), 0 otherwise
     read_cap: np.ndarray  # bytes a node reads of any one input at most (a gather's output bytes; inf otherwise)
+    # a scaled matmul's operand dtype (index into dtypes: float8), the dtype its tensor cores run at; -1 otherwise
+    operand_dtype_id: np.ndarray | None = None
 
 
 _features: weakref.WeakKeyDictionary[Graph, GraphFeatures] = weakref.WeakKeyDictionary()
@@ -117,6 +121,13 @@ def graph_features(g: Graph) -> GraphFeatures:
     dtype_id = np.full(n, -1, np.int64)
     first_buf = g.buf_ptr[:-1]
     dtype_id[has] = [dindex[g.buf_dtype[b]] for b in first_buf[has].tolist()]
+    operand_dtype_id = np.full(n, -1, np.int64)
+    for i in np.flatnonzero(cls == OpClass.MATMUL).tolist():
+        if targets[i].startswith(SCALED_MM):  # float8 operands (and float32 scales), a bfloat16 output
+            operands = [g.buf_dtype[first_buf[p]] for p in g.inputs(i).tolist() if has[p]]
+            low = [d for d in operands if d.startswith("float8")]
+            if low:
+                operand_dtype_id[i] = dindex[low[0]]
 
     gemm = np.zeros((n, 4))
     node_flops = flops.astype(np.float64).copy()
@@ -144,7 +155,8 @@ def graph_features(g: Graph) -> GraphFeatures:
         i = g.index.get(name)
         if i is not None and cls[i] == OpClass.ATTENTION:
             causal[i] = 2 if "backward" in targets[i] else 1
-    feats = GraphFeatures(cls, fusible, key, nbytes, dtype_id, dtypes, gemm, node_flops, src, region, causal, read_cap)
+    feats = GraphFeatures(cls, fusible, key, nbytes, dtype_id, dtypes, gemm, node_flops, src, region, causal, read_cap,
+                          operand_dtype_id)  # fmt: skip
     _features[g] = feats
     return feats
 
@@ -179,9 +191,17 @@ def _shape_efficiency(f: GraphFeatures, hw: Hardware) -> np.ndarray:
 
 
 def _peak_per_node(f: GraphFeatures, hw: Hardware) -> np.ndarray:
+    """Each node's peak FLOP/s: its output dtype's entry of the profile (float32's where it has none); a scaled
+    matmul's (``aten._scaled_mm``: float8 operands) its operands' dtype's, where the profile has one (a profile
+    without float8 tensor cores: its output dtype's, the rate of the same GEMM unquantized)."""
     table = dict(hw.compute.peak_flops)
     per_dtype = np.array([table.get(d, table["float32"]) for d in f.dtypes] + [table["float32"]])
-    return per_dtype[f.dtype_id]  # dtype_id -1 picks the float32 entry appended last
+    peak = per_dtype[f.dtype_id]  # dtype_id -1 picks the float32 entry appended last
+    if f.operand_dtype_id is not None:
+        operand = np.array([table.get(d, np.nan) for d in f.dtypes] + [np.nan])[f.operand_dtype_id]
+        scaled = (f.operand_dtype_id >= 0) & ~np.isnan(operand)
+        peak = np.where(scaled, operand, peak)
+    return peak
 
 
 def _fused_times(

@@ -4,7 +4,8 @@ Hidden states are ``[tokens, dim]`` (batch and sequence flattened; with sequence
 contiguous ``1/tp`` of the tokens). Weights are ``[out, in]`` like ``nn.Linear``. Parameters arrive per unit from a
 :class:`~commsched.workloads.sources.ParamSource`; collectives come from a
 :class:`~commsched.workloads.collectives.Comm`, so the same functions run unsharded, under any plan, on fake or real
-tensors.
+tensors. A block's linears go through :func:`~commsched.workloads.float8.linear`: ``F.linear``, or a float8 matmul
+where the source hands a :class:`~commsched.workloads.float8.Float8Weight` (``float8`` training).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from commsched.workloads.collectives import Comm, all_gather, vocab_parallel_cross_entropy
+from commsched.workloads.float8 import Float8Weight, linear
 from commsched.workloads.presets import ModelConfig
 
 
@@ -87,9 +89,9 @@ def attention(
     key/value buffers, written in place at positions ``past .. past + seq``. ``prefix`` (training a sequence in
     chunks): this layer's keys and values of the sequence's earlier chunks, attended to and appended to."""
     hd = cfg.head_dim
-    q = F.linear(x, p["wq"]).view(s.batch, s.seq, s.heads, hd)
-    k = F.linear(x, p["wk"]).view(s.batch, s.seq, s.kv_heads, hd)
-    v = F.linear(x, p["wv"]).view(s.batch, s.seq, s.kv_heads, hd)
+    q = linear(x, p["wq"]).view(s.batch, s.seq, s.heads, hd)
+    k = linear(x, p["wk"]).view(s.batch, s.seq, s.kv_heads, hd)
+    v = linear(x, p["wv"]).view(s.batch, s.seq, s.kv_heads, hd)
     q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     if cache is not None:
@@ -103,11 +105,15 @@ def attention(
             k, v = torch.cat([kv[0] for kv in prefix], dim=2), torch.cat([kv[1] for kv in prefix], dim=2)
     # a single new token attends to every cached position; a prompt attends causally
     o = attend(q, k, v, causal=s.seq > 1, impl=s.attention)
-    return F.linear(o.transpose(1, 2).reshape(s.tokens, s.heads * hd), p["wo"])
+    return linear(o.transpose(1, 2).reshape(s.tokens, s.heads * hd), p["wo"])
 
 
-def swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
-    return F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
+Weight = torch.Tensor | Float8Weight
+"""a linear's weight as a parameter source hands it: a tensor, or a float8 linear's (commsched.workloads.float8)"""
+
+
+def swiglu(x: torch.Tensor, w1: Weight, w3: Weight, w2: Weight) -> torch.Tensor:
+    return linear(F.silu(linear(x, w1)) * linear(x, w3), w2)
 
 
 def moe(p: dict[str, torch.Tensor], x: torch.Tensor, cfg: ModelConfig, s: Shapes, comm: Comm) -> torch.Tensor:

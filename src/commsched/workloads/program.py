@@ -18,6 +18,7 @@ import torch
 from commsched.workloads import model
 from commsched.workloads.ac import Checkpoint, block_checkpoint, parse_ac
 from commsched.workloads.collectives import Comm, DDPBuckets, Group, ddp_buckets
+from commsched.workloads.float8 import RECIPES, converts, parse_float8
 from commsched.workloads.mesh import INFERENCE_PARALLELISMS, MODES, ParallelPlan, make_plan
 from commsched.workloads.params import ParamInfo, init_full_params, param_layout, shard_for_rank
 from commsched.workloads.presets import ModelConfig, get_preset
@@ -61,6 +62,20 @@ class WorkloadSpec:
     capacity_factor: float  # MoE
     layout: tuple[ParamInfo, ...]
     ac: str = "none"  # activation checkpointing of the blocks (commsched.workloads.ac): none, full, selective-...
+    float8: str = "none"  # float8 training of the blocks' linears (commsched.workloads.float8): tensorwise, rowwise
+
+    @property
+    def float8_params(self) -> frozenset[int]:
+        """Indices (in ``layout``) of the weights of the float8 linears (empty with ``float8="none"``)."""
+        if self.float8 == "none":
+            return frozenset()
+        return frozenset(pid for pid, p in enumerate(self.layout) if converts(p.key, p.full_shape))
+
+    @property
+    def float8_all_gather(self) -> bool:
+        """Whether FSDP gathers the float8 linears' weights in float8 (tensorwise under FSDP, as torchtitan's
+        ``enable_fsdp_float8_all_gather`` config runs it)."""
+        return self.float8 == "tensorwise" and self.plan.fsdp > 1 and bool(self.float8_params)
 
     @property
     def train(self) -> bool:
@@ -78,7 +93,18 @@ class WorkloadSpec:
 
 
 # WorkloadSpec fields that are also resolve options and do not depend on the parallel plan
-_STEP_OPTIONS = ("seq_len", "batch", "dtype", "mode", "kv_len", "reduce_dtype", "attention", "capacity_factor", "ac")
+_STEP_OPTIONS = (
+    "seq_len",
+    "batch",
+    "dtype",
+    "mode",
+    "kv_len",
+    "reduce_dtype",
+    "attention",
+    "capacity_factor",
+    "ac",
+    "float8",
+)
 
 
 def resolve(
@@ -99,10 +125,13 @@ def resolve(
     attention: str = "flash",
     capacity_factor: float = 1.0,
     ac: str = "none",
+    float8: str = "none",
 ) -> WorkloadSpec:
     """Validate a request; every impossible dimension raises ValueError naming it. ``ac``: activation
     checkpointing of the transformer blocks (training only): ``"none"``, ``"full"``, ``"selective-op"`` or
-    ``"selective-layer:N"`` (:mod:`commsched.workloads.ac`)."""
+    ``"selective-layer:N"`` (:mod:`commsched.workloads.ac`). ``float8``: float8 training of the blocks' linears
+    (training only; ``"tensorwise"`` not under tensor parallelism): ``"none"``, ``"tensorwise"`` or ``"rowwise"``
+    (:mod:`commsched.workloads.float8`)."""
     cfg = get_preset(preset) if isinstance(preset, str) else preset
     if layers is not None:
         if layers < 1:
@@ -126,6 +155,10 @@ def resolve(
     if ac != "none" and mode != "train":
         raise ValueError(f"ac={ac!r} is for mode='train' (activation checkpointing recomputes the forward in the "
                          f"backward), not mode={mode!r}; use ac='none'")  # fmt: skip
+    float8 = parse_float8(float8)
+    if float8 != "none" and mode != "train":
+        raise ValueError(f"float8={float8!r} is for mode='train' (torchao's float8 training of the linears), not "
+                         f"mode={mode!r}; use float8='none'")  # fmt: skip
     plan = make_plan(
         parallel,
         world_size,
@@ -134,6 +167,10 @@ def resolve(
         n_experts=cfg.n_experts,
         tp_divides=math.gcd(cfg.n_heads, cfg.n_kv_heads, cfg.ffn_dim),
     )
+    if float8 == "tensorwise" and plan.tp > 1:
+        raise ValueError(f"float8='tensorwise' under tensor parallelism (tp={plan.tp}) is not modelled (torchao's "
+                         "Float8ColwiseParallel gathers the sequence in float8); use float8='rowwise' (TP collectives "
+                         "in high precision) or a plan without tp")  # fmt: skip
     seq_len = cfg.seq_len if seq_len is None else seq_len
     batch = (8 if mode == "decode" else 1) if batch is None else batch
     if seq_len < 1 or batch < 1:
@@ -164,6 +201,7 @@ def resolve(
         capacity_factor=capacity_factor,
         layout=tuple(param_layout(cfg, plan)),
         ac=ac,
+        float8=float8,
     )
 
 
@@ -285,6 +323,8 @@ class StepProgram:
         spec, plan = self.spec, self.spec.plan
         sp_group = self.comm.tp if (plan.sp and spec.train) else None
         common = dict(compute_dtype=spec.dtype, reduce_dtype=spec.reduce_dtype)
+        if spec.float8 != "none":
+            common.update(float8=RECIPES[spec.float8], float8_pids=spec.float8_params)
         if plan.fsdp > 1:
             expert = {}
             if plan.expert_fsdp:  # fsdp+ep: experts on their own FSDP group (none: one replica of each expert)
@@ -296,6 +336,7 @@ class StepProgram:
                 group=self.groups[plan.fsdp_dim(False)],
                 bucket=spec.fsdp_bucket,
                 sp_group=sp_group,
+                float8_all_gather=spec.float8_all_gather,
                 **expert,
                 **common,
             )
@@ -357,6 +398,7 @@ class StepProgram:
         rope = (next(data), next(data))
         caches = [(next(data), next(data)) for _ in range(cfg.n_layers)] if not spec.train else None
         src = self._source(params)
+        src.start_step()
         if self.seq_chunks > 1:
             out = self._chunked(src, tokens, labels, rope, caches)
         else:

@@ -10,6 +10,13 @@ unit's forward and gathered again when the gradient of the unit's output arrives
 gradient of each gathered parameter is reduce-scattered in ``reduce_dtype`` and divided by the FSDP degree. The
 release is made real with saved-tensor hooks: autograd saves a token instead of the gathered weight, and the backward
 reads the re-gathered copy, so the traced graph's data dependencies are those of FSDP2.
+
+Float8 training (:mod:`commsched.workloads.float8`): the weights of the float8 linears reach the model as
+:class:`~commsched.workloads.float8.Float8Weight`; with FSDP's float8 all_gather (``float8_all_gather``) each such
+shard is cast to float8 with the scale computed at the start of the step (:meth:`FSDPSource.start_step`) and
+gathered as one byte per element (as ``uint8``: gloo has no float8 type); a unit of mixed dtypes is gathered as
+bytes as FSDP2 does (``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``,
+``_get_all_gather_input_metadatas``).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from commsched.workloads.collectives import (
     identity_view,
     reduce_scatter,
 )
+from commsched.workloads.float8 import Float8Weight, Recipe, precompute_scales, to_float8
 from commsched.workloads.params import ParamInfo
 
 if TYPE_CHECKING:
@@ -58,8 +66,12 @@ class ParamSource:
         buckets: Sequence[DDPBuckets] = (),
         sp_group: Group | None = None,
         expert_grad_scale: float = 1.0,
+        float8: Recipe | None = None,
+        float8_pids: frozenset[int] = frozenset(),
     ) -> None:
         self.layout, self.params = list(layout), list(params)
+        # the parameters that are float8 linears' weights (float8 training), and the recipe
+        self.float8, self.float8_pids = float8, (float8_pids if float8 is not None else frozenset())
         # Under expert parallelism an expert's local gradient already sums the losses of its whole EP group; the
         # average over all ranks divides that by the EP degree here and by the replicas in the bucket all_reduce.
         self.grad_scale = {pid: expert_grad_scale for pid, p in enumerate(self.layout) if p.expert}
@@ -78,9 +90,16 @@ class ParamSource:
             return self._run(unit, fn, *args)
         return checkpoint(functools.partial(self._run, unit, fn, checkpointed=True), *args)
 
+    def start_step(self) -> None:
+        """What runs once before the step's first unit (FSDP's float8 scales); nothing here."""
+
     def _run(self, unit: str, fn: Callable[..., Any], *args: Any, checkpointed: bool = False) -> Any:
-        params = {self.layout[pid].key: self._compute_param(pid) for pid in self.units[unit]}
+        params = {self.layout[pid].key: self._weight(pid, self._compute_param(pid)) for pid in self.units[unit]}
         return fn(params, *args)
+
+    def _weight(self, pid: int, t: torch.Tensor) -> Any:
+        """A compute-ready parameter as the model takes it: a float8 linear's wrapped, every other as is."""
+        return Float8Weight(t, self.float8) if pid in self.float8_pids else t
 
     def _compute_param(self, pid: int) -> torch.Tensor:
         p = self.params[pid]
@@ -150,6 +169,9 @@ class FSDPSource(ParamSource):
         sp_group: Group | None = None,
         expert_group: Group | _Same | None = _SAME,
         expert_grad_scale: float = 1.0,
+        float8: Recipe | None = None,
+        float8_pids: frozenset[int] = frozenset(),
+        float8_all_gather: bool = False,
     ) -> None:
         super().__init__(
             layout,
@@ -159,6 +181,8 @@ class FSDPSource(ParamSource):
             train=True,
             sp_group=sp_group,
             expert_grad_scale=expert_grad_scale,
+            float8=float8,
+            float8_pids=float8_pids,
         )
         if bucket not in ("param", "block"):
             raise ValueError(f"fsdp_bucket={bucket!r}: expected 'param' or 'block'")
@@ -166,6 +190,26 @@ class FSDPSource(ParamSource):
         expert = group if isinstance(expert_group, _Same) else expert_group
         self.group_of = [expert if p.expert else group for p in self.layout]
         self.regathered: dict[int, torch.Tensor] = {}
+        # FSDP's float8 all_gather (torchao enable_fsdp_float8_all_gather): these shards are gathered in float8
+        # with the scales start_step computes
+        self.float8_gathered = frozenset(
+            pid for pid in self.float8_pids if float8_all_gather and self.group_of[pid] is not None
+        )
+        self.float8_scales: dict[int, torch.Tensor] = {}
+
+    def start_step(self) -> None:
+        """With the float8 all_gather: every float8 weight's scale, as torchao's
+        ``precompute_float8_dynamic_scale_for_fsdp`` computes them after the optimizer step (one all_reduce of
+        the stacked amaxes over the FSDP group)."""
+        pids = sorted(self.float8_gathered)
+        if not pids:
+            return
+        groups = {self.group_of[pid].name: self.group_of[pid] for pid in pids}
+        if len(groups) != 1:
+            raise ValueError(f"float8 all_gather: the float8 weights span FSDP groups {sorted(groups)}")
+        group = next(iter(groups.values()))
+        scales = precompute_scales([self.params[pid] for pid in pids], lambda t: all_reduce(t, group, "max"))
+        self.float8_scales = {pid: scales[k] for k, pid in enumerate(pids)}
 
     def _by_group(self, pids: list[int]) -> list[tuple[Group | None, list[int]]]:
         """``pids`` split by FSDP group, in first-use order."""
@@ -179,7 +223,10 @@ class FSDPSource(ParamSource):
     def _gather(self, pids: list[int]) -> list[torch.Tensor]:
         """Unsharded compute-dtype parameters of ``pids`` (no autograd): one all_gather per parameter, or with
         ``bucket="block"`` one flat all_gather per FSDP group of the unit."""
-        shards = {pid: self.params[pid].detach().to(self.compute_dtype) for pid in pids}
+        if self.float8_gathered.intersection(pids):
+            shards = {pid: self._gather_input(pid) for pid in pids}
+        else:
+            shards = {pid: self.params[pid].detach().to(self.compute_dtype) for pid in pids}
         if self.bucket == "param":
             return [self._gather_param(pid, shards[pid]) for pid in pids]
         got: dict[int, torch.Tensor] = {}
@@ -187,20 +234,45 @@ class FSDPSource(ParamSource):
             got.update(zip(members, self._gather_flat(members, [shards[pid] for pid in members], group), strict=True))
         return [got[pid] for pid in pids]
 
+    def _gather_input(self, pid: int) -> torch.Tensor:
+        """What a parameter's all_gather sends: its shard in the compute dtype, or (float8 all_gather) cast to
+        float8 with its precomputed scale (torchao ``WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather``)."""
+        shard = self.params[pid].detach()
+        if pid in self.float8_gathered:
+            return to_float8(shard, self.float8_scales[pid], self.float8.weight_dtype)
+        return shard.to(self.compute_dtype)
+
     def _gather_param(self, pid: int, shard: torch.Tensor) -> torch.Tensor:
         group = self.group_of[pid]
-        return shard if group is None else self._unshard(pid, all_gather(shard, group), group.size)
+        if group is None:
+            return shard
+        if pid in self.float8_gathered:  # as bytes: gloo has no float8 type (NCCL moves float8 as bytes too)
+            return self._unshard(pid, all_gather(shard.view(torch.uint8), group).view(shard.dtype), group.size)
+        return self._unshard(pid, all_gather(shard, group), group.size)
 
     def _gather_flat(self, pids: list[int], shards: list[torch.Tensor], group: Group | None) -> list[torch.Tensor]:
         if group is None:
             return shards
         # FSDP2 copy-in / copy-out: one flat all_gather, then each parameter copied out of the [world, total] layout
+        if len({s.dtype for s in shards}) > 1:
+            return self._gather_bytes(pids, shards, group)
         flat = all_gather(torch.cat([s.reshape(-1) for s in shards]), group).view(group.size, -1)
         sizes = [s.numel() for s in shards]
         pieces = torch.split_with_sizes_copy(flat, sizes, dim=1)
         return [
             self._unshard(pid, piece.view(-1, *self.layout[pid].shard_shape[1:]), group.size)
             for pid, piece in zip(pids, pieces, strict=True)
+        ]
+
+    def _gather_bytes(self, pids: list[int], shards: list[torch.Tensor], group: Group) -> list[torch.Tensor]:
+        """The flat all_gather of shards of several dtypes (float8 weights, compute-dtype norms), as FSDP2 runs
+        it: every shard viewed as bytes, gathered as ``uint8``, each copied out and viewed back."""
+        raw = [s.reshape(-1).view(torch.uint8) for s in shards]
+        flat = all_gather(torch.cat(raw), group).view(group.size, -1)
+        pieces = torch.split_with_sizes_copy(flat, [r.numel() for r in raw], dim=1)
+        return [
+            self._unshard(pid, piece.view(s.dtype).view(-1, *self.layout[pid].shard_shape[1:]), group.size)
+            for pid, s, piece in zip(pids, shards, pieces, strict=True)
         ]
 
     def _unshard(self, pid: int, gathered: torch.Tensor, world: int) -> torch.Tensor:
@@ -256,11 +328,15 @@ class FSDPSource(ParamSource):
     # -------------------------------------------------------------- units
     def _run(self, unit: str, fn: Callable[..., Any], *args: Any, checkpointed: bool = False) -> Any:
         pids = self.units[unit]
-        gathered = _FSDPUnshard.apply(self, pids, *[self.params[pid] for pid in pids])
-        params = {self.layout[pid].key: t for pid, t in zip(pids, gathered, strict=True)}
+        out = _FSDPUnshard.apply(self, pids, *[self.params[pid] for pid in pids])
+        gathered = list(out[: len(pids)])
+        data = dict(zip([pid for pid in pids if pid in self.float8_gathered], out[len(pids) :], strict=True))
+        params = {self.layout[pid].key: self._weight(pid, t, data.get(pid)) for pid, t in zip(pids, gathered,
+                                                                                             strict=True)}  # fmt: skip
         if not self.reshard(unit) or checkpointed:  # checkpointed: the recompute re-gathers, nothing is saved
             return fn(params, *args)
-        keys = {StorageWeakRef(t.untyped_storage()): (pid, t) for pid, t in zip(pids, gathered, strict=True)}
+        held = [data.get(pid, t) for pid, t in zip(pids, gathered, strict=True)]  # what the backward re-gathers
+        keys = {StorageWeakRef(t.untyped_storage()): (pid, t) for pid, t in zip(pids, held, strict=True)}
 
         def pack(t: torch.Tensor) -> Any:
             hit = keys.get(StorageWeakRef(t.untyped_storage()))
@@ -281,6 +357,13 @@ class FSDPSource(ParamSource):
         if not isinstance(out, torch.Tensor) or not out.requires_grad:
             return out
         return _PreBackward.apply(out, lambda: self._pre_backward(pids))
+
+    def _weight(self, pid: int, t: torch.Tensor, data: torch.Tensor | None = None) -> Any:
+        """A gathered parameter as the model takes it; a float8-gathered weight: its float8 ``data`` and scale,
+        ``t`` the stand-in that carries its gradient (:class:`_FSDPUnshard`)."""
+        if data is None:
+            return super()._weight(pid, t)
+        return Float8Weight(t, self.float8, data=data, scale=self.float8_scales[pid])
 
     def _pre_backward(self, pids: list[int]) -> None:
         todo = [pid for pid in pids if pid not in self.regathered]
@@ -318,16 +401,31 @@ class _Released:
 
 class _FSDPUnshard(Function):
     """All-gather a unit's parameter shards (cast to the compute dtype first, as FSDP2's mixed precision does);
-    backward reduce-scatters the unsharded gradients."""
+    backward reduce-scatters the unsharded gradients.
+
+    A float8-gathered weight's float8 tensor is no differentiable output (a gradient of its dtype would be cast to
+    float8): it comes after the unit's outputs, marked non-differentiable, and its place among them holds a
+    stand-in of the weight's shape and compute dtype (an expanded scalar: no memory) that carries the weight's
+    gradient back here."""
 
     @staticmethod
     def forward(ctx, source, pids, *shards):
         ctx.source, ctx.pids = source, pids
-        return tuple(source._gather(pids))
+        gathered = source._gather(pids)
+        data = [t for pid, t in zip(pids, gathered, strict=True) if pid in source.float8_gathered]
+        if not data:
+            return tuple(gathered)
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(*data)
+        stand_in = [
+            t.new_empty((), dtype=source.compute_dtype).expand(t.shape) if pid in source.float8_gathered else t
+            for pid, t in zip(pids, gathered, strict=True)
+        ]
+        return (*stand_in, *data)
 
     @staticmethod
     def backward(ctx, *grads):
-        return (None, None, *ctx.source._reduce(ctx.pids, list(grads)))
+        return (None, None, *ctx.source._reduce(ctx.pids, list(grads[: len(ctx.pids)])))
 
 
 def _run_hook(grad: torch.Tensor, hook: Callable[[], None]) -> torch.Tensor:

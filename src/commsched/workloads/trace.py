@@ -48,8 +48,8 @@ def build(
     data-parallel replica; default 1, 8 for decode), ``dtype``, ``mode`` (``"train"``: joint forward + backward,
     ``"prefill"`` or ``"decode"``: forward with a KV cache), ``kv_len``, ``tp_size``, ``ep_size``, ``fsdp_bucket``
     ("param" | "block"), ``reduce_dtype``, ``attention`` ("flash" | "sdpa"), ``capacity_factor``, ``ac`` (activation
-    checkpointing: "none" | "full" | "selective-op" | "selective-layer:N"). Raises ValueError for an impossible
-    configuration.
+    checkpointing: "none" | "full" | "selective-op" | "selective-layer:N"), ``float8`` (float8 training of the
+    blocks' linears: "none" | "tensorwise" | "rowwise"). Raises ValueError for an impossible configuration.
     """
     return trace_spec(resolve(preset, parallel=parallel, world_size=world_size, **options), progress)
 
@@ -119,7 +119,8 @@ def tidy_traced(gm: torch.fx.GraphModule, input_names: list[str]) -> None:
 def _padding_meta(layout: tuple[ParamInfo, ...], spec: WorkloadSpec) -> dict[str, Any]:
     rows = []
     fsdp_pad_bytes = 0
-    for p in layout:
+    float8 = spec.float8_params if spec.float8_all_gather else frozenset()  # gathered as 1 byte per element
+    for pid, p in enumerate(layout):
         if p.fsdp_pad_rows or p.vocab_pad_rows:
             row_elems = math.prod(p.local_shape[1:])
             rows.append(
@@ -130,7 +131,7 @@ def _padding_meta(layout: tuple[ParamInfo, ...], spec: WorkloadSpec) -> dict[str
                     "vocab_pad_rows": p.vocab_pad_rows,
                 }
             )
-            fsdp_pad_bytes += p.fsdp_pad_rows * row_elems * spec.dtype.itemsize
+            fsdp_pad_bytes += p.fsdp_pad_rows * row_elems * (1 if pid in float8 else spec.dtype.itemsize)
     return {"params": rows, "fsdp_all_gather_pad_bytes": fsdp_pad_bytes}
 
 
@@ -150,7 +151,8 @@ def workload_meta(program: StepProgram, groups: dict[str, Any]) -> dict[str, Any
     meta: dict[str, Any] = {
         "workload": f"{cfg.name}/{plan.parallel}/{spec.mode}/world {plan.world_size}/{cfg.n_layers} of "
         f"{PRESETS[cfg.name].n_layers if cfg.name in PRESETS else cfg.n_layers} layers"
-        + (f"/ac {spec.ac}" if spec.ac != "none" else ""),
+        + (f"/ac {spec.ac}" if spec.ac != "none" else "")
+        + (f"/float8 {spec.float8}" if spec.float8 != "none" else ""),
         "preset": cfg.name,
         "parallel": plan.parallel,
         "mode": spec.mode,
@@ -169,6 +171,7 @@ def workload_meta(program: StepProgram, groups: dict[str, Any]) -> dict[str, Any
         "traced_rank": TRACED_RANK,
         "attention": spec.attention,
         "ac": spec.ac,  # activation checkpointing of the blocks (commsched.workloads.ac)
+        "float8": spec.float8,  # float8 training of the blocks' linears (commsched.workloads.float8)
         # torch's flop counter charges causal attention for the full seq x seq score matrix
         "attention_causal": spec.mode != "decode",
         "params_total": cfg.total_params(),  # of the traced model (``layers`` blocks)
@@ -185,6 +188,9 @@ def workload_meta(program: StepProgram, groups: dict[str, Any]) -> dict[str, Any
     }
     if spec.mode != "train":
         meta["kv_len"] = spec.kv_len
+    if spec.float8 != "none":
+        meta["float8_linears"] = sorted({spec.layout[pid].key for pid in spec.float8_params})
+        meta["float8_all_gather"] = spec.float8_all_gather
     if plan.fsdp > 1:
         meta["fsdp_bucket"] = spec.fsdp_bucket
         meta["fsdp_reshard_after_forward"] = sorted({p.unit for p in spec.layout if p.unit != "final"})
