@@ -51,11 +51,13 @@ def _from_options(preset: str | None, zoo: ZooStep, compile_: bool, given: set[s
         raise ValueError(f"--fsdp-bucket {zoo.fsdp_bucket}: predict traces FSDP2's program, one collective per "
                          "block (--fsdp-bucket block)")  # fmt: skip
     check_layers(preset, zoo.layers)
-    own = ("seq_len", "batch", "dtype", "tp_size", "ac")
+    own = ("seq_len", "batch", "dtype", "tp_size", "ac", "float8")
     extra = {k: v for k, v in zoo.options().items() if k not in (*own, "mode", "fsdp_bucket")}
+    gathers_float8 = zoo.float8 == "tensorwise" and "fsdp" in zoo.parallel.split("+")  # as the zoo traces it
     return StepConfig(preset=preset, parallel=zoo.parallel, world_size=int(zoo.world_size), layers=zoo.layers,
                       seq_len=zoo.seq_len, batch=zoo.batch, dtype=zoo.dtype, tp_size=zoo.tp_size, ac=zoo.ac,
-                      compile=compile_, extra=tuple(sorted(extra.items())))  # fmt: skip
+                      float8=zoo.float8, float8_all_gather=gathers_float8, compile=compile_,
+                      extra=tuple(sorted(extra.items())))  # fmt: skip
 
 
 def _from_torchtitan(path: Path, preset: str | None, zoo: ZooStep, compile_: bool, given: set[str], world: int | None):
@@ -112,7 +114,10 @@ def register(app: typer.Typer) -> None:
                 step = _from_torchtitan(torchtitan_config, preset, zoo, compile_, given, world)
             else:
                 step = _from_options(preset, zoo, compile_, given)
-            step.resolve()  # an impossible step is refused before any tracing
+            try:
+                step.resolve()  # an impossible step is refused before any tracing
+            except ValueError as exc:  # a config's step: the file it came from heads the line
+                raise ValueError(f"{torchtitan_config}: {exc}" if torchtitan_config is not None else exc) from None
             with Stages(("trace", "import", "simulate"), enabled=not json_out) as stages:
                 stages.stage("trace", f"{step.preset} / {step.parallel} at world {step.world_size}")
                 w = trace(step, progress=lambda msg: _progress(stages, msg))

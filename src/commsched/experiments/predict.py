@@ -34,12 +34,6 @@ CP_DEGREE = 1
 """the context-parallel degree: the zoo has no context parallelism yet (a torchtitan config with CP > 1 is refused),
 so 1. Tokens per second per GPU divide by TP x this: the one place it is read (:attr:`Prediction.cp`)."""
 
-ZOO_FLOAT8 = False
-"""whether the zoo's ``resolve`` takes ``float8`` yet. When it does, set True: a step with ``float8`` (a torchtitan
-config's ``converters = ["float8"]``) is then traced with ``float8=<recipe>`` (:meth:`StepConfig.build_kwargs`);
-until then it is refused in one line (:meth:`StepConfig.check`)."""
-
-
 @dataclass(frozen=True)
 class StepConfig:
     """One training step to predict: a zoo preset, its parallelism and options (None: the preset's / the zoo's
@@ -65,9 +59,16 @@ class StepConfig:
     notes: tuple[str, ...] = field(default=(), compare=False)
 
     def check(self) -> None:
-        """A one-line ValueError for what the zoo cannot trace yet (float8)."""
-        if self.float8 != "none" and not ZOO_FLOAT8:
-            raise ValueError(f"float8 ({self.float8}) not yet supported by the zoo: predict the bf16 step without it")
+        """A one-line ValueError for a float8 setting the zoo does not trace: it gathers a tensorwise step's weights
+        in float8 under FSDP (torchtitan's ``enable_fsdp_float8_all_gather``), and torchao refuses that gather for
+        any other recipe."""
+        fsdp = "fsdp" in self.parallel.split("+")
+        if self.float8 == "tensorwise" and fsdp and not self.float8_all_gather:
+            raise ValueError("float8 (tensorwise) with FSDP gathering bf16 weights (enable_fsdp_float8_all_gather = "
+                             "false) not yet supported: the zoo gathers tensorwise weights in float8")  # fmt: skip
+        if self.float8_all_gather and self.float8 != "tensorwise":
+            raise ValueError(f"float8 ({self.float8}) with enable_fsdp_float8_all_gather: torchao gathers only "
+                             "tensorwise weights in float8")  # fmt: skip
 
     def build_kwargs(self) -> dict[str, Any]:
         """``workloads.build`` keywords of the step (always training; FSDP's one-collective-per-block program is
@@ -75,7 +76,7 @@ class StepConfig:
         given = {"parallel": self.parallel, "world_size": self.world_size, "layers": self.layers,
                  "seq_len": self.seq_len, "batch": self.batch, "dtype": self.dtype, "tp_size": self.tp_size,
                  "ac": self.ac, "mode": "train", **dict(self.extra)}  # fmt: skip
-        if self.float8 != "none" and ZOO_FLOAT8:
+        if self.float8 != "none":
             given["float8"] = self.float8
         return {k: v for k, v in given.items() if v is not None}
 

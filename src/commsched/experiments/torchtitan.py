@@ -14,8 +14,9 @@ last with TOML train configs (``tests/data/torchtitan/SOURCE.txt``); the older n
   ``global_batch_size`` other than the data-parallel batch (gradient accumulation) is refused;
 * ``[activation_checkpoint] mode`` (+ ``selective_ac_option``: ``"op"`` -> selective-op, N -> selective-layer:N);
 * ``[compile] enable`` (with ``"model"`` in ``components``);
-* ``[model] converters`` with ``"float8"`` and ``[quantize.linear.float8]``: recorded, refused until the zoo has float8
-  (:data:`commsched.experiments.predict.ZOO_FLOAT8`).
+* ``[model] converters`` with ``"float8"`` and ``[quantize.linear.float8]``: the recipe (none given: tensorwise) and
+  ``enable_fsdp_float8_all_gather``, traced as the zoo's ``float8`` where it models them
+  (:meth:`commsched.experiments.predict.StepConfig.check` says where not).
 
 The world size comes from the degrees when none is -1, else from the caller (``--world-size`` / ``--num-nodes``).
 Every error is one line naming the file and the key. Unknown sections, unknown keys in the sections that shape the
