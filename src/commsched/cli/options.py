@@ -185,26 +185,21 @@ _ZOO_HELP = {
 }
 
 
-def _checked_ac(value: str) -> str:
-    """A typer callback: ``--ac``'s value in its canonical form, or a usage error (exit 2) naming the accepted
-    values, before any work."""
-    from commsched.workloads.ac import parse_ac
+def checked_by(parser: str) -> Callable[[str], Any]:
+    """A typer callback: the option's value in the canonical form ``parser`` (``"module:function"``, imported when
+    the option is parsed: the workload modules import torch) gives it, or a usage error (exit 2) with the parser's
+    one line naming the accepted values, before any work."""
 
-    try:
-        return parse_ac(value)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
+    def check(value: str) -> Any:
+        import importlib
 
+        module, _, name = parser.partition(":")
+        try:
+            return getattr(importlib.import_module(module), name)(value)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
 
-def _checked_float8(value: str) -> str:
-    """A typer callback: ``--float8``'s value in its canonical form, or a usage error (exit 2) naming the accepted
-    values, before any work."""
-    from commsched.workloads.float8 import parse_float8
-
-    try:
-        return parse_float8(value)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
+    return check
 
 
 def _zoo_parameters(world_size: int, dtype: str, lists: bool) -> list[inspect.Parameter]:
@@ -227,8 +222,9 @@ def _zoo_parameters(world_size: int, dtype: str, lists: bool) -> list[inspect.Pa
         ("ep_size", int | None, opt(None, "--ep-size", min=1, help="expert-parallel degree (ep, fsdp+ep)")),
         ("kv_len", int | None, opt(None, "--kv-len", min=1, help="KV-cache capacity (prefill / decode)")),
         ("fsdp_bucket", str, opt("param", "--fsdp-bucket", help=_ZOO_HELP["fsdp_bucket"] + many)),
-        ("ac", str, opt("none", "--ac", callback=_checked_ac, help=_ZOO_HELP["ac"])),
-        ("float8", str, opt("none", "--float8", callback=_checked_float8, help=_ZOO_HELP["float8"])),
+        ("ac", str, opt("none", "--ac", callback=checked_by("commsched.workloads.ac:parse_ac"), help=_ZOO_HELP["ac"])),
+        ("float8", str, opt("none", "--float8", callback=checked_by("commsched.workloads.float8:parse_float8"),
+                            help=_ZOO_HELP["float8"])),
     ]  # fmt: skip
     return [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=kind)
             for name, kind, info in specs]  # fmt: skip

@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from commsched.io import atomic_write_text
 from commsched.report import html_assets
@@ -138,29 +138,39 @@ def _moved_section(before: SimResult, after: SimResult, label: str, budget_bytes
     )
 
 
-def _capacity(capacity_bytes: float | None, hardware: Hardware | None) -> float | None:
+def _title(g: Any, options: ReportOptions) -> str:
+    return options.get("title") or f"commsched: {g.meta.get('workload', 'simulated step')}"
+
+
+def _capacity(options: ReportOptions) -> float | None:
+    """The memory line of the report: ``capacity_bytes``, else the hardware's HBM where known."""
+    capacity_bytes, hardware = options.get("capacity_bytes"), options.get("hardware")
     if capacity_bytes is None and hardware is not None and hardware.compute.hbm_capacity_bytes > 0:
         return float(hardware.compute.hbm_capacity_bytes)
     return capacity_bytes
 
 
-def render_html(
-    res: SimResult,
-    *,
-    title: str | None = None,
-    context: dict[str, Any] | None = None,
-    capacity_bytes: float | None = None,
-    warnings: tuple[str, ...] | list[str] = (),
-    hardware: Hardware | None = None,
-    memory_budget_bytes: float | None = None,
-) -> str:
-    """The report as one HTML string. ``context``: extra key/value lines for the header (hardware, world size...);
-    ``capacity_bytes``: the device's HBM, a line on the memory curve (default: ``hardware``'s); ``warnings``: lines
-    shown under the title; ``hardware``: its peak FLOP/s gives MFU; ``memory_budget_bytes``: the cap the order was
-    scheduled under, named where an earlier issue would pass it."""
+class ReportOptions(TypedDict, total=False):
+    """What every HTML report of simulated orders takes besides them. ``title`` (default: the graph's workload);
+    ``context``: extra key/value lines for the header (hardware, world size...); ``capacity_bytes``: the device's
+    HBM, a line on the memory curve (default: ``hardware``'s); ``warnings``: lines shown under the title;
+    ``hardware``: its peak FLOP/s gives MFU; ``memory_budget_bytes``: the cap the order was scheduled under, named
+    where an earlier issue would pass it."""
+
+    title: str | None
+    context: dict[str, Any] | None
+    capacity_bytes: float | None
+    warnings: tuple[str, ...] | list[str]
+    hardware: Hardware | None
+    memory_budget_bytes: float | None
+
+
+def render_html(res: SimResult, **options: Unpack[ReportOptions]) -> str:
+    """The report of one simulated order as one HTML string (``options``: :class:`ReportOptions`)."""
     g = res.graph
-    title = title or f"commsched: {g.meta.get('workload', 'simulated step')}"
-    capacity_bytes = _capacity(capacity_bytes, hardware)
+    title, capacity_bytes, hardware = _title(g, options), _capacity(options), options.get("hardware")
+    context, warnings = options.get("context"), options.get("warnings", ())
+    memory_budget_bytes = options.get("memory_budget_bytes")
     rates = step_rates(res, hardware)
     cards = [
         ("step time", fmt_seconds(res.makespan_s)),
@@ -209,24 +219,16 @@ def write_html(res: SimResult, path: str | Path, **kw: Any) -> Path:
     return path
 
 
-def render_comparison_html(
-    results: list[tuple[str, SimResult]],
-    *,
-    title: str | None = None,
-    context: dict[str, Any] | None = None,
-    capacity_bytes: float | None = None,
-    warnings: tuple[str, ...] | list[str] = (),
-    hardware: Hardware | None = None,
-    memory_budget_bytes: float | None = None,
-) -> str:
+def render_comparison_html(results: list[tuple[str, SimResult]], **options: Unpack[ReportOptions]) -> str:
     """One report for several orders of the same graph (e.g. the input order and the scheduled ones): a table with
     each order's step, MFU and tokens/s, every order's timeline on one shared time axis, then what each later order
-    moved against the first and why what stays exposed does (arguments as in :func:`render_html`)."""
+    moved against the first and why what stays exposed does (``options``: :class:`ReportOptions`)."""
     if not results:
         raise ValueError("render_comparison_html needs at least one (label, SimResult)")
     g = results[0][1].graph
-    title = title or f"commsched: {g.meta.get('workload', 'simulated step')}"
-    capacity_bytes = _capacity(capacity_bytes, hardware)
+    title, capacity_bytes, hardware = _title(g, options), _capacity(options), options.get("hardware")
+    context, warnings = options.get("context"), options.get("warnings", ())
+    memory_budget_bytes = options.get("memory_budget_bytes")
     first = results[0][1]
     rows = comparison_rows(results, bound=lambda r: f"{r.bound_ratio:.3f}")
     for row, (_, r) in zip(rows, results, strict=True):
@@ -314,7 +316,7 @@ def render_optimize_html(
         '<section id="comparison"><h2>The kept step against what runs today</h2>',
         html_table(headers, table_rows, text=("note",)),
         "</section>",
-        *_timeline_section(timelines, _capacity(None, hardware)),
+        *_timeline_section(timelines, _capacity({"hardware": hardware})),
         '<section id="exposed"><h2>Kept step: top exposed collectives, and why</h2>',
         _exposed_table(kept, 15, o.budget_bytes),
         "</section>",
