@@ -110,10 +110,11 @@ def optimize(
     that get the full scheduling search after the one-attempt probe. ``table``: measured times (a
     ``MeasuredTable``, or a table / profiler trace path, e.g. from ``commsched calibrate --trace``) used for every
     variant before the model; bucketed collectives of other sizes are interpolated. ``transforms``: also try
-    program transforms (decomposed TP collectives, :mod:`commsched.optimize.transforms`). Never worse than the traced
-    order; see the module docstring for the search. ``executor`` (:mod:`commsched.execute`): judge the bucket
-    plans on its workers (:mod:`commsched.optimize.parallel`; the same result); ``granularities``: the bucket caps
-    tried (default :data:`GRANULARITIES`)."""
+    the families that transform the program (decomposed TP, split batch or sequence, gathers kept for the backward:
+    :mod:`commsched.optimize.families`). Never worse than the traced order; see the module docstring for the
+    search. ``executor`` (:mod:`commsched.execute`): judge the candidates that can travel (bucket plans) on its
+    workers (:mod:`commsched.optimize.parallel`; the same result); ``granularities``: the bucket caps tried
+    (default :data:`commsched.optimize.families.bucketing.GRANULARITIES`)."""
     t0 = time.perf_counter()
     with _collector_paused():
         out = _optimize(program, hardware, num_nodes, gpus_per_node, memory_budget, reorder_collectives, group_sizes,
