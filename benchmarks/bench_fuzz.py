@@ -5,11 +5,23 @@ number is listed with how to reproduce it (kind, seed) and makes the script exit
 
 Usage: python benchmarks/bench_fuzz.py [--cases 2000] [--dags 400] [--seed 0]
 (``tests/fuzz/test_fuzz_inputs.py`` is the bounded version that ``make test`` runs.)
+
+Two of the suite's property tests run long here, on examples Hypothesis draws from ``--seed`` (the suite runs a
+fixed few of each; a failure prints its shrunk falsifying example):
+
+- ``--bucket-graph N``: N random programs bucketed on the IR and as FX (``bucket_graph`` equals ``from_fx`` of
+  ``apply_bucket_plan``, node for node: ``tests/rewrites/test_bucket_graph.py``);
+- ``--framework N``: N random graphs with FSDP and DDP roles scheduled by the ``framework`` reference
+  (``tests/passes/test_framework.py``).
+
+For example, these two alone, about an hour on 2 cores:
+``python benchmarks/bench_fuzz.py --cases 0 --dags 0 --bucket-graph 3000 --framework 3000 --seed 1``
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import sys
 import tempfile
@@ -19,6 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "rewrites"))  # the property tests run here, and their helpers
+sys.path.insert(0, str(ROOT / "tests" / "passes"))
 
 
 def fuzz_files(cases: int, seed: int, folder: Path) -> tuple[dict, list[str]]:
@@ -87,20 +101,58 @@ def fuzz_dags(cases: int, seed: int) -> tuple[dict, list[str]]:
     return counts, failures
 
 
+def fuzz_property(kind: str, cases: int, seed: int) -> tuple[dict, list[str]]:
+    """``cases`` examples of a suite property test (``kind``: "bucket-graph" or "framework"), drawn by hypothesis
+    from ``seed``; a failure is reported with hypothesis's shrunk falsifying example."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as hypothesis_seed
+    from hypothesis import strategies as st
+
+    if kind == "bucket-graph":
+        from test_bucket_graph import RANDOM_PROGRAM_ARGS as args
+        from test_bucket_graph import check_random_program as check
+    else:
+        from test_framework import ROLES_ARGS as args
+        from test_framework import check_fsdp_and_ddp_roles as check
+    counts = {(kind, o): 0 for o in ("ok", "error", "crash", "hang", "wrong")}
+
+    @hypothesis_seed(seed)
+    @settings(max_examples=cases, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(st.tuples(*args))
+    def one(drawn) -> None:
+        check(*drawn)
+        counts[(kind, "ok")] += 1
+
+    try:
+        one()
+    except Exception as exc:  # the shrunk example fails again: one wrong case, its example in the notes
+        counts[(kind, "wrong")] += 1
+        notes = " ".join(getattr(exc, "__notes__", []))
+        return counts, [f"{kind} (hypothesis seed {seed}): {type(exc).__name__}: {exc} {notes}"]
+    return counts, []
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=2000, help="mutated files per kind")
-    parser.add_argument("--dags", type=int, default=400, help="random DAGs simulated and scheduled")
+    parser.add_argument("--dags", type=int, default=400, help="random DAGs simulated and scheduled (0: none)")
+    parser.add_argument("--bucket-graph", type=int, default=0, help="random programs bucketed both ways")
+    parser.add_argument("--framework", type=int, default=0, help="random graphs with FSDP and DDP roles")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         counts, failures = fuzz_files(args.cases, args.seed, Path(tmp))
     t_files = time.perf_counter() - t0
-    dag_counts, dag_failures = fuzz_dags(args.dags, args.seed)
-    counts.update(dag_counts)
-    failures += dag_failures
-    kinds = sorted({k for k, _ in counts}, key=["graph", "table", "profile", "trace", "dag"].index)
+    runs = [(args.dags, fuzz_dags), (args.bucket_graph, functools.partial(fuzz_property, "bucket-graph")),
+            (args.framework, functools.partial(fuzz_property, "framework"))]  # fmt: skip
+    for n, run in runs:
+        if n:  # 0: skipped
+            more, more_failures = run(n, args.seed)
+            counts.update(more)
+            failures += more_failures
+    order = ["graph", "table", "profile", "trace", "dag", "bucket-graph", "framework"]
+    kinds = sorted({k for (k, _), v in counts.items() if v}, key=order.index)  # those run
     outcomes = ("ok", "error", "crash", "hang", "wrong")
     print("| kind | cases | " + " | ".join(outcomes) + " |")
     print("|---|---|" + "---|" * len(outcomes))

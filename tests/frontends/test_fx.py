@@ -9,6 +9,7 @@ import torch
 
 from commsched.frontends.fx import from_fx
 from commsched.ir import CollType, GraphError, OpKind
+from commsched.ir.inplace import inplace_deps
 from commsched.ir.transform import eliminate_dead_nodes
 from programs import DIM, TOKENS, trace_program
 
@@ -108,6 +109,22 @@ def test_inplace_and_out_variants_order_writes():
     g2 = from_fx(gm, group_sizes={"0": 8})
     later = g2.node("sum_3")
     assert later.inputs == [g2.index["b_1"]] and g2.index["copy_"] in later.deps
+
+
+def test_the_shared_in_place_rule_gives_the_imported_ordering_edges():
+    """``commsched.ir.inplace.inplace_deps`` over the imported graph (the writes as the IR shows them) gives every
+    ordering edge ``from_fx`` made but each wait's to its collective: the importer and the IR rewrites share it."""
+    _gm, g = trace_program("inplace", 8)
+    assert_ordering_edges_follow_the_rule(g)
+
+
+def assert_ordering_edges_follow_the_rule(g) -> None:
+    rule = inplace_deps(g.kinds, g.in_ptr, g.in_idx, g.buf_ptr, g.buf_storage, g.storage_owner, g.wait_of, g.coll_sync)
+    assert rule, "no in-place write to order: the check checks nothing"
+    for v in range(len(g)):
+        c = int(g.wait_of[v])
+        wait = [c] if c >= 0 and c not in g.inputs(v).tolist() else []
+        assert sorted(g.deps(v).tolist()) == sorted({*rule.get(v, ()), *wait}), g.names[v]
 
 
 def test_fsdp_autograd_makes_reduce_scatters():

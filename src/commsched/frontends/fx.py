@@ -22,6 +22,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 from commsched.ir import CAUSAL_META, CollType, Graph, GraphBuilder, GraphError, OpKind
+from commsched.ir.inplace import WriteOrder
 from commsched.ir.transform import MODULE_META_KEY, inheritable_meta
 
 
@@ -172,9 +173,7 @@ class _FxImporter:
         self.b = GraphBuilder()
         self.ids: dict[torch.fx.Node, int] = {}
         self.storage_of_key: dict[StorageWeakRef, int] = {}
-        # storage -> (last writer node id, readers since that write), for ordering deps of in-place writes
-        self.last_writer: dict[int, int] = {}
-        self.readers: dict[int, list[int]] = {}
+        self.write_order = WriteOrder()  # the ordering deps of in-place writes (commsched.ir.inplace's one rule)
         self.pending_coll_writes: dict[int, list[int]] = {}
         self.flop_errors: list[str] = []
         self.causal: list[str] = []  # attention nodes with is_causal set (CAUSAL_META)
@@ -278,18 +277,8 @@ class _FxImporter:
         return {s for i in inputs for s in self.b.node_storages(i)}
 
     def _order_writes(self, nid: int, reads: set[int], writes: set[int], kind: OpKind) -> None:
-        # RAW: readers after an in-place write follow the writer; WAR: the writer follows earlier readers
-        if kind not in (OpKind.VIEW, OpKind.WAIT):
-            for s in reads:
-                w = self.last_writer.get(s)
-                if w is not None:
-                    self.b.add_dep(nid, w)
-                self.readers.setdefault(s, []).append(nid)
-        for s in writes:
-            for r in self.readers.get(s, ()):
-                self.b.add_dep(nid, r)
-            self.readers[s] = []
-            self.last_writer[s] = nid
+        for before in self.write_order.visit(nid, kind, reads, writes):
+            self.b.add_dep(nid, before)
 
     # -------------------------------------------------------------- main loop
     def run(self) -> Graph:
@@ -357,9 +346,8 @@ class _FxImporter:
             bufs = [self._tensor_buffer(t, storages[0] if storages else None, nid) for t in flat_val[:1]]
             nid = b.add_node(node.name, tname, OpKind.WAIT, inputs, buffers=bufs, side_effect=True)
             b.set_wait(nid, coll)
-            for s in self.pending_coll_writes.get(coll, ()):
-                # readers after the collective's in-place write must wait for its completion
-                self.last_writer[s] = nid
+            # readers after the collective's in-place write must wait for its completion
+            self.write_order.complete(nid, self.pending_coll_writes.get(coll, ()))
             return nid
 
         written = _written_args(node, info.write_args)

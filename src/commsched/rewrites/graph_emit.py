@@ -11,8 +11,8 @@ import numpy as np
 
 from commsched.ir import Graph, GraphError, OpKind
 from commsched.ir.graph import csr
+from commsched.ir.inplace import inplace_deps
 from commsched.ir.transform import kahn_order
-from commsched.rewrites.bucket_deps import inplace_ordering_deps, row_of
 from commsched.sim.jit import ENABLED as JIT_ENABLED
 
 
@@ -120,9 +120,9 @@ def _fx_order(g: Graph, pos: np.ndarray, removed: set[int], rename: dict[str, st
 def _fx_edges(g: Graph, at_old: np.ndarray, data_ref: np.ndarray, dep_ref: np.ndarray):
     """(src, dst) item indices of the old nodes' data edges (the kept ones and the output's) and of every
     ordering edge; -1 for a removed node nothing stands for."""
-    dst_v = row_of(g.in_ptr)
+    dst_v = _row_of(g.in_ptr)
     data = at_old[dst_v] >= 0
-    dep_dst = dep_ref[row_of(g.dep_ptr)]  # ordering edges (in-place hazards), remapped like ir_control_edges
+    dep_dst = dep_ref[_row_of(g.dep_ptr)]  # ordering edges (in-place hazards), remapped like ir_control_edges
     deps = dep_dst >= 0
     src = np.concatenate([data_ref[g.in_idx[data]], dep_ref[g.dep_idx[deps]]])
     return src, np.concatenate([at_old[dst_v[data]], dep_dst[deps]])
@@ -142,11 +142,7 @@ def emit_graph(g: Graph, pos, removed: set[int], rename: dict[str, str], smap_la
                                                                        for p in e.new_pos}))  # fmt: skip
     buf_ptr, bufs = _buffers(e, smap_late)
     storage = bufs["storage"]
-    dep_ptr, dep_idx = _sorted_unique(*e.rows(g.dep_ptr, g.dep_idx, e.reader_map, {}))
-    new_deps = inplace_ordering_deps(e, in_ptr, in_idx, buf_ptr, storage, bufs["creator"])
-    dep_ptr, dep_idx = _merge_rows(dep_ptr, dep_idx, new_deps)
     coll, wait_of = _collectives(e)
-    dep_ptr, dep_idx = _wait_deps(wait_of, in_ptr, in_idx, dep_ptr, dep_idx)
     old, old_pos = e.old_v, e.old_pos
     kinds = np.empty(e.m, np.int8)
     kinds[old_pos] = g.kinds[old]
@@ -157,6 +153,12 @@ def emit_graph(g: Graph, pos, removed: set[int], rename: dict[str, str], smap_la
     for p in e.new_pos:
         it = e.items[p]
         kinds[p], side_effect[p], flops[p] = int(it.kind), bool(it.side_effect), it.flops
+    # in-place ordering edges: from_fx's rule over the emitted sequence, plus the kept nodes' own edges remapped
+    # (they stand for writes the IR does not show: an op that returns nothing of what it writes)
+    dep_ptr, dep_idx = _sorted_unique(*e.rows(g.dep_ptr, g.dep_idx, e.reader_map, {}))
+    inplace = inplace_deps(kinds, in_ptr, in_idx, buf_ptr, storage, bufs["storage_owner"], wait_of, coll["coll_sync"])
+    dep_ptr, dep_idx = _merge_rows(dep_ptr, dep_idx, inplace)
+    dep_ptr, dep_idx = _wait_deps(wait_of, in_ptr, in_idx, dep_ptr, dep_idx)
     return Graph(
         names=[g.names[it] if type(it) is int else it.name for it in e.items],
         targets=[g.targets[it] if type(it) is int else it.target for it in e.items],
@@ -221,9 +223,14 @@ class _Emit:
         return out_ptr, vals
 
 
+def _row_of(ptr: np.ndarray) -> np.ndarray:
+    """The row of every entry of a CSR with row pointers ``ptr``."""
+    return np.repeat(np.arange(len(ptr) - 1, dtype=np.int64), np.diff(ptr))
+
+
 def _dedup(ptr: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each row without repeats, first occurrences in order (``GraphBuilder.add_node``'s rule)."""
-    row = row_of(ptr)
+    row = _row_of(ptr)
     _, first = np.unique(row * (len(ptr) + 1) + vals, return_index=True)
     if len(first) == len(vals):
         return ptr, vals
@@ -235,7 +242,7 @@ def _dedup(ptr: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _sorted_unique(ptr: np.ndarray, vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each row sorted, without repeats."""
     span = len(ptr) + 1
-    key = np.unique(row_of(ptr) * span + vals)
+    key = np.unique(_row_of(ptr) * span + vals)
     return _ptr_of(key // span, len(ptr) - 1), key % span
 
 
@@ -307,8 +314,7 @@ def _buffers(e: _Emit, smap_late: dict[int, str]) -> tuple[np.ndarray, dict]:
         storage[r] = storage[ptr[e.ref(name, "\0data")] + j]
     storage_nbytes = np.where(old_row, g.storage_nbytes[np.maximum(src_storage, 0)], nbytes)[creator]
     return ptr, {"shape": shape, "dtype": dtype, "nbytes": nbytes, "storage": storage,
-                 "storage_nbytes": storage_nbytes.astype(np.int64), "storage_owner": row_item[creator],
-                 "creator": creator}  # fmt: skip
+                 "storage_nbytes": storage_nbytes.astype(np.int64), "storage_owner": row_item[creator]}  # fmt: skip
 
 
 def _collectives(e: _Emit) -> tuple[dict, np.ndarray]:
