@@ -45,9 +45,11 @@ def reference_outputs(spec: WorkloadSpec, *, seed: int = 0) -> dict[str, Any]:
 
 
 def expected_rank_outputs(spec: WorkloadSpec, rank: int, reference: dict[str, Any]) -> list[torch.Tensor]:
-    """What ``StepProgram(spec, groups, rank).step(*real_inputs(seed))`` returns when the parallel step is right."""
+    """What ``StepProgram(spec, groups, rank).step(*real_inputs(seed))`` returns when the parallel step is right.
+    Under context parallelism a rank's loss is the mean over its own tokens: the entry is its replica's loss, which
+    the mean of the CP group's losses must equal; a prefill's logits are CP rank 0's (it holds the last position)."""
     plan = spec.plan
-    replica = rank // plan.tp
+    replica = rank // (plan.tp * plan.cp)
     if spec.train:
         grads = [shard_for_rank(p, reference["grads"][p.name], plan, rank) for p in spec.layout]
         return [reference["losses"][replica], *grads]
