@@ -119,8 +119,7 @@ CAUSAL_META = "causal_attention"
 """``Graph.meta`` key: names of the attention nodes called with ``is_causal=True`` (frontends set it; the cost model
 charges a causal pass by its blocks, since torch's flop counter ignores the mask)"""
 PERMUTE_META = "permute_collectives"
-"""``Graph.meta`` key: the all_to_all nodes that send to one peer and receive from one (``ft_c.permute_tensor``, torch's
-CP ring), which the cost model charges as the point-to-point transfer they are (nccl-tests' sendrecv)"""
+"""``Graph.meta`` key: all_to_all nodes to / from one peer each (``permute_tensor``), charged as a sendrecv"""
 
 
 class Graph:
