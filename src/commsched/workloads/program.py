@@ -219,6 +219,8 @@ def _with_cp(plan: ParallelPlan, cp: int, rotate: str, mode: str, seq_len: int, 
         raise ValueError(f"cp_rotate={rotate!r}: expected one of {', '.join(ROTATE_METHODS)}")
     if cp == 1:
         return plan
+    if cp < 1:
+        raise ValueError(f"cp_size={cp}: expected >= 1")
     if mode == "decode":
         raise ValueError(f"cp_size={cp} is for mode='train' or 'prefill' (the sequence is split), not mode='decode'")
     if seq_len % (2 * cp):
