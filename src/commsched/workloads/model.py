@@ -27,7 +27,7 @@ class Shapes:
     """Per-rank shapes of one step."""
 
     batch: int  # sequences this rank (its TP group) processes
-    seq: int  # new tokens per sequence (1 for decode)
+    seq: int  # new tokens per sequence on this rank (1 for decode; seq_len / cp under context parallelism)
     past: int = 0  # cached positions before the new tokens (decode)
     heads: int  # query heads on this rank
     kv_heads: int  # key/value heads on this rank
