@@ -180,7 +180,10 @@ def test_bad_and_unsupported_configs_are_one_line_errors(tmp_path):
         ("seq_len = 8192", 'seq_len = "long"', ["[training] seq_len", "expected an integer"]),
         ("tensor_parallel_degree = 1", "tensor_paralel_degree = 1", ["tensor_paralel_degree", "unknown key"]),
         ("[job]", "[jobs]", ["[jobs]", "unknown section"]),
-        ("context_parallel_degree = 1", "context_parallel_degree = 2", ["context_parallel_degree", "not yet"]),
+        ("context_parallel_degree = 1", 'context_parallel_degree = 2\ncontext_parallel_rotate_method = "ring"',
+         ["[parallelism] context_parallel_rotate_method", "'ring'", "allgather or alltoall"]),
+        ("context_parallel_degree = 1", 'context_parallel_degree = 2\ncontext_parallel_load_balancer = "ptrr"',
+         ["context_parallel_load_balancer", "'ptrr'", "headtail"]),
         ("pipeline_parallel_degree = 1", "pipeline_parallel_degree = 2", ["pipeline_parallel_degree", "not yet"]),
         ("data_parallel_replicate_degree = 1", "data_parallel_replicate_degree = 2", ["HSDP", "not yet supported"]),
         ('flavor = "8B"', 'flavor = "debugmodel"', ["[model] flavor", "no zoo preset"]),
@@ -232,3 +235,20 @@ def test_float8_steps_as_torchtitan_runs_them(tmp_path):
                          "--ac", "selective-op", "--compile")  # fmt: skip
     assert from_config["configuration"]["float8"] == "tensorwise" and from_config["step_s"] == options["step_s"]
     assert options["step_s"] < bf16["step_s"] and options["tokens_per_s_per_gpu"] > bf16["tokens_per_s_per_gpu"]
+
+
+def test_context_parallel_configs_as_torchtitan_runs_them(tmp_path):
+    """``context_parallel_degree`` 2 is the zoo's ``cp_size`` 2 inside FSDP (torchtitan's fsdp = dp_shard x cp),
+    rotating K/V by all-gather unless ``context_parallel_rotate_method`` says alltoall; the data-parallel degree
+    (global batch) and tokens/s per GPU divide by TP x CP, as torchtitan's ``non_data_parallel_size``."""
+    path = _variant(tmp_path, "context_parallel_degree = 1", "context_parallel_degree = 2")
+    step = from_torchtitan_config(path, world_size=8)
+    assert (step.parallel, dict(step.extra)) == ("fsdp", {"cp_size": 2, "cp_rotate": "allgather"})
+    assert step.resolve().plan.cp == 2 and step.resolve().plan.data_parallel_degree == 4
+    rotate = 'context_parallel_degree = 2\ncontext_parallel_rotate_method = "alltoall"'
+    alltoall = _variant(tmp_path, "context_parallel_degree = 1", rotate, "a2a.toml")
+    assert dict(from_torchtitan_config(alltoall, world_size=8).extra)["cp_rotate"] == "alltoall"
+    p = _predict_json("--torchtitan-config", path, "-w", "8", "-l", "1")
+    assert (p["cp"], p["tp"], p["tokens_per_replica"]) == (2, 1, 8192)
+    assert p["tokens_per_s_per_gpu"] == pytest.approx(8192 / p["step_s"] / 2)
+    assert "cp 2 allgather" in p["configuration_line"]

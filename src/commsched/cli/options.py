@@ -1,6 +1,6 @@
 """Options several commands take alike, each defined once: where output goes (files, folders, ``--json``) and the
-options that pick a zoo step (``--parallel`` ... ``--fsdp-bucket``, ``--ac``, ``--float8``), with the check that the
-step's layers exist."""
+options that pick a zoo step (``--parallel`` ... ``--fsdp-bucket``, ``--ac``, ``--float8``, ``--cp-size``), with the
+check that the step's layers exist."""
 
 from __future__ import annotations
 
@@ -101,6 +101,8 @@ class ZooStep:
     fsdp_bucket: str
     ac: str = "none"
     float8: str = "none"
+    cp_size: int = 1
+    cp_rotate: str = "allgather"
 
     def options(self) -> dict[str, Any]:
         """``resolve`` / ``build`` keywords beyond preset, parallel, world size and layers (None left out)."""
@@ -109,7 +111,8 @@ class ZooStep:
                  "tp_size": self.tp_size, "ep_size": self.ep_size, "kv_len": self.kv_len,
                  "fsdp_bucket": self.fsdp_bucket,
                  "ac": None if self.ac == "none" else self.ac,
-                 "float8": None if self.float8 == "none" else self.float8}  # fmt: skip
+                 "float8": None if self.float8 == "none" else self.float8,
+                 **({"cp_size": self.cp_size, "cp_rotate": self.cp_rotate} if self.cp_size != 1 else {})}  # fmt: skip
         return {k: v for k, v in given.items() if v is not None}
 
     def build_kwargs(self) -> dict[str, Any]:
@@ -164,7 +167,8 @@ def step_title(meta: dict[str, Any]) -> str:
     head = f"{meta['preset']}/{meta['parallel']}/{meta['mode']}/world {meta['world_size']}"
     ac = f"/ac {meta['ac']}" if meta.get("ac", "none") != "none" else ""
     float8 = f"/float8 {meta['float8']}" if meta.get("float8", "none") != "none" else ""
-    return f"{head}/{meta['layers']} of {meta.get('preset_layers', meta['layers'])} layers{ac}{float8}"
+    cp = f"/cp {meta['cp']}" if meta.get("cp", 1) > 1 else ""
+    return f"{head}/{meta['layers']} of {meta.get('preset_layers', meta['layers'])} layers{ac}{float8}{cp}"
 
 
 def step_layers(meta: dict[str, Any]) -> dict[str, Any]:
@@ -182,6 +186,9 @@ _ZOO_HELP = {
     "(every N-th block), as torchtitan applies it",
     "float8": "float8 training of the blocks' linears (train), as torchtitan runs torchao's Float8Linear: none, "
     "tensorwise (under FSDP: float8 all_gather of the weights), rowwise",
+    "cp_size": "context-parallel degree (train, prefill): each rank holds seq / cp tokens (head-tail) and attention "
+    "runs as torch's context_parallel ring; inside the FSDP / data dimension, as torchtitan's dp_shard x cp",
+    "cp_rotate": "how the CP ring moves K/V (with --cp-size > 1): allgather (torchtitan's default) or alltoall",
 }
 
 
@@ -225,6 +232,10 @@ def _zoo_parameters(world_size: int, dtype: str, lists: bool) -> list[inspect.Pa
         ("ac", str, opt("none", "--ac", callback=checked_by("commsched.workloads.ac:parse_ac"), help=_ZOO_HELP["ac"])),
         ("float8", str, opt("none", "--float8", callback=checked_by("commsched.workloads.float8:parse_float8"),
                             help=_ZOO_HELP["float8"])),
+        ("cp_size", int, opt(1, "--cp-size", min=1, help=_ZOO_HELP["cp_size"])),
+        ("cp_rotate", str, opt("allgather", "--cp-rotate",
+                               callback=checked_by("commsched.workloads.context_parallel:parse_rotate"),
+                               help=_ZOO_HELP["cp_rotate"])),
     ]  # fmt: skip
     return [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=kind)
             for name, kind, info in specs]  # fmt: skip

@@ -37,7 +37,7 @@ from commsched.cost.opclass import GATHERS, OpClass, classify_target
 from commsched.cost.symm_mem import apply_one_shot_costs
 from commsched.cost.table import MeasuredTable
 from commsched.hardware import Hardware, for_graph
-from commsched.ir import CAUSAL_META, CollType, Graph, NodeView, OpKind
+from commsched.ir import CAUSAL_META, PERMUTE_META, CollType, Graph, NodeView, OpKind
 
 EstimateFn = Callable[[NodeView], "float | None"]
 SCALED_MM = "aten._scaled_mm"
@@ -277,15 +277,18 @@ def estimate_costs(
 
     colls = g.collectives
     if len(colls):
-        # one plan per distinct (type, group, bytes): layers repeat the same collectives
+        # one plan per distinct (type, group, bytes, permute): layers repeat the same collectives
+        permute = np.zeros(n, np.int64)
+        permute[[g.index[name] for name in g.meta.get(PERMUTE_META, ()) if name in g.index]] = 1
         keys = np.stack(
-            [g.coll_type[colls].astype(np.int64), g.coll_group[colls].astype(np.int64), g.comm_bytes[colls]]
-        )
+            [g.coll_type[colls].astype(np.int64), g.coll_group[colls].astype(np.int64), g.comm_bytes[colls],
+             permute[colls]]
+        )  # fmt: skip
         uniq, inverse = np.unique(keys, axis=1, return_inverse=True)
         u_time, u_lat, u_link, u_algo = np.zeros(uniq.shape[1]), np.zeros(uniq.shape[1]), [], []
-        for j, (ctype, gid, nbytes) in enumerate(uniq.T.tolist()):
+        for j, (ctype, gid, nbytes, ring) in enumerate(uniq.T.tolist()):
             grp = g.groups[gid]
-            kind = normalize_kind(CollType(ctype))
+            kind = "sendrecv" if ring else normalize_kind(CollType(ctype))  # a permute: one peer each way
             plan = plan_collective(kind, nbytes, grp.size, hw, stride=grp.stride)
             u_time[j], u_lat[j], algo = plan.time_s, plan.latency_s, f"{plan.algorithm}/{plan.protocol}"
             measured = table.collective_time(kind, grp.size, nbytes) if table is not None else None

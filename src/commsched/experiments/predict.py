@@ -30,9 +30,6 @@ if TYPE_CHECKING:
     from commsched.sim import SimResult
     from commsched.workloads import Workload, WorkloadSpec
 
-CP_DEGREE = 1
-"""the context-parallel degree: the zoo has no context parallelism yet (a torchtitan config with CP > 1 is refused),
-so 1. Tokens per second per GPU divide by TP x this: the one place it is read (:attr:`Prediction.cp`)."""
 
 @dataclass(frozen=True)
 class StepConfig:
@@ -134,7 +131,8 @@ class Prediction:
 
     @property
     def cp(self) -> int:
-        return CP_DEGREE
+        """The step's context-parallel degree (the plan's ``cp``, 1 without CP): tokens/s per GPU divide by TP x it."""
+        return int(self.meta.get("cp", 1) or 1)
 
     @property
     def tokens_per_replica(self) -> int:
@@ -185,7 +183,8 @@ class Prediction:
         layers, most = int(m["layers"]), int(m.get("preset_layers", m["layers"]))
         sliced = f"all {most} layers" if layers == most else f"{layers} of {most} layers"
         mesh = " x ".join(f"{name} {size}" for name, size in m.get("mesh", {}).items())
-        parts = [str(m.get("preset")), f"{m.get('parallel')} ({mesh}{', sp' if m.get('sp') else ''})",
+        cp = f", cp {self.cp} {m['context_parallel']['rotate_method']}" if self.cp > 1 else ""
+        parts = [str(m.get("preset")), f"{m.get('parallel')} ({mesh}{', sp' if m.get('sp') else ''}{cp})",
                  f"world {m.get('world_size')}", sliced,
                  f"batch {m.get('batch')} x seq {m.get('seq_len')}", str(m.get("dtype")), f"ac {m.get('ac', 'none')}",
                  "torch.compile" if self.config.compile else "eager"]  # fmt: skip

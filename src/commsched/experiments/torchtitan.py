@@ -8,8 +8,11 @@ last with TOML train configs (``tests/data/torchtitan/SOURCE.txt``); the older n
 * ``[model] name`` / ``flavor``: llama3 8B / 70B / 405B -> the presets llama3-8b / llama3-70b / llama3-405b;
 * ``[parallelism]`` degrees: ``data_parallel_shard_degree`` (-1: the rest of the world) is FSDP,
   ``data_parallel_replicate_degree`` is DDP when the shard degree is 1 (both > 1, HSDP, is not in the zoo yet),
-  ``tensor_parallel_degree`` is TP with sequence parallelism (torchtitan's llama3 plan); context and pipeline
-  parallelism (> 1) are refused; ``enable_async_tensor_parallel`` is recorded (not modelled);
+  ``tensor_parallel_degree`` is TP with sequence parallelism (torchtitan's llama3 plan),
+  ``context_parallel_degree`` is the zoo's ``cp_size`` (FSDP then shards over dp_shard x cp, as torchtitan's
+  ``fsdp`` mesh dimension does) with ``context_parallel_rotate_method`` (default ``"allgather"``) and the
+  ``"headtail"`` load balancer (the only one the zoo models); pipeline parallelism (> 1) is refused;
+  ``enable_async_tensor_parallel`` is recorded (not modelled);
 * ``[training] local_batch_size`` (sequences per data-parallel rank), ``seq_len``, ``mixed_precision_param``;
   ``global_batch_size`` other than the data-parallel batch (gradient accumulation) is refused;
 * ``[activation_checkpoint] mode`` (+ ``selective_ac_option``: ``"op"`` -> selective-op, N -> selective-layer:N);
@@ -96,6 +99,8 @@ TYPES: dict[str, str] = {
     "quantize.linear.float8.enable_fsdp_float8_all_gather": _BOOL, "quantize.linear.float8.recipe_name": _STR,
     "float8.enable_float8_linear": _BOOL, "float8.enable_fsdp_float8_all_gather": _BOOL,
     "float8.recipe_name": _STR,
+    **{f"{s}.context_parallel_rotate_method": _STR for s in ("parallelism", "experimental")},
+    "parallelism.context_parallel_load_balancer": _STR,
     **{f"{s}.{k}": _INT for s in ("parallelism", "training", "experimental") for k in
        ("data_parallel_replicate_degree", "data_parallel_shard_degree", "data_parallel_degree",
         "tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree", "expert_parallel_degree")},
@@ -223,8 +228,7 @@ def _degrees(cfg: _Config) -> Degrees:
 
 def _plan(cfg: _Config, d: Degrees, world_size: int | None) -> tuple[str, int, int | None]:
     """(zoo parallelism, world size, tp_size) of the degrees; one-line errors for what the zoo lacks."""
-    for name, value, what in (("context_parallel_degree", d.cp, "context parallelism"),
-                              ("pipeline_parallel_degree", d.pp, "pipeline parallelism"),
+    for name, value, what in (("pipeline_parallel_degree", d.pp, "pipeline parallelism"),
                               ("expert_parallel_degree", d.ep, "expert parallelism (llama3 is dense)")):  # fmt: skip
         if value > 1:
             key = cfg.given(f"parallelism.{name}", f"experimental.{name}") or f"parallelism.{name}"
@@ -245,11 +249,11 @@ def _plan(cfg: _Config, d: Degrees, world_size: int | None) -> tuple[str, int, i
     elif fixed != world:
         raise ValueError(f"{cfg.path}: the degrees (replicate {d.replicate} x shard {d.shard} x tp {d.tp} x cp {d.cp} "
                          f"x pp {d.pp} = {fixed}) do not make world size {world}")  # fmt: skip
-    if d.replicate > 1 and shard > 1:
+    if d.replicate > 1 and shard * d.cp > 1:
         raise cfg.error("parallelism.data_parallel_replicate_degree", f"{d.replicate} with data_parallel_shard_degree "
                         f"{shard} is HSDP, not yet supported by the zoo (replicate 1: FSDP; shard 1: DDP)")  # fmt: skip
     tp = d.tp if d.tp > 1 else None
-    if shard > 1:
+    if shard * d.cp > 1:  # torchtitan's fsdp dimension is dp_shard x cp: FSDP whenever CP is on
         return ("fsdp+tp+sp" if tp else "fsdp"), world, tp
     if d.replicate > 1:
         return ("tp+sp" if tp else "ddp"), world, tp
@@ -287,13 +291,30 @@ def _float8(cfg: _Config) -> tuple[str, bool]:
     return recipe, bool(cfg.get(f"{section}.enable_fsdp_float8_all_gather", default=False))
 
 
-def _batch(cfg: _Config, world: int, tp: int | None) -> int:
+def _context_parallel(cfg: _Config, cp: int) -> tuple[tuple[str, Any], ...]:
+    """The zoo's ``cp_size`` / ``cp_rotate`` of ``context_parallel_degree`` (1: none) and
+    ``context_parallel_rotate_method`` (torchtitan's default ``"allgather"``: ``job_config.py`` at 4a950ea)."""
+    if cp == 1:
+        return ()
+    key = cfg.given("parallelism.context_parallel_rotate_method", "experimental.context_parallel_rotate_method")
+    rotate = cfg.get(key) if key else "allgather"
+    if rotate not in ("allgather", "alltoall"):
+        raise cfg.error(key or "parallelism.context_parallel_rotate_method", f"{rotate!r}: expected allgather or "
+                        "alltoall")  # fmt: skip
+    balancer = cfg.get("parallelism.context_parallel_load_balancer", default="headtail")
+    if balancer != "headtail":
+        raise cfg.error("parallelism.context_parallel_load_balancer", f"{balancer!r}: only 'headtail' (SDPA's, the "
+                        "default) is modelled by the zoo")  # fmt: skip
+    return (("cp_rotate", rotate), ("cp_size", cp))
+
+
+def _batch(cfg: _Config, world: int, tp: int | None, cp: int = 1) -> int:
     batch = cfg.get("training.local_batch_size", "training.batch_size", default=8)
     key = cfg.given("training.local_batch_size", "training.batch_size") or "training.local_batch_size"
     if batch < 1:
         raise cfg.error(key, f"{batch}: expected >= 1")
     global_batch = cfg.get("training.global_batch_size", default=-1)
-    dp = world // (tp or 1)
+    dp = world // ((tp or 1) * cp)
     if global_batch not in (-1, batch * dp):
         raise cfg.error("training.global_batch_size", f"{global_batch} is not local_batch_size {batch} x the data-"
                         f"parallel degree {dp} = {batch * dp}: gradient accumulation is not yet supported")  # fmt: skip
@@ -313,7 +334,8 @@ def to_step_config(cfg: _Config, *, world_size: int | None = None) -> StepConfig
         raise cfg.error("training.enable_cpu_offload", "true: CPU offload is not yet supported")
     if cfg.get("parallelism.fsdp_reshard_after_forward", "training.fsdp_reshard_after_forward") == "never":
         raise cfg.error("parallelism.fsdp_reshard_after_forward", "'never' is not yet supported (default, always)")
-    parallel, world, tp = _plan(cfg, _degrees(cfg), world_size)
+    degrees = _degrees(cfg)
+    parallel, world, tp = _plan(cfg, degrees, world_size)
     components = cfg.get("compile.components", default=["model", "loss"])
     compile_ = bool(cfg.get("compile.enable", "training.compile", default=False)) and "model" in components
     float8, float8_all_gather = _float8(cfg)
@@ -322,9 +344,9 @@ def to_step_config(cfg: _Config, *, world_size: int | None = None) -> StepConfig
     notes = ("async TP (enable_async_tensor_parallel) is recorded, not modelled yet",) if async_tp else ()
     step = StepConfig(
         preset=preset, parallel=parallel, world_size=world, seq_len=cfg.get("training.seq_len", default=2048),
-        batch=_batch(cfg, world, tp), dtype=cfg.get("training.mixed_precision_param", default="bfloat16"),
+        batch=_batch(cfg, world, tp, degrees.cp), dtype=cfg.get("training.mixed_precision_param", default="bfloat16"),
         tp_size=tp, ac=_ac(cfg), compile=compile_, float8=float8, float8_all_gather=float8_all_gather,
-        async_tp=async_tp, source=cfg.path.name, notes=notes,
+        async_tp=async_tp, extra=_context_parallel(cfg, degrees.cp), source=cfg.path.name, notes=notes,
     )  # fmt: skip
     try:
         step.check()  # float8, until the zoo has it

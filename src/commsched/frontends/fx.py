@@ -21,7 +21,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
-from commsched.ir import CAUSAL_META, CollType, Graph, GraphBuilder, GraphError, OpKind
+from commsched.ir import CAUSAL_META, PERMUTE_META, CollType, Graph, GraphBuilder, GraphError, OpKind
 from commsched.ir.inplace import WriteOrder
 from commsched.ir.transform import MODULE_META_KEY, inheritable_meta
 
@@ -72,6 +72,17 @@ def _is_causal(node: torch.fx.Node) -> bool:
             value = node.kwargs.get("is_causal", node.args[i] if i < len(node.args) else arg.default_value)
             return value is True
     return False
+
+
+def _is_permute(bound: Mapping[str, Any]) -> bool:
+    """Whether an ``all_to_all_single``'s split sizes send to one peer and receive from one (``permute_tensor``)."""
+    splits = [bound.get("output_split_sizes"), bound.get("input_split_sizes")]
+    if not all(isinstance(s, (list, tuple)) for s in splits):
+        return False
+    try:
+        return all(sum(1 for x in s if _concrete(x) != 0) == 1 for s in splits)
+    except (TypeError, GraphError):
+        return False
 
 
 def _shape_key(a: Any) -> Any:
@@ -177,6 +188,7 @@ class _FxImporter:
         self.pending_coll_writes: dict[int, list[int]] = {}
         self.flop_errors: list[str] = []
         self.causal: list[str] = []  # attention nodes with is_causal set (CAUSAL_META)
+        self.permutes: list[str] = []  # all_to_all collectives to and from one peer each (PERMUTE_META)
         self.target_info: dict[Any, _TargetInfo] = {}
         self.flop_cache: dict[Any, float] = {}
 
@@ -304,6 +316,8 @@ class _FxImporter:
             g.meta["flop_errors"] = self.flop_errors[:20]
         if self.causal:
             g.meta[CAUSAL_META] = self.causal
+        if self.permutes:
+            g.meta[PERMUTE_META] = self.permutes
         return g
 
     def _add_call(self, node: torch.fx.Node, target: Any, inputs: list[int]) -> int:
@@ -408,6 +422,8 @@ class _FxImporter:
         else:
             alias = []
         bufs = [self._tensor_buffer(t, alias[k] if k < len(alias) else None, nid) for k, t in enumerate(flat_val)]
+        if spec.type == CollType.ALL_TO_ALL and _is_permute(bound):
+            self.permutes.append(node.name)
         reduce_op = bound.get("reduce_op")
         nid = b.add_node(node.name, self._info(node).name, OpKind.COLLECTIVE, inputs, buffers=bufs, side_effect=True)
         b.set_collective(

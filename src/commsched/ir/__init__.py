@@ -3,6 +3,7 @@
 from commsched.ir.builder import GraphBuilder
 from commsched.ir.graph import (
     CAUSAL_META,
+    PERMUTE_META,
     Buffer,
     Collective,
     CollType,
@@ -15,6 +16,7 @@ from commsched.ir.graph import (
 
 __all__ = [
     "CAUSAL_META",
+    "PERMUTE_META",
     "Buffer",
     "CollType",
     "Collective",

@@ -118,6 +118,8 @@ def csr(n: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarra
 CAUSAL_META = "causal_attention"
 """``Graph.meta`` key: names of the attention nodes called with ``is_causal=True`` (frontends set it; the cost model
 charges a causal pass by its blocks, since torch's flop counter ignores the mask)"""
+PERMUTE_META = "permute_collectives"
+"""``Graph.meta`` key: all_to_all nodes to / from one peer each (``permute_tensor``), charged as a sendrecv"""
 
 
 class Graph:

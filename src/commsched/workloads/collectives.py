@@ -90,11 +90,14 @@ _AllToAll = autograd_pair("_AllToAll", all_to_all, all_to_all)  # MoE dispatch /
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Comm:
-    """The model's view of its parallel groups: tensor parallel (optionally sequence parallel) and experts."""
+    """The model's view of its parallel groups: tensor parallel (optionally sequence parallel), experts and context
+    parallel (``cp``: ring attention, K/V rotated by ``cp_rotate``, :mod:`commsched.workloads.context_parallel`)."""
 
     tp: Group | None = None
     sp: bool = False
     ep: Group | None = None
+    cp: Group | None = None
+    cp_rotate: str = "allgather"
 
     def tp_in(self, x: torch.Tensor) -> torch.Tensor:
         """Enter a column-parallel region: f (TP) or all_gather of the sequence (SP)."""

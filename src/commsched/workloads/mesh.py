@@ -42,12 +42,20 @@ class ParallelPlan:
     dp: int = 1  # DDP replicas whose gradients are all-reduced (also the dense-gradient group of "ep")
     ep: int = 1  # expert-parallel degree
     expert_fsdp: int = 0  # FSDP degree of expert parameters (0: the same as ``fsdp``; "fsdp+ep": world / ep)
+    cp: int = 1  # context-parallel degree: the innermost factor of the data dimension (:func:`with_cp`)
 
     @property
     def dims(self) -> dict[str, int]:
         return dict(self.mesh)
 
+    @property
+    def cp_host(self) -> str:
+        """The mesh dimension the CP groups split (torchtitan's ``fsdp`` = dp_shard x cp; ``dp`` without FSDP)."""
+        return "fsdp" if "fsdp" in self.dims else "dp"
+
     def stride(self, dim: str) -> int:
+        if dim == "cp":
+            return self.stride(self.cp_host)
         names = [n for n, _ in self.mesh]
         if dim not in names:
             raise ValueError(f"mesh {self.mesh} has no dimension {dim!r}")
@@ -57,13 +65,16 @@ class ParallelPlan:
         """Mesh coordinates of a global rank."""
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank={rank} is outside the world of {self.world_size} ranks")
-        return {name: (rank // self.stride(name)) % size for name, size in self.mesh}
+        out = {name: (rank // self.stride(name)) % size for name, size in self.mesh}
+        if self.cp > 1:
+            out["cp"] = out[self.cp_host] % self.cp
+        return out
 
     def group_ranks(self, dim: str, rank: int) -> list[int]:
         """The global ranks of ``rank``'s group along mesh dimension ``dim`` (``"world"``: every rank)."""
         if dim == "world":
             return list(range(self.world_size))
-        stride, size = self.stride(dim), self.dims[dim]
+        stride, size = self.stride(dim), (self.cp if dim == "cp" else self.dims[dim])
         base = rank - self.coords(rank)[dim] * stride
         return [base + k * stride for k in range(size)]
 
@@ -93,7 +104,7 @@ class ParallelPlan:
     @property
     def data_parallel_degree(self) -> int:
         """Replicas that each see their own batch (tokens per step multiply by this)."""
-        return self.world_size // self.tp
+        return self.world_size // (self.tp * self.cp)
 
     def to_meta(self) -> dict[str, Any]:
         return {
@@ -105,6 +116,7 @@ class ParallelPlan:
             "dp": self.dp,
             "ep": self.ep,
             **({"expert_fsdp": self.expert_fsdp} if self.expert_fsdp else {}),
+            **({"cp": self.cp} if self.cp > 1 else {}),
         }
 
 
@@ -186,6 +198,29 @@ def make_plan(
     )
 
 
+CP_PARALLELISMS = ("fsdp", "fsdp+tp", "fsdp+tp+sp", "ddp", "tp", "tp+sp")
+
+
+def with_cp(plan: ParallelPlan, cp_size: int) -> ParallelPlan:
+    """``plan`` with context parallelism of degree ``cp_size`` over consecutive ranks of its data dimension (just
+    outside TP), as torchtitan's meshes place ``cp`` (``parallel_dims.py``: ``["batch", "cp", "tp"]`` for the data,
+    ``["dp_replicate", "fsdp", "tp"]`` with ``fsdp = dp_shard x cp`` for FSDP, so FSDP shards over the CP ranks too).
+    """
+    if cp_size == 1:
+        return plan
+    if cp_size < 1:
+        raise ValueError(f"cp_size={cp_size}: expected >= 1")
+    if plan.parallel not in CP_PARALLELISMS:
+        raise ValueError(f"cp_size={cp_size}: context parallelism composes with parallel in {CP_PARALLELISMS}, not "
+                         f"{plan.parallel!r}")  # fmt: skip
+    host = plan.cp_host
+    if plan.dims.get(host, 1) % cp_size:
+        raise ValueError(f"cp_size={cp_size} does not divide the {host} dimension ({plan.dims.get(host, 1)} = "
+                         f"world_size {plan.world_size} / tp {plan.tp}): choose a world or tp_size that leaves a "
+                         "multiple of cp")  # fmt: skip
+    return dataclasses.replace(plan, cp=cp_size)
+
+
 def _expert_plan(
     parallel: str, world_size: int, ep_size: int | None, n_experts: int, tp_size: int | None
 ) -> ParallelPlan:
@@ -240,4 +275,12 @@ def create_groups(plan: ParallelPlan, rank: int) -> dict[str, Any]:
             pg = dist.new_group(ranks)
             if ranks == mine:
                 groups[name] = pg
+    if plan.cp > 1:  # context parallelism: consecutive ranks of the data dimension (with_cp)
+        mine = plan.group_ranks("cp", rank)
+        if plan.cp == plan.world_size:
+            groups["cp"] = dist.group.WORLD
+        for ranks in ([mine] if fake else plan.all_groups("cp")) if plan.cp < plan.world_size else []:
+            pg = dist.new_group(ranks)
+            if ranks == mine:
+                groups["cp"] = pg
     return groups

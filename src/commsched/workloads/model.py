@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from commsched.workloads.collectives import Comm, all_gather, vocab_parallel_cross_entropy
+from commsched.workloads.context_parallel import ring_attention
 from commsched.workloads.float8 import Float8Weight, linear
 from commsched.workloads.presets import ModelConfig
 
@@ -26,7 +27,7 @@ class Shapes:
     """Per-rank shapes of one step."""
 
     batch: int  # sequences this rank (its TP group) processes
-    seq: int  # new tokens per sequence (1 for decode)
+    seq: int  # new tokens per sequence on this rank (1 for decode; seq_len / cp under context parallelism)
     past: int = 0  # cached positions before the new tokens (decode)
     heads: int  # query heads on this rank
     kv_heads: int  # key/value heads on this rank
@@ -84,10 +85,13 @@ def attention(
     rope: tuple[torch.Tensor, torch.Tensor],
     cache: tuple[torch.Tensor, torch.Tensor] | None,
     prefix: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    comm: Comm | None = None,
 ) -> torch.Tensor:
     """Self-attention of the (TP-local) heads. ``cache``: this layer's ``[batch, kv_heads, kv_len, head_dim]``
     key/value buffers, written in place at positions ``past .. past + seq``. ``prefix`` (training a sequence in
-    chunks): this layer's keys and values of the sequence's earlier chunks, attended to and appended to."""
+    chunks): this layer's keys and values of the sequence's earlier chunks, attended to and appended to. Under
+    context parallelism (``comm.cp``) the tokens are this rank's head-tail slice and the attention is torch's ring
+    (:func:`commsched.workloads.context_parallel.ring_attention`)."""
     hd = cfg.head_dim
     q = linear(x, p["wq"]).view(s.batch, s.seq, s.heads, hd)
     k = linear(x, p["wk"]).view(s.batch, s.seq, s.kv_heads, hd)
@@ -103,8 +107,10 @@ def attention(
         prefix.append((k, v))
         if len(prefix) > 1:
             k, v = torch.cat([kv[0] for kv in prefix], dim=2), torch.cat([kv[1] for kv in prefix], dim=2)
-    # a single new token attends to every cached position; a prompt attends causally
-    o = attend(q, k, v, causal=s.seq > 1, impl=s.attention)
+    if comm is not None and comm.cp is not None:
+        o = ring_attention(q, k, v, comm.cp, comm.cp_rotate, s.attention)
+    else:  # a single new token attends to every cached position; a prompt attends causally
+        o = attend(q, k, v, causal=s.seq > 1, impl=s.attention)
     return linear(o.transpose(1, 2).reshape(s.tokens, s.heads * hd), p["wo"])
 
 
@@ -158,7 +164,7 @@ def block(
     prefix: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> torch.Tensor:
     x = comm.tp_in(rms_norm(h, p["attention_norm"], cfg.norm_eps))
-    h = h + comm.tp_out(attention(p, x, cfg, s, rope, cache, prefix))
+    h = h + comm.tp_out(attention(p, x, cfg, s, rope, cache, prefix, comm))
     x = comm.tp_in(rms_norm(h, p["ffn_norm"], cfg.norm_eps))
     ffn = moe(p, x, cfg, s, comm) if cfg.is_moe else swiglu(x, p["w1"], p["w3"], p["w2"])
     return h + comm.tp_out(ffn)

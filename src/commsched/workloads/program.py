@@ -18,8 +18,9 @@ import torch
 from commsched.workloads import model
 from commsched.workloads.ac import Checkpoint, block_checkpoint, parse_ac
 from commsched.workloads.collectives import Comm, DDPBuckets, Group, ddp_buckets
+from commsched.workloads.context_parallel import ROTATE_METHODS, head_tail_positions
 from commsched.workloads.float8 import RECIPES, converts, parse_float8
-from commsched.workloads.mesh import INFERENCE_PARALLELISMS, MODES, ParallelPlan, make_plan
+from commsched.workloads.mesh import INFERENCE_PARALLELISMS, MODES, ParallelPlan, make_plan, with_cp
 from commsched.workloads.params import ParamInfo, init_full_params, param_layout, shard_for_rank
 from commsched.workloads.presets import ModelConfig, get_preset
 from commsched.workloads.sources import FSDPSource, ParamSource
@@ -63,6 +64,7 @@ class WorkloadSpec:
     layout: tuple[ParamInfo, ...]
     ac: str = "none"  # activation checkpointing of the blocks (commsched.workloads.ac): none, full, selective-...
     float8: str = "none"  # float8 training of the blocks' linears (commsched.workloads.float8): tensorwise, rowwise
+    cp_rotate: str = "allgather"  # context parallelism (plan.cp > 1): K/V rotation, allgather | alltoall
 
     @property
     def float8_params(self) -> frozenset[int]:
@@ -83,7 +85,7 @@ class WorkloadSpec:
 
     @property
     def new_tokens(self) -> int:
-        """Tokens each TP group processes in the step."""
+        """Tokens each TP group (each TP x CP group under context parallelism) processes in the step."""
         return self.batch * (1 if self.mode == "decode" else self.seq_len)
 
     def step_options(self) -> dict[str, Any]:
@@ -126,12 +128,16 @@ def resolve(
     capacity_factor: float = 1.0,
     ac: str = "none",
     float8: str = "none",
+    cp_size: int = 1,
+    cp_rotate: str = "allgather",
 ) -> WorkloadSpec:
     """Validate a request; every impossible dimension raises ValueError naming it. ``ac``: activation
     checkpointing of the transformer blocks (training only): ``"none"``, ``"full"``, ``"selective-op"`` or
     ``"selective-layer:N"`` (:mod:`commsched.workloads.ac`). ``float8``: float8 training of the blocks' linears
     (training only; ``"tensorwise"`` not under tensor parallelism): ``"none"``, ``"tensorwise"`` or ``"rowwise"``
-    (:mod:`commsched.workloads.float8`)."""
+    (:mod:`commsched.workloads.float8`). ``cp_size``: context parallelism over consecutive ranks of the data
+    dimension, torch's ring attention with K/V rotated by ``cp_rotate`` (``"allgather"``, torchtitan's default, or
+    ``"alltoall"``; :mod:`commsched.workloads.context_parallel`)."""
     cfg = get_preset(preset) if isinstance(preset, str) else preset
     if layers is not None:
         if layers < 1:
@@ -167,6 +173,7 @@ def resolve(
         n_experts=cfg.n_experts,
         tp_divides=math.gcd(cfg.n_heads, cfg.n_kv_heads, cfg.ffn_dim),
     )
+    plan = _with_cp(plan, cp_size, cp_rotate, mode, cfg.seq_len if seq_len is None else seq_len, kv_len)
     if float8 == "tensorwise" and plan.tp > 1:
         raise ValueError(f"float8='tensorwise' under tensor parallelism (tp={plan.tp}) is not modelled (torchao's "
                          "Float8ColwiseParallel gathers the sequence in float8); use float8='rowwise' (TP collectives "
@@ -179,7 +186,7 @@ def resolve(
     if mode != "train" and kv_len < seq_len:
         raise ValueError(f"kv_len={kv_len} is smaller than seq_len={seq_len}: the KV cache cannot hold the sequence")
     _check_tp(cfg, plan)
-    spec_tokens = batch * (1 if mode == "decode" else seq_len)
+    spec_tokens = batch * (1 if mode == "decode" else seq_len) // plan.cp
     if plan.sp and spec_tokens % plan.tp:
         raise ValueError(
             f"sequence parallelism splits the {spec_tokens} tokens of a step (batch={batch} x "
@@ -202,7 +209,26 @@ def resolve(
         layout=tuple(param_layout(cfg, plan)),
         ac=ac,
         float8=float8,
+        cp_rotate=cp_rotate,
     )
+
+
+def _with_cp(plan: ParallelPlan, cp: int, rotate: str, mode: str, seq_len: int, kv_len: int | None) -> ParallelPlan:
+    """The plan with context parallelism (``with_cp``); one-line ValueErrors naming the field."""
+    if rotate not in ROTATE_METHODS:
+        raise ValueError(f"cp_rotate={rotate!r}: expected one of {', '.join(ROTATE_METHODS)}")
+    if cp == 1:
+        return plan
+    if cp < 1:
+        raise ValueError(f"cp_size={cp}: expected >= 1")
+    if mode == "decode":
+        raise ValueError(f"cp_size={cp} is for mode='train' or 'prefill' (the sequence is split), not mode='decode'")
+    if seq_len % (2 * cp):
+        raise ValueError(f"cp_size={cp} does not split seq_len={seq_len} head-tail: seq_len must be a multiple of "
+                         f"2 x cp_size = {2 * cp} (torch's load-balanced causal sharding)")  # fmt: skip
+    if mode == "prefill" and (kv_len if kv_len is not None else seq_len) % cp:
+        raise ValueError(f"cp_size={cp} does not divide kv_len={kv_len}: each CP rank caches 1/cp of it")
+    return with_cp(plan, cp)
 
 
 def _check_tp(cfg: ModelConfig, plan: ParallelPlan) -> None:
@@ -235,12 +261,14 @@ class StepProgram:
             tp=self.groups.get("tp") if plan.tp > 1 else None,
             sp=plan.sp,
             ep=self.groups.get("ep") if plan.ep > 1 else None,
+            cp=self.groups.get("cp") if plan.cp > 1 else None,
+            cp_rotate=spec.cp_rotate,
         )
-        n_tokens = spec.new_tokens
+        n_tokens = spec.new_tokens // plan.cp
         vocab_rows = next(p for p in spec.layout if p.key == "tok_embeddings").local_shape[0]
         self.shapes = model.Shapes(
             batch=spec.batch,
-            seq=1 if spec.mode == "decode" else spec.seq_len,
+            seq=1 if spec.mode == "decode" else spec.seq_len // plan.cp,
             past=spec.seq_len - 1 if spec.mode == "decode" else 0,
             heads=cfg.n_heads // plan.tp,
             kv_heads=cfg.n_kv_heads // plan.tp,
@@ -274,7 +302,7 @@ class StepProgram:
             out.append(("labels", (s.batch, s.seq), torch.int64))
         out += [("rope_cos", (s.seq, 1, cfg.head_dim), spec.dtype), ("rope_sin", (s.seq, 1, cfg.head_dim), spec.dtype)]
         if not spec.train:
-            cache = (s.batch, s.kv_heads, spec.kv_len, cfg.head_dim)
+            cache = (s.batch, s.kv_heads, spec.kv_len // spec.plan.cp, cfg.head_dim)
             for i in range(cfg.n_layers):
                 out += [(f"cache_k.{i}", cache, spec.dtype), (f"cache_v.{i}", cache, spec.dtype)]
         return out
@@ -301,17 +329,20 @@ class StepProgram:
         for p in spec.layout:
             t = shard_for_rank(p, full[p.name], spec.plan, self.rank).to(spec.master_dtype)
             params.append(t.requires_grad_(spec.train))
-        if replica is None:
-            replica = self.rank // spec.plan.tp  # TP ranks share their batch; every other rank has its own
+        if replica is None:  # TP (and CP) ranks share their batch; every other rank has its own
+            replica = self.rank // (spec.plan.tp * spec.plan.cp)
         gen = torch.Generator().manual_seed(seed * 1_000_003 + replica)
-        tokens = torch.randint(0, cfg.vocab_size, (s.batch, s.seq), generator=gen)
-        out = [*params, tokens]
+        full_seq = s.seq * spec.plan.cp
+        # context parallelism: this rank's head-tail positions of each sequence (torchtitan's cp_shard)
+        mine = head_tail_positions(full_seq, spec.plan.cp, self.coords["cp"]) if spec.plan.cp > 1 else slice(None)
+        tokens = torch.randint(0, cfg.vocab_size, (s.batch, full_seq), generator=gen)
+        out = [*params, tokens[:, mine]]
         if spec.train:
-            out.append(torch.randint(0, cfg.vocab_size, (s.batch, s.seq), generator=gen))
-        positions = torch.arange(s.past, s.past + s.seq)
+            out.append(torch.randint(0, cfg.vocab_size, (s.batch, full_seq), generator=gen)[:, mine])
+        positions = torch.arange(s.past, s.past + full_seq)[mine]
         out += list(model.rope_tables(cfg, positions, spec.dtype))
         if not spec.train:
-            full_cache = (s.batch, cfg.n_kv_heads, spec.kv_len, cfg.head_dim)
+            full_cache = (s.batch, cfg.n_kv_heads, spec.kv_len // spec.plan.cp, cfg.head_dim)
             tp_rank = self.coords.get("tp", 0)
             for _ in range(2 * cfg.n_layers):
                 cache = torch.randn(full_cache, generator=gen) * 0.5
@@ -430,6 +461,8 @@ class StepProgram:
         chunk. Raises ValueError for a decode or where the pieces would not be equal (or, under sequence
         parallelism, would not divide over the TP ranks)."""
         spec, s = self.spec, self.shapes
+        if spec.plan.cp > 1:
+            raise ValueError(f"cp={spec.plan.cp}: a context-parallel step is not split into sequence chunks")
         if spec.mode == "decode" or chunks < 2 or s.seq % chunks:
             raise ValueError(f"{spec.mode} of {s.seq} positions: chunks={chunks} needs a sequence that divides into "
                              ">= 2 equal chunks (train or prefill)")  # fmt: skip

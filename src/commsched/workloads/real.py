@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from commsched.io import free_port
+from commsched.workloads.context_parallel import head_tail_positions
 from commsched.workloads.params import init_full_params, shard_for_rank
 from commsched.workloads.program import StepProgram, WorkloadSpec, resolve
 
@@ -27,14 +28,28 @@ def single_rank_spec(spec: WorkloadSpec) -> WorkloadSpec:
 
 def reference_outputs(spec: WorkloadSpec, *, seed: int = 0) -> dict[str, Any]:
     """Unsharded results of every data-parallel replica of ``spec``: ``losses`` / ``logits`` per replica and, in
-    training, ``grads`` (name -> gradient averaged over replicas, as data parallelism averages them)."""
+    training, ``grads`` (name -> gradient averaged over replicas, as data parallelism averages them); under context
+    parallelism also ``cp_losses`` (per replica, per CP rank: the mean loss over that rank's head-tail positions,
+    the labels elsewhere ignored by the cross-entropy)."""
     program = StepProgram(single_rank_spec(spec), groups={}, rank=0)  # "none" issues no collective
     full = init_full_params(spec.model, seed=seed)
     replicas = spec.plan.data_parallel_degree
     names = [p.name for p in program.spec.layout]
-    out: dict[str, Any] = {"losses": [], "logits": [], "grads": {}}
+    out: dict[str, Any] = {"losses": [], "logits": [], "grads": {}, "cp_losses": []}
+    cp = spec.plan.cp
     for r in range(replicas):
-        result = program.step(*program.real_inputs(seed=seed, full_params=full, replica=r))
+        inputs = program.real_inputs(seed=seed, full_params=full, replica=r)
+        if spec.train and cp > 1:
+            at = program.input_names.index("labels")
+            labels = inputs[at]
+            losses = []
+            for c in range(cp):
+                mine = head_tail_positions(labels.shape[1], cp, c)
+                only = torch.full_like(labels, -100)  # F.cross_entropy's ignore_index
+                only[:, mine] = labels[:, mine]
+                losses.append(program.step(*inputs[:at], only, *inputs[at + 1 :])[0].detach())
+            out["cp_losses"].append(losses)
+        result = program.step(*inputs)
         if spec.train:
             out["losses"].append(result[0].detach())
             for name, g in zip(names, result[1:], strict=True):
@@ -45,12 +60,15 @@ def reference_outputs(spec: WorkloadSpec, *, seed: int = 0) -> dict[str, Any]:
 
 
 def expected_rank_outputs(spec: WorkloadSpec, rank: int, reference: dict[str, Any]) -> list[torch.Tensor]:
-    """What ``StepProgram(spec, groups, rank).step(*real_inputs(seed))`` returns when the parallel step is right."""
+    """What ``StepProgram(spec, groups, rank).step(*real_inputs(seed))`` returns when the parallel step is right.
+    Under context parallelism a rank's loss is the mean over its own tokens (``cp_losses``; the CP group's mean is
+    the replica's loss); a prefill's logits are CP rank 0's (it holds the last position)."""
     plan = spec.plan
-    replica = rank // plan.tp
+    replica = rank // (plan.tp * plan.cp)
     if spec.train:
         grads = [shard_for_rank(p, reference["grads"][p.name], plan, rank) for p in spec.layout]
-        return [reference["losses"][replica], *grads]
+        loss = reference["cp_losses"][replica][plan.coords(rank)["cp"]] if plan.cp > 1 else reference["losses"][replica]
+        return [loss, *grads]
     logits = reference["logits"][replica]
     if plan.tp == 1:
         return [logits]

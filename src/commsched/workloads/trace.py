@@ -49,7 +49,8 @@ def build(
     ``"prefill"`` or ``"decode"``: forward with a KV cache), ``kv_len``, ``tp_size``, ``ep_size``, ``fsdp_bucket``
     ("param" | "block"), ``reduce_dtype``, ``attention`` ("flash" | "sdpa"), ``capacity_factor``, ``ac`` (activation
     checkpointing: "none" | "full" | "selective-op" | "selective-layer:N"), ``float8`` (float8 training of the
-    blocks' linears: "none" | "tensorwise" | "rowwise"). Raises ValueError for an impossible configuration.
+    blocks' linears: "none" | "tensorwise" | "rowwise"), ``cp_size`` / ``cp_rotate`` (context parallelism: torch's
+    ring attention, "allgather" | "alltoall"). Raises ValueError for an impossible configuration.
     """
     return trace_spec(resolve(preset, parallel=parallel, world_size=world_size, **options), progress)
 
@@ -152,7 +153,8 @@ def workload_meta(program: StepProgram, groups: dict[str, Any]) -> dict[str, Any
         "workload": f"{cfg.name}/{plan.parallel}/{spec.mode}/world {plan.world_size}/{cfg.n_layers} of "
         f"{PRESETS[cfg.name].n_layers if cfg.name in PRESETS else cfg.n_layers} layers"
         + (f"/ac {spec.ac}" if spec.ac != "none" else "")
-        + (f"/float8 {spec.float8}" if spec.float8 != "none" else ""),
+        + (f"/float8 {spec.float8}" if spec.float8 != "none" else "")
+        + (f"/cp {plan.cp} {spec.cp_rotate}" if plan.cp > 1 else ""),
         "preset": cfg.name,
         "parallel": plan.parallel,
         "mode": spec.mode,
@@ -188,6 +190,9 @@ def workload_meta(program: StepProgram, groups: dict[str, Any]) -> dict[str, Any
     }
     if spec.mode != "train":
         meta["kv_len"] = spec.kv_len
+    if plan.cp > 1:  # torch's ring attention (commsched.workloads.context_parallel)
+        meta["context_parallel"] = {"cp": plan.cp, "rotate_method": spec.cp_rotate, "load_balancer": "headtail",
+                                    "tokens_per_rank": spec.new_tokens // plan.cp}  # fmt: skip
     if spec.float8 != "none":
         meta["float8_linears"] = sorted({spec.layout[pid].key for pid in spec.float8_params})
         meta["float8_all_gather"] = spec.float8_all_gather
