@@ -108,11 +108,16 @@ ASSUMED: dict[str, Assumption] = {
 }
 
 RUN_NOTES = {
-    "torchao": "H100 variant not stated: h100-sxm (80 GB HBM3, 700 W) assumed",
-    "fmsfsdp": "FSDP1 (one flat parameter per block), traced as FSDP2; the source's network (A100: 400 Gb/s, H100: "
-    "800 Gb/s per node) is slower than the profile's",
+    "torchao-llama3-8b-h100": "H100 variant not stated: h100-sxm (80 GB HBM3, 700 W) assumed",
+    "fmsfsdp": "FSDP1 (one flat parameter per block), traced as FSDP2",
+    "fmsfsdp-llama2-70b-a100": "the source's network, 400 Gb/s per node, is slower than the profile's",
+    "fmsfsdp-llama2-70b-h100": "the source's network, 800 Gb/s per node, is slower than the profile's (3.2 Tb/s)",
 }
 """id prefix -> a note every such predicted run carries"""
+
+ALTERNATIVES = {"torchao-llama3-8b-h100": "h100-sxm-96g"}
+"""id prefix -> a second profile the run is also predicted on (a sensitivity, not counted): the GPU variant the
+source does not name"""
 
 
 # ---------------------------------------------------------------------------------------------------- the mapping
@@ -258,6 +263,7 @@ class Estimate:
     tokens_per_s_per_gpu: float
     model_flops_per_token: float
     peak_memory_bytes: float
+    exposed_comm_s: float
     hbm_bytes: float
     how: str
     warnings: list[str] = field(default_factory=list)
@@ -275,10 +281,11 @@ class Predictor:
         from commsched.experiments.predict import predict_workload, trace
 
         cfg = dataclasses.replace(config, layers=layers)
+        key = dataclasses.replace(cfg, source="options")  # runs that differ only in their source share a trace
         t0 = time.perf_counter()
-        if cfg not in self._traces:
-            self._traces[cfg] = trace(cfg)
-        p = predict_workload(self._traces[cfg], cfg, profile)
+        if key not in self._traces:
+            self._traces[key] = trace(cfg)
+        p = predict_workload(self._traces[key], cfg, profile)
         self.log(f"  {config.source} on {profile}, {layers or 'all'} layers: step {p.step_s:.4f} s "
                  f"({time.perf_counter() - t0:.1f} s)")  # fmt: skip
         return p
@@ -298,6 +305,7 @@ class Predictor:
         if k is None or 2 * k >= depth:
             p = self.one(config, profile, depth)
             step, flops, peak = p.step_s, p.model_flops_per_token, float(p.peak_memory_bytes)
+            exposed = p.sim.exposed_comm_s
             how = f"all {depth} layers"
             warns = [short(w) for w in p.warnings if "HBM" not in w]
         else:
@@ -305,6 +313,7 @@ class Predictor:
             step = extrapolate(a.step_s, b.step_s, k, depth)
             flops = extrapolate(a.model_flops_per_token, b.model_flops_per_token, k, depth)
             peak = extrapolate(a.peak_memory_bytes, b.peak_memory_bytes, k, depth)
+            exposed = extrapolate(a.sim.exposed_comm_s, b.sim.exposed_comm_s, k, depth)
             how = f"{k} and {2 * k} layers extrapolated to {depth}"
             warns = [short(w) for w in a.warnings if "HBM" not in w]  # the capacity warning is the K-layer step's
             p = a
@@ -312,7 +321,7 @@ class Predictor:
         if peak > hbm:
             warns.append(f"peak memory {peak / 1e9:.0f} GB over the {hbm / 1e9:.0f} GB of HBM")
         tps = p.tokens_per_replica / step / (p.tp * p.cp)
-        return Estimate(step, tps, flops, peak, hbm, how, warns, time.perf_counter() - t0)
+        return Estimate(step, tps, flops, peak, exposed, hbm, how, warns, time.perf_counter() - t0)
 
 
 # ---------------------------------------------------------------------------------------------------- comparison
@@ -383,7 +392,7 @@ def fmt_value(metric: str, v: float) -> str:
 
 def stats(rows: list[Row]) -> str:
     if not rows:
-        return "none"
+        return "no reliable run"
     errs = [abs(r.error) for r in rows]
     worst = max(rows, key=lambda r: abs(r.error))
     median = 100 * statistics.median(errs)
@@ -392,7 +401,7 @@ def stats(rows: list[Row]) -> str:
 
 def table(rows: list[Row]) -> list[str]:
     out = ["| run | source | configuration | profile | published | predicted | error | MFU published / predicted "
-           "| how | notes |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+           "| comm exposed | how | notes |", "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         p, metric = r.plan, r.plan.run["metric"]
         mfu = f"{100 * r.mfu_published:.1f} / {100 * r.mfu_predicted:.1f} %" if r.mfu_predicted is not None else "-"
@@ -400,11 +409,12 @@ def table(rows: list[Row]) -> list[str]:
         notes = "; ".join([*p.notes, *r.estimate.warnings]) or "-"
         out.append(f"| {p.id}{mark} | {p.source} | {configuration(p.config)} | {p.profile} | "
                    f"{fmt_value(metric, float(p.run['value']))} | {fmt_value(metric, r.predicted)} | "
-                   f"{100 * r.error:+.1f} % | {mfu} | {r.estimate.how} | {notes} |")  # fmt: skip
+                   f"{100 * r.error:+.1f} % | {mfu} | {100 * r.estimate.exposed_comm_s / r.estimate.step_s:.0f} % | "
+                   f"{r.estimate.how} | {notes} |")  # fmt: skip
     return out
 
 
-def report(rows: list[Row], unsupported: list[Plan]) -> str:
+def report(rows: list[Row], unsupported: list[Plan], alternatives: list[Row] = ()) -> str:
     lines: list[str] = []
     groups = list(dict.fromkeys(r.plan.group for r in rows))
     for g in groups:
@@ -423,6 +433,13 @@ def report(rows: list[Row], unsupported: list[Plan]) -> str:
             by.setdefault(r.plan.group, []).append(r.flops_gap)
         lines.append("- the sources' FLOPs per token (their MFU x peak / tokens/s) against predict's `mfu` formula: "
                      + "; ".join(f"{g} {100 * min(v):+.1f}..{100 * max(v):+.1f} %" for g, v in by.items()))  # fmt: skip
+    if alternatives:
+        lines += ["", "The same runs on another profile (a sensitivity, not counted above):", "",
+                  "| run | profile | published | predicted | error |", "|---|---|---|---|---|"]  # fmt: skip
+        for r in alternatives:
+            metric = r.plan.run["metric"]
+            lines.append(f"| {r.plan.id} | {r.plan.profile} | {fmt_value(metric, float(r.plan.run['value']))} | "
+                         f"{fmt_value(metric, r.predicted)} | {100 * r.error:+.1f} % |")  # fmt: skip
     lines += ["", f"Not predicted ({len(unsupported)}):", "", "| run | framework | source | published | why not |",
               "|---|---|---|---|---|"]  # fmt: skip
     for p in unsupported:
@@ -458,10 +475,10 @@ def main(argv: list[str] | None = None) -> None:
         ext = pr.estimate(plan.config, plan.profile, args.layers_scale)
         print(f"{plan.id} ({configuration(plan.config)}, {plan.profile})")
         for e in (full, ext):
-            print(f"  {e.how}: step {e.step_s:.4f} s, {e.tokens_per_s_per_gpu:,.0f} tok/s/GPU, "
+            print(f"  {e.how}: step {e.step_s:.6f} s, {e.tokens_per_s_per_gpu:,.0f} tok/s/GPU, "
                   f"peak {e.peak_memory_bytes / 1e9:.1f} GB ({e.wall_s:.0f} s)")  # fmt: skip
-        print(f"  extrapolated / full - 1: step {100 * (ext.step_s / full.step_s - 1):+.2f} %, "
-              f"peak memory {100 * (ext.peak_memory_bytes / full.peak_memory_bytes - 1):+.2f} %")  # fmt: skip
+        print(f"  extrapolated / full - 1: step {100 * (ext.step_s / full.step_s - 1):+.4f} %, "
+              f"peak memory {100 * (ext.peak_memory_bytes / full.peak_memory_bytes - 1):+.4f} %")  # fmt: skip
         return
     wanted = [w for w in args.only.split(",") if w]
     supported = [p for p in plans if p.supported and (not wanted or any(p.id.startswith(w) for w in wanted))]
@@ -480,15 +497,22 @@ def main(argv: list[str] | None = None) -> None:
     for p in supported:
         rows.append(compare(p, pr.estimate(p.config, p.profile, scale)))
     print(f"predicted {len(rows)} runs in {time.perf_counter() - t0:.0f} s\n")
-    print(report(rows, unsupported))
+    alternatives = []
+    for r in rows:
+        for prefix, profile in ALTERNATIVES.items():
+            if r.plan.id.startswith(prefix):
+                alt = dataclasses.replace(r.plan, profile=profile)
+                alternatives.append(compare(alt, pr.estimate(alt.config, profile, scale)))
+    print(report(rows, unsupported, alternatives))
     if args.json:
         args.json.write_text(json.dumps([
             {"id": r.plan.id, "group": r.plan.group, "reliable": r.plan.reliable, "profile": r.plan.profile,
              "config": r.plan.config.to_dict(), "metric": r.plan.run["metric"], "published": r.plan.run["value"],
              "predicted": r.predicted, "error": r.error, "step_s": r.estimate.step_s, "how": r.estimate.how,
+             "exposed_comm_s": r.estimate.exposed_comm_s,
              "mfu_published": r.mfu_published, "mfu_predicted": r.mfu_predicted, "flops_gap": r.flops_gap,
              "peak_memory_bytes": r.estimate.peak_memory_bytes, "notes": list(r.plan.notes),
-             "warnings": r.estimate.warnings} for r in rows], indent=1))  # fmt: skip
+             "warnings": r.estimate.warnings} for r in [*rows, *alternatives]], indent=1))  # fmt: skip
     if any(math.isnan(r.error) for r in rows):
         sys.exit(1)
 
