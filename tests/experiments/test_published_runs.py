@@ -65,5 +65,5 @@ def test_extrapolated_step_matches_a_traced_one():
     assert est.how == "1 and 2 layers extrapolated to 4"
     assert est.step_s == pytest.approx(traced.step_s, rel=0.02)
     assert est.model_flops_per_token == pytest.approx(traced.model_flops_per_token, rel=1e-9)  # linear in layers
-    full = pr.estimate(dataclasses.replace(config, ac="none"), "h100-sxm", None, depth=4)
-    assert full.how == "all 4 layers"
+    full = pr.estimate(dataclasses.replace(config, source="another run"), "h100-sxm", None, depth=4)  # trace shared
+    assert full.how == "all 4 layers" and full.step_s == traced.step_s
