@@ -17,12 +17,16 @@ from commsched.workloads import PRESETS, build, make_plan, param_layout, resolve
 
 @pytest.mark.parametrize(
     ("preset", "billions", "active"),
-    # public totals: Llama 3 8.03B / 70.6B / 405.9B (model cards, Llama 3 paper), Mixtral 46.7B with 12.9B active
+    # public totals: Llama 3 8.03B / 70.6B / 405.9B (model cards, Llama 3 paper), Mixtral 46.7B with 12.9B active,
+    # Llama 2 6.74B / 13.02B / 68.98B (the safetensors totals of the Hugging Face checkpoints)
     [
         ("llama3-8b", 8.03, None),
         ("llama3-70b", 70.55, None),
         ("llama3-405b", 405.85, None),
         ("mixtral-8x7b", 46.70, 12.9),
+        ("llama2-7b", 6.74, None),
+        ("llama2-13b", 13.02, None),
+        ("llama2-70b", 68.98, None),
     ],
 )
 def test_preset_parameter_counts(preset, billions, active):

@@ -1,7 +1,13 @@
-"""Model presets: public dimensions of the Llama 3 and Mixtral families, plus tiny models for tests and real runs.
+"""Model presets: public dimensions of the Llama 2, Llama 3 and Mixtral families, plus tiny models for tests and real
+runs.
 
 Sources for the public presets: the models' ``config.json`` on the Hugging Face hub (meta-llama/Meta-Llama-3-8B,
-Meta-Llama-3-70B, Llama-3.1-405B; mistralai/Mixtral-8x7B-v0.1) and the Llama 3 paper (arXiv:2407.21783, table 3).
+Meta-Llama-3-70B, Llama-3.1-405B; meta-llama/Llama-2-7b-hf, Llama-2-13b-hf, Llama-2-70b-hf;
+mistralai/Mixtral-8x7B-v0.1), the Llama 3 paper (arXiv:2407.21783, table 3) and the Llama 2 paper (arXiv:2307.09288,
+table 1: 4k context, grouped-query attention in 70B only). The Llama 2 sizes are also torchtitan's 2024
+``llama2_configs`` (7B: dim 4096, 32 layers, 32 heads; 13B: 5120, 40, 40; 70B: 8192, 80, 64 heads, 8 KV heads,
+ffn_dim_multiplier 1.3, multiple_of 4096), whose SwiGLU hidden sizes are 11008 / 13824 / 28672 (``multiple_of``
+rounding of 8 x dim / 3), with torchtitan's default RoPE theta 10000 and the 32000-token SentencePiece vocabulary.
 """
 
 from __future__ import annotations
@@ -78,6 +84,11 @@ def _llama3(name: str, description: str, **dims: int) -> ModelConfig:
     return ModelConfig(name=name, n_kv_heads=8, vocab_size=128256, description=description, **dims)
 
 
+def _llama2(name: str, description: str, **dims: int) -> ModelConfig:
+    """A Llama 2 size: the 32000-token vocabulary, RoPE theta 10000 and 4096-token sequences."""
+    return ModelConfig(name=name, vocab_size=32000, rope_theta=10000.0, seq_len=4096, description=description, **dims)
+
+
 _TINY_DIMS = {"dim": 256, "n_layers": 2, "n_heads": 16, "n_kv_heads": 8, "vocab_size": 1024, "seq_len": 64}
 
 
@@ -90,6 +101,9 @@ _MODELS = (
     _llama3("llama3-8b", "Llama 3 8B (Meta, 2024)", dim=4096, n_layers=32, n_heads=32, ffn_dim=14336),
     _llama3("llama3-70b", "Llama 3 70B (Meta, 2024)", dim=8192, n_layers=80, n_heads=64, ffn_dim=28672),
     _llama3("llama3-405b", "Llama 3.1 405B (Meta, 2024)", dim=16384, n_layers=126, n_heads=128, ffn_dim=53248),
+    _llama2("llama2-7b", "Llama 2 7B (Meta, 2023)", dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, ffn_dim=11008),
+    _llama2("llama2-13b", "Llama 2 13B (Meta, 2023)", dim=5120, n_layers=40, n_heads=40, n_kv_heads=40, ffn_dim=13824),
+    _llama2("llama2-70b", "Llama 2 70B (Meta, 2023)", dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_dim=28672),
     ModelConfig(
         name="mixtral-8x7b",
         dim=4096,

@@ -1,0 +1,69 @@
+"""benchmarks/bench_published.py (issue 38): the published runs parse and carry a source and a metric, each maps to
+a step the zoo resolves or says why not, and the layer extrapolation agrees with a traced step."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from benchmark_modules import benchmark
+from commsched.experiments.predict import StepConfig
+
+bench = benchmark("bench_published")
+RUNS = bench.load_runs()
+PLANS = [bench.plan_run(r) for r in RUNS]
+
+
+def test_every_run_has_a_source_a_metric_and_a_framework():
+    assert len(RUNS) == 36
+    assert len({r["id"] for r in RUNS}) == len(RUNS)
+    for r in RUNS:
+        assert r["source_url"].startswith("https://"), r["id"]
+        assert "torchtitan/blob" not in r["source_url"] or "/benchmarks/" not in r["source_url"], r["id"]  # held out
+        assert r["metric"] in ("tokens_per_s_per_gpu", "mfu", "step_s"), r["id"]
+        assert float(r["value"]) > 0, r["id"]
+        assert r["framework"], r["id"]
+
+
+def test_supported_runs_resolve_and_the_others_say_why():
+    supported = [p for p in PLANS if p.supported]
+    assert supported and len(supported) < len(PLANS)
+    for p in supported:
+        assert isinstance(p.config, StepConfig) and not p.reasons, p.id
+        spec = p.config.resolve()  # no tracing: every dimension checked, the mesh planned
+        assert spec.plan.world_size == p.run["num_gpus"], p.id
+        assert spec.batch == p.run["local_batch"] and spec.seq_len == p.run["seq_len"], p.id
+        assert p.profile in bench.SOURCE_PEAK_TFLOPS or p.profile == "mi300x", p.id
+    for p in PLANS:
+        if not p.supported:
+            assert p.reasons and all(p.reasons), p.id
+        if p.run["framework"].startswith("Megatron"):
+            assert not p.supported, p.id  # a different program: not predicted as torch's FSDP2 step
+
+
+def test_groups_and_reliability():
+    for p in PLANS:
+        if p.id.startswith(("tt2404", "tt2408")):
+            assert p.group == bench.TT_DOCS
+        if p.id.startswith("llama3paper"):
+            assert not p.reliable  # the table's numbers as reconstructed, not read
+    assert not bench.plan_run(next(r for r in RUNS if r["id"].startswith("fmsfsdp-llama2-70b"))).reliable
+
+
+def test_linear_extrapolation_formula():
+    assert bench.extrapolate(1.0, 1.5, 2, 32) == pytest.approx(1.0 + 15 * 0.5)
+    assert bench.extrapolate(3.0, 5.0, 1, 1) == 3.0
+
+
+def test_extrapolated_step_matches_a_traced_one():
+    """llama-tiny FSDP 8: the 4-layer step extrapolated from 1 and 2 layers within 2 % of the traced one."""
+    pr = bench.Predictor(log=lambda msg: None)
+    config = StepConfig(preset="llama-tiny", parallel="fsdp", world_size=8, batch=2, ac="full")
+    traced = pr.one(config, "h100-sxm", 4)
+    est = pr.estimate(config, "h100-sxm", 1, depth=4)
+    assert est.how == "1 and 2 layers extrapolated to 4"
+    assert est.step_s == pytest.approx(traced.step_s, rel=0.02)
+    assert est.model_flops_per_token == pytest.approx(traced.model_flops_per_token, rel=1e-9)  # linear in layers
+    full = pr.estimate(dataclasses.replace(config, source="another run"), "h100-sxm", None, depth=4)  # trace shared
+    assert full.how == "all 4 layers" and full.step_s == traced.step_s
