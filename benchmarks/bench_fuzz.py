@@ -14,7 +14,7 @@ fixed few of each; a failure prints its shrunk falsifying example):
 - ``--framework N``: N random graphs with FSDP and DDP roles scheduled by the ``framework`` reference
   (``tests/passes/test_framework.py``).
 
-For example, these two alone, about an hour on 2 cores:
+For example, these two alone (about 10 and 7 minutes on 2 cores):
 ``python benchmarks/bench_fuzz.py --cases 0 --dags 0 --bucket-graph 3000 --framework 3000 --seed 1``
 """
 

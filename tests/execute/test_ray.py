@@ -1,6 +1,8 @@
 """The Ray backend: the same rows as the local pool on a private instance and on a head this test starts on
 127.0.0.1; a SIGKILLed actor gives error rows; Ctrl-C leaves no actor (and the head untouched). Skipped without Ray
-(``pip install 'commsched[ray]'``); each test is light (2 CPUs) and cleans up by process id."""
+(``pip install 'commsched[ray]'``); each test is light (2 CPUs) and cleans up by process id. The tests share one
+head; a private instance runs in a fresh process, started first so that it comes up while the test computes the
+rest; the Ctrl-C and lost-head tests have their own."""
 
 from __future__ import annotations
 
@@ -95,26 +97,54 @@ def head():
     h.stop()
 
 
-def sweep_cli(args: list[str], tmp_path: Path) -> list[SweepRow]:
-    """``commsched sweep ARGS --json`` in a fresh process (a private Ray instance in this test process would hold
-    Ray's state for a later connection to the head); HOME and the cache are temporary."""
+class Started:
+    """A command started in a fresh process, in a process group of its own, that runs while the test does other
+    work: :meth:`output` waits for its stdout (exit code 0), :meth:`stop` ends it if it still runs (Ctrl-C to its
+    group, by its id: a private Ray instance of the command is shut down)."""
+
+    def __init__(self, cmd: list[str], env: dict, cwd: Path) -> None:
+        self.proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, start_new_session=True)  # fmt: skip
+
+    def output(self) -> str:
+        out, err = self.proc.communicate(timeout=600)
+        assert self.proc.returncode == 0, out[-2000:] + err[-2000:]
+        return out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.communicate()
+
+
+def start_sweep_cli(args: list[str], tmp_path: Path) -> Started:
+    """``commsched sweep ARGS --json tmp_path/rows.json`` in a fresh process (a private Ray instance in this test
+    process would hold Ray's state for a later connection to the head); HOME and the cache are temporary."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HOME": str(tmp_path / "home"),
            "COMMSCHED_CACHE_DIR": str(tmp_path / "cache")}  # fmt: skip
     cmd = [sys.executable, "-m", "commsched", "sweep", *args, "--json", str(tmp_path / "rows.json")]
-    res = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stdout + res.stderr
-    return [SweepRow.from_dict(d) for d in json.loads((tmp_path / "rows.json").read_text())["rows"]]
+    return Started(cmd, env, tmp_path)
 
 
 def test_rows_equal_on_every_backend(head, tmp_path):
-    local1 = run_sweep("llama3-8b", **SWEEP, processes=1)
-    local2 = run_sweep("llama3-8b", **SWEEP, processes=2)
-    args = ["llama3-8b", "-p", "fsdp,ddp", "-w", "8,1024", "-H", "h100-sxm,b200", "-l", "2", "--no-cache"]
-    ray_local = sweep_cli([*args, "-j", "2", "--ray-address", "local"], tmp_path)
-    ray_head = run_sweep("llama3-8b", **SWEEP, ray_address=head.address)
+    rows_of = {**SWEEP, "layers": 1}  # the backends' rows agree or not whatever the step's size
+    args = ["llama3-8b", "-p", "fsdp,ddp", "-w", "8,1024", "-H", "h100-sxm,b200", "-l", "1", "--no-cache"]
+    ray_local = start_sweep_cli([*args, "-j", "2", "--ray-address", "local"], tmp_path)  # runs meanwhile
+    try:
+        local1 = run_sweep("llama3-8b", **rows_of, processes=1)
+        local2 = run_sweep("llama3-8b", **rows_of, processes=2)
+        ray_head = run_sweep("llama3-8b", **rows_of, ray_address=head.address)
+        ray_local.output()
+    finally:
+        ray_local.stop()
+    on_ray_local = [SweepRow.from_dict(d) for d in json.loads((tmp_path / "rows.json").read_text())["rows"]]
     assert len(local1) == 8 and all(r.ok for r in local1)
     want = [r.result_dict() for r in local1]
-    for name, rows in {"jobs 2": local2, "ray local": ray_local, "ray head": ray_head}.items():
+    for name, rows in {"jobs 2": local2, "ray local": on_ray_local, "ray head": ray_head}.items():
         assert [r.result_dict() for r in rows] == want, name
     assert {r.pid for r in ray_head}.isdisjoint({os.getpid()})  # computed on the head's actors
     assert not ray_workers(head.descendants())  # the run's actors are gone, the head is up
@@ -126,17 +156,19 @@ def test_optimize_gives_the_serial_search_on_ray(head, tmp_path):
 
     from commsched.execute.ray_backend import RayExecutor
 
-    serial = optimized("fsdp")
-    ex = RayExecutor(head.address)
-    try:
-        on_head = optimized("fsdp", ex)
-    finally:
-        ex.close()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HOME": str(tmp_path)}
     script = Path(__file__).with_name("optimize_helpers.py")
-    res = subprocess.run([sys.executable, str(script), "local"], env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-2000:]
-    on_local = json.loads(res.stdout.strip().splitlines()[-1])
+    local = Started([sys.executable, str(script), "local"], env, tmp_path)  # a private instance, meanwhile
+    try:
+        serial = optimized("fsdp")
+        ex = RayExecutor(head.address)
+        try:
+            on_head = optimized("fsdp", ex)
+        finally:
+            ex.close()
+        on_local = json.loads(local.output().strip().splitlines()[-1])
+    finally:
+        local.stop()
     assert sum(t["collectives"] is not None for t in serial["tried"]) >= 20
     assert on_head == serial  # the winner, the candidates' order, every figure and verdict
     assert on_local == json.loads(json.dumps(serial))
