@@ -20,6 +20,7 @@ from commsched.workloads.ac import Checkpoint, block_checkpoint, parse_ac
 from commsched.workloads.collectives import Comm, DDPBuckets, Group, ddp_buckets
 from commsched.workloads.float8 import RECIPES, converts, parse_float8
 from commsched.workloads.mesh import INFERENCE_PARALLELISMS, MODES, ParallelPlan, make_plan
+from commsched.workloads.optimizer import optimizer_step, parse_optimizer, state_shapes, state_tensors
 from commsched.workloads.params import ParamInfo, init_full_params, param_layout, shard_for_rank
 from commsched.workloads.presets import ModelConfig, get_preset
 from commsched.workloads.sources import FSDPSource, ParamSource
@@ -63,6 +64,7 @@ class WorkloadSpec:
     layout: tuple[ParamInfo, ...]
     ac: str = "none"  # activation checkpointing of the blocks (commsched.workloads.ac): none, full, selective-...
     float8: str = "none"  # float8 training of the blocks' linears (commsched.workloads.float8): tensorwise, rowwise
+    optimizer: str = "none"  # the optimizer step ending a training step (commsched.workloads.optimizer): adamw, ...
 
     @property
     def float8_params(self) -> frozenset[int]:
@@ -104,6 +106,7 @@ _STEP_OPTIONS = (
     "capacity_factor",
     "ac",
     "float8",
+    "optimizer",
 )
 
 
@@ -126,12 +129,16 @@ def resolve(
     capacity_factor: float = 1.0,
     ac: str = "none",
     float8: str = "none",
+    dp_replicate: int = 1,
+    optimizer: str = "none",
 ) -> WorkloadSpec:
     """Validate a request; every impossible dimension raises ValueError naming it. ``ac``: activation
     checkpointing of the transformer blocks (training only): ``"none"``, ``"full"``, ``"selective-op"`` or
     ``"selective-layer:N"`` (:mod:`commsched.workloads.ac`). ``float8``: float8 training of the blocks' linears
     (training only; ``"tensorwise"`` not under tensor parallelism): ``"none"``, ``"tensorwise"`` or ``"rowwise"``
-    (:mod:`commsched.workloads.float8`)."""
+    (:mod:`commsched.workloads.float8`). ``dp_replicate``: HSDP, the FSDP shards replicated over this many groups
+    (fsdp, fsdp+tp, fsdp+tp+sp). ``optimizer``: the AdamW step ending a training step, ``"none"``, ``"adamw"``
+    (foreach) or ``"adamw-fused"`` (:mod:`commsched.workloads.optimizer`)."""
     cfg = get_preset(preset) if isinstance(preset, str) else preset
     if layers is not None:
         if layers < 1:
@@ -159,6 +166,9 @@ def resolve(
     if float8 != "none" and mode != "train":
         raise ValueError(f"float8={float8!r} is for mode='train' (torchao's float8 training of the linears), not "
                          f"mode={mode!r}; use float8='none'")  # fmt: skip
+    optimizer = parse_optimizer(optimizer)
+    if optimizer != "none" and mode != "train":
+        raise ValueError(f"optimizer={optimizer!r} is for mode='train', not mode={mode!r}; use optimizer='none'")
     plan = make_plan(
         parallel,
         world_size,
@@ -166,6 +176,7 @@ def resolve(
         ep_size=ep_size,
         n_experts=cfg.n_experts,
         tp_divides=math.gcd(cfg.n_heads, cfg.n_kv_heads, cfg.ffn_dim),
+        dp_replicate=dp_replicate,
     )
     if float8 == "tensorwise" and plan.tp > 1:
         raise ValueError(f"float8='tensorwise' under tensor parallelism (tp={plan.tp}) is not modelled (torchao's "
@@ -202,6 +213,7 @@ def resolve(
         layout=tuple(param_layout(cfg, plan)),
         ac=ac,
         float8=float8,
+        optimizer=optimizer,
     )
 
 
@@ -222,7 +234,8 @@ class StepProgram:
     """The step of ``spec`` on ``rank``: ``step(*inputs)`` and the names and factories of its inputs.
 
     Inputs, in order: the stored parameters (``spec.layout`` order), then ``tokens``, (``labels``), ``rope_cos``,
-    ``rope_sin``, and for inference the KV caches ``cache_k.<i>``, ``cache_v.<i>``. Train returns
+    ``rope_sin``, and for inference the KV caches ``cache_k.<i>``, ``cache_v.<i>``; with an optimizer its states
+    (:func:`commsched.workloads.optimizer.state_shapes`), updated in place after the gradients. Train returns
     ``[loss, *gradients]`` (one per parameter, the optimizer's view); inference returns ``[logits]``.
     """
 
@@ -265,7 +278,11 @@ class StepProgram:
         if not self.spec.train:
             for i in range(self.spec.model.n_layers):
                 names += [f"cache_k.{i}", f"cache_v.{i}"]
-        return names
+        return names + [name for name, _, _ in self._optimizer_shapes()]
+
+    def _optimizer_shapes(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        spec = self.spec
+        return state_shapes(spec.layout, spec.master_dtype) if spec.optimizer != "none" else []
 
     def _data_shapes(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
         spec, s, cfg = self.spec, self.shapes, self.spec.model
@@ -283,7 +300,12 @@ class StepProgram:
         """Uninitialised inputs of the right shapes; call under FakeTensorMode to allocate nothing."""
         spec = self.spec
         params = [torch.empty(p.shard_shape, dtype=spec.master_dtype, requires_grad=spec.train) for p in spec.layout]
-        return params + [torch.empty(shape, dtype=dt) for _, shape, dt in self._data_shapes()]
+        return params + [torch.empty(shape, dtype=dt) for _, shape, dt in self._data_shapes()] + self._states()
+
+    def _states(self) -> list[torch.Tensor]:
+        """Fresh optimizer states (none without an optimizer): zeros, step counters at 0."""
+        spec = self.spec
+        return state_tensors(spec.optimizer, spec.layout, spec.master_dtype) if spec.optimizer != "none" else []
 
     def real_inputs(
         self,
@@ -316,7 +338,7 @@ class StepProgram:
             for _ in range(2 * cfg.n_layers):
                 cache = torch.randn(full_cache, generator=gen) * 0.5
                 out.append(cache.chunk(spec.plan.tp, dim=1)[tp_rank].contiguous().to(spec.dtype))
-        return out
+        return out + self._states()
 
     # -------------------------------------------------------------- the step
     def _source(self, params: list[torch.Tensor]) -> ParamSource:
@@ -334,6 +356,7 @@ class StepProgram:
                 spec.layout,
                 params,
                 group=self.groups[plan.fsdp_dim(False)],
+                replicate_group=self.groups.get("dp_replicate") if plan.replicate > 1 else None,
                 bucket=spec.fsdp_bucket,
                 sp_group=sp_group,
                 float8_all_gather=spec.float8_all_gather,
@@ -397,6 +420,7 @@ class StepProgram:
         labels = next(data) if spec.train else None
         rope = (next(data), next(data))
         caches = [(next(data), next(data)) for _ in range(cfg.n_layers)] if not spec.train else None
+        states = list(data)  # the optimizer's (none without one)
         src = self._source(params)
         src.start_step()
         if self.seq_chunks > 1:
@@ -416,8 +440,10 @@ class StepProgram:
                 out = src.run("final", lambda p: model.head_logits(p, h, cfg, s, comm))
         if not spec.train:
             return [out]
-        grads = torch.autograd.grad(out, params)
-        return [out, *src.finalize(list(grads))]
+        grads = src.finalize(list(torch.autograd.grad(out, params)))
+        if spec.optimizer != "none":  # the step's last work: params and states updated in place
+            optimizer_step(spec.optimizer, params, grads, states)
+        return [out, *grads]
 
     def block_checkpoint(self, layer: int) -> Checkpoint | None:
         """The activation checkpoint block ``layer`` runs under (``spec.ac``; None: none)."""
