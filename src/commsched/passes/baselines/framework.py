@@ -13,6 +13,9 @@ it) and moves collectives the way the framework's own streams and events let the
   (``get_all_gather_streams``, ``wait_for_unshard``, ``post_backward``).
 * **DDP**: the gradient buckets (``Graph.meta["ddp_buckets"]``' group) are all-reduced as each bucket is ready and
   waited once, at the end of the backward (the reducer's finalize).
+* **HSDP** (FSDP2 on a (replicate, shard) mesh, mesh dim ``dp_replicate``): each unit's all_reduce of its
+  reduce-scattered gradient runs on FSDP2's all_reduce stream and is waited once, at the end of the backward
+  (``finalize_backward`` waits the last post-reduce events), as DDP's: its group counts with the DDP groups.
 * Everything else (TP / SP collectives, MoE all_to_all, inference steps, graphs without workload metadata) keeps the
   input order: eager DTensor and functional collectives are waited where the program uses them, and torch.compile
   runs no overlap pass by default (``torch._inductor.config.reorder_for_compute_comm_overlap = False``,
@@ -50,6 +53,8 @@ def framework_roles(g: Graph) -> tuple[set[int], set[int]]:
         fsdp_dims = []
     fsdp = {index[dims[d]["name"]] for d in fsdp_dims if d in dims and dims[d]["name"] in index}
     ddp = {index[dims[d]["name"]] for d in meta.get("ddp_buckets", {}) if d in dims and dims[d]["name"] in index}
+    if fsdp and "dp_replicate" in dims and dims["dp_replicate"]["name"] in index:  # HSDP's gradient all_reduces
+        ddp.add(index[dims["dp_replicate"]["name"]])
     return fsdp, ddp
 
 
@@ -57,6 +62,8 @@ def framework_label(g: Graph) -> str:
     """What the framework order stands for on ``g``: ``"FSDP2 eager"``, ``"DDP eager"``, ``"FSDP2 + DDP eager"`` or
     ``"torch.compile default (as traced)"``."""
     fsdp, ddp = framework_roles(g)
+    if fsdp and int(g.meta.get("dp_replicate", 1) or 1) > 1 and not g.meta.get("ddp_buckets"):
+        return "FSDP2 (HSDP) eager"
     parts = [name for name, groups in (("FSDP2", fsdp), ("DDP", ddp)) if groups]
     return " + ".join(parts) + " eager" if parts else "torch.compile default (as traced)"
 
