@@ -1,6 +1,6 @@
 """Options several commands take alike, each defined once: where output goes (files, folders, ``--json``) and the
-options that pick a zoo step (``--parallel`` ... ``--fsdp-bucket``, ``--ac``, ``--float8``), with the check that the
-step's layers exist."""
+options that pick a zoo step (``--parallel`` ... ``--fsdp-bucket``, ``--ac``, ``--float8``, ``--dp-replicate``,
+``--optimizer``), with the check that the step's layers exist."""
 
 from __future__ import annotations
 
@@ -101,15 +101,20 @@ class ZooStep:
     fsdp_bucket: str
     ac: str = "none"
     float8: str = "none"
+    dp_replicate: int = 1
+    optimizer: str = "none"
 
     def options(self) -> dict[str, Any]:
         """``resolve`` / ``build`` keywords beyond preset, parallel, world size and layers (None left out)."""
-        # ac / float8 "none" (the defaults) left out, as the options given to resolve were before they existed
+        # ac / float8 / optimizer "none" and dp_replicate 1 (the defaults) left out, as the options given to resolve
+        # were before they existed
         given = {"mode": self.mode, "seq_len": self.seq_len, "batch": self.batch, "dtype": self.dtype,
                  "tp_size": self.tp_size, "ep_size": self.ep_size, "kv_len": self.kv_len,
                  "fsdp_bucket": self.fsdp_bucket,
                  "ac": None if self.ac == "none" else self.ac,
-                 "float8": None if self.float8 == "none" else self.float8}  # fmt: skip
+                 "float8": None if self.float8 == "none" else self.float8,
+                 "dp_replicate": None if self.dp_replicate == 1 else self.dp_replicate,
+                 "optimizer": None if self.optimizer == "none" else self.optimizer}  # fmt: skip
         return {k: v for k, v in given.items() if v is not None}
 
     def build_kwargs(self) -> dict[str, Any]:
@@ -164,7 +169,8 @@ def step_title(meta: dict[str, Any]) -> str:
     head = f"{meta['preset']}/{meta['parallel']}/{meta['mode']}/world {meta['world_size']}"
     ac = f"/ac {meta['ac']}" if meta.get("ac", "none") != "none" else ""
     float8 = f"/float8 {meta['float8']}" if meta.get("float8", "none") != "none" else ""
-    return f"{head}/{meta['layers']} of {meta.get('preset_layers', meta['layers'])} layers{ac}{float8}"
+    optimizer = f"/optimizer {meta['optimizer']}" if meta.get("optimizer", "none") != "none" else ""
+    return f"{head}/{meta['layers']} of {meta.get('preset_layers', meta['layers'])} layers{ac}{float8}{optimizer}"
 
 
 def step_layers(meta: dict[str, Any]) -> dict[str, Any]:
@@ -182,6 +188,10 @@ _ZOO_HELP = {
     "(every N-th block), as torchtitan applies it",
     "float8": "float8 training of the blocks' linears (train), as torchtitan runs torchao's Float8Linear: none, "
     "tensorwise (under FSDP: float8 all_gather of the weights), rowwise",
+    "dp_replicate": "HSDP (fsdp, fsdp+tp*): FSDP's shards replicated over this many groups (torchtitan's "
+    "data_parallel_replicate_degree), gradients reduce-scattered then all-reduced across them",
+    "optimizer": "the AdamW step ending a training step, as torch runs it: none, adamw (foreach=True, torch's "
+    "default on CUDA), adamw-fused (fused=True, torchtitan's default)",
 }
 
 
@@ -207,7 +217,19 @@ def _checked_float8(value: str) -> str:
         raise typer.BadParameter(str(exc)) from None
 
 
-def _zoo_parameters(world_size: int, dtype: str, lists: bool) -> list[inspect.Parameter]:
+def _checked_optimizer(value: str) -> str:
+    """A typer callback: ``--optimizer``'s value in its canonical form, or a usage error (exit 2) naming the
+    accepted values, before any work."""
+    from commsched.workloads.optimizer import parse_optimizer
+
+    try:
+        return parse_optimizer(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def _zoo_parameters(world_size: int, dtype: str, lists: bool, optimizer: str = "none",
+                    optimizer_help: str = "") -> list[inspect.Parameter]:  # fmt: skip
     """The zoo-step options as typer parameters (their one definition)."""
     many = " (comma-separated: every one is swept)" if lists else ""
     opt = typer.Option
@@ -229,6 +251,9 @@ def _zoo_parameters(world_size: int, dtype: str, lists: bool) -> list[inspect.Pa
         ("fsdp_bucket", str, opt("param", "--fsdp-bucket", help=_ZOO_HELP["fsdp_bucket"] + many)),
         ("ac", str, opt("none", "--ac", callback=_checked_ac, help=_ZOO_HELP["ac"])),
         ("float8", str, opt("none", "--float8", callback=_checked_float8, help=_ZOO_HELP["float8"])),
+        ("dp_replicate", int, opt(1, "--dp-replicate", min=1, help=_ZOO_HELP["dp_replicate"])),
+        ("optimizer", str, opt(optimizer, "--optimizer", callback=_checked_optimizer,
+                               help=_ZOO_HELP["optimizer"] + optimizer_help)),
     ]  # fmt: skip
     return [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=kind)
             for name, kind, info in specs]  # fmt: skip
@@ -239,18 +264,23 @@ ZOO_STEP_OPTIONS = tuple(p.name for p in _zoo_parameters(8, "bfloat16", False))
 
 
 def zoo_step_options(
-    *, world_size: int = 8, dtype: str = "bfloat16", lists: bool = False
+    *,
+    world_size: int = 8,
+    dtype: str = "bfloat16",
+    lists: bool = False,
+    optimizer: str = "none",
+    optimizer_help: str = "",
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Give a command the zoo-step options in place of its ``zoo: ZooStep`` parameter: one definition for trace,
     compare, optimize, rewrite, run and sweep (``lists``: comma-separated parallelisms, world sizes and buckets).
-    ``world_size`` / ``dtype``: the command's defaults."""
+    ``world_size`` / ``dtype`` / ``optimizer``: the command's defaults (``optimizer_help``: added to its help)."""
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         sig = inspect.signature(fn, eval_str=True)
         names = list(sig.parameters)
         at = names.index("zoo")
         own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in sig.parameters.values()]
-        params = own[:at] + _zoo_parameters(world_size, dtype, lists) + own[at + 1 :]
+        params = own[:at] + _zoo_parameters(world_size, dtype, lists, optimizer, optimizer_help) + own[at + 1 :]
 
         @functools.wraps(fn)
         def command(**kwargs: Any) -> Any:
