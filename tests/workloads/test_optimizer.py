@@ -86,6 +86,20 @@ def test_the_step_ends_with_torchs_adamw_over_the_local_shards(kind):
         assert sum(nbytes[i] for i in rest) == 20 * p_bytes
 
 
+@pytest.mark.parametrize("parallel", ["fsdp", "ddp"])
+def test_framework_order_waits_the_gradients_before_the_optimizer(parallel):
+    """``optimizer.step()`` runs after ``backward()`` returns, when FSDP2 / DDP have waited their reductions: in the
+    framework order no optimizer op (not even the weight decay, which reads no gradient) comes before a wait."""
+    from commsched.passes import schedule
+
+    w = traced("llama3-8b", parallel, 8, optimizer="adamw", **KW)
+    g = w.graph
+    order = schedule(g, estimate_costs(g, "h100-sxm", fusion=False), "framework").order
+    pos = {int(v): k for k, v in enumerate(order)}
+    waits = [pos[int(wt)] for c in g.collectives.tolist() for wt in g.waits_of(c)]
+    assert max(waits) < min(pos[i] for i in _optimizer_nodes(g))
+
+
 def test_launches_follow_multi_tensor_apply():
     """``MultiTensorApply.cuh``: a launch per 2240 chunks of 65536 elements, or per full list of tensors."""
     assert launches([1], depth=1) == 1 and launches([], depth=4) == 0
