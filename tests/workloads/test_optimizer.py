@@ -48,6 +48,10 @@ def test_optimizer_option_is_checked_before_tracing():
         with pytest.raises(ValueError) as err:
             resolve("llama3-8b", **{"parallel": "fsdp", "world_size": 8, **bad})
         assert "\n" not in str(err.value) and all(w in str(err.value) for w in words), str(err.value)
+    from commsched.rewrites.split_batch import why_not_split
+
+    split = why_not_split(resolve("llama-tiny", parallel="ddp", world_size=2, batch=4, optimizer="adamw"))
+    assert split is not None and "each micro-batch's step would update the parameters" in split
     res = CliRunner().invoke(__import__("commsched.cli", fromlist=["app"]).app, ["trace", "llama-tiny", "--optimizer",
                                                                                   "lion"])  # fmt: skip
     lines = [line for line in res.stderr.splitlines() if line.strip()]
