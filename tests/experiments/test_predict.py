@@ -49,7 +49,7 @@ def framework_8b():
     from commsched.experiments.references import framework_program
 
     return framework_program("llama3-8b", {"parallel": "fsdp", "world_size": 8, "layers": 2, "seq_len": 8192,
-                                           "batch": 1, "ac": "selective-op"})  # fmt: skip
+                                           "batch": 1, "ac": "selective-op", "optimizer": "adamw-fused"})  # fmt: skip
 
 
 def test_the_json_has_the_numbers_and_they_agree_with_themselves(options_8b):
@@ -185,7 +185,9 @@ def test_bad_and_unsupported_configs_are_one_line_errors(tmp_path):
         ("context_parallel_degree = 1", 'context_parallel_degree = 2\ncontext_parallel_load_balancer = "ptrr"',
          ["context_parallel_load_balancer", "'ptrr'", "headtail"]),
         ("pipeline_parallel_degree = 1", "pipeline_parallel_degree = 2", ["pipeline_parallel_degree", "not yet"]),
-        ("data_parallel_replicate_degree = 1", "data_parallel_replicate_degree = 2", ["HSDP", "not yet supported"]),
+        ('name = "AdamW"', 'name = "Adam"', ["[optimizer] name", "'Adam'", "not yet supported"]),
+        ("eps = 1e-8", 'eps = 1e-8\nimplementation = "for-loop"', ["[optimizer] implementation", "for-loop"]),
+        ("eps = 1e-8", "eps = 1e-8\nfused = 1", ["[optimizer] fused", "expected true or false"]),
         ('flavor = "8B"', 'flavor = "debugmodel"', ["[model] flavor", "no zoo preset"]),
         ('# converters = ["float8"]', 'converters = ["float8"]',
          ["float8 (tensorwise)", "enable_fsdp_float8_all_gather", "not yet supported"]),

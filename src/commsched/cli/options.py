@@ -1,6 +1,6 @@
 """Options several commands take alike, each defined once: where output goes (files, folders, ``--json``) and the
-options that pick a zoo step (``--parallel`` ... ``--fsdp-bucket``, ``--ac``, ``--float8``, ``--cp-size``), with the
-check that the step's layers exist."""
+options that pick a zoo step (``--parallel`` ... ``--fsdp-bucket``, ``--ac``, ``--float8``, ``--cp-size``,
+``--dp-replicate``, ``--optimizer``), with the check that the step's layers exist."""
 
 from __future__ import annotations
 
@@ -103,15 +103,20 @@ class ZooStep:
     float8: str = "none"
     cp_size: int = 1
     cp_rotate: str = "allgather"
+    dp_replicate: int = 1
+    optimizer: str = "none"
 
     def options(self) -> dict[str, Any]:
         """``resolve`` / ``build`` keywords beyond preset, parallel, world size and layers (None left out)."""
-        # ac / float8 "none" (the defaults) left out, as the options given to resolve were before they existed
+        # ac / float8 / optimizer "none" and dp_replicate 1 (the defaults) left out, as the options given to resolve
+        # were before they existed
         given = {"mode": self.mode, "seq_len": self.seq_len, "batch": self.batch, "dtype": self.dtype,
                  "tp_size": self.tp_size, "ep_size": self.ep_size, "kv_len": self.kv_len,
                  "fsdp_bucket": self.fsdp_bucket,
                  "ac": None if self.ac == "none" else self.ac,
                  "float8": None if self.float8 == "none" else self.float8,
+                 "dp_replicate": None if self.dp_replicate == 1 else self.dp_replicate,
+                 "optimizer": None if self.optimizer == "none" else self.optimizer,
                  **({"cp_size": self.cp_size, "cp_rotate": self.cp_rotate} if self.cp_size != 1 else {})}  # fmt: skip
         return {k: v for k, v in given.items() if v is not None}
 
@@ -168,7 +173,9 @@ def step_title(meta: dict[str, Any]) -> str:
     ac = f"/ac {meta['ac']}" if meta.get("ac", "none") != "none" else ""
     float8 = f"/float8 {meta['float8']}" if meta.get("float8", "none") != "none" else ""
     cp = f"/cp {meta['cp']}" if meta.get("cp", 1) > 1 else ""
-    return f"{head}/{meta['layers']} of {meta.get('preset_layers', meta['layers'])} layers{ac}{float8}{cp}"
+    optimizer = f"/optimizer {meta['optimizer']}" if meta.get("optimizer", "none") != "none" else ""
+    layers = f"{meta['layers']} of {meta.get('preset_layers', meta['layers'])} layers"
+    return f"{head}/{layers}{ac}{float8}{cp}{optimizer}"
 
 
 def step_layers(meta: dict[str, Any]) -> dict[str, Any]:
@@ -189,6 +196,10 @@ _ZOO_HELP = {
     "cp_size": "context-parallel degree (train, prefill): each rank holds seq / cp tokens (head-tail) and attention "
     "runs as torch's context_parallel ring; inside the FSDP / data dimension, as torchtitan's dp_shard x cp",
     "cp_rotate": "how the CP ring moves K/V (with --cp-size > 1): allgather (torchtitan's default) or alltoall",
+    "dp_replicate": "HSDP (fsdp, fsdp+tp*): FSDP's shards replicated over this many groups (torchtitan's "
+    "data_parallel_replicate_degree), gradients reduce-scattered then all-reduced across them",
+    "optimizer": "the AdamW step ending a training step, as torch runs it: none, adamw (foreach=True, torch's "
+    "default on CUDA), adamw-fused (fused=True, torchtitan's default)",
 }
 
 
@@ -209,7 +220,8 @@ def checked_by(parser: str) -> Callable[[str], Any]:
     return check
 
 
-def _zoo_parameters(world_size: int, dtype: str, lists: bool) -> list[inspect.Parameter]:
+def _zoo_parameters(world_size: int, dtype: str, lists: bool, optimizer: str = "none",
+                    optimizer_help: str = "") -> list[inspect.Parameter]:  # fmt: skip
     """The zoo-step options as typer parameters (their one definition)."""
     many = " (comma-separated: every one is swept)" if lists else ""
     opt = typer.Option
@@ -236,6 +248,10 @@ def _zoo_parameters(world_size: int, dtype: str, lists: bool) -> list[inspect.Pa
         ("cp_rotate", str, opt("allgather", "--cp-rotate",
                                callback=checked_by("commsched.workloads.context_parallel:parse_rotate"),
                                help=_ZOO_HELP["cp_rotate"])),
+        ("dp_replicate", int, opt(1, "--dp-replicate", min=1, help=_ZOO_HELP["dp_replicate"])),
+        ("optimizer", str, opt(optimizer, "--optimizer",
+                               callback=checked_by("commsched.workloads.optimizer:parse_optimizer"),
+                               help=_ZOO_HELP["optimizer"] + optimizer_help)),
     ]  # fmt: skip
     return [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=kind)
             for name, kind, info in specs]  # fmt: skip
@@ -246,18 +262,23 @@ ZOO_STEP_OPTIONS = tuple(p.name for p in _zoo_parameters(8, "bfloat16", False))
 
 
 def zoo_step_options(
-    *, world_size: int = 8, dtype: str = "bfloat16", lists: bool = False
+    *,
+    world_size: int = 8,
+    dtype: str = "bfloat16",
+    lists: bool = False,
+    optimizer: str = "none",
+    optimizer_help: str = "",
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Give a command the zoo-step options in place of its ``zoo: ZooStep`` parameter: one definition for trace,
     compare, optimize, rewrite, run and sweep (``lists``: comma-separated parallelisms, world sizes and buckets).
-    ``world_size`` / ``dtype``: the command's defaults."""
+    ``world_size`` / ``dtype`` / ``optimizer``: the command's defaults (``optimizer_help``: added to its help)."""
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         sig = inspect.signature(fn, eval_str=True)
         names = list(sig.parameters)
         at = names.index("zoo")
         own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in sig.parameters.values()]
-        params = own[:at] + _zoo_parameters(world_size, dtype, lists) + own[at + 1 :]
+        params = own[:at] + _zoo_parameters(world_size, dtype, lists, optimizer, optimizer_help) + own[at + 1 :]
 
         @functools.wraps(fn)
         def command(**kwargs: Any) -> Any:

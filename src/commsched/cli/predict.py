@@ -24,8 +24,13 @@ COMPILE_HELP = (
     "its collectives (TP) in torch.compile's default order (no overlap pass: as traced, as in eager); FSDP2's and "
     "DDP's hooks stay eager around the blocks, so their prefetch and bucket overlap do not change"
 )
+OPTIMIZER_HELP = (
+    "; predict's default: adamw-fused, torchtitan's ([optimizer] name AdamW, implementation fused), since a step is "
+    "the whole iteration (forward, backward, optimizer step); none: up to the gradients"
+)
 TORCHTITAN_HELP = (
-    "read the step from a torchtitan job config (.toml): model, parallel degrees, batch, seq_len, AC, compile; "
+    "read the step from a torchtitan job config (.toml): model, parallel degrees, batch, seq_len, AC, compile, "
+    "optimizer; "
     "the world size from its degrees, else --world-size or --num-nodes; only --layers (and options that agree) with it"
 )
 
@@ -51,12 +56,13 @@ def _from_options(preset: str | None, zoo: ZooStep, compile_: bool, given: set[s
         raise ValueError(f"--fsdp-bucket {zoo.fsdp_bucket}: predict traces FSDP2's program, one collective per "
                          "block (--fsdp-bucket block)")  # fmt: skip
     check_layers(preset, zoo.layers)
-    own = ("seq_len", "batch", "dtype", "tp_size", "ac", "float8")
+    own = ("seq_len", "batch", "dtype", "tp_size", "ac", "float8", "dp_replicate", "optimizer")
     extra = {k: v for k, v in zoo.options().items() if k not in (*own, "mode", "fsdp_bucket")}
     gathers_float8 = zoo.float8 == "tensorwise" and "fsdp" in zoo.parallel.split("+")  # as the zoo traces it
     return StepConfig(preset=preset, parallel=zoo.parallel, world_size=int(zoo.world_size), layers=zoo.layers,
                       seq_len=zoo.seq_len, batch=zoo.batch, dtype=zoo.dtype, tp_size=zoo.tp_size, ac=zoo.ac,
                       float8=zoo.float8, float8_all_gather=gathers_float8, compile=compile_,
+                      dp_replicate=zoo.dp_replicate, optimizer=zoo.optimizer,
                       extra=tuple(sorted(extra.items())))  # fmt: skip
 
 
@@ -76,7 +82,7 @@ def _from_torchtitan(path: Path, preset: str | None, zoo: ZooStep, compile_: boo
 
 def register(app: typer.Typer) -> None:
     @app.command()
-    @zoo_step_options()
+    @zoo_step_options(optimizer="adamw-fused", optimizer_help=OPTIMIZER_HELP)
     def predict(
         ctx: typer.Context,
         preset: str = typer.Argument(None, help="a zoo preset, e.g. llama3-8b (or --torchtitan-config)"),
@@ -89,8 +95,9 @@ def register(app: typer.Typer) -> None:
         json_out: str = json_option("the prediction"),
     ) -> None:
         """Predict one training step as the user's framework runs it: FSDP2 eager (one all_gather per block,
-        the next block prefetched, parameters resharded after the forward), DDP eager (gradient buckets
-        all-reduced as they fill), or with --compile; the step time, tokens/s per GPU (one data-parallel rank's
+        the next block prefetched, parameters resharded after the forward; HSDP with --dp-replicate), DDP eager
+        (gradient buckets all-reduced as they fill), or with --compile, then the optimizer step (AdamW, fused by
+        default, as torchtitan runs it): the step time, tokens/s per GPU (one data-parallel rank's
         tokens / step / (TP x CP)), MFU (torchtitan's model FLOPs) and peak memory per GPU: the numbers to compare
         with the job's logs. This is not commsched's optimiser (commsched optimize searches a faster step). With
         --num-nodes and no --world-size, the world is every GPU of those nodes.

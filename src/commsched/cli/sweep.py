@@ -90,7 +90,9 @@ def register(app: typer.Typer) -> None:
             options = {"seq_len": zoo.seq_len, "batch": zoo.batch, "tp_size": zoo.tp_size, "ep_size": zoo.ep_size,
                        "kv_len": zoo.kv_len, "dtype": None if zoo.dtype == "bfloat16" else zoo.dtype,
                        "ac": None if zoo.ac == "none" else zoo.ac,
-                       "float8": None if zoo.float8 == "none" else zoo.float8}  # fmt: skip
+                       "float8": None if zoo.float8 == "none" else zoo.float8,
+                       "dp_replicate": None if zoo.dp_replicate == 1 else zoo.dp_replicate,
+                       "optimizer": None if zoo.optimizer == "none" else zoo.optimizer}  # fmt: skip
             build_kw = {k: v for k, v in options.items() if v is not None}
             t0 = time.perf_counter()
             computed: list = []

@@ -33,6 +33,7 @@ from commsched.cost.compute import (
 )
 from commsched.cost.fusion import fusion_regions, region_boundary_bytes, view_sources
 from commsched.cost.model import CostEstimate
+from commsched.cost.multi_tensor import MULTI_TENSOR_REDUCTIONS, is_multi_tensor, multi_tensor_launches
 from commsched.cost.opclass import GATHERS, OpClass, classify_target
 from commsched.cost.symm_mem import apply_one_shot_costs
 from commsched.cost.table import MeasuredTable
@@ -63,6 +64,7 @@ class GraphFeatures:
     read_cap: np.ndarray  # bytes a node reads of any one input at most (a gather's output bytes; inf otherwise)
     # a scaled matmul's operand dtype (index into dtypes: float8), the dtype its tensor cores run at; -1 otherwise
     operand_dtype_id: np.ndarray | None = None
+    launches: np.ndarray | None = None  # kernel launches per node: a multi-tensor op's (cost.multi_tensor); else 1
 
 
 _features: weakref.WeakKeyDictionary[Graph, GraphFeatures] = weakref.WeakKeyDictionary()
@@ -104,13 +106,19 @@ def graph_features(g: Graph) -> GraphFeatures:
             r = per_target[k] = classify_target(*k)
         cls[i], fusible[i] = r
     cls[kinds == OpKind.COLLECTIVE] = OpClass.COLLECTIVE
+    # torch's multi-tensor kernels (an optimizer's _foreach_* ops, _fused_adamw_) run eagerly, each a kernel of its
+    # own over whole tensor lists: never fused, elementwise but for the per-tensor reductions (_foreach_norm)
+    multi = np.zeros(n, bool)
+    multi[[i for i in work.tolist() if is_multi_tensor(targets[i])]] = True
+    fusible[multi] = False
 
     first, in_max = _first_numel(g)
     gather = np.zeros(n, bool)
     gather[[i for i in work.tolist() if targets[i] in GATHERS]] = True
     key = np.where(gather, first, np.maximum(first, in_max))
     # an elementwise-named op whose output is smaller than an input reduces (e.g. aten.sum.dim_IntList variants)
-    cls[(cls == OpClass.ELEMENTWISE) & (first < in_max) & (first > 0) & ~gather] = OpClass.REDUCTION
+    cls[(cls == OpClass.ELEMENTWISE) & (first < in_max) & (first > 0) & ~gather & ~multi] = OpClass.REDUCTION
+    cls[[i for i in np.flatnonzero(multi).tolist() if MULTI_TENSOR_REDUCTIONS.match(targets[i])]] = OpClass.REDUCTION
     nbytes = (g.in_bytes + g.out_bytes).astype(np.float64)
     read_cap = np.where(gather, g.out_bytes, np.inf)  # a gather reads no more of a source than it writes
     nbytes[gather] = np.minimum(g.in_bytes[gather], g.out_bytes[gather]) + g.out_bytes[gather]
@@ -155,8 +163,9 @@ def graph_features(g: Graph) -> GraphFeatures:
         i = g.index.get(name)
         if i is not None and cls[i] == OpClass.ATTENTION:
             causal[i] = 2 if "backward" in targets[i] else 1
+    launches = multi_tensor_launches(g) if multi.any() else np.ones(n, np.int64)
     feats = GraphFeatures(cls, fusible, key, nbytes, dtype_id, dtypes, gemm, node_flops, src, region, causal, read_cap,
-                          operand_dtype_id)  # fmt: skip
+                          operand_dtype_id, launches)  # fmt: skip
     _features[g] = feats
     return feats
 
@@ -260,6 +269,8 @@ def estimate_costs(
         table = _profile_table(hw.table_path)
     peak = _peak_per_node(f, hw)
     node_s = kernel_times(f.cls, f.flops, f.nbytes, peak, _shape_efficiency(f, hw), hw)
+    if f.launches is not None:  # a multi-tensor op's further launches (kernel_times charged one)
+        node_s += np.where(node_s > 0, (f.launches - 1) * hw.compute.launch_overhead_s, 0.0)
     forward = np.flatnonzero((f.cls == OpClass.ATTENTION) & (f.gemm[:, 3] == 0))
     if len(forward):  # a split forward's combine kernel: one more launch
         node_s[forward] += forward_attention_extra_s(f.gemm[forward], hw)

@@ -3,7 +3,9 @@
 A zoo training step is traced as the framework runs it (FSDP: one all_gather / reduce_scatter per block, as
 ``fully_shard`` on each block groups them: :func:`commsched.experiments.references.framework_program`), ordered by
 the ``framework`` pass (``passes/baselines/framework.py``: FSDP2's one-block prefetch in the forward and the backward
-with its parameters resharded after the forward, DDP's gradient buckets all-reduced as they fill) and simulated.
+with its parameters resharded after the forward, DDP's gradient buckets all-reduced as they fill; HSDP's gradient
+all_reduces on FSDP2's all_reduce stream) and simulated. A step is the whole iteration: forward, backward and the
+optimizer step (by default AdamW as torchtitan runs it, ``fused=True``: :mod:`commsched.workloads.optimizer`).
 
 * **eager** (default): every op is its own kernel (costs without fusion, ``estimate_costs(fusion=False)``).
 * **compile** (``torch.compile``, as torchtitan applies it: each transformer block compiled): the kernels of a block
@@ -51,6 +53,8 @@ class StepConfig:
     float8: str = "none"  # torchtitan's float8 recipe ("tensorwise", "rowwise", ...); "none": bf16 linears
     float8_all_gather: bool = False  # FSDP2 all-gathers float8 weights (torchtitan's tensorwise recipe)
     async_tp: bool = False  # recorded; not modelled yet
+    dp_replicate: int = 1  # HSDP: FSDP's shards replicated over this many groups (torchtitan's replicate degree)
+    optimizer: str = "adamw-fused"  # the step's optimizer (torchtitan's default AdamW, fused); "none": no step
     extra: tuple[tuple[str, Any], ...] = ()
     source: str = "options"
     notes: tuple[str, ...] = field(default=(), compare=False)
@@ -75,6 +79,10 @@ class StepConfig:
                  "ac": self.ac, "mode": "train", **dict(self.extra)}  # fmt: skip
         if self.float8 != "none":
             given["float8"] = self.float8
+        if self.dp_replicate != 1:
+            given["dp_replicate"] = self.dp_replicate
+        if self.optimizer != "none":
+            given["optimizer"] = self.optimizer
         return {k: v for k, v in given.items() if v is not None}
 
     def resolve(self) -> WorkloadSpec:
@@ -187,6 +195,7 @@ class Prediction:
         parts = [str(m.get("preset")), f"{m.get('parallel')} ({mesh}{', sp' if m.get('sp') else ''}{cp})",
                  f"world {m.get('world_size')}", sliced,
                  f"batch {m.get('batch')} x seq {m.get('seq_len')}", str(m.get("dtype")), f"ac {m.get('ac', 'none')}",
+                 f"optimizer {m.get('optimizer', 'none')}",
                  "torch.compile" if self.config.compile else "eager"]  # fmt: skip
         if self.config.async_tp:
             parts.append("async TP (not modelled)")

@@ -7,7 +7,8 @@ last with TOML train configs (``tests/data/torchtitan/SOURCE.txt``); the older n
 
 * ``[model] name`` / ``flavor``: llama3 8B / 70B / 405B -> the presets llama3-8b / llama3-70b / llama3-405b;
 * ``[parallelism]`` degrees: ``data_parallel_shard_degree`` (-1: the rest of the world) is FSDP,
-  ``data_parallel_replicate_degree`` is DDP when the shard degree is 1 (both > 1, HSDP, is not in the zoo yet),
+  ``data_parallel_replicate_degree`` is DDP when the shard degree is 1 and HSDP (the zoo's ``dp_replicate``) when
+  both are > 1 (not with context parallelism yet),
   ``tensor_parallel_degree`` is TP with sequence parallelism (torchtitan's llama3 plan),
   ``context_parallel_degree`` is the zoo's ``cp_size`` (FSDP then shards over dp_shard x cp, as torchtitan's
   ``fsdp`` mesh dimension does) with ``context_parallel_rotate_method`` (default ``"allgather"``) and the
@@ -17,6 +18,9 @@ last with TOML train configs (``tests/data/torchtitan/SOURCE.txt``); the older n
   ``global_batch_size`` other than the data-parallel batch (gradient accumulation) is refused;
 * ``[activation_checkpoint] mode`` (+ ``selective_ac_option``: ``"op"`` -> selective-op, N -> selective-layer:N);
 * ``[compile] enable`` (with ``"model"`` in ``components``);
+* ``[optimizer] name`` (AdamW) and ``implementation`` (default ``"fused"``: the zoo's ``adamw-fused``; ``"foreach"``:
+  ``adamw``; the 2024 ``fused = true / false``: fused / foreach), the step's optimizer; ``"for-loop"``, Adam and
+  ``early_step_in_backward`` are refused;
 * ``[model] converters`` with ``"float8"`` and ``[quantize.linear.float8]``: the recipe (none given: tensorwise) and
   ``enable_fsdp_float8_all_gather``, traced as the zoo's ``float8`` where it models them
   (:meth:`commsched.experiments.predict.StepConfig.check` says where not).
@@ -50,7 +54,9 @@ _OLD_TRAINING = ("batch_size", "warmup_steps", "data_parallel_degree", "data_par
                  "disable_loss_parallel", "data_parallel_type", "compile", "deterministic", "seed",
                  "fsdp_reshard_after_forward")  # fmt: skip
 KEYS: dict[str, tuple[str, ...] | None] = {
-    "job": None, "profiling": None, "metrics": None, "optimizer": None, "lr_scheduler": None, "checkpoint": None,
+    "job": None, "profiling": None, "metrics": None, "lr_scheduler": None, "checkpoint": None,
+    "optimizer": ("name", "lr", "beta1", "beta2", "eps", "weight_decay", "implementation", "early_step_in_backward",
+                  "fused"),
     "comm": None, "memory_estimation": None, "fault_tolerance": None, "validation": None, "debug": None,
     "model": ("name", "flavor", "hf_assets_path", "tokenizer_path", "converters", "print_after_conversion",
               "norm_type", "use_flex_attn", "attn_mask_type"),
@@ -101,6 +107,8 @@ TYPES: dict[str, str] = {
     "float8.recipe_name": _STR,
     **{f"{s}.context_parallel_rotate_method": _STR for s in ("parallelism", "experimental")},
     "parallelism.context_parallel_load_balancer": _STR,
+    "optimizer.name": _STR, "optimizer.implementation": _STR, "optimizer.fused": _BOOL,
+    "optimizer.early_step_in_backward": _BOOL,
     **{f"{s}.{k}": _INT for s in ("parallelism", "training", "experimental") for k in
        ("data_parallel_replicate_degree", "data_parallel_shard_degree", "data_parallel_degree",
         "tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree", "expert_parallel_degree")},
@@ -226,8 +234,8 @@ def _degrees(cfg: _Config) -> Degrees:
     )
 
 
-def _plan(cfg: _Config, d: Degrees, world_size: int | None) -> tuple[str, int, int | None]:
-    """(zoo parallelism, world size, tp_size) of the degrees; one-line errors for what the zoo lacks."""
+def _plan(cfg: _Config, d: Degrees, world_size: int | None) -> tuple[str, int, int | None, int]:
+    """(zoo parallelism, world size, tp_size, dp_replicate) of the degrees; one-line errors for what the zoo lacks."""
     for name, value, what in (("pipeline_parallel_degree", d.pp, "pipeline parallelism"),
                               ("expert_parallel_degree", d.ep, "expert parallelism (llama3 is dense)")):  # fmt: skip
         if value > 1:
@@ -249,15 +257,33 @@ def _plan(cfg: _Config, d: Degrees, world_size: int | None) -> tuple[str, int, i
     elif fixed != world:
         raise ValueError(f"{cfg.path}: the degrees (replicate {d.replicate} x shard {d.shard} x tp {d.tp} x cp {d.cp} "
                          f"x pp {d.pp} = {fixed}) do not make world size {world}")  # fmt: skip
-    if d.replicate > 1 and shard * d.cp > 1:
-        raise cfg.error("parallelism.data_parallel_replicate_degree", f"{d.replicate} with data_parallel_shard_degree "
-                        f"{shard} is HSDP, not yet supported by the zoo (replicate 1: FSDP; shard 1: DDP)")  # fmt: skip
+    if d.replicate > 1 and d.cp > 1:
+        raise cfg.error("parallelism.data_parallel_replicate_degree", f"{d.replicate} with context_parallel_degree "
+                        f"{d.cp}: HSDP with context parallelism is not yet supported by the zoo")  # fmt: skip
     tp = d.tp if d.tp > 1 else None
-    if shard * d.cp > 1:  # torchtitan's fsdp dimension is dp_shard x cp: FSDP whenever CP is on
-        return ("fsdp+tp+sp" if tp else "fsdp"), world, tp
+    if shard * d.cp > 1:  # torchtitan's fsdp dimension is dp_shard x cp: FSDP whenever CP is on; replicate > 1: HSDP
+        return ("fsdp+tp+sp" if tp else "fsdp"), world, tp, d.replicate
     if d.replicate > 1:
-        return ("tp+sp" if tp else "ddp"), world, tp
-    return ("tp+sp" if tp else "none"), world, tp
+        return ("tp+sp" if tp else "ddp"), world, tp, 1
+    return ("tp+sp" if tp else "none"), world, tp, 1
+
+
+def _optimizer(cfg: _Config) -> str:
+    """The zoo's optimizer of ``[optimizer]``: AdamW, fused unless the config says foreach (torchtitan's default
+    ``implementation = "fused"``; the 2024 configs' ``fused`` flag: foreach when false)."""
+    name = cfg.get("optimizer.name", default="AdamW")
+    if name != "AdamW":
+        raise cfg.error("optimizer.name", f"{name!r}: only AdamW is modelled (not yet supported)")
+    if cfg.get("optimizer.early_step_in_backward", default=False):
+        raise cfg.error("optimizer.early_step_in_backward", "true: the optimizer in the backward is not yet supported")
+    implementation = cfg.get("optimizer.implementation")
+    if implementation is None and cfg.get("optimizer.fused") is not None:
+        implementation = "fused" if cfg.get("optimizer.fused") else "foreach"
+    kinds = {"fused": "adamw-fused", "foreach": "adamw"}
+    if (implementation or "fused") not in kinds:
+        raise cfg.error("optimizer.implementation", f"{implementation!r}: expected fused or foreach (for-loop, one "
+                        "kernel per tensor, is not yet supported)")  # fmt: skip
+    return kinds[implementation or "fused"]
 
 
 def _ac(cfg: _Config) -> str:
@@ -335,7 +361,7 @@ def to_step_config(cfg: _Config, *, world_size: int | None = None) -> StepConfig
     if cfg.get("parallelism.fsdp_reshard_after_forward", "training.fsdp_reshard_after_forward") == "never":
         raise cfg.error("parallelism.fsdp_reshard_after_forward", "'never' is not yet supported (default, always)")
     degrees = _degrees(cfg)
-    parallel, world, tp = _plan(cfg, degrees, world_size)
+    parallel, world, tp, replicate = _plan(cfg, degrees, world_size)
     components = cfg.get("compile.components", default=["model", "loss"])
     compile_ = bool(cfg.get("compile.enable", "training.compile", default=False)) and "model" in components
     float8, float8_all_gather = _float8(cfg)
@@ -347,6 +373,7 @@ def to_step_config(cfg: _Config, *, world_size: int | None = None) -> StepConfig
         batch=_batch(cfg, world, tp, degrees.cp), dtype=cfg.get("training.mixed_precision_param", default="bfloat16"),
         tp_size=tp, ac=_ac(cfg), compile=compile_, float8=float8, float8_all_gather=float8_all_gather,
         async_tp=async_tp, extra=_context_parallel(cfg, degrees.cp), source=cfg.path.name, notes=notes,
+        dp_replicate=replicate, optimizer=_optimizer(cfg),
     )  # fmt: skip
     try:
         step.check()  # float8, until the zoo has it
@@ -368,6 +395,7 @@ CONFIG_KEYS = {
     "seq_len": "[training] seq_len", "batch": "[training] local_batch_size",
     "dtype": "[training] mixed_precision_param", "ac": "[activation_checkpoint]", "compile": "[compile] enable",
     "world_size": "[parallelism] degrees", "mode": "(a training job)",
+    "dp_replicate": "[parallelism] data_parallel_replicate_degree", "optimizer": "[optimizer] name / implementation",
 }  # fmt: skip
 """StepConfig field -> where a torchtitan config says it (for a conflict with a command-line option)"""
 

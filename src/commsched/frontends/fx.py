@@ -11,6 +11,7 @@ import contextlib
 import itertools
 import math
 import operator
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -177,6 +178,26 @@ def _returns_view(target: Any) -> bool:
     return all(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
 
 
+def _returns_nothing(target: Any) -> bool:
+    """An op whose schema returns nothing (``-> ()``): the in-place ``_foreach_*_`` family, the fused optimizers."""
+    schema = getattr(target, "_schema", None)
+    return schema is not None and not schema.returns
+
+
+UNWRITTEN_GRADS = re.compile(r"^aten\._fused_(adam|adamw|sgd|adagrad)_\.")
+"""torch's fused optimizers: their schema marks ``grads`` written, but the CUDA kernels store a gradient only when they
+unscale it (``if (i != kGradIdx || grad_scale_ptr)`` in ``aten/src/ATen/native/cuda/fused_adam_utils.cuh``)"""
+
+
+def _written_results(node: torch.fx.Node, info: _TargetInfo) -> list[torch.fx.Node]:
+    """The tensors an op that returns nothing writes, as its results: every written argument (its schema's
+    ``Tensor(a!)``), but a fused optimizer's gradients without a ``grad_scale``."""
+    names = info.write_args
+    if UNWRITTEN_GRADS.match(info.name) and _bind(node).get("grad_scale") is None:
+        names = tuple(n for n in names if n != "grads")
+    return _written_args(node, names)
+
+
 class _FxImporter:
     def __init__(self, gm: torch.fx.GraphModule | torch.fx.Graph, group_sizes: Mapping[str, Any] | None) -> None:
         self.graph = gm.graph if isinstance(gm, torch.fx.GraphModule) else gm
@@ -221,7 +242,7 @@ class _FxImporter:
                 return parent[k]
         if "tensor_meta" in node.meta and node.meta["tensor_meta"] is not None:
             return node.meta["tensor_meta"]
-        if node.op == "output":
+        if node.op == "output" or _returns_nothing(node.target):
             return None
         raise GraphError(
             f"FX node {node.name!r} ({target_name(node)}) has no meta['val']: expected FakeTensor metadata "
@@ -382,6 +403,11 @@ class _FxImporter:
             first = self.ids[node.args[0]] if node.args and isinstance(node.args[0], torch.fx.Node) else inputs[0]
             alias = b.node_storages(first)[0] if b.node_storages(first) else None
             bufs = [self._tensor_buffer(t, alias, nid) for t in flat_val]
+        elif written and not flat_val and _returns_nothing(target):
+            # an in-place op with no result (a _foreach_*_ op, a fused optimizer): what it writes is its result, an
+            # alias of each written tensor, so that its bytes count the writes
+            results = [self.ids[w] for w in _written_results(node, info)]
+            bufs = [b.node_buffer(r, k) for r in results for k in range(len(b.node_storages(r)))]
         elif written:
             alias = b.node_storages(self.ids[written[0]])[0]
             bufs = [self._tensor_buffer(t, alias, nid) for t in flat_val]

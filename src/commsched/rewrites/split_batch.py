@@ -201,6 +201,9 @@ def interleave_micro_batches(gm: torch.fx.GraphModule, graph: Graph) -> torch.fx
 
 def why_not_split(spec: Any, parts: int = 2) -> str | None:
     """Why the zoo step ``spec`` (a ``WorkloadSpec``) cannot be split into ``parts`` micro-batches, or None."""
+    if getattr(spec, "optimizer", "none") != "none":
+        return (f"optimizer={spec.optimizer!r}: each micro-batch's step would update the parameters; split the step "
+                "up to its gradients (optimizer='none')")  # fmt: skip
     if spec.batch < parts:
         return (f"batch {spec.batch}: a split along the batch needs >= {parts} sequences (a prefill's prompt can "
                 "be split along the sequence: rewrites/split_sequence.py)")  # fmt: skip

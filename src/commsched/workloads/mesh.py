@@ -43,6 +43,7 @@ class ParallelPlan:
     ep: int = 1  # expert-parallel degree
     expert_fsdp: int = 0  # FSDP degree of expert parameters (0: the same as ``fsdp``; "fsdp+ep": world / ep)
     cp: int = 1  # context-parallel degree: the innermost factor of the data dimension (:func:`with_cp`)
+    replicate: int = 1  # HSDP: replicas of the FSDP shards (outer mesh dim "dp_replicate"), grads all-reduced over them
 
     @property
     def dims(self) -> dict[str, int]:
@@ -117,6 +118,7 @@ class ParallelPlan:
             "ep": self.ep,
             **({"expert_fsdp": self.expert_fsdp} if self.expert_fsdp else {}),
             **({"cp": self.cp} if self.cp > 1 else {}),
+            **({"dp_replicate": self.replicate} if self.replicate > 1 else {}),
         }
 
 
@@ -128,16 +130,19 @@ def make_plan(
     ep_size: int | None = None,
     n_experts: int = 0,
     tp_divides: int = 0,
+    dp_replicate: int = 1,
 ) -> ParallelPlan:
     """The plan for ``parallel`` at ``world_size``; raises ValueError for an impossible mesh.
 
     Defaults: ``tp``/``tp+sp`` use every rank for TP (pass ``tp_size`` to add DDP replicas outside it);
     ``fsdp+tp`` puts TP over the largest divisor of ``world_size`` up to 8 that leaves FSDP >= 2 and divides
     ``tp_divides`` (the model's gcd of heads, KV heads and MLP width; 0: no constraint); ``ep`` uses
-    ``gcd(world_size, n_experts)`` expert-parallel ranks.
+    ``gcd(world_size, n_experts)`` expert-parallel ranks. ``dp_replicate`` > 1: HSDP (:func:`_hsdp_plan`).
     """
     if parallel not in PARALLELISMS:
         raise ValueError(f"unknown parallelism {parallel!r}: expected one of {', '.join(PARALLELISMS)}")
+    if dp_replicate != 1:
+        return _hsdp_plan(parallel, world_size, dp_replicate, tp_size=tp_size, tp_divides=tp_divides)
     if not 1 <= world_size <= 1 << 20:
         raise ValueError(f"world_size={world_size}: expected 1..{1 << 20}")
     if parallel == "none":
@@ -210,6 +215,9 @@ def with_cp(plan: ParallelPlan, cp_size: int) -> ParallelPlan:
         return plan
     if cp_size < 1:
         raise ValueError(f"cp_size={cp_size}: expected >= 1")
+    if plan.replicate > 1:
+        raise ValueError(f"cp_size={cp_size} with dp_replicate={plan.replicate}: HSDP with context parallelism is not "
+                         "yet supported")  # fmt: skip
     if plan.parallel not in CP_PARALLELISMS:
         raise ValueError(f"cp_size={cp_size}: context parallelism composes with parallel in {CP_PARALLELISMS}, not "
                          f"{plan.parallel!r}")  # fmt: skip
@@ -219,6 +227,27 @@ def with_cp(plan: ParallelPlan, cp_size: int) -> ParallelPlan:
                          f"world_size {plan.world_size} / tp {plan.tp}): choose a world or tp_size that leaves a "
                          "multiple of cp")  # fmt: skip
     return dataclasses.replace(plan, cp=cp_size)
+
+
+HSDP_PARALLELISMS = ("fsdp", "fsdp+tp", "fsdp+tp+sp")
+"""the parallelisms whose FSDP shards can be replicated (``dp_replicate`` > 1)"""
+
+
+def _hsdp_plan(parallel: str, world_size: int, replicate: int, *, tp_size: int | None, tp_divides: int) -> ParallelPlan:
+    """HSDP, FSDP2's ``fully_shard`` on a (replicate, shard) mesh (torchtitan's ``data_parallel_replicate_degree``):
+    ``parallel``'s plan on ``world_size / replicate`` ranks, inside an outer ``dp_replicate`` dimension whose groups
+    all-reduce the reduce-scattered gradient shards."""
+    if parallel not in HSDP_PARALLELISMS:
+        raise ValueError(f"dp_replicate={replicate} (HSDP) replicates FSDP shards: it needs parallel in "
+                         f"{', '.join(HSDP_PARALLELISMS)}, not {parallel!r}")  # fmt: skip
+    if replicate < 1 or world_size % replicate:
+        raise ValueError(f"dp_replicate={replicate} must be >= 1 and divide world_size={world_size}")
+    if world_size // replicate < 2:
+        raise ValueError(f"dp_replicate={replicate} at world_size={world_size} leaves FSDP shard groups of one rank "
+                         "(that is DDP: parallel='ddp')")  # fmt: skip
+    inner = make_plan(parallel, world_size // replicate, tp_size=tp_size, tp_divides=tp_divides)
+    mesh = (("dp_replicate", replicate), *inner.mesh)
+    return dataclasses.replace(inner, world_size=world_size, mesh=mesh, replicate=replicate)
 
 
 def _expert_plan(

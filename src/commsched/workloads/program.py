@@ -21,6 +21,7 @@ from commsched.workloads.collectives import Comm, DDPBuckets, Group, ddp_buckets
 from commsched.workloads.context_parallel import ROTATE_METHODS, head_tail_positions
 from commsched.workloads.float8 import RECIPES, converts, parse_float8
 from commsched.workloads.mesh import INFERENCE_PARALLELISMS, MODES, ParallelPlan, make_plan, with_cp
+from commsched.workloads.optimizer import optimizer_step, parse_optimizer, state_shapes, state_tensors
 from commsched.workloads.params import ParamInfo, init_full_params, param_layout, shard_for_rank
 from commsched.workloads.presets import ModelConfig, get_preset
 from commsched.workloads.sources import FSDPSource, ParamSource
@@ -65,6 +66,7 @@ class WorkloadSpec:
     ac: str = "none"  # activation checkpointing of the blocks (commsched.workloads.ac): none, full, selective-...
     float8: str = "none"  # float8 training of the blocks' linears (commsched.workloads.float8): tensorwise, rowwise
     cp_rotate: str = "allgather"  # context parallelism (plan.cp > 1): K/V rotation, allgather | alltoall
+    optimizer: str = "none"  # the optimizer step ending a training step (commsched.workloads.optimizer): adamw, ...
 
     @property
     def float8_params(self) -> frozenset[int]:
@@ -106,6 +108,7 @@ _STEP_OPTIONS = (
     "capacity_factor",
     "ac",
     "float8",
+    "optimizer",
 )
 
 
@@ -130,6 +133,8 @@ def resolve(
     float8: str = "none",
     cp_size: int = 1,
     cp_rotate: str = "allgather",
+    dp_replicate: int = 1,
+    optimizer: str = "none",
 ) -> WorkloadSpec:
     """Validate a request; every impossible dimension raises ValueError naming it. ``ac``: activation
     checkpointing of the transformer blocks (training only): ``"none"``, ``"full"``, ``"selective-op"`` or
@@ -137,7 +142,9 @@ def resolve(
     (training only; ``"tensorwise"`` not under tensor parallelism): ``"none"``, ``"tensorwise"`` or ``"rowwise"``
     (:mod:`commsched.workloads.float8`). ``cp_size``: context parallelism over consecutive ranks of the data
     dimension, torch's ring attention with K/V rotated by ``cp_rotate`` (``"allgather"``, torchtitan's default, or
-    ``"alltoall"``; :mod:`commsched.workloads.context_parallel`)."""
+    ``"alltoall"``; :mod:`commsched.workloads.context_parallel`). ``dp_replicate``: HSDP, the FSDP shards replicated
+    over this many groups (fsdp, fsdp+tp, fsdp+tp+sp). ``optimizer``: the AdamW step ending a training step,
+    ``"none"``, ``"adamw"`` (foreach) or ``"adamw-fused"`` (:mod:`commsched.workloads.optimizer`)."""
     cfg = get_preset(preset) if isinstance(preset, str) else preset
     if layers is not None:
         if layers < 1:
@@ -165,6 +172,9 @@ def resolve(
     if float8 != "none" and mode != "train":
         raise ValueError(f"float8={float8!r} is for mode='train' (torchao's float8 training of the linears), not "
                          f"mode={mode!r}; use float8='none'")  # fmt: skip
+    optimizer = parse_optimizer(optimizer)
+    if optimizer != "none" and mode != "train":
+        raise ValueError(f"optimizer={optimizer!r} is for mode='train', not mode={mode!r}; use optimizer='none'")
     plan = make_plan(
         parallel,
         world_size,
@@ -172,6 +182,7 @@ def resolve(
         ep_size=ep_size,
         n_experts=cfg.n_experts,
         tp_divides=math.gcd(cfg.n_heads, cfg.n_kv_heads, cfg.ffn_dim),
+        dp_replicate=dp_replicate,
     )
     plan = _with_cp(plan, cp_size, cp_rotate, mode, cfg.seq_len if seq_len is None else seq_len, kv_len)
     if float8 == "tensorwise" and plan.tp > 1:
@@ -210,6 +221,7 @@ def resolve(
         ac=ac,
         float8=float8,
         cp_rotate=cp_rotate,
+        optimizer=optimizer,
     )
 
 
@@ -248,7 +260,8 @@ class StepProgram:
     """The step of ``spec`` on ``rank``: ``step(*inputs)`` and the names and factories of its inputs.
 
     Inputs, in order: the stored parameters (``spec.layout`` order), then ``tokens``, (``labels``), ``rope_cos``,
-    ``rope_sin``, and for inference the KV caches ``cache_k.<i>``, ``cache_v.<i>``. Train returns
+    ``rope_sin``, and for inference the KV caches ``cache_k.<i>``, ``cache_v.<i>``; with an optimizer its states
+    (:func:`commsched.workloads.optimizer.state_shapes`), updated in place after the gradients. Train returns
     ``[loss, *gradients]`` (one per parameter, the optimizer's view); inference returns ``[logits]``.
     """
 
@@ -293,7 +306,11 @@ class StepProgram:
         if not self.spec.train:
             for i in range(self.spec.model.n_layers):
                 names += [f"cache_k.{i}", f"cache_v.{i}"]
-        return names
+        return names + [name for name, _, _ in self._optimizer_shapes()]
+
+    def _optimizer_shapes(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        spec = self.spec
+        return state_shapes(spec.layout, spec.master_dtype) if spec.optimizer != "none" else []
 
     def _data_shapes(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
         spec, s, cfg = self.spec, self.shapes, self.spec.model
@@ -311,7 +328,12 @@ class StepProgram:
         """Uninitialised inputs of the right shapes; call under FakeTensorMode to allocate nothing."""
         spec = self.spec
         params = [torch.empty(p.shard_shape, dtype=spec.master_dtype, requires_grad=spec.train) for p in spec.layout]
-        return params + [torch.empty(shape, dtype=dt) for _, shape, dt in self._data_shapes()]
+        return params + [torch.empty(shape, dtype=dt) for _, shape, dt in self._data_shapes()] + self._states()
+
+    def _states(self) -> list[torch.Tensor]:
+        """Fresh optimizer states (none without an optimizer): zeros, step counters at 0."""
+        spec = self.spec
+        return state_tensors(spec.optimizer, spec.layout, spec.master_dtype) if spec.optimizer != "none" else []
 
     def real_inputs(
         self,
@@ -347,7 +369,7 @@ class StepProgram:
             for _ in range(2 * cfg.n_layers):
                 cache = torch.randn(full_cache, generator=gen) * 0.5
                 out.append(cache.chunk(spec.plan.tp, dim=1)[tp_rank].contiguous().to(spec.dtype))
-        return out
+        return out + self._states()
 
     # -------------------------------------------------------------- the step
     def _source(self, params: list[torch.Tensor]) -> ParamSource:
@@ -365,6 +387,7 @@ class StepProgram:
                 spec.layout,
                 params,
                 group=self.groups[plan.fsdp_dim(False)],
+                replicate_group=self.groups.get("dp_replicate") if plan.replicate > 1 else None,
                 bucket=spec.fsdp_bucket,
                 sp_group=sp_group,
                 float8_all_gather=spec.float8_all_gather,
@@ -428,6 +451,7 @@ class StepProgram:
         labels = next(data) if spec.train else None
         rope = (next(data), next(data))
         caches = [(next(data), next(data)) for _ in range(cfg.n_layers)] if not spec.train else None
+        states = list(data)  # the optimizer's (none without one)
         src = self._source(params)
         src.start_step()
         if self.seq_chunks > 1:
@@ -447,8 +471,10 @@ class StepProgram:
                 out = src.run("final", lambda p: model.head_logits(p, h, cfg, s, comm))
         if not spec.train:
             return [out]
-        grads = torch.autograd.grad(out, params)
-        return [out, *src.finalize(list(grads))]
+        grads = src.finalize(list(torch.autograd.grad(out, params)))
+        if spec.optimizer != "none":  # the step's last work: params and states updated in place
+            optimizer_step(spec.optimizer, params, grads, states)
+        return [out, *grads]
 
     def block_checkpoint(self, layer: int) -> Checkpoint | None:
         """The activation checkpoint block ``layer`` runs under (``spec.ac``; None: none)."""

@@ -3,10 +3,14 @@
 The reference of a sharded step is the same model with ``parallel="none"`` fed each data-parallel replica's batch;
 :func:`expected_rank_outputs` maps it onto what one rank's ``StepProgram.step`` must return (its loss, its gradient
 shards of the replica-averaged gradients, its slice of the logits), so a real run can be checked number for number.
+A step with an optimizer also updates its parameters in place: a real run returns them after the step's outputs, and
+their reference is ``torch.optim.AdamW`` applied to the unsharded model with the replica-averaged gradients.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import tempfile
 from collections.abc import Sequence
@@ -17,6 +21,7 @@ import torch
 
 from commsched.io import free_port
 from commsched.workloads.context_parallel import head_tail_positions
+from commsched.workloads.optimizer import reference_adamw
 from commsched.workloads.params import init_full_params, shard_for_rank
 from commsched.workloads.program import StepProgram, WorkloadSpec, resolve
 
@@ -28,10 +33,13 @@ def single_rank_spec(spec: WorkloadSpec) -> WorkloadSpec:
 
 def reference_outputs(spec: WorkloadSpec, *, seed: int = 0) -> dict[str, Any]:
     """Unsharded results of every data-parallel replica of ``spec``: ``losses`` / ``logits`` per replica and, in
-    training, ``grads`` (name -> gradient averaged over replicas, as data parallelism averages them); under context
-    parallelism also ``cp_losses`` (per replica, per CP rank: the mean loss over that rank's head-tail positions,
-    the labels elsewhere ignored by the cross-entropy)."""
-    program = StepProgram(single_rank_spec(spec), groups={}, rank=0)  # "none" issues no collective
+    training, ``grads`` (name -> gradient averaged over replicas, as data parallelism averages them), with an
+    optimizer ``params`` (name -> the parameter after ``torch.optim.AdamW`` with those gradients), and under context
+    parallelism ``cp_losses`` (per replica, per CP rank: the mean loss over that rank's head-tail positions, the
+    labels elsewhere ignored by the cross-entropy)."""
+    # each replica's step up to its gradients (the optimizer is applied to their mean below)
+    one = dataclasses.replace(single_rank_spec(spec), optimizer="none")
+    program = StepProgram(one, groups={}, rank=0)  # "none" issues no collective
     full = init_full_params(spec.model, seed=seed)
     replicas = spec.plan.data_parallel_degree
     names = [p.name for p in program.spec.layout]
@@ -56,6 +64,8 @@ def reference_outputs(spec: WorkloadSpec, *, seed: int = 0) -> dict[str, Any]:
                 out["grads"][name] = out["grads"].get(name, 0) + g.detach() / replicas
         else:
             out["logits"].append(result[0].detach())
+    if spec.optimizer != "none":
+        out["params"] = reference_adamw(spec.optimizer, full, out["grads"])
     return out
 
 
@@ -68,7 +78,9 @@ def expected_rank_outputs(spec: WorkloadSpec, rank: int, reference: dict[str, An
     if spec.train:
         grads = [shard_for_rank(p, reference["grads"][p.name], plan, rank) for p in spec.layout]
         loss = reference["cp_losses"][replica][plan.coords(rank)["cp"]] if plan.cp > 1 else reference["losses"][replica]
-        return [loss, *grads]
+        updated = reference.get("params", {}) if spec.optimizer != "none" else {}
+        params = [shard_for_rank(p, updated[p.name], plan, rank) for p in spec.layout if updated]
+        return [loss, *grads, *params]
     logits = reference["logits"][replica]
     if plan.tp == 1:
         return [logits]
@@ -77,6 +89,24 @@ def expected_rank_outputs(spec: WorkloadSpec, rank: int, reference: dict[str, An
     padded = torch.cat([logits, logits.new_zeros(batch, rows * plan.tp - vocab)], dim=1)
     # the gathered logits are rank-major: [tp * batch, vocab / tp]
     return [padded.view(batch, plan.tp, rows).transpose(0, 1).reshape(plan.tp * batch, rows)]
+
+
+def unshard(spec: WorkloadSpec, per_rank: Sequence[Sequence[torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The unsharded tensors (name -> full shape) of per-rank shards (``per_rank[rank]``: one per parameter, in
+    ``spec.layout`` order, as the rank stores it): each element from the last rank that stores it (replicas hold the
+    same), the FSDP and vocabulary padding dropped. The inverse of :func:`shard_for_rank`, found by sharding the
+    elements' indices."""
+    out = {}
+    for pid, p in enumerate(spec.layout):
+        numel = math.prod(p.full_shape)
+        index = torch.arange(1, numel + 1, dtype=torch.float64).view(p.full_shape)  # 0: padding
+        full = torch.zeros(numel, dtype=per_rank[0][pid].dtype)
+        for rank, shards in enumerate(per_rank):
+            where = shard_for_rank(p, index, spec.plan, rank).reshape(-1).long()
+            kept = where > 0
+            full[where[kept] - 1] = shards[pid].reshape(-1)[kept]
+        out[p.name] = full.view(p.full_shape)
+    return out
 
 
 def _worker(rank: int, world_size: int, port: int, specs: Sequence[WorkloadSpec], seed: int, out_dir: str) -> None:
@@ -90,7 +120,10 @@ def _worker(rank: int, world_size: int, port: int, specs: Sequence[WorkloadSpec]
         results = []
         for spec in specs:
             program = StepProgram(spec, create_groups(spec.plan, rank), rank)
-            outputs = program.step(*program.real_inputs(seed=seed))
+            inputs = program.real_inputs(seed=seed)
+            outputs = program.step(*inputs)
+            if spec.optimizer != "none":  # the parameters it updated in place
+                outputs = [*outputs, *inputs[: program.n_params]]
             results.append([t.detach().clone() for t in outputs])
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
@@ -99,7 +132,8 @@ def _worker(rank: int, world_size: int, port: int, specs: Sequence[WorkloadSpec]
 
 def run_on_gloo(specs: Sequence[WorkloadSpec], *, seed: int = 0) -> list[list[list[torch.Tensor]]]:
     """Run each spec's step on a real gloo process group of its world size (one process per rank, all specs in
-    one launch, which needs a common world size). Returns ``[spec][rank] -> step outputs``. For tests and real
+    one launch, which needs a common world size). Returns ``[spec][rank] -> step outputs`` (with an optimizer, then
+    the updated parameters). For tests and real
     checks of tiny models on CPU: use ``attention="sdpa"`` (the flash op has no CPU kernel)."""
     import torch.multiprocessing as mp
 

@@ -7,9 +7,14 @@ the gradients the optimizer would see (after DDP buckets, the sequence-parallel 
 FSDP follows FSDP2: before a unit's forward its parameters are all-gathered (one collective per parameter, or one
 per unit with ``bucket="block"`` as ``fully_shard`` packs them); the gathered parameters are released after the
 unit's forward and gathered again when the gradient of the unit's output arrives (``reshard_after_forward``); the
-gradient of each gathered parameter is reduce-scattered in ``reduce_dtype`` and divided by the FSDP degree. The
-release is made real with saved-tensor hooks: autograd saves a token instead of the gathered weight, and the backward
-reads the re-gathered copy, so the traced graph's data dependencies are those of FSDP2.
+gradient of each gathered parameter is reduce-scattered in ``reduce_dtype`` and divided by the FSDP degree; under
+HSDP (``replicate_group``) each reduce-scattered shard (one flat shard per unit with ``bucket="block"``) is then
+all-reduced over the replicate group and divided by its size, as FSDP2's ``foreach_reduce`` does
+(``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py`` in torch 2.13: ``reduce_scatter`` on the shard group,
+then ``all_reduce`` of ``reduce_output`` on the replicate group; FSDP2 averages with ``ReduceOp.AVG``, the zoo sums
+and divides, as for every reduction). The release is made real with saved-tensor hooks: autograd saves a token
+instead of the gathered weight, and the backward reads the re-gathered copy, so the traced graph's data dependencies
+are those of FSDP2.
 
 Float8 training (:mod:`commsched.workloads.float8`): the weights of the float8 linears reach the model as
 :class:`~commsched.workloads.float8.Float8Weight`; with FSDP's float8 all_gather (``float8_all_gather``) each such
@@ -172,6 +177,7 @@ class FSDPSource(ParamSource):
         float8: Recipe | None = None,
         float8_pids: frozenset[int] = frozenset(),
         float8_all_gather: bool = False,
+        replicate_group: Group | None = None,
     ) -> None:
         super().__init__(
             layout,
@@ -187,6 +193,7 @@ class FSDPSource(ParamSource):
         if bucket not in ("param", "block"):
             raise ValueError(f"fsdp_bucket={bucket!r}: expected 'param' or 'block'")
         self.bucket, self.reshard = bucket, reshard
+        self.replicate_group = replicate_group  # HSDP: the reduced shards are all-reduced over it
         expert = group if isinstance(expert_group, _Same) else expert_group
         self.group_of = [expert if p.expert else group for p in self.layout]
         self.regathered: dict[int, torch.Tensor] = {}
@@ -302,14 +309,19 @@ class FSDPSource(ParamSource):
 
     def _reduce_param(self, pid: int, g: torch.Tensor) -> torch.Tensor:
         group = self.group_of[pid]
-        return g if group is None else reduce_scatter(g, group) / group.size
+        return g if group is None else self._replicate(reduce_scatter(g, group) / group.size)
+
+    def _replicate(self, shard: torch.Tensor) -> torch.Tensor:
+        """HSDP: the mean of a reduced gradient shard over the replicate group (the shard itself without HSDP)."""
+        r = self.replicate_group
+        return shard if r is None else all_reduce(shard, r) / r.size
 
     def _reduce_flat(self, pids: list[int], grads: list[torch.Tensor], group: Group | None) -> list[torch.Tensor]:
         if group is None:
             return grads
         world = group.size
         flat = torch.cat([g.reshape(world, -1) for g in grads], dim=1).reshape(-1)
-        shard = reduce_scatter(flat, group) / world
+        shard = self._replicate(reduce_scatter(flat, group) / world)
         sizes = [self.params[pid].numel() for pid in pids]
         return [s.view(self.params[pid].shape) for pid, s in zip(pids, shard.split(sizes), strict=True)]
 

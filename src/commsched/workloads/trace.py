@@ -50,7 +50,9 @@ def build(
     ("param" | "block"), ``reduce_dtype``, ``attention`` ("flash" | "sdpa"), ``capacity_factor``, ``ac`` (activation
     checkpointing: "none" | "full" | "selective-op" | "selective-layer:N"), ``float8`` (float8 training of the
     blocks' linears: "none" | "tensorwise" | "rowwise"), ``cp_size`` / ``cp_rotate`` (context parallelism: torch's
-    ring attention, "allgather" | "alltoall"). Raises ValueError for an impossible configuration.
+    ring attention, "allgather" | "alltoall"), ``dp_replicate`` (HSDP: FSDP's shards replicated over
+    this many groups), ``optimizer`` (the step's AdamW: "none" | "adamw" | "adamw-fused"). Raises ValueError for an
+    impossible configuration.
     """
     return trace_spec(resolve(preset, parallel=parallel, world_size=world_size, **options), progress)
 
@@ -103,8 +105,10 @@ def settle_imports() -> None:
 def tidy_traced(gm: torch.fx.GraphModule, input_names: list[str]) -> None:
     """In place, on a freshly traced step (``make_fx``): name the placeholders after the inputs (``input_names``, one
     per placeholder, in order; dots become underscores) and drop the unused ``getitem`` s of multi-output ops (flash
-    attention's RNG state, its None / int outputs), which carry no tensor; then recompile. Every zoo trace ends with
-    it (:func:`trace_step`, :func:`commsched.rewrites.split_batch.split_zoo_step`), so their node names agree."""
+    attention's RNG state, its None / int outputs), which carry no tensor, and the unused ``_local_scalar_dense``
+    (``.item()``: the foreach AdamW's reads of its CPU step counters, host work); then recompile. Every zoo trace
+    ends with it (:func:`trace_step`, :func:`commsched.rewrites.split_batch.split_zoo_step`), so their node names
+    agree."""
     graph = gm.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     rename = all(hasattr(n, "_rename") for n in placeholders)  # torch.fx.Node._rename is private: optional
@@ -112,7 +116,11 @@ def tidy_traced(gm: torch.fx.GraphModule, input_names: list[str]) -> None:
         if rename:
             node._rename(name.replace(".", "_"))
     for node in reversed(list(graph.nodes)):
-        if node.op == "call_function" and node.target.__name__ == "getitem" and not node.users:
+        if (
+            node.op == "call_function"
+            and not node.users
+            and (node.target.__name__ == "getitem" or node.target is torch.ops.aten._local_scalar_dense.default)
+        ):
             graph.erase_node(node)
     gm.recompile()
 
@@ -154,7 +162,8 @@ def workload_meta(program: StepProgram, groups: dict[str, Any]) -> dict[str, Any
         f"{PRESETS[cfg.name].n_layers if cfg.name in PRESETS else cfg.n_layers} layers"
         + (f"/ac {spec.ac}" if spec.ac != "none" else "")
         + (f"/float8 {spec.float8}" if spec.float8 != "none" else "")
-        + (f"/cp {plan.cp} {spec.cp_rotate}" if plan.cp > 1 else ""),
+        + (f"/cp {plan.cp} {spec.cp_rotate}" if plan.cp > 1 else "")
+        + (f"/optimizer {spec.optimizer}" if spec.optimizer != "none" else ""),
         "preset": cfg.name,
         "parallel": plan.parallel,
         "mode": spec.mode,
@@ -174,6 +183,7 @@ def workload_meta(program: StepProgram, groups: dict[str, Any]) -> dict[str, Any
         "attention": spec.attention,
         "ac": spec.ac,  # activation checkpointing of the blocks (commsched.workloads.ac)
         "float8": spec.float8,  # float8 training of the blocks' linears (commsched.workloads.float8)
+        "optimizer": spec.optimizer,  # the step's optimizer (commsched.workloads.optimizer)
         # torch's flop counter charges causal attention for the full seq x seq score matrix
         "attention_causal": spec.mode != "decode",
         "params_total": cfg.total_params(),  # of the traced model (``layers`` blocks)
@@ -196,6 +206,10 @@ def workload_meta(program: StepProgram, groups: dict[str, Any]) -> dict[str, Any
     if spec.float8 != "none":
         meta["float8_linears"] = sorted({spec.layout[pid].key for pid in spec.float8_params})
         meta["float8_all_gather"] = spec.float8_all_gather
+    if spec.optimizer != "none":  # exp_avg and exp_avg_sq of every local parameter, persistent
+        meta["optimizer_state_bytes"] = (
+            2 * sum(math.prod(p.shard_shape) for p in spec.layout) * spec.master_dtype.itemsize
+        )
     if plan.fsdp > 1:
         meta["fsdp_bucket"] = spec.fsdp_bucket
         meta["fsdp_reshard_after_forward"] = sorted({p.unit for p in spec.layout if p.unit != "final"})

@@ -13,6 +13,12 @@ it) and moves collectives the way the framework's own streams and events let the
   (``get_all_gather_streams``, ``wait_for_unshard``, ``post_backward``).
 * **DDP**: the gradient buckets (``Graph.meta["ddp_buckets"]``' group) are all-reduced as each bucket is ready and
   waited once, at the end of the backward (the reducer's finalize).
+* **HSDP** (FSDP2 on a (replicate, shard) mesh, mesh dim ``dp_replicate``): each unit's all_reduce of its
+  reduce-scattered gradient runs on FSDP2's all_reduce stream and is waited once, at the end of the backward
+  (``finalize_backward`` waits the last post-reduce events), as DDP's: its group counts with the DDP groups.
+* "The end of the backward" is the end of the step, or where the step's optimizer begins (``Graph.meta["optimizer"]``:
+  its first multi-tensor op after the last collective): ``optimizer.step()`` runs after ``backward()`` returns, by
+  then FSDP2 / DDP have waited their gradient reductions.
 * Everything else (TP / SP collectives, MoE all_to_all, inference steps, graphs without workload metadata) keeps the
   input order: eager DTensor and functional collectives are waited where the program uses them, and torch.compile
   runs no overlap pass by default (``torch._inductor.config.reorder_for_compute_comm_overlap = False``,
@@ -50,6 +56,8 @@ def framework_roles(g: Graph) -> tuple[set[int], set[int]]:
         fsdp_dims = []
     fsdp = {index[dims[d]["name"]] for d in fsdp_dims if d in dims and dims[d]["name"] in index}
     ddp = {index[dims[d]["name"]] for d in meta.get("ddp_buckets", {}) if d in dims and dims[d]["name"] in index}
+    if fsdp and "dp_replicate" in dims and dims["dp_replicate"]["name"] in index:  # HSDP's gradient all_reduces
+        ddp.add(index[dims["dp_replicate"]["name"]])
     return fsdp, ddp
 
 
@@ -57,6 +65,8 @@ def framework_label(g: Graph) -> str:
     """What the framework order stands for on ``g``: ``"FSDP2 eager"``, ``"DDP eager"``, ``"FSDP2 + DDP eager"`` or
     ``"torch.compile default (as traced)"``."""
     fsdp, ddp = framework_roles(g)
+    if fsdp and int(g.meta.get("dp_replicate", 1) or 1) > 1 and not g.meta.get("ddp_buckets"):
+        return "FSDP2 (HSDP) eager"
     parts = [name for name, groups in (("FSDP2", fsdp), ("DDP", ddp)) if groups]
     return " + ".join(parts) + " eager" if parts else "torch.compile default (as traced)"
 
@@ -74,7 +84,8 @@ def framework_moves(g: Graph, order: np.ndarray) -> tuple[np.ndarray, np.ndarray
     pos = positions(order)
     late, early = pos.astype(np.float64), np.full(len(order), np.inf)
     fsdp, ddp = framework_roles(g)
-    n, moved = len(order), 0
+    moved = 0
+    end = _backward_end(g, order) - 0.5
     for group, chain in collective_chains(g, order).items():
         types = g.coll_type[chain]
         if group in fsdp:
@@ -85,7 +96,7 @@ def framework_moves(g: Graph, order: np.ndarray) -> tuple[np.ndarray, np.ndarray
                     early[coll], moved = anchor, moved + 1
             scatters = chain[types == CollType.REDUCE_SCATTER]
             for k, coll in enumerate(scatters):
-                until = pos[scatters[k + 1]] - 0.5 if k + 1 < len(scatters) else n - 0.5
+                until = pos[scatters[k + 1]] - 0.5 if k + 1 < len(scatters) else end
                 waits = g.waits_of(int(coll))
                 if len(waits) and until > pos[waits].max():
                     late[waits], moved = until, moved + 1
@@ -93,8 +104,22 @@ def framework_moves(g: Graph, order: np.ndarray) -> tuple[np.ndarray, np.ndarray
             for coll in chain[types == CollType.ALL_REDUCE]:
                 waits = g.waits_of(int(coll))
                 if len(waits):
-                    late[waits], moved = n - 0.5, moved + 1
+                    late[waits], moved = end, moved + 1
     return late, early, moved
+
+
+def _backward_end(g: Graph, order: np.ndarray) -> int:
+    """Position in ``order`` where the backward ends: that of the optimizer's first op (a multi-tensor op after the
+    last collective, when ``g.meta`` says the step has an optimizer), else ``len(order)``."""
+    from commsched.cost.multi_tensor import is_multi_tensor
+
+    n = len(order)
+    if g.meta.get("optimizer", "none") in (None, "none"):
+        return n
+    is_coll = g.coll_type[order] >= 0
+    after = int(np.flatnonzero(is_coll)[-1]) + 1 if is_coll.any() else 0
+    targets = g.targets
+    return next((p for p in range(after, n) if is_multi_tensor(targets[int(order[p])])), n)
 
 
 def order_by_moves(g: Graph, late: np.ndarray, early: np.ndarray, pos: np.ndarray) -> np.ndarray:

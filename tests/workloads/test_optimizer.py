@@ -1,0 +1,220 @@
+"""The optimizer step (issue 38): AdamW over each rank's local parameters, traced through torch's own functional
+AdamW (torch 2.13 ``torch/optim/adam.py``: ``_multi_tensor_adam`` with ``foreach=True``, ``_fused_adam`` with
+``fused=True``); its bytes, launches and time as the cost model charges them, its states in the step's persistent
+memory, and on real gloo ranks the same update as ``torch.optim.AdamW`` on the unsharded model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from typer.testing import CliRunner
+from zoo_helpers import FP32, check_ir, traced
+
+from commsched.cost import estimate_costs, graph_features
+from commsched.cost.multi_tensor import CHUNK_ELEMENTS, MAX_BLOCKS, launches
+from commsched.hardware import for_graph
+from commsched.memory import memory_profile
+from commsched.workloads import init_full_params, resolve, shard_for_rank
+from commsched.workloads.optimizer import parse_optimizer, reference_adamw
+from commsched.workloads.real import expected_rank_outputs, reference_outputs, run_on_gloo, unshard
+
+KW = dict(layers=1, seq_len=256)
+FOREACH_AFTER_STEP = {  # torch's _multi_tensor_adam after the step counters, and the bytes each moves per P
+    "aten._foreach_mul_.Scalar": 2,  # weight decay, then exp_avg_sq *= beta2: read + write
+    "aten._foreach_lerp_.Scalar": 3,  # exp_avg: read it and the grad, write it
+    "aten._foreach_addcmul_.Scalar": 3,  # exp_avg_sq += (1 - beta2) g * g: read it and the grad, write it
+    "aten._foreach_sqrt.default": 2,  # a new list
+    "aten._foreach_div_.ScalarList": 2,
+    "aten._foreach_add_.Scalar": 2,  # + eps
+    "aten._foreach_addcdiv_.ScalarList": 4,  # param += step_size * exp_avg / denom: read 3, write 1
+}
+
+
+def _optimizer_nodes(g) -> list[int]:
+    return [i for i, t in enumerate(g.targets) if t.startswith(("aten._foreach_", "aten._fused_adamw_"))]
+
+
+def _local_param_bytes(w) -> int:
+    return sum(math.prod(p.shard_shape) for p in w.spec.layout) * FP32
+
+
+# ---------------------------------------------------------------- options
+def test_optimizer_option_is_checked_before_tracing():
+    assert parse_optimizer(" AdamW-Fused ") == "adamw-fused"
+    for bad, words in ((dict(optimizer="sgd"), ["optimizer='sgd'", "adamw-fused"]),
+                       (dict(optimizer="adamw", mode="prefill", parallel="tp"), ["mode='train'"])):  # fmt: skip
+        with pytest.raises(ValueError) as err:
+            resolve("llama3-8b", **{"parallel": "fsdp", "world_size": 8, **bad})
+        assert "\n" not in str(err.value) and all(w in str(err.value) for w in words), str(err.value)
+    from commsched.rewrites.split_batch import why_not_split
+
+    split = why_not_split(resolve("llama-tiny", parallel="ddp", world_size=2, batch=4, optimizer="adamw"))
+    assert split is not None and "each micro-batch's step would update the parameters" in split
+    res = CliRunner().invoke(__import__("commsched.cli", fromlist=["app"]).app, ["trace", "llama-tiny", "--optimizer",
+                                                                                  "lion"])  # fmt: skip
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert res.exit_code == 2 and len(lines) == 1 and "--optimizer" in lines[0], lines
+
+
+# ---------------------------------------------------------------- traced
+@pytest.mark.parametrize("kind", ["adamw", "adamw-fused"])
+def test_the_step_ends_with_torchs_adamw_over_the_local_shards(kind):
+    """FSDP over 8 ranks: the optimizer's ops come after every reduce_scatter's wait, work on the 9 + 2 x 9 + 2 local
+    shards (their states: inputs of the step), and their bytes are the hand count: fused, 7 bytes moved per parameter
+    byte (param, grad, exp_avg, exp_avg_sq read; param, exp_avg, exp_avg_sq written) plus the step counters read;
+    foreach, the 20 of its 7 kernels after the counters'."""
+    w = traced("llama3-8b", "fsdp", 8, optimizer=kind, **KW)
+    none = traced("llama3-8b", "fsdp", 8, **KW)
+    check_ir(w)
+    g, n = w.graph, len(w.spec.layout)
+    assert w.meta["inputs"][: len(none.meta["inputs"])] == none.meta["inputs"]
+    assert w.meta["inputs"][len(none.meta["inputs"]) :][::n] == [f"{k}.tok_embeddings.weight" for k in
+                                                                 ("exp_avg", "exp_avg_sq", "step")]  # fmt: skip
+    nodes = _optimizer_nodes(g)
+    last_wait = max(int(wt) for c in g.collectives.tolist() for wt in g.waits_of(c))
+    assert min(nodes) > last_wait
+    p_bytes, nbytes = _local_param_bytes(w), graph_features(g).nbytes
+    assert w.meta["optimizer_state_bytes"] == 2 * p_bytes
+    steps = [i for i in nodes if g.targets[i].startswith("aten._foreach_add_") and nbytes[i] < 64 * n]
+    assert len(steps) == 1 and nbytes[steps[0]] <= 3 * 4 * n + 8  # the counters: scalars
+    rest = [i for i in nodes if i not in steps]
+    if kind == "adamw-fused":
+        assert [g.targets[i] for i in rest] == ["aten._fused_adamw_.default"]
+        assert nbytes[rest[0]] == 7 * p_bytes + 4 * n  # and each counter read
+    else:
+        assert sorted(g.targets[i] for i in rest) == sorted([*FOREACH_AFTER_STEP, "aten._foreach_mul_.Scalar"])
+        for i in rest:
+            assert nbytes[i] == FOREACH_AFTER_STEP[g.targets[i]] * p_bytes, g.targets[i]
+        assert sum(nbytes[i] for i in rest) == 20 * p_bytes
+
+
+@pytest.mark.parametrize("parallel", ["fsdp", "ddp"])
+def test_framework_order_waits_the_gradients_before_the_optimizer(parallel):
+    """``optimizer.step()`` runs after ``backward()`` returns, when FSDP2 / DDP have waited their reductions: in the
+    framework order no optimizer op (not even the weight decay, which reads no gradient) comes before a wait."""
+    from commsched.passes import schedule
+
+    w = traced("llama3-8b", parallel, 8, optimizer="adamw", **KW)
+    g = w.graph
+    order = schedule(g, estimate_costs(g, "h100-sxm", fusion=False), "framework").order
+    pos = {int(v): k for k, v in enumerate(order)}
+    waits = [pos[int(wt)] for c in g.collectives.tolist() for wt in g.waits_of(c)]
+    assert max(waits) < min(pos[i] for i in _optimizer_nodes(g))
+
+
+def test_launches_follow_multi_tensor_apply():
+    """``MultiTensorApply.cuh``: a launch per 2240 chunks of 65536 elements, or per full list of tensors."""
+    assert launches([1], depth=1) == 1 and launches([], depth=4) == 0
+    assert launches([CHUNK_ELEMENTS * MAX_BLOCKS], depth=4) == 1
+    assert launches([CHUNK_ELEMENTS * MAX_BLOCKS + 1], depth=4) == 2
+    assert launches([CHUNK_ELEMENTS * 1000] * 5, depth=4) == 3  # 5000 chunks: 2240 + 2240 + 520
+    assert launches([10] * 252, depth=4) == 1 and launches([10] * 253, depth=4) == 2  # 252 tensors at depth 4
+    assert launches([10] * 770, depth=1) == 1 and launches([10] * 770, depth=1, scalar_list=True) == 2
+
+
+def test_fused_adamw_time_is_its_bytes_at_the_elementwise_bandwidth():
+    """On h100-sxm the fused kernel is memory-bound: its bytes over HBM bandwidth x the elementwise efficiency, plus
+    a launch overhead per launch (and the profile's small-kernel ramp, negligible at gigabytes)."""
+    w = traced("llama3-8b", "fsdp", 8, optimizer="adamw-fused", **KW)
+    g = w.graph
+    hw = for_graph("h100-sxm", g)
+    c, f = estimate_costs(g, hw, fusion=False), graph_features(g)
+    (fused,) = [i for i in _optimizer_nodes(g) if g.targets[i] == "aten._fused_adamw_.default"]
+    ideal = f.nbytes[fused] / (hw.compute.hbm_bandwidth_bytes_per_s * hw.compute.efficiency.elementwise)
+    chunks = sum(math.ceil(math.prod(p.shard_shape) / CHUNK_ELEMENTS) for p in w.spec.layout)
+    assert f.launches[fused] == math.ceil(chunks / MAX_BLOCKS)
+    overhead = f.launches[fused] * hw.compute.launch_overhead_s
+    assert ideal < c.node_s[fused] <= ideal * 1.001 + overhead
+    assert estimate_costs(g, hw, fusion=True).node_s[fused] == c.node_s[fused]  # never fused (eager, torchtitan)
+    foreach = traced("llama3-8b", "fsdp", 8, optimizer="adamw", **KW)
+    fc = estimate_costs(foreach.graph, hw, fusion=False)
+    total = sum(fc.node_s[i] for i in _optimizer_nodes(foreach.graph))
+    assert total == pytest.approx(20 / 7 * c.node_s[fused], rel=0.02)
+
+
+@pytest.mark.parametrize("kind", ["adamw", "adamw-fused"])
+def test_states_are_persistent_memory_and_raise_the_peak(kind):
+    """The two states of every local parameter (fp32, as the master weights) exist before the step and stay: the
+    persistent bytes rise by 2 x the local parameter bytes (and the scalar step counters); the peak at least as
+    much."""
+    from commsched.sim import simulate_costs
+
+    w, none = traced("llama3-8b", "fsdp", 8, optimizer=kind, **KW), traced("llama3-8b", "fsdp", 8, **KW)
+    p_bytes, n = _local_param_bytes(w), len(w.spec.layout)
+    prof, prof0 = (memory_profile(x.graph) for x in (w, none))
+    constant = 4 if kind == "adamw" else 0  # the foreach step's CPU tensor(1.0), added to the counters
+    assert prof.persistent_bytes - prof0.persistent_bytes == 2 * p_bytes + 4 * n + constant
+    peak, peak0 = (simulate_costs(x.graph, estimate_costs(x.graph, "h100-sxm")).peak_memory_bytes for x in (w, none))
+    assert peak >= peak0 + 2 * p_bytes
+
+
+# ---------------------------------------------------------------- real gloo ranks
+# foreach and fused AdamW over HSDP's shards (2 replicas x 2), DDP's full parameters and TP's slices (SP's norms)
+CASES = [("fsdp", "adamw", {"dp_replicate": 2, "fsdp_bucket": "block"}), ("ddp", "adamw-fused", {}),
+         ("tp+sp", "adamw-fused", {})]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_updates_are_torch_adamw_on_the_unsharded_model():
+    """4 gloo ranks, fp32: each rank's updated shards are ``torch.optim.AdamW`` (foreach / fused alike) applied to the
+    unsharded parameters with the gradients the ranks computed (to 1e-6: the same elementwise arithmetic); and those
+    gradients are the unsharded model's (to 1e-4), so the update is within a step of AdamW on the unsharded model's
+    own gradients (Adam divides each gradient by its root mean square: a relative 1e-6 in a gradient near 0 can move
+    its update by up to 2 lr)."""
+    specs = [resolve("llama-tiny", parallel=par, world_size=4, seq_len=16, batch=2, dtype="float32",
+                     attention="sdpa", optimizer=kind, **kw) for par, kind, kw in CASES]  # fmt: skip
+    for spec, per_rank in zip(specs, run_on_gloo(specs, seed=7), strict=True):
+        n, label = len(spec.layout), f"{spec.plan.parallel} {spec.optimizer} {spec.plan.mesh}"
+        reference = reference_outputs(spec, seed=7)
+        computed = unshard(spec, [outputs[1 : 1 + n] for outputs in per_rank])
+        updated = reference_adamw(spec.optimizer, init_full_params(spec.model, seed=7), computed)
+        for rank, outputs in enumerate(per_rank):
+            expected = expected_rank_outputs(spec, rank, reference)
+            assert len(outputs) == len(expected) == 1 + 2 * n
+            for got, want in zip(outputs[: 1 + n], expected[: 1 + n], strict=True):
+                assert (got - want).abs().max().item() <= 1e-4 * want.abs().max().item(), label
+            for p, got, want in zip(spec.layout, outputs[1 + n :], expected[1 + n :], strict=True):
+                exact = shard_for_rank(p, updated[p.name], spec.plan, rank)
+                assert (got - exact).abs().max().item() <= 1e-6 * exact.abs().max().item(), (label, p.name)
+                assert (got - want).abs().max().item() <= 2.01 * 8e-4, (label, p.name)
+            first = spec.layout[1]  # any parameter moved
+            initial = shard_for_rank(first, init_full_params(spec.model, seed=7)[first.name], spec.plan, rank)
+            assert not torch.equal(outputs[2 + n], initial), label
+
+
+# ---------------------------------------------------------------- predict and torchtitan configs
+def test_predict_steps_with_torchtitans_adamw(monkeypatch, tmp_path):
+    """``commsched predict`` models the whole iteration: AdamW, fused as torchtitan's default ``implementation``
+    (``torchtitan/config/job_config.py`` at 4a950ea), unless ``--optimizer`` or the config's ``[optimizer]`` says
+    otherwise (``foreach``; 2024's ``fused = false``)."""
+    from pathlib import Path
+
+    import commsched.experiments.predict
+    from commsched.cli import app
+    from commsched.experiments.torchtitan import from_torchtitan_config
+
+    asked: list = []
+
+    def stop(step, progress=None):
+        asked.append(step.build_kwargs().get("optimizer", "none"))
+        raise ValueError("stopped at the trace")
+
+    monkeypatch.setattr(commsched.experiments.predict, "trace", stop)
+    runner = CliRunner()
+    for extra in ([], ["--optimizer", "adamw"], ["--optimizer", "none"]):
+        res = runner.invoke(app, ["predict", "llama3-8b", "-l", "1", *extra])
+        assert res.exit_code == 2 and "stopped at the trace" in res.stderr, res.output
+    assert asked == ["adamw-fused", "adamw", "none"]
+    source = Path(__file__).resolve().parents[1] / "data" / "torchtitan" / "llama3_8b.toml"
+    text = source.read_text()
+    assert from_torchtitan_config(source, world_size=8).optimizer == "adamw-fused"
+    for old, new, kind in (("eps = 1e-8", 'eps = 1e-8\nimplementation = "foreach"', "adamw"),
+                           ("eps = 1e-8", "eps = 1e-8\nfused = false", "adamw"),
+                           ("eps = 1e-8", "eps = 1e-8\nfused = true", "adamw-fused")):  # fmt: skip
+        path = tmp_path / "job.toml"
+        path.write_text(text.replace(old, new, 1))
+        assert from_torchtitan_config(path, world_size=8).optimizer == kind, new
+    res = runner.invoke(app, ["predict", "--torchtitan-config", str(path), "-w", "8", "--optimizer", "adamw"])
+    assert res.exit_code == 2 and "--optimizer adamw conflicts" in res.stderr, res.output
