@@ -9,7 +9,7 @@ import functools
 import numpy as np
 import pytest
 from typer.testing import CliRunner
-from zoo_helpers import check_ir, loss_node
+from zoo_helpers import assert_same_trace, check_ir, loss_node, specs_traced_by
 
 from commsched.workloads import build, resolve
 from commsched.workloads.ac import checkpointed, parse_ac
@@ -76,11 +76,7 @@ def test_none_changes_no_graph():
     """The default: node for node the graph traced before ``ac`` existed (same FX code, same IR)."""
     kw = dict(parallel="fsdp", world_size=8, layers=1, seq_len=256)
     plain, none = build("llama3-8b", **kw), build("llama3-8b", ac="none", **kw)
-    nodes = [[(n.op, n.name, str(n.target), str(n.args), str(n.kwargs)) for n in w.graph_module.graph.nodes]
-             for w in (plain, none)]  # fmt: skip
-    assert nodes[0] == nodes[1] and plain.graph_module.code == none.graph_module.code
-    assert plain.graph.names == none.graph.names and plain.graph.targets == none.graph.targets
-    assert np.array_equal(plain.graph.flops, none.graph.flops)
+    assert_same_trace(plain, none)
     assert plain.meta["ac"] == "none" and "/ac" not in plain.meta["workload"]
     full = build("llama3-8b", ac="full", **kw)
     assert full.graph.meta["ac"] == "full" and full.meta["workload"].endswith("/ac full")
@@ -167,26 +163,15 @@ def test_every_mode_computes_the_same_loss_and_gradients_on_gloo():
 def test_cli_ac_option(monkeypatch):
     """``--ac`` reaches the traced spec of every zoo command; a bad value is a usage error (exit 2) before any
     work."""
-    import commsched.workloads
-    import commsched.workloads.trace
     from commsched.cli import app
 
     runner = CliRunner()
-    asked: list[str] = []
-
-    def stop(spec, progress=None):
-        asked.append(spec.ac)
-        raise ValueError("stopped at the trace")
-
-    monkeypatch.setattr(commsched.workloads, "trace_spec", stop)
-    monkeypatch.setattr(commsched.workloads.trace, "trace_spec", stop)
-    for command in ("trace", "compare", "optimize", "rewrite"):
-        res = runner.invoke(app, [command, "llama3-8b", "-l", "1", "--ac", "selective-layer:02"])
-        assert res.exit_code == 2 and "stopped at the trace" in res.stderr, (command, res.output)
+    specs = specs_traced_by(monkeypatch, ("trace", "compare", "optimize", "rewrite"), ["--ac", "selective-layer:02"])
+    asked = [spec.ac for spec in specs]
     assert asked == ["selective-layer:2"] * 4
     res = runner.invoke(app, ["trace", "llama3-8b", "--ac", "sometimes"])
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert res.exit_code == 2 and len(lines) == 1 and "--ac" in lines[0] and "selective-layer:N" in lines[0], lines
-    assert asked == ["selective-layer:2"] * 4  # refused as parsed: nothing traced
+    assert len(specs) == 4  # refused as parsed: nothing traced
     res = runner.invoke(app, ["trace", "llama-tiny", "--ac", "full", "-m", "prefill", "-p", "tp"])
     assert res.exit_code == 2 and "mode='train'" in res.stderr

@@ -8,11 +8,10 @@ from __future__ import annotations
 import functools
 from collections import Counter
 
-import numpy as np
 import pytest
 import torch
 from typer.testing import CliRunner
-from zoo_helpers import check_ir
+from zoo_helpers import assert_same_trace, check_ir, specs_traced_by
 
 from commsched.ir import OpKind
 from commsched.workloads import build, resolve
@@ -107,11 +106,7 @@ def test_none_changes_no_graph():
     """The default: node for node the graph traced without the option (same FX code, same IR), no float8 op."""
     kw = dict(parallel="fsdp", world_size=8, layers=1, seq_len=256)
     plain, none = build("llama3-8b", **kw), build("llama3-8b", float8="none", **kw)
-    nodes = [[(n.op, n.name, str(n.target), str(n.args), str(n.kwargs)) for n in w.graph_module.graph.nodes]
-             for w in (plain, none)]  # fmt: skip
-    assert nodes[0] == nodes[1] and plain.graph_module.code == none.graph_module.code
-    assert plain.graph.names == none.graph.names and plain.graph.targets == none.graph.targets
-    assert np.array_equal(plain.graph.flops, none.graph.flops)
+    assert_same_trace(plain, none)
     assert not any(d.startswith("float8") or d == "uint8" for d in plain.graph.buf_dtype)
     assert SCALED_MM not in plain.graph.targets and plain.meta["float8"] == "none"
     assert "/float8" not in plain.meta["workload"] and "float8_linears" not in plain.meta
@@ -239,26 +234,14 @@ def test_gloo_ranks_match_the_unsharded_float8_step():
 # ---------------------------------------------------------------- CLI
 def test_cli_float8_option(monkeypatch):
     """``--float8`` reaches the traced spec; a bad value is a usage error (exit 2, one line) before any work."""
-    import commsched.workloads
-    import commsched.workloads.trace
     from commsched.cli import app
 
     runner = CliRunner()
-    asked: list[str] = []
-
-    def stop(spec, progress=None):
-        asked.append(spec.float8)
-        raise ValueError("stopped at the trace")
-
-    monkeypatch.setattr(commsched.workloads, "trace_spec", stop)
-    monkeypatch.setattr(commsched.workloads.trace, "trace_spec", stop)
-    for command in ("trace", "compare"):
-        res = runner.invoke(app, [command, "llama3-8b", "-l", "1", "--float8", "Rowwise"])
-        assert res.exit_code == 2 and "stopped at the trace" in res.stderr, (command, res.output)
-    assert asked == ["rowwise"] * 2
+    specs = specs_traced_by(monkeypatch, ("trace", "compare"), ["--float8", "Rowwise"])
+    assert [spec.float8 for spec in specs] == ["rowwise"] * 2
     res = runner.invoke(app, ["trace", "llama3-8b", "--float8", "fp8"])
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert res.exit_code == 2 and len(lines) == 1 and "--float8" in lines[0] and "tensorwise" in lines[0], lines
-    assert asked == ["rowwise"] * 2
+    assert len(specs) == 2  # refused as parsed: nothing traced
     res = runner.invoke(app, ["trace", "llama-tiny", "--float8", "tensorwise", "-p", "tp+sp"])
     assert res.exit_code == 2 and "tensor parallelism" in res.stderr

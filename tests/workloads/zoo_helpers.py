@@ -57,3 +57,36 @@ def check_ir(w: Workload) -> None:
     for c in g.collectives.tolist():
         assert len(g.waits_of(c)) >= 1
         assert g.comm_bytes[c] > 0
+
+
+def assert_same_trace(a: Workload, b: Workload) -> None:
+    """``a`` and ``b`` are node for node the same step: the same FX nodes and code, the same IR names, targets and
+    flops (an option at its default must change no graph)."""
+    nodes = [[(n.op, n.name, str(n.target), str(n.args), str(n.kwargs)) for n in w.graph_module.graph.nodes]
+             for w in (a, b)]  # fmt: skip
+    assert nodes[0] == nodes[1] and a.graph_module.code == b.graph_module.code
+    assert a.graph.names == b.graph.names and a.graph.targets == b.graph.targets
+    assert np.array_equal(a.graph.flops, b.graph.flops)
+
+
+def specs_traced_by(monkeypatch, commands: tuple[str, ...], args: list[str]) -> list:
+    """The spec each of ``commands`` (zoo commands: ``commsched COMMAND llama3-8b -l 1 *args``) asks the zoo to
+    trace, stopped at the trace (each command then exits 2 with the stop's line)."""
+    from typer.testing import CliRunner
+
+    import commsched.workloads
+    import commsched.workloads.trace
+    from commsched.cli import app
+
+    asked: list = []
+
+    def stop(spec, progress=None):
+        asked.append(spec)
+        raise ValueError("stopped at the trace")
+
+    monkeypatch.setattr(commsched.workloads, "trace_spec", stop)
+    monkeypatch.setattr(commsched.workloads.trace, "trace_spec", stop)
+    for command in commands:
+        res = CliRunner().invoke(app, [command, "llama3-8b", "-l", "1", *args])
+        assert res.exit_code == 2 and "stopped at the trace" in res.stderr, (command, res.output)
+    return asked
