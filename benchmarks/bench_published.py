@@ -6,7 +6,7 @@ Usage: python benchmarks/bench_published.py [--layers-scale K | --full] [--only 
 
 Each run of ``benchmarks/data/published_runs.toml`` is mapped to a :class:`commsched.experiments.predict.StepConfig`
 and a hardware profile (:func:`plan_run`), or listed with the reason it cannot be predicted yet (pipeline / context
-parallelism, HSDP, gradient accumulation, a model not in the zoo, Megatron-Core's program: ``predict`` models torch's
+parallelism, gradient accumulation, a model not in the zoo, Megatron-Core's program: ``predict`` models torch's
 FSDP2 / DDP step). Nothing is fitted here: the cost model and the profiles are what they are, the errors are reported.
 
 Speed: a step of L layers is, to first order, embedding + L x block + head, so by default each run is traced with K
@@ -15,9 +15,9 @@ and 2K layers and its step extrapolated linearly to the model's depth, ``step(L)
 (2); ``--full`` traces every layer. The table says which.
 
 Groups: the torchtitan docs numbers (docs/performance.md at 3faaa1a, Aug 2024; never torchtitan's ``benchmarks/``,
-which is held out) are a group of their own, so the lead can decide whether to count them; the statistics are given
-per group, over all reliable predicted runs and over them without that group. Reliable: the TOML does not mark the
-number unreliable and the mapping assumed no step-shaping setting the source leaves out (:data:`ASSUMED`).
+which is held out) are a group of their own, reported apart so that they can be counted or left out; the statistics
+are given per group, over all reliable predicted runs and over them without that group. Reliable: the TOML does not
+mark the number unreliable and the mapping assumed no step-shaping setting the source leaves out (:data:`ASSUMED`).
 """
 
 from __future__ import annotations
@@ -184,12 +184,10 @@ def unsupported_reasons(run: dict[str, Any], assumed: Assumption | None) -> list
         r.append("Megatron-Core program (TE kernels, distributed optimizer / Megatron-FSDP), not torch's FSDP2 step")
     if run["pp"] > 1:
         r.append(f"pipeline parallelism (PP {run['pp']}" + (f", VP {run['vp']})" if run.get("vp") else ")"))
-    if run["cp"] > 1:
-        r.append(f"context parallelism (CP {run['cp']})")
+    if run["cp"] > 1 and run["dp_replicate"] > 1 and run["dp_shard"] > 1:
+        r.append(f"HSDP with context parallelism (CP {run['cp']})")
     if run["ep"] > 1:
         r.append(f"MoE expert parallelism with PP (EP {run['ep']})")
-    if run["dp_shard"] > 1 and run["dp_replicate"] > 1:
-        r.append(f"HSDP ({run['dp_replicate']} replicas x {run['dp_shard']} shards)")
     if preset_of(run) is None:
         r.append(f"model not in the zoo ({run['model'].split(' (')[0]})")
     micro = run.get("micro_batch", run["local_batch"])
@@ -236,6 +234,8 @@ def plan_run(run: dict[str, Any]) -> Plan:
         float8=float8,
         float8_all_gather=gather,
         async_tp=run["async_tp"] is True,
+        dp_replicate=run["dp_replicate"] if run["dp_shard"] > 1 else 1,  # HSDP; replicas alone are DDP
+        extra=(("cp_size", run["cp"]),) if run["cp"] > 1 else (),
         source=run["id"],
     )
     return Plan(run, group, source, config=config, profile=profile_of(run), notes=tuple(notes),
