@@ -254,3 +254,12 @@ def test_context_parallel_configs_as_torchtitan_runs_them(tmp_path):
     assert (p["cp"], p["tp"], p["tokens_per_replica"]) == (2, 1, 8192)
     assert p["tokens_per_s_per_gpu"] == pytest.approx(8192 / p["step_s"] / 2)
     assert "cp 2 allgather" in p["configuration_line"]
+
+
+def test_float8_on_a_gpu_without_float8_is_refused():
+    """An A100 has no float8 tensor cores: predict refuses the float8 step in one line rather than charge its
+    matmuls at another dtype's rate."""
+    res = runner.invoke(app, ["predict", "llama3-8b", "-p", "fsdp", "-w", "8", "-l", "1", "--seq-len", "512",
+                              "--float8", "rowwise", "-H", "a100-sxm-80g"])  # fmt: skip
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert res.exit_code == 2 and len(lines) == 1 and "a100-sxm-80g" in lines[0] and "float8" in lines[0], lines

@@ -271,6 +271,9 @@ def predict_workload(
 
     g = workload.graph
     hw = for_graph(hardware, g, num_nodes=num_nodes, gpus_per_node=gpus_per_node)
+    if config.float8 != "none" and "float8_e4m3fn" not in dict(hw.compute.peak_flops):
+        # the cost model would charge the float8 matmuls at another dtype's rate: a number for a job that cannot run
+        raise ValueError(f"float8 ({config.float8}): {hw.name} has no float8 tensor cores (no float8_e4m3fn peak)")
     costs = estimate_costs(g, hw, fusion=config.compile)
     s = schedule(g, costs, "framework")
     sim = simulate_costs(g, costs, s.order)
