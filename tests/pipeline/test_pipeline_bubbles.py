@@ -15,7 +15,7 @@ import pytest
 from commsched.pipeline import ActionKind, StageCosts, simulate_pipeline
 
 PP_SIZES = (2, 4, 8, 16)
-F, I, W = 1.0, 1.0, 1.0  # unit costs: F = I = W
+F, I, W = 1.0, 1.0, 1.0  # unit costs: F = I = W  # noqa: E741 (the papers' names)
 B = I + W
 
 

@@ -92,7 +92,8 @@ class _Run:
         p = program.pp_size
         self.s2r = [int(r) for r in program.stage_to_rank]
         self.rows = [acts.tolist() for acts in program.actions]  # plain ints: the loop touches each row once
-        self.table = {ActionKind.FORWARD: times.forward_ns.tolist(), ActionKind.FULL_BACKWARD: times.backward_ns.tolist(),
+        self.table = {ActionKind.FORWARD: times.forward_ns.tolist(),
+                      ActionKind.FULL_BACKWARD: times.backward_ns.tolist(),
                       ActionKind.BACKWARD_INPUT: times.backward_input_ns.tolist(),
                       ActionKind.BACKWARD_WEIGHT: times.backward_weight_ns.tolist()}  # fmt: skip
         self.pair = None if times.overlap_f_b_ns is None else times.overlap_f_b_ns.tolist()
@@ -163,9 +164,9 @@ class _Run:
         if stage == self.p.num_stages - 1:
             return own
         if self.s2r[stage + 1] == rank:
-            return own + [(self.bwd_end.get((stage + 1, mb), -1), -1, None)]
+            return [*own, (self.bwd_end.get((stage + 1, mb), -1), -1, None)]
         key = (BWD, stage, mb)
-        return own + [(self.x_end.get(key, -1), self.x_start.get(key, -1), key)]
+        return [*own, (self.x_end.get(key, -1), self.x_start.get(key, -1), key)]
 
     def duration(self, row: list[int]) -> int:
         kind, stage, mb, kind2, stage2, mb2 = row
