@@ -107,7 +107,7 @@ def activation_peak(res, costs: StageCosts) -> list[int]:
     from its forward's start to its backward's end (B, or W); at equal times a release comes first."""
     parts, held = timed_parts(res), np.broadcast_to(costs.activation_bytes, (res.program.num_stages,))
     events: list[list[tuple[int, int]]] = [[] for _ in range(res.program.pp_size)]
-    for (kind, stage, mb), (rank, start, end) in parts.items():
+    for (kind, stage, _mb), (rank, start, end) in parts.items():
         if kind == ActionKind.FORWARD:
             events[rank].append((start, int(held[stage])))
         elif kind in (ActionKind.FULL_BACKWARD, ActionKind.BACKWARD_WEIGHT):
@@ -185,10 +185,11 @@ def test_errors_name_the_field():
     with pytest.raises(ValueError, match="backward_input_s, backward_weight_s: InterleavedZeroBubble splits"):
         simulate_program(zb, StageCosts(forward_s=1, backward_s=2), free_comm=True)
     gpipe = lower_schedule("GPipe", 2, 2)
-    for bad, match in ((StageCosts(forward_s=-1, backward_s=1), "forward_s: expected finite seconds"),
-                       (StageCosts(forward_s=[1, 2, 3], backward_s=1), r"forward_s: shape \(3,\)"),
-                       (StageCosts(forward_s=1), "backward_s: expected"),
-                       (StageCosts(forward_s=1, backward_s=1, send_bytes=[1, -1]), "send_bytes: expected byte")):  # fmt: skip
+    bad_costs = ((StageCosts(forward_s=-1, backward_s=1), "forward_s: expected finite seconds"),
+                 (StageCosts(forward_s=[1, 2, 3], backward_s=1), r"forward_s: shape \(3,\)"),
+                 (StageCosts(forward_s=1), "backward_s: expected"),
+                 (StageCosts(forward_s=1, backward_s=1, send_bytes=[1, -1]), "send_bytes: expected byte"))  # fmt: skip
+    for bad, match in bad_costs:
         with pytest.raises(ValueError, match=match):
             simulate_program(gpipe, bad, free_comm=True)
     with pytest.raises(ValueError, match="hardware: needed"):
