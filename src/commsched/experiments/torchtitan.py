@@ -8,7 +8,7 @@ last with TOML train configs (``tests/data/torchtitan/SOURCE.txt``); the older n
 * ``[model] name`` / ``flavor``: llama3 8B / 70B / 405B -> the presets llama3-8b / llama3-70b / llama3-405b;
 * ``[parallelism]`` degrees: ``data_parallel_shard_degree`` (-1: the rest of the world) is FSDP,
   ``data_parallel_replicate_degree`` is DDP when the shard degree is 1 and HSDP (the zoo's ``dp_replicate``) when
-  both are > 1 (not with context parallelism yet),
+  both are > 1 (with context parallelism too: FSDP shards over dp_shard x cp inside each replica),
   ``tensor_parallel_degree`` is TP with sequence parallelism (torchtitan's llama3 plan),
   ``context_parallel_degree`` is the zoo's ``cp_size`` (FSDP then shards over dp_shard x cp, as torchtitan's
   ``fsdp`` mesh dimension does) with ``context_parallel_rotate_method`` (default ``"allgather"``) and the
@@ -257,9 +257,6 @@ def _plan(cfg: _Config, d: Degrees, world_size: int | None) -> tuple[str, int, i
     elif fixed != world:
         raise ValueError(f"{cfg.path}: the degrees (replicate {d.replicate} x shard {d.shard} x tp {d.tp} x cp {d.cp} "
                          f"x pp {d.pp} = {fixed}) do not make world size {world}")  # fmt: skip
-    if d.replicate > 1 and d.cp > 1:
-        raise cfg.error("parallelism.data_parallel_replicate_degree", f"{d.replicate} with context_parallel_degree "
-                        f"{d.cp}: HSDP with context parallelism is not yet supported by the zoo")  # fmt: skip
     tp = d.tp if d.tp > 1 else None
     if shard * d.cp > 1:  # torchtitan's fsdp dimension is dp_shard x cp: FSDP whenever CP is on; replicate > 1: HSDP
         return ("fsdp+tp+sp" if tp else "fsdp"), world, tp, d.replicate
