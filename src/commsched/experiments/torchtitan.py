@@ -14,7 +14,8 @@ last with TOML train configs (``tests/data/torchtitan/SOURCE.txt``); the older n
   ``fsdp`` mesh dimension does) with ``context_parallel_rotate_method`` (default ``"allgather"``) and the
   ``"headtail"`` load balancer (the only one the zoo models); pipeline parallelism (> 1) is refused;
   ``enable_async_tensor_parallel`` is recorded (not modelled);
-* ``[training] local_batch_size`` (sequences per data-parallel rank), ``seq_len``, ``mixed_precision_param``;
+* ``[training] local_batch_size`` (sequences per data-parallel rank), ``seq_len``, ``mixed_precision_param``,
+  ``max_norm`` (gradient clipping, default 1.0);
   ``global_batch_size`` other than the data-parallel batch (gradient accumulation) is refused;
 * ``[activation_checkpoint] mode`` (+ ``selective_ac_option``: ``"op"`` -> selective-op, N -> selective-layer:N);
 * ``[compile] enable`` (with ``"model"`` in ``components``);
@@ -95,11 +96,12 @@ KEYS: dict[str, tuple[str, ...] | None] = {
 }  # fmt: skip
 """section (dotted for sub-tables) -> its keys (None: keys not checked, the section does not shape the step)"""
 
-_INT, _BOOL, _STR, _STRS = "an integer", "true or false", "a string", "a list of strings"
+_INT, _BOOL, _STR, _STRS, _NUM = "an integer", "true or false", "a string", "a list of strings", "a number"
 TYPES: dict[str, str] = {
     "model.name": _STR, "model.flavor": _STR, "model.converters": _STRS,
     "training.local_batch_size": _INT, "training.batch_size": _INT, "training.global_batch_size": _INT,
-    "training.seq_len": _INT, "training.mixed_precision_param": _STR, "training.enable_cpu_offload": _BOOL,
+    "training.seq_len": _INT, "training.max_norm": _NUM, "training.mixed_precision_param": _STR,
+    "training.enable_cpu_offload": _BOOL,
     "training.compile": _BOOL, "compile.enable": _BOOL, "compile.components": _STRS,
     "activation_checkpoint.mode": _STR, "parallelism.fsdp_reshard_after_forward": _STR,
     "quantize.linear.float8.enable_fsdp_float8_all_gather": _BOOL, "quantize.linear.float8.recipe_name": _STR,
@@ -122,6 +124,8 @@ def _type_ok(value: Any, kind: str) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
     if kind == _BOOL:
         return isinstance(value, bool)
+    if kind == _NUM:
+        return isinstance(value, int | float) and not isinstance(value, bool)
     if kind == _STR:
         return isinstance(value, str)
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
@@ -283,6 +287,14 @@ def _optimizer(cfg: _Config) -> str:
     return kinds[implementation or "fused"]
 
 
+def _max_norm(cfg: _Config) -> float:
+    """``[training] max_norm``, the gradient clipping norm (torchtitan's default 1.0; it always clips)."""
+    value = cfg.get("training.max_norm", default=1.0)
+    if not value > 0:
+        raise cfg.error("training.max_norm", f"{value}: expected a number > 0")
+    return float(value)
+
+
 def _ac(cfg: _Config) -> str:
     mode = cfg.get("activation_checkpoint.mode", default="selective")
     if mode in ("none", "full"):
@@ -370,7 +382,7 @@ def to_step_config(cfg: _Config, *, world_size: int | None = None) -> StepConfig
         batch=_batch(cfg, world, tp, degrees.cp), dtype=cfg.get("training.mixed_precision_param", default="bfloat16"),
         tp_size=tp, ac=_ac(cfg), compile=compile_, float8=float8, float8_all_gather=float8_all_gather,
         async_tp=async_tp, extra=_context_parallel(cfg, degrees.cp), source=cfg.path.name, notes=notes,
-        dp_replicate=replicate, optimizer=_optimizer(cfg),
+        dp_replicate=replicate, optimizer=_optimizer(cfg), max_norm=_max_norm(cfg),
     )  # fmt: skip
     try:
         step.check()  # float8, until the zoo has it
@@ -393,6 +405,7 @@ CONFIG_KEYS = {
     "dtype": "[training] mixed_precision_param", "ac": "[activation_checkpoint]", "compile": "[compile] enable",
     "world_size": "[parallelism] degrees", "mode": "(a training job)",
     "dp_replicate": "[parallelism] data_parallel_replicate_degree", "optimizer": "[optimizer] name / implementation",
+    "max_norm": "[training] max_norm",
 }  # fmt: skip
 """StepConfig field -> where a torchtitan config says it (for a conflict with a command-line option)"""
 
