@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from commsched.ir.graph import CAUSAL_META, PERMUTE_META, Graph, GraphError, OpKind
+from commsched.ir.graph import CAUSAL_META, NODE_TAGS_META, PERMUTE_META, Graph, GraphError, OpKind
 
-DERIVED_META = (CAUSAL_META, PERMUTE_META, "flop_errors")
+DERIVED_META = (CAUSAL_META, PERMUTE_META, NODE_TAGS_META, "flop_errors")
 """graph meta keys a frontend derives from the graph itself: a program derived from another keeps its own"""
 
 
