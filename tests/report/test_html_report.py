@@ -142,7 +142,7 @@ def test_recomputed_kernels_are_marked_in_chromium(tmp_path):
     legend names it, and a step without AC marks none."""
     if find_chromium() is None:
         pytest.fail("Chromium is not installed: `make test` installs it (Debian: apt-get install -y chromium)")
-    from commsched.ir.graph import NODE_TAGS_META
+    from commsched.ir.transform import NODE_TAGS_META
     from commsched.report.html_assets import COLORS
     from commsched.report.timeline import COMPUTE, OTHER, timeline_data
 

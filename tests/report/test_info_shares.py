@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from commsched.cli import app
 from commsched.frontends.json_io import save_graph
 from commsched.ir import OpKind
-from commsched.ir.graph import NODE_TAGS_META
+from commsched.ir.transform import NODE_TAGS_META
 from commsched.workloads import build
 
 STEP = dict(parallel="fsdp", world_size=8, layers=2, seq_len=256)

@@ -23,9 +23,8 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 from commsched.ir import CAUSAL_META, PERMUTE_META, CollType, Graph, GraphBuilder, GraphError, OpKind
-from commsched.ir.graph import FX_TAGS_KEY, NODE_TAGS_META
 from commsched.ir.inplace import WriteOrder
-from commsched.ir.transform import MODULE_META_KEY, inheritable_meta
+from commsched.ir.transform import FX_TAGS_KEY, MODULE_META_KEY, NODE_TAGS_META, inheritable_meta
 
 
 @dataclass(frozen=True)

@@ -120,12 +120,6 @@ CAUSAL_META = "causal_attention"
 charges a causal pass by its blocks, since torch's flop counter ignores the mask)"""
 PERMUTE_META = "permute_collectives"
 """``Graph.meta`` key: all_to_all nodes to / from one peer each (``permute_tensor``), charged as a sendrecv"""
-NODE_TAGS_META = "node_tags"
-"""``Graph.meta`` key: tag -> names of the nodes with it (``"recompute"``: an activation checkpoint's recompute,
-``"float8"``: float8 training's kernels), from the FX nodes' ``meta[FX_TAGS_KEY]`` (``commsched.workloads.tags``)"""
-FX_TAGS_KEY = "commsched_tags"
-"""``torch.fx.Node.meta`` key: the node's tags (a frozenset of strings), which ``from_fx`` gathers into
-:data:`NODE_TAGS_META`"""
 
 
 class Graph:

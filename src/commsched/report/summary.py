@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from commsched.ir import CollType, Graph, OpKind
-from commsched.ir.graph import NODE_TAGS_META
+from commsched.ir.transform import NODE_TAGS_META
 
 if TYPE_CHECKING:
     from commsched.cost.model import CostEstimate

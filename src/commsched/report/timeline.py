@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from commsched.ir.graph import NODE_TAGS_META, OpKind
+from commsched.ir.graph import OpKind
+from commsched.ir.transform import NODE_TAGS_META
 from commsched.sim.result import SimResult
 
 COMPUTE, OTHER, BLOCKED, COLLECTIVE = 0, 1, 2, 3

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from commsched.ir.graph import FX_TAGS_KEY as TAGS_KEY
+from commsched.ir.transform import FX_TAGS_KEY as TAGS_KEY
 
 RECOMPUTE, FLOAT8 = "recompute", "float8"
 
