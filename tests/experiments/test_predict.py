@@ -49,7 +49,8 @@ def framework_8b():
     from commsched.experiments.references import framework_program
 
     return framework_program("llama3-8b", {"parallel": "fsdp", "world_size": 8, "layers": 2, "seq_len": 8192,
-                                           "batch": 1, "ac": "selective-op", "optimizer": "adamw-fused"})  # fmt: skip
+                                           "batch": 1, "ac": "selective-op", "optimizer": "adamw-fused",
+                                           "max_norm": 1.0})  # fmt: skip
 
 
 def test_the_json_has_the_numbers_and_they_agree_with_themselves(options_8b):

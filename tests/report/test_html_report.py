@@ -134,3 +134,32 @@ def test_single_order_report_draws_its_timeline_without_console_messages(step, t
     dom, console = load_page(write_html(after, tmp_path / "one.html", hardware=hw), fragment="selftest")
     assert console == [] and 'data-timeline="drawn 1"' in dom and "data-selftest=" in dom
     assert "Top exposed collectives, and why" in dom and "MFU (bfloat16)" in dom
+
+
+def test_recomputed_kernels_are_marked_in_chromium(tmp_path):
+    """Issue 38: full activation checkpointing (llama-tiny, FSDP over 2 ranks, 2 layers): each kernel the backward
+    recomputes (the ``recompute`` tag of the traced step) is drawn in its own colour with class ``recompute``, the
+    legend names it, and a step without AC marks none."""
+    if find_chromium() is None:
+        pytest.fail("Chromium is not installed: `make test` installs it (Debian: apt-get install -y chromium)")
+    from commsched.ir.transform import NODE_TAGS_META
+    from commsched.report.html_assets import COLORS
+    from commsched.report.timeline import COMPUTE, OTHER, timeline_data
+
+    pages = {}
+    for ac in ("full", "none"):
+        w = build("llama-tiny", parallel="fsdp", world_size=2, layers=2, seq_len=64, ac=ac)
+        res = simulate_costs(w.graph, estimate_costs(w.graph, "h100-sxm"))
+        data = timeline_data([("traced order", res)])
+        tagged = set(w.graph.meta.get(NODE_TAGS_META, {}).get("recompute", ()))
+        kernels = [b for b in data["orders"][0]["bars"] if b[3] in (COMPUTE, OTHER)]
+        marked = [b for b in kernels if data["names"][b[4]] in tagged]
+        assert (len(marked) > 0) == (ac == "full") and len(marked) < len(kernels)
+        pages[ac] = (write_comparison_html([("traced order", res)], tmp_path / f"{ac}.html"), len(marked))
+    for ac, (path, expected) in pages.items():
+        dom, console = load_page(path)
+        assert console == [], console
+        rects = _attrs(dom, "rect", "recompute")
+        assert len(rects) == expected, ac  # every recomputed kernel, and nothing else
+        assert all(r["fill"] == COLORS["recompute"] for r in rects)
+        assert ("recomputed kernel (activation checkpointing)" in dom) == (ac == "full")

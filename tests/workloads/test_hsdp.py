@@ -90,6 +90,26 @@ def test_each_reduce_scatter_is_all_reduced_across_the_replicas(bucket):
     assert sum(g.comm_bytes[c] for c in reduces) >= shards  # every gradient shard (and the block buckets' padding)
 
 
+def test_hsdp_with_cp_shards_over_dp_shard_x_cp_inside_each_replica():
+    """torchtitan's mesh for HSDP with CP: ``dp_replicate`` outside, ``dp_shard_cp`` = dp_shard x cp (FSDP's shard
+    group) inside, the CP ranks its innermost factor. World 16 = 2 x (4 x 2): FSDP gathers over 8 ranks, ring
+    attention rotates K/V over 2, the gradient shards are all-reduced across the 2 replicas; 8 data-parallel
+    batches."""
+    plan = make_plan("fsdp", 16, dp_replicate=2)
+    from commsched.workloads.mesh import with_cp
+
+    cp = with_cp(plan, 2)
+    assert cp.mesh == (("dp_replicate", 2), ("fsdp", 8)) and cp.data_parallel_degree == 8
+    assert cp.group_ranks("cp", 11) == [10, 11] and cp.group_ranks("fsdp", 11) == list(range(8, 16))
+    assert cp.group_ranks("dp_replicate", 11) == [3, 11]
+    w = traced("llama-tiny", "fsdp", 16, 1, dp_replicate=2, cp_size=2, seq_len=64)
+    check_ir(w)
+    sizes = {role: (info["size"], info["stride"]) for role, info in w.meta["groups"].items()}
+    assert sizes["fsdp"] == (8, 1) and sizes["cp"] == (2, 1) and sizes["dp_replicate"] == (2, 8)
+    assert w.meta["context_parallel"]["tokens_per_rank"] == 32 and w.meta["tokens_per_step"] == 8 * 64
+    assert colls(w, AG, "cp") and len(colls(w, AR, "dp_replicate")) == len(colls(w, RS, "fsdp")) > 0
+
+
 def _ancestors(g, node: int, depth: int) -> set[int]:
     seen, frontier = set(), {node}
     for _ in range(depth):
@@ -149,18 +169,24 @@ def test_hsdp_gathers_inside_a_node_and_all_reduces_across():
 def test_hsdp_step_is_the_unsharded_models_on_gloo():
     """4 ranks, 2 replicas x 2 shards (one collective per parameter; one per unit: test_optimizer.py's gloo run): the
     loss of each rank's batch and its gradient shards of the gradient averaged over all 4 batches, as the unsharded
-    model gives them."""
-    specs = [resolve("llama-tiny", parallel="fsdp", world_size=4, dp_replicate=2, seq_len=16, batch=2,
-                     dtype="float32", attention="sdpa")]  # fmt: skip
+    model gives them. With context parallelism, 2 replicas x (dp_shard 1 x cp 2): each rank's loss is that of its
+    own head-tail tokens and its gradient shards the unsharded model's (FSDP shards over the CP ranks)."""
+    common = dict(parallel="fsdp", world_size=4, dp_replicate=2, seq_len=16, batch=2, dtype="float32",
+                  attention="sdpa")  # fmt: skip
+    specs = [resolve("llama-tiny", **common), resolve("llama-tiny", cp_size=2, **common)]
+    assert (specs[1].plan.replicate, specs[1].plan.fsdp, specs[1].plan.cp) == (2, 2, 2)
     for spec, per_rank in zip(specs, run_on_gloo(specs, seed=5), strict=True):
         reference = reference_outputs(spec, seed=5)
         for rank, outputs in enumerate(per_rank):
             expected = expected_rank_outputs(spec, rank, reference)
+            cp_group = spec.plan.group_ranks("cp", rank) if spec.plan.cp > 1 else [rank]
+            mean_loss = sum(per_rank[r][0].item() for r in cp_group) / len(cp_group)
+            assert abs(mean_loss - reference["losses"][rank // spec.plan.cp].item()) < 1e-5  # the replica's loss
             assert len(outputs) == len(expected) == 1 + len(spec.layout)
             for got, want in zip(outputs, expected, strict=True):
                 err = (got - want).abs().max().item() / want.abs().max().item()
-                assert err < 1e-4, f"{spec.fsdp_bucket} rank {rank}: relative error {err:.2e}"
-        assert not torch.equal(per_rank[0][0], per_rank[1][0])  # each rank its own batch
+                assert err < 1e-4, f"cp {spec.plan.cp} rank {rank}: relative error {err:.2e}"
+        assert not torch.equal(per_rank[0][0], per_rank[1][0])  # each rank its own batch (cp: its own tokens)
 
 
 # ---------------------------------------------------------------- options and configs
@@ -200,3 +226,20 @@ def test_torchtitan_replicate_and_shard_degrees_are_hsdp(tmp_path):
     assert (step.parallel, step.world_size, step.dp_replicate) == ("fsdp", 16, 2)
     assert step.resolve().plan.mesh == (("dp_replicate", 2), ("fsdp", 8))
     assert step.build_kwargs()["dp_replicate"] == 2
+
+
+def test_torchtitan_replicate_with_context_parallel_is_hsdp_with_cp(tmp_path):
+    """``data_parallel_replicate_degree`` 2 with ``context_parallel_degree`` 2 (refused before): HSDP whose shard
+    group is dp_shard x cp, as torchtitan's ``dp_shard_cp`` mesh dimension."""
+    from pathlib import Path
+
+    from commsched.experiments.torchtitan import from_torchtitan_config
+
+    text = (Path(__file__).resolve().parents[1] / "data" / "torchtitan" / "llama3_8b.toml").read_text()
+    path = tmp_path / "hsdp_cp.toml"
+    path.write_text(text.replace("data_parallel_replicate_degree = 1", "data_parallel_replicate_degree = 2")
+                    .replace("context_parallel_degree = 1", "context_parallel_degree = 2"))  # fmt: skip
+    step = from_torchtitan_config(path, world_size=16)
+    assert (step.parallel, step.dp_replicate, dict(step.extra)["cp_size"]) == ("fsdp", 2, 2)
+    plan = step.resolve().plan
+    assert plan.mesh == (("dp_replicate", 2), ("fsdp", 8)) and (plan.cp, plan.data_parallel_degree) == (2, 8)

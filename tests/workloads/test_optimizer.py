@@ -5,6 +5,7 @@ memory, and on real gloo ranks the same update as ``torch.optim.AdamW`` on the u
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -90,6 +91,58 @@ def test_the_step_ends_with_torchs_adamw_over_the_local_shards(kind):
         assert sum(nbytes[i] for i in rest) == 20 * p_bytes
 
 
+def test_clipping_is_torchs_clip_grad_norm_on_dtensor_grads():
+    """``max_norm`` (torchtitan's ``training.max_norm``), FSDP 4 x TP 2: after the backward's last wait, one
+    ``_foreach_norm`` of the local gradients; the stacked norms (one fp32 per parameter) all-reduced over the FSDP
+    group, then over TP (DTensor's redistribute, one mesh dimension at a time), each between ``pow(2)`` and
+    ``pow(0.5)``; then the clip coefficient and one ``_foreach_mul_`` of the gradients, before AdamW's first kernel.
+    Off (None), the graph is node for node the one without the option; DDP's gradients are whole: no all_reduce."""
+    from zoo_helpers import assert_same_trace, colls
+
+    from commsched.ir import CollType
+
+    w = traced("llama-tiny", "fsdp+tp", 8, optimizer="adamw-fused", max_norm=1.0, tp_size=2, **KW)
+    check_ir(w)
+    g, n = w.graph, len(w.spec.layout)
+    assert w.meta["max_norm"] == 1.0 and "max_norm 1" in w.meta["workload"]
+    (norm,) = [i for i, t in enumerate(g.targets) if t == "aten._foreach_norm.Scalar"]
+    (mul,) = [i for i, t in enumerate(g.targets) if t == "aten._foreach_mul_.Tensor"]
+    fused = g.targets.index("aten._fused_adamw_.default")
+    last_wait = max(int(wt) for c in g.collectives.tolist() for wt in g.waits_of(c) if c < norm)
+    reduces = [c for c in g.collectives.tolist() if c > norm]
+    assert last_wait < norm < min(reduces) and max(reduces) < mul < fused
+    fsdp, tp = w.meta["groups"]["fsdp"]["name"], w.meta["groups"]["tp"]["name"]
+    assert [g.groups[g.coll_group[c]].name for c in reduces] == [fsdp, tp]
+    assert all(g.coll_type[c] == CollType.ALL_REDUCE and g.comm_bytes[c] == n * FP32 for c in reduces)
+    assert [g.targets[i] for i in g.inputs(reduces[0])] == ["aten.pow.Tensor_Scalar"]
+    assert len(g.inputs(mul)) == n + 1  # every local gradient and the coefficient
+    plain = traced("llama-tiny", "fsdp+tp", 8, optimizer="adamw-fused", tp_size=2, **KW)
+    assert_same_trace(plain, traced("llama-tiny", "fsdp+tp", 8, optimizer="adamw-fused", tp_size=2, max_norm=None,
+                                    **KW))  # fmt: skip
+    assert "max_norm" not in plain.meta and len(plain.graph.collectives) == len(g.collectives) - 2
+    ddp = traced("llama-tiny", "ddp", 4, max_norm=0.5, **KW)
+    assert "aten._foreach_norm.Scalar" in ddp.graph.targets
+    assert len(colls(ddp, CollType.ALL_REDUCE)) == len(ddp.meta["ddp_buckets"]["dp"])  # the buckets' only
+
+
+def test_max_norm_is_checked_before_tracing():
+    from commsched.workloads.optimizer import parse_max_norm
+
+    assert parse_max_norm("none") is None and parse_max_norm(" 1 ") == 1.0 and parse_max_norm(None) is None
+    for bad, words in (
+        (dict(max_norm="-1"), ["max_norm='-1'", "> 0"]),
+        (dict(max_norm="x"), ["max_norm='x'"]),
+        (dict(max_norm=1.0, mode="prefill", parallel="tp"), ["max_norm=1.0", "mode='prefill'"]),
+    ):
+        with pytest.raises(ValueError) as err:
+            resolve("llama3-8b", **{"parallel": "fsdp", "world_size": 8, **bad})
+        assert "\n" not in str(err.value) and all(w in str(err.value) for w in words), str(err.value)
+    res = CliRunner().invoke(__import__("commsched.cli", fromlist=["app"]).app, ["trace", "llama-tiny", "--max-norm",
+                                                                                  "0"])  # fmt: skip
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert res.exit_code == 2 and len(lines) == 1 and "--max-norm" in lines[0], lines
+
+
 @pytest.mark.parametrize("parallel", ["fsdp", "ddp"])
 def test_framework_order_waits_the_gradients_before_the_optimizer(parallel):
     """``optimizer.step()`` runs after ``backward()`` returns, when FSDP2 / DDP have waited their reductions: in the
@@ -151,9 +204,12 @@ def test_states_are_persistent_memory_and_raise_the_peak(kind):
 
 
 # ---------------------------------------------------------------- real gloo ranks
-# foreach and fused AdamW over HSDP's shards (2 replicas x 2), DDP's full parameters and TP's slices (SP's norms)
-CASES = [("fsdp", "adamw", {"dp_replicate": 2, "fsdp_bucket": "block"}), ("ddp", "adamw-fused", {}),
-         ("tp+sp", "adamw-fused", {})]  # fmt: skip
+# foreach and fused AdamW over HSDP's shards (2 replicas x 2), DDP's full parameters and TP's slices (SP's norms);
+# clipped (torchtitan's max_norm, small enough to clip) over HSDP's shards, TP's slices and FSDP+EP's experts
+MAX_NORM = 0.05
+CASES = [("fsdp", "adamw", {"dp_replicate": 2, "fsdp_bucket": "block", "max_norm": MAX_NORM}),
+         ("ddp", "adamw-fused", {}), ("tp+sp", "adamw-fused", {"max_norm": MAX_NORM}),
+         ("fsdp+ep", "adamw-fused", {"max_norm": MAX_NORM, "ep_size": 2})]  # fmt: skip
 
 
 @pytest.mark.slow
@@ -162,12 +218,21 @@ def test_updates_are_torch_adamw_on_the_unsharded_model():
     unsharded parameters with the gradients the ranks computed (to 1e-6: the same elementwise arithmetic); and those
     gradients are the unsharded model's (to 1e-4), so the update is within a step of AdamW on the unsharded model's
     own gradients (Adam divides each gradient by its root mean square: a relative 1e-6 in a gradient near 0 can move
-    its update by up to 2 lr)."""
-    specs = [resolve("llama-tiny", parallel=par, world_size=4, seq_len=16, batch=2, dtype="float32",
-                     attention="sdpa", optimizer=kind, **kw) for par, kind, kw in CASES]  # fmt: skip
+    its update by up to 2 lr). With ``max_norm``, the unsharded model's gradients are first clipped by
+    ``torch.nn.utils.clip_grad_norm_``: the ranks' all-reduced norm is the whole model's, so each rank's gradient
+    shards (and then its update) are the clipped ones."""
+    specs = [resolve("mixtral-tiny" if "ep" in par else "llama-tiny", parallel=par, world_size=4, seq_len=16,
+                     batch=2, dtype="float32", attention="sdpa", optimizer=kind, **kw)
+             for par, kind, kw in CASES]  # fmt: skip
     for spec, per_rank in zip(specs, run_on_gloo(specs, seed=7), strict=True):
         n, label = len(spec.layout), f"{spec.plan.parallel} {spec.optimizer} {spec.plan.mesh}"
         reference = reference_outputs(spec, seed=7)
+        if spec.max_norm is not None:  # the clipping clips: the unclipped norm is above max_norm
+            unclipped = reference_outputs(dataclasses.replace(spec, max_norm=None, optimizer="none"), seed=7)
+            norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in unclipped["grads"].values()]))
+            assert norm > 2 * spec.max_norm, (label, norm)
+            clipped = torch.linalg.vector_norm(torch.stack([g.norm() for g in reference["grads"].values()]))
+            assert clipped == pytest.approx(spec.max_norm, rel=1e-4)
         computed = unshard(spec, [outputs[1 : 1 + n] for outputs in per_rank])
         updated = reference_adamw(spec.optimizer, init_full_params(spec.model, seed=7), computed)
         for rank, outputs in enumerate(per_rank):
@@ -218,3 +283,36 @@ def test_predict_steps_with_torchtitans_adamw(monkeypatch, tmp_path):
         assert from_torchtitan_config(path, world_size=8).optimizer == kind, new
     res = runner.invoke(app, ["predict", "--torchtitan-config", str(path), "-w", "8", "--optimizer", "adamw"])
     assert res.exit_code == 2 and "--optimizer adamw conflicts" in res.stderr, res.output
+
+
+def test_predict_clips_as_torchtitan_and_reads_max_norm(monkeypatch, tmp_path):
+    """``predict`` clips at torchtitan's default ``training.max_norm`` 1.0 unless ``--max-norm`` says otherwise
+    (``none``: off); a config's ``[training] max_norm`` is read (a number; anything else refused in one line)."""
+    from pathlib import Path
+
+    import commsched.experiments.predict
+    from commsched.cli import app
+    from commsched.experiments.torchtitan import from_torchtitan_config
+
+    asked: list = []
+
+    def stop(step, progress=None):
+        asked.append(step.build_kwargs().get("max_norm"))
+        raise ValueError("stopped at the trace")
+
+    monkeypatch.setattr(commsched.experiments.predict, "trace", stop)
+    runner = CliRunner()
+    for extra in ([], ["--max-norm", "0.5"], ["--max-norm", "none"]):
+        res = runner.invoke(app, ["predict", "llama3-8b", "-l", "1", *extra])
+        assert res.exit_code == 2 and "stopped at the trace" in res.stderr, res.output
+    assert asked == [1.0, 0.5, None]
+    source = Path(__file__).resolve().parents[1] / "data" / "torchtitan" / "llama3_8b.toml"
+    text = source.read_text()
+    assert "max_norm = 1.0" in text and from_torchtitan_config(source, world_size=8).max_norm == 1.0
+    path = tmp_path / "job.toml"
+    path.write_text(text.replace("max_norm = 1.0", "max_norm = 2"))
+    assert from_torchtitan_config(path, world_size=8).build_kwargs()["max_norm"] == 2.0
+    path.write_text(text.replace("max_norm = 1.0", 'max_norm = "big"'))
+    with pytest.raises(ValueError) as err:
+        from_torchtitan_config(path, world_size=8)
+    assert "[training] max_norm: expected a number" in str(err.value) and "\n" not in str(err.value)

@@ -1,6 +1,6 @@
 """Options several commands take alike, each defined once: where output goes (files, folders, ``--json``) and the
 options that pick a zoo step (``--parallel`` ... ``--fsdp-bucket``, ``--ac``, ``--float8``, ``--cp-size``,
-``--dp-replicate``, ``--optimizer``), with the check that the step's layers exist."""
+``--dp-replicate``, ``--optimizer``, ``--max-norm``), with the check that the step's layers exist."""
 
 from __future__ import annotations
 
@@ -105,6 +105,7 @@ class ZooStep:
     cp_rotate: str = "allgather"
     dp_replicate: int = 1
     optimizer: str = "none"
+    max_norm: float | None = None
 
     def options(self) -> dict[str, Any]:
         """``resolve`` / ``build`` keywords beyond preset, parallel, world size and layers (None left out)."""
@@ -117,6 +118,7 @@ class ZooStep:
                  "float8": None if self.float8 == "none" else self.float8,
                  "dp_replicate": None if self.dp_replicate == 1 else self.dp_replicate,
                  "optimizer": None if self.optimizer == "none" else self.optimizer,
+                 "max_norm": self.max_norm,
                  **({"cp_size": self.cp_size, "cp_rotate": self.cp_rotate} if self.cp_size != 1 else {})}  # fmt: skip
         return {k: v for k, v in given.items() if v is not None}
 
@@ -200,6 +202,9 @@ _ZOO_HELP = {
     "data_parallel_replicate_degree), gradients reduce-scattered then all-reduced across them",
     "optimizer": "the AdamW step ending a training step, as torch runs it: none, adamw (foreach=True, torch's "
     "default on CUDA), adamw-fused (fused=True, torchtitan's default)",
+    "max_norm": "clip the gradients to this total norm before the update, as torchtitan's training.max_norm "
+    "(torch's clip_grad_norm_ on DTensor grads: per-parameter norms, an all_reduce per sharded mesh dimension, "
+    "one foreach_mul_); none: no clipping",
 }
 
 
@@ -220,8 +225,8 @@ def checked_by(parser: str) -> Callable[[str], Any]:
     return check
 
 
-def _zoo_parameters(world_size: int, dtype: str, lists: bool, optimizer: str = "none",
-                    optimizer_help: str = "") -> list[inspect.Parameter]:  # fmt: skip
+def _zoo_parameters(world_size: int, dtype: str, lists: bool, optimizer: str = "none", optimizer_help: str = "",
+                    max_norm: str = "none") -> list[inspect.Parameter]:  # fmt: skip
     """The zoo-step options as typer parameters (their one definition)."""
     many = " (comma-separated: every one is swept)" if lists else ""
     opt = typer.Option
@@ -252,6 +257,9 @@ def _zoo_parameters(world_size: int, dtype: str, lists: bool, optimizer: str = "
         ("optimizer", str, opt(optimizer, "--optimizer",
                                callback=checked_by("commsched.workloads.optimizer:parse_optimizer"),
                                help=_ZOO_HELP["optimizer"] + optimizer_help)),
+        ("max_norm", str, opt(max_norm, "--max-norm",
+                              callback=checked_by("commsched.workloads.optimizer:parse_max_norm"),
+                              help=_ZOO_HELP["max_norm"])),
     ]  # fmt: skip
     return [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=kind)
             for name, kind, info in specs]  # fmt: skip
@@ -268,17 +276,20 @@ def zoo_step_options(
     lists: bool = False,
     optimizer: str = "none",
     optimizer_help: str = "",
+    max_norm: str = "none",
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Give a command the zoo-step options in place of its ``zoo: ZooStep`` parameter: one definition for trace,
     compare, optimize, rewrite, run and sweep (``lists``: comma-separated parallelisms, world sizes and buckets).
-    ``world_size`` / ``dtype`` / ``optimizer``: the command's defaults (``optimizer_help``: added to its help)."""
+    ``world_size`` / ``dtype`` / ``optimizer`` / ``max_norm``: the command's defaults (``optimizer_help``: added to
+    its help)."""
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         sig = inspect.signature(fn, eval_str=True)
         names = list(sig.parameters)
         at = names.index("zoo")
         own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in sig.parameters.values()]
-        params = own[:at] + _zoo_parameters(world_size, dtype, lists, optimizer, optimizer_help) + own[at + 1 :]
+        zoo_params = _zoo_parameters(world_size, dtype, lists, optimizer, optimizer_help, max_norm)
+        params = own[:at] + zoo_params + own[at + 1 :]
 
         @functools.wraps(fn)
         def command(**kwargs: Any) -> Any:

@@ -56,13 +56,13 @@ def _from_options(preset: str | None, zoo: ZooStep, compile_: bool, given: set[s
         raise ValueError(f"--fsdp-bucket {zoo.fsdp_bucket}: predict traces FSDP2's program, one collective per "
                          "block (--fsdp-bucket block)")  # fmt: skip
     check_layers(preset, zoo.layers)
-    own = ("seq_len", "batch", "dtype", "tp_size", "ac", "float8", "dp_replicate", "optimizer")
+    own = ("seq_len", "batch", "dtype", "tp_size", "ac", "float8", "dp_replicate", "optimizer", "max_norm")
     extra = {k: v for k, v in zoo.options().items() if k not in (*own, "mode", "fsdp_bucket")}
     gathers_float8 = zoo.float8 == "tensorwise" and "fsdp" in zoo.parallel.split("+")  # as the zoo traces it
     return StepConfig(preset=preset, parallel=zoo.parallel, world_size=int(zoo.world_size), layers=zoo.layers,
                       seq_len=zoo.seq_len, batch=zoo.batch, dtype=zoo.dtype, tp_size=zoo.tp_size, ac=zoo.ac,
                       float8=zoo.float8, float8_all_gather=gathers_float8, compile=compile_,
-                      dp_replicate=zoo.dp_replicate, optimizer=zoo.optimizer,
+                      dp_replicate=zoo.dp_replicate, optimizer=zoo.optimizer, max_norm=zoo.max_norm,
                       extra=tuple(sorted(extra.items())))  # fmt: skip
 
 
@@ -82,7 +82,7 @@ def _from_torchtitan(path: Path, preset: str | None, zoo: ZooStep, compile_: boo
 
 def register(app: typer.Typer) -> None:
     @app.command()
-    @zoo_step_options(optimizer="adamw-fused", optimizer_help=OPTIMIZER_HELP)
+    @zoo_step_options(optimizer="adamw-fused", optimizer_help=OPTIMIZER_HELP, max_norm="1.0")
     def predict(
         ctx: typer.Context,
         preset: str = typer.Argument(None, help="a zoo preset, e.g. llama3-8b (or --torchtitan-config)"),

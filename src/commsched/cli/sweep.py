@@ -92,7 +92,8 @@ def register(app: typer.Typer) -> None:
                        "ac": None if zoo.ac == "none" else zoo.ac,
                        "float8": None if zoo.float8 == "none" else zoo.float8,
                        "dp_replicate": None if zoo.dp_replicate == 1 else zoo.dp_replicate,
-                       "optimizer": None if zoo.optimizer == "none" else zoo.optimizer}  # fmt: skip
+                       "optimizer": None if zoo.optimizer == "none" else zoo.optimizer,
+                       "max_norm": zoo.max_norm}  # fmt: skip
             build_kw = {k: v for k, v in options.items() if v is not None}
             t0 = time.perf_counter()
             computed: list = []

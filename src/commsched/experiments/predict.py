@@ -55,6 +55,7 @@ class StepConfig:
     async_tp: bool = False  # recorded; not modelled yet
     dp_replicate: int = 1  # HSDP: FSDP's shards replicated over this many groups (torchtitan's replicate degree)
     optimizer: str = "adamw-fused"  # the step's optimizer (torchtitan's default AdamW, fused); "none": no step
+    max_norm: float | None = 1.0  # gradient clipping (torchtitan's training.max_norm default); None: not clipped
     extra: tuple[tuple[str, Any], ...] = ()
     source: str = "options"
     notes: tuple[str, ...] = field(default=(), compare=False)
@@ -83,6 +84,8 @@ class StepConfig:
             given["dp_replicate"] = self.dp_replicate
         if self.optimizer != "none":
             given["optimizer"] = self.optimizer
+        if self.max_norm is not None:
+            given["max_norm"] = self.max_norm
         return {k: v for k, v in given.items() if v is not None}
 
     def resolve(self) -> WorkloadSpec:

@@ -8,13 +8,14 @@ last with TOML train configs (``tests/data/torchtitan/SOURCE.txt``); the older n
 * ``[model] name`` / ``flavor``: llama3 8B / 70B / 405B -> the presets llama3-8b / llama3-70b / llama3-405b;
 * ``[parallelism]`` degrees: ``data_parallel_shard_degree`` (-1: the rest of the world) is FSDP,
   ``data_parallel_replicate_degree`` is DDP when the shard degree is 1 and HSDP (the zoo's ``dp_replicate``) when
-  both are > 1 (not with context parallelism yet),
+  both are > 1 (with context parallelism too: FSDP shards over dp_shard x cp inside each replica),
   ``tensor_parallel_degree`` is TP with sequence parallelism (torchtitan's llama3 plan),
   ``context_parallel_degree`` is the zoo's ``cp_size`` (FSDP then shards over dp_shard x cp, as torchtitan's
   ``fsdp`` mesh dimension does) with ``context_parallel_rotate_method`` (default ``"allgather"``) and the
   ``"headtail"`` load balancer (the only one the zoo models); pipeline parallelism (> 1) is refused;
   ``enable_async_tensor_parallel`` is recorded (not modelled);
-* ``[training] local_batch_size`` (sequences per data-parallel rank), ``seq_len``, ``mixed_precision_param``;
+* ``[training] local_batch_size`` (sequences per data-parallel rank), ``seq_len``, ``mixed_precision_param``,
+  ``max_norm`` (gradient clipping, default 1.0);
   ``global_batch_size`` other than the data-parallel batch (gradient accumulation) is refused;
 * ``[activation_checkpoint] mode`` (+ ``selective_ac_option``: ``"op"`` -> selective-op, N -> selective-layer:N);
 * ``[compile] enable`` (with ``"model"`` in ``components``);
@@ -95,11 +96,12 @@ KEYS: dict[str, tuple[str, ...] | None] = {
 }  # fmt: skip
 """section (dotted for sub-tables) -> its keys (None: keys not checked, the section does not shape the step)"""
 
-_INT, _BOOL, _STR, _STRS = "an integer", "true or false", "a string", "a list of strings"
+_INT, _BOOL, _STR, _STRS, _NUM = "an integer", "true or false", "a string", "a list of strings", "a number"
 TYPES: dict[str, str] = {
     "model.name": _STR, "model.flavor": _STR, "model.converters": _STRS,
     "training.local_batch_size": _INT, "training.batch_size": _INT, "training.global_batch_size": _INT,
-    "training.seq_len": _INT, "training.mixed_precision_param": _STR, "training.enable_cpu_offload": _BOOL,
+    "training.seq_len": _INT, "training.max_norm": _NUM, "training.mixed_precision_param": _STR,
+    "training.enable_cpu_offload": _BOOL,
     "training.compile": _BOOL, "compile.enable": _BOOL, "compile.components": _STRS,
     "activation_checkpoint.mode": _STR, "parallelism.fsdp_reshard_after_forward": _STR,
     "quantize.linear.float8.enable_fsdp_float8_all_gather": _BOOL, "quantize.linear.float8.recipe_name": _STR,
@@ -122,6 +124,8 @@ def _type_ok(value: Any, kind: str) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
     if kind == _BOOL:
         return isinstance(value, bool)
+    if kind == _NUM:
+        return isinstance(value, int | float) and not isinstance(value, bool)
     if kind == _STR:
         return isinstance(value, str)
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
@@ -257,9 +261,6 @@ def _plan(cfg: _Config, d: Degrees, world_size: int | None) -> tuple[str, int, i
     elif fixed != world:
         raise ValueError(f"{cfg.path}: the degrees (replicate {d.replicate} x shard {d.shard} x tp {d.tp} x cp {d.cp} "
                          f"x pp {d.pp} = {fixed}) do not make world size {world}")  # fmt: skip
-    if d.replicate > 1 and d.cp > 1:
-        raise cfg.error("parallelism.data_parallel_replicate_degree", f"{d.replicate} with context_parallel_degree "
-                        f"{d.cp}: HSDP with context parallelism is not yet supported by the zoo")  # fmt: skip
     tp = d.tp if d.tp > 1 else None
     if shard * d.cp > 1:  # torchtitan's fsdp dimension is dp_shard x cp: FSDP whenever CP is on; replicate > 1: HSDP
         return ("fsdp+tp+sp" if tp else "fsdp"), world, tp, d.replicate
@@ -284,6 +285,14 @@ def _optimizer(cfg: _Config) -> str:
         raise cfg.error("optimizer.implementation", f"{implementation!r}: expected fused or foreach (for-loop, one "
                         "kernel per tensor, is not yet supported)")  # fmt: skip
     return kinds[implementation or "fused"]
+
+
+def _max_norm(cfg: _Config) -> float:
+    """``[training] max_norm``, the gradient clipping norm (torchtitan's default 1.0; it always clips)."""
+    value = cfg.get("training.max_norm", default=1.0)
+    if not value > 0:
+        raise cfg.error("training.max_norm", f"{value}: expected a number > 0")
+    return float(value)
 
 
 def _ac(cfg: _Config) -> str:
@@ -373,7 +382,7 @@ def to_step_config(cfg: _Config, *, world_size: int | None = None) -> StepConfig
         batch=_batch(cfg, world, tp, degrees.cp), dtype=cfg.get("training.mixed_precision_param", default="bfloat16"),
         tp_size=tp, ac=_ac(cfg), compile=compile_, float8=float8, float8_all_gather=float8_all_gather,
         async_tp=async_tp, extra=_context_parallel(cfg, degrees.cp), source=cfg.path.name, notes=notes,
-        dp_replicate=replicate, optimizer=_optimizer(cfg),
+        dp_replicate=replicate, optimizer=_optimizer(cfg), max_norm=_max_norm(cfg),
     )  # fmt: skip
     try:
         step.check()  # float8, until the zoo has it
@@ -396,6 +405,7 @@ CONFIG_KEYS = {
     "dtype": "[training] mixed_precision_param", "ac": "[activation_checkpoint]", "compile": "[compile] enable",
     "world_size": "[parallelism] degrees", "mode": "(a training job)",
     "dp_replicate": "[parallelism] data_parallel_replicate_degree", "optimizer": "[optimizer] name / implementation",
+    "max_norm": "[training] max_norm",
 }  # fmt: skip
 """StepConfig field -> where a torchtitan config says it (for a conflict with a command-line option)"""
 

@@ -24,7 +24,7 @@ from torch.utils.flop_counter import flop_registry
 
 from commsched.ir import CAUSAL_META, PERMUTE_META, CollType, Graph, GraphBuilder, GraphError, OpKind
 from commsched.ir.inplace import WriteOrder
-from commsched.ir.transform import MODULE_META_KEY, inheritable_meta
+from commsched.ir.transform import FX_TAGS_KEY, MODULE_META_KEY, NODE_TAGS_META, inheritable_meta
 
 
 @dataclass(frozen=True)
@@ -210,6 +210,7 @@ class _FxImporter:
         self.flop_errors: list[str] = []
         self.causal: list[str] = []  # attention nodes with is_causal set (CAUSAL_META)
         self.permutes: list[str] = []  # all_to_all collectives to and from one peer each (PERMUTE_META)
+        self.tags: dict[str, list[str]] = {}  # tag -> tagged node names (NODE_TAGS_META)
         self.target_info: dict[Any, _TargetInfo] = {}
         self.flop_cache: dict[Any, float] = {}
 
@@ -332,6 +333,8 @@ class _FxImporter:
                 self.ids[node] = nid
                 continue
             self.ids[node] = self._add_call(node, target, inputs)
+            for tag in sorted(node.meta.get(FX_TAGS_KEY, ())):
+                self.tags.setdefault(tag, []).append(name)
         g = b.build(validate=True)
         if self.flop_errors:
             g.meta["flop_errors"] = self.flop_errors[:20]
@@ -339,6 +342,8 @@ class _FxImporter:
             g.meta[CAUSAL_META] = self.causal
         if self.permutes:
             g.meta[PERMUTE_META] = self.permutes
+        if self.tags:
+            g.meta[NODE_TAGS_META] = self.tags
         return g
 
     def _add_call(self, node: torch.fx.Node, target: Any, inputs: list[int]) -> int:

@@ -10,7 +10,14 @@ import numpy as np
 
 from commsched.ir.graph import CAUSAL_META, PERMUTE_META, Graph, GraphError, OpKind
 
-DERIVED_META = (CAUSAL_META, PERMUTE_META, "flop_errors")
+NODE_TAGS_META = "node_tags"
+"""``Graph.meta`` key: tag -> names of the nodes with it (``"recompute"``: an activation checkpoint's recompute,
+``"float8"``: float8 training's kernels), from the FX nodes' ``meta[FX_TAGS_KEY]`` (``commsched.workloads.tags``)"""
+FX_TAGS_KEY = "commsched_tags"
+"""``torch.fx.Node.meta`` key: the node's tags (a frozenset of strings), which ``from_fx`` gathers into
+:data:`NODE_TAGS_META`"""
+
+DERIVED_META = (CAUSAL_META, PERMUTE_META, NODE_TAGS_META, "flop_errors")
 """graph meta keys a frontend derives from the graph itself: a program derived from another keeps its own"""
 
 

@@ -64,6 +64,8 @@ def _timeline_section(results: list[tuple[str, SimResult]], capacity_bytes: floa
         ("other kernel", html_assets.COLORS["other"], ""),
         ("waiting on communication (exposed)", html_assets.COLORS["blocked"], ""),
     ]
+    if data["recompute"]:
+        swatches.append(("recomputed kernel (activation checkpointing)", html_assets.COLORS["recompute"], ""))
     for lane, k in data["comm_lanes"].items():
         swatches.append((f"collective on {lane}", html_assets.COMM_COLORS[k % len(html_assets.COMM_COLORS)], ""))
     swatches += [("exposed collective", "", "outline"), ("memory", html_assets.COLORS["memory"], "")]

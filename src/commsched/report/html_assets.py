@@ -10,7 +10,8 @@ axis range in ``<body data-selftest>``, which the tests read from headless Chrom
 
 from __future__ import annotations
 
-COLORS = {"compute": "#3b75af", "other": "#9cc3e4", "blocked": "#d62728", "memory": "#2ca02c"}
+COLORS = {"compute": "#3b75af", "other": "#9cc3e4", "blocked": "#d62728", "memory": "#2ca02c", "recompute": "#b07aa1"}
+"""bar colours; ``recompute``: a kernel an activation checkpoint reruns in the backward (compute or other)"""
 COMM_COLORS = ("#ef8636", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf")
 """one per process group's comm stream, in the order the groups first appear (as in the Gantt PNG)"""
 
@@ -77,7 +78,10 @@ JS = r"""
     var raw = span / n, p = Math.pow(10, Math.floor(Math.log10(raw))), m = raw / p;
     return p * (m < 1.5 ? 1 : m < 3.5 ? 2 : m < 7.5 ? 5 : 10);
   }
+  var RECOMPUTE = new Set(data.recompute || []);
+  function recomputed(bar) { return bar[3] <= 1 && RECOMPUTE.has(bar[4]); }
   function colorOf(order, bar) {
+    if (recomputed(bar)) { return COLORS.recompute; }
     if (bar[3] === 0) { return COLORS.compute; }
     if (bar[3] === 1) { return COLORS.other; }
     if (bar[3] === 2) { return COLORS.blocked; }
@@ -140,6 +144,7 @@ JS = r"""
                           fill: colorOf(order, b), "data-i": i}, bars);
       if (b[3] === 3 && b[5] > 0) { r.setAttribute("class", "exposed"); r.setAttribute("stroke", COLORS.blocked);
                                     r.setAttribute("stroke-width", "1.5"); }
+      if (recomputed(b)) { r.setAttribute("class", "recompute"); }
     });
     var top = lanesH, base = lanesH + MEM;
     el("line", {x1: 0, x2: W, y1: base, y2: base, stroke: "#ccc"}, svg);
@@ -203,6 +208,7 @@ JS = r"""
       if (i === null || i === undefined) { tip.style.display = "none"; return; }
       var b = p.order.bars[+i];
       var kind = (data.kinds || ["compute", "kernel", "waiting on communication", "collective"])[b[3]];
+      if (recomputed(b)) { kind += ", recomputed (activation checkpointing)"; }
       tip.textContent = data.names[b[4]] + " (" + kind + ", " + p.order.lanes[b[0]] + "): " +
         fmtTime(b[2] - b[1]) + (b[5] > 0 ? ", exposed " + fmtTime(b[5]) : "");
       tip.style.display = "block";

@@ -34,6 +34,16 @@ def print_graph_info(summary: GraphSummary, console: Console, title: str = "grap
         colls.add_row(row["type"], row["group"], str(row["group_size"]), str(row["count"]), fmt_bytes(row["bytes"]))
     colls.add_row("[bold]all", "", "", str(sum(r["count"] for r in summary.collectives)), fmt_bytes(summary.comm_bytes))
     console.print(colls)
+    shares = {tag: row for tag, row in summary.shares.items() if row["nodes"]}
+    if shares:
+        table = new_table("share of the step's compute", ("part", "kernels", "flops", "of flops", "time", "of time"))
+        names = {"recompute": "recompute (activation checkpointing)", "float8": "float8 (_scaled_mm, amax, casts)"}
+        for tag, row in shares.items():
+            timed = row["time_s"] is not None
+            time = (fmt_seconds(row["time_s"]), f"{row['time_share']:.1%}") if timed else ("-", "-")
+            table.add_row(names.get(tag, tag), str(row["nodes"]), fmt_flops(row["flops"]), f"{row['flops_share']:.1%}",
+                          *time)  # fmt: skip
+        console.print(table)
 
 
 def print_cost_summary(summary: Mapping[str, Any], console: Console, title: str) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from commsched.ir.graph import OpKind
+from commsched.ir.transform import NODE_TAGS_META
 from commsched.sim.result import SimResult
 
 COMPUTE, OTHER, BLOCKED, COLLECTIVE = 0, 1, 2, 3
@@ -73,15 +74,19 @@ def order_timeline(res: SimResult, label: str, names: dict[str, int]) -> dict[st
 
 def timeline_data(results: Sequence[tuple[str, SimResult]], *, capacity_bytes: float | None = None) -> dict[str, Any]:
     """Every order of ``results`` on one time axis (``axis_ns``: the longest makespan); ``comm_lanes`` gives each
-    process group's comm stream one colour index across the orders; ``capacity_bytes``: the device's HBM."""
+    process group's comm stream one colour index across the orders; ``recompute``: the ``names`` indices of the
+    nodes an activation checkpoint recomputes (the graph's ``recompute`` tag), drawn apart; ``capacity_bytes``: the
+    device's HBM."""
     names: dict[str, int] = {}
     orders = [order_timeline(res, label, names) for label, res in results]
     comm_lanes: dict[str, int] = {}
     for o in orders:
         for lane in o["lanes"][o["compute_lanes"] :]:
             comm_lanes.setdefault(lane, len(comm_lanes))
+    tagged = {n for _, res in results for n in res.graph.meta.get(NODE_TAGS_META, {}).get("recompute", ())}
     return {
         "axis_ns": max((o["makespan_ns"] for o in orders), default=0),
+        "recompute": sorted(names[n] for n in tagged if n in names),
         "capacity_bytes": float(capacity_bytes) if capacity_bytes else None,
         "comm_lanes": comm_lanes,
         "names": list(names),

@@ -85,6 +85,9 @@ def _checkpoint(fn: Callable[..., Any], *args: Any, context_fn: Callable[[], Any
     torchtitan's make_fx tracer (``experiments/graph_trainer/make_fx_tracer.py``) traces under the same flag."""
     from torch.utils.checkpoint import checkpoint
 
+    from commsched.workloads.tags import recomputing
+
+    fn = recomputing(fn)  # the backward's second run of fn is tagged "recompute" in a traced step
     if context_fn is None:
         return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False, determinism_check="default",
                           early_stop=False)  # fmt: skip

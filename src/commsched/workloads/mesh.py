@@ -210,14 +210,13 @@ def with_cp(plan: ParallelPlan, cp_size: int) -> ParallelPlan:
     """``plan`` with context parallelism of degree ``cp_size`` over consecutive ranks of its data dimension (just
     outside TP), as torchtitan's meshes place ``cp`` (``parallel_dims.py``: ``["batch", "cp", "tp"]`` for the data,
     ``["dp_replicate", "fsdp", "tp"]`` with ``fsdp = dp_shard x cp`` for FSDP, so FSDP shards over the CP ranks too).
+    Under HSDP (``dp_replicate`` > 1) the CP ranks sit inside each replica's shard group (torchtitan's
+    ``dp_shard_cp``): gradients reduce-scattered over dp_shard x cp, then all-reduced across the replicas.
     """
     if cp_size == 1:
         return plan
     if cp_size < 1:
         raise ValueError(f"cp_size={cp_size}: expected >= 1")
-    if plan.replicate > 1:
-        raise ValueError(f"cp_size={cp_size} with dp_replicate={plan.replicate}: HSDP with context parallelism is not "
-                         "yet supported")  # fmt: skip
     if plan.parallel not in CP_PARALLELISMS:
         raise ValueError(f"cp_size={cp_size}: context parallelism composes with parallel in {CP_PARALLELISMS}, not "
                          f"{plan.parallel!r}")  # fmt: skip

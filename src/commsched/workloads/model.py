@@ -18,8 +18,10 @@ import torch.nn.functional as F
 
 from commsched.workloads.collectives import Comm, all_gather, vocab_parallel_cross_entropy
 from commsched.workloads.context_parallel import ring_attention
-from commsched.workloads.float8 import Float8Weight, linear
+from commsched.workloads.float8 import Float8Weight
+from commsched.workloads.float8 import linear as any_linear
 from commsched.workloads.presets import ModelConfig
+from commsched.workloads.tags import float8_linear
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -116,6 +118,13 @@ def attention(
 
 Weight = torch.Tensor | Float8Weight
 """a linear's weight as a parameter source hands it: a tensor, or a float8 linear's (commsched.workloads.float8)"""
+
+
+def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
+    """:func:`commsched.workloads.float8.linear`; a float8 one's kernels tagged ``float8`` in a traced step."""
+    if isinstance(w, Float8Weight):
+        return float8_linear(any_linear, x, w)
+    return any_linear(x, w)
 
 
 def swiglu(x: torch.Tensor, w1: Weight, w3: Weight, w2: Weight) -> torch.Tensor:

@@ -17,11 +17,19 @@ import torch
 
 from commsched.workloads import model
 from commsched.workloads.ac import Checkpoint, block_checkpoint, parse_ac
-from commsched.workloads.collectives import Comm, DDPBuckets, Group, ddp_buckets
+from commsched.workloads.collectives import Comm, DDPBuckets, Group, all_reduce, ddp_buckets
 from commsched.workloads.context_parallel import ROTATE_METHODS, head_tail_positions
 from commsched.workloads.float8 import RECIPES, converts, parse_float8
 from commsched.workloads.mesh import INFERENCE_PARALLELISMS, MODES, ParallelPlan, make_plan, with_cp
-from commsched.workloads.optimizer import optimizer_step, parse_optimizer, state_shapes, state_tensors
+from commsched.workloads.optimizer import (
+    clip_grad_norm_,
+    norm_sets,
+    optimizer_step,
+    parse_max_norm,
+    parse_optimizer,
+    state_shapes,
+    state_tensors,
+)
 from commsched.workloads.params import ParamInfo, init_full_params, param_layout, shard_for_rank
 from commsched.workloads.presets import ModelConfig, get_preset
 from commsched.workloads.sources import FSDPSource, ParamSource
@@ -67,6 +75,7 @@ class WorkloadSpec:
     float8: str = "none"  # float8 training of the blocks' linears (commsched.workloads.float8): tensorwise, rowwise
     cp_rotate: str = "allgather"  # context parallelism (plan.cp > 1): K/V rotation, allgather | alltoall
     optimizer: str = "none"  # the optimizer step ending a training step (commsched.workloads.optimizer): adamw, ...
+    max_norm: float | None = None  # gradients clipped to this total norm before the update (None: not clipped)
 
     @property
     def float8_params(self) -> frozenset[int]:
@@ -109,6 +118,7 @@ _STEP_OPTIONS = (
     "ac",
     "float8",
     "optimizer",
+    "max_norm",
 )
 
 
@@ -135,6 +145,7 @@ def resolve(
     cp_rotate: str = "allgather",
     dp_replicate: int = 1,
     optimizer: str = "none",
+    max_norm: float | None = None,
 ) -> WorkloadSpec:
     """Validate a request; every impossible dimension raises ValueError naming it. ``ac``: activation
     checkpointing of the transformer blocks (training only): ``"none"``, ``"full"``, ``"selective-op"`` or
@@ -144,7 +155,8 @@ def resolve(
     dimension, torch's ring attention with K/V rotated by ``cp_rotate`` (``"allgather"``, torchtitan's default, or
     ``"alltoall"``; :mod:`commsched.workloads.context_parallel`). ``dp_replicate``: HSDP, the FSDP shards replicated
     over this many groups (fsdp, fsdp+tp, fsdp+tp+sp). ``optimizer``: the AdamW step ending a training step,
-    ``"none"``, ``"adamw"`` (foreach) or ``"adamw-fused"`` (:mod:`commsched.workloads.optimizer`)."""
+    ``"none"``, ``"adamw"`` (foreach) or ``"adamw-fused"`` (:mod:`commsched.workloads.optimizer`). ``max_norm``: the
+    gradients clipped to this total norm first, as torchtitan's ``training.max_norm`` (None: not clipped)."""
     cfg = get_preset(preset) if isinstance(preset, str) else preset
     if layers is not None:
         if layers < 1:
@@ -175,6 +187,9 @@ def resolve(
     optimizer = parse_optimizer(optimizer)
     if optimizer != "none" and mode != "train":
         raise ValueError(f"optimizer={optimizer!r} is for mode='train', not mode={mode!r}; use optimizer='none'")
+    max_norm = parse_max_norm(max_norm)
+    if max_norm is not None and mode != "train":
+        raise ValueError(f"max_norm={max_norm} clips a training step's gradients, not mode={mode!r}; use max_norm=None")
     plan = make_plan(
         parallel,
         world_size,
@@ -222,6 +237,7 @@ def resolve(
         float8=float8,
         cp_rotate=cp_rotate,
         optimizer=optimizer,
+        max_norm=max_norm,
     )
 
 
@@ -472,6 +488,11 @@ class StepProgram:
         if not spec.train:
             return [out]
         grads = src.finalize(list(torch.autograd.grad(out, params)))
+        if spec.max_norm is not None:  # torchtitan's clipping, on the gradients as the optimizer reads them
+            grads = [g if g.dtype == p.dtype else g.to(p.dtype) for p, g in zip(params, grads, strict=True)]
+            clip_grad_norm_(grads, spec.max_norm, norm_sets(spec.layout, spec.plan),
+                            lambda t, dim: all_reduce(t, self.groups[dim]),
+                            {dim: self.groups[dim].size for dim in self.groups})  # fmt: skip
         if spec.optimizer != "none":  # the step's last work: params and states updated in place
             optimizer_step(spec.optimizer, params, grads, states)
         return [out, *grads]

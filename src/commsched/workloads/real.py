@@ -21,7 +21,7 @@ import torch
 
 from commsched.io import free_port
 from commsched.workloads.context_parallel import head_tail_positions
-from commsched.workloads.optimizer import reference_adamw
+from commsched.workloads.optimizer import reference_adamw, reference_clip
 from commsched.workloads.params import init_full_params, shard_for_rank
 from commsched.workloads.program import StepProgram, WorkloadSpec, resolve
 
@@ -33,12 +33,13 @@ def single_rank_spec(spec: WorkloadSpec) -> WorkloadSpec:
 
 def reference_outputs(spec: WorkloadSpec, *, seed: int = 0) -> dict[str, Any]:
     """Unsharded results of every data-parallel replica of ``spec``: ``losses`` / ``logits`` per replica and, in
-    training, ``grads`` (name -> gradient averaged over replicas, as data parallelism averages them), with an
+    training, ``grads`` (name -> gradient averaged over replicas, as data parallelism averages them; clipped by
+    ``torch.nn.utils.clip_grad_norm_`` under ``max_norm``), with an
     optimizer ``params`` (name -> the parameter after ``torch.optim.AdamW`` with those gradients), and under context
     parallelism ``cp_losses`` (per replica, per CP rank: the mean loss over that rank's head-tail positions, the
     labels elsewhere ignored by the cross-entropy)."""
     # each replica's step up to its gradients (the optimizer is applied to their mean below)
-    one = dataclasses.replace(single_rank_spec(spec), optimizer="none")
+    one = dataclasses.replace(single_rank_spec(spec), optimizer="none", max_norm=None)
     program = StepProgram(one, groups={}, rank=0)  # "none" issues no collective
     full = init_full_params(spec.model, seed=seed)
     replicas = spec.plan.data_parallel_degree
@@ -64,6 +65,8 @@ def reference_outputs(spec: WorkloadSpec, *, seed: int = 0) -> dict[str, Any]:
                 out["grads"][name] = out["grads"].get(name, 0) + g.detach() / replicas
         else:
             out["logits"].append(result[0].detach())
+    if spec.train and spec.max_norm is not None:  # torch's clip_grad_norm_ of the averaged gradients
+        out["grads"] = reference_clip(out["grads"], spec.max_norm)
     if spec.optimizer != "none":
         out["params"] = reference_adamw(spec.optimizer, full, out["grads"])
     return out

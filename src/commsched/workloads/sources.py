@@ -45,6 +45,7 @@ from commsched.workloads.collectives import (
 )
 from commsched.workloads.float8 import Float8Weight, Recipe, precompute_scales, to_float8
 from commsched.workloads.params import ParamInfo
+from commsched.workloads.tags import FLOAT8, tagged
 
 if TYPE_CHECKING:
     from commsched.workloads.ac import Checkpoint
@@ -215,7 +216,8 @@ class FSDPSource(ParamSource):
         if len(groups) != 1:
             raise ValueError(f"float8 all_gather: the float8 weights span FSDP groups {sorted(groups)}")
         group = next(iter(groups.values()))
-        scales = precompute_scales([self.params[pid] for pid in pids], lambda t: all_reduce(t, group, "max"))
+        with tagged(FLOAT8):
+            scales = precompute_scales([self.params[pid] for pid in pids], lambda t: all_reduce(t, group, "max"))
         self.float8_scales = {pid: scales[k] for k, pid in enumerate(pids)}
 
     def _by_group(self, pids: list[int]) -> list[tuple[Group | None, list[int]]]:
@@ -246,7 +248,8 @@ class FSDPSource(ParamSource):
         float8 with its precomputed scale (torchao ``WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather``)."""
         shard = self.params[pid].detach()
         if pid in self.float8_gathered:
-            return to_float8(shard, self.float8_scales[pid], self.float8.weight_dtype)
+            with tagged(FLOAT8):
+                return to_float8(shard, self.float8_scales[pid], self.float8.weight_dtype)
         return shard.to(self.compute_dtype)
 
     def _gather_param(self, pid: int, shard: torch.Tensor) -> torch.Tensor:

@@ -51,8 +51,8 @@ def build(
     checkpointing: "none" | "full" | "selective-op" | "selective-layer:N"), ``float8`` (float8 training of the
     blocks' linears: "none" | "tensorwise" | "rowwise"), ``cp_size`` / ``cp_rotate`` (context parallelism: torch's
     ring attention, "allgather" | "alltoall"), ``dp_replicate`` (HSDP: FSDP's shards replicated over
-    this many groups), ``optimizer`` (the step's AdamW: "none" | "adamw" | "adamw-fused"). Raises ValueError for an
-    impossible configuration.
+    this many groups), ``optimizer`` (the step's AdamW: "none" | "adamw" | "adamw-fused"), ``max_norm`` (gradient
+    clipping as torchtitan's, None: off). Raises ValueError for an impossible configuration.
     """
     return trace_spec(resolve(preset, parallel=parallel, world_size=world_size, **options), progress)
 
@@ -163,7 +163,8 @@ def workload_meta(program: StepProgram, groups: dict[str, Any]) -> dict[str, Any
         + (f"/ac {spec.ac}" if spec.ac != "none" else "")
         + (f"/float8 {spec.float8}" if spec.float8 != "none" else "")
         + (f"/cp {plan.cp} {spec.cp_rotate}" if plan.cp > 1 else "")
-        + (f"/optimizer {spec.optimizer}" if spec.optimizer != "none" else ""),
+        + (f"/optimizer {spec.optimizer}" if spec.optimizer != "none" else "")
+        + (f"/max_norm {spec.max_norm:g}" if spec.max_norm is not None else ""),
         "preset": cfg.name,
         "parallel": plan.parallel,
         "mode": spec.mode,
@@ -206,6 +207,8 @@ def workload_meta(program: StepProgram, groups: dict[str, Any]) -> dict[str, Any
     if spec.float8 != "none":
         meta["float8_linears"] = sorted({spec.layout[pid].key for pid in spec.float8_params})
         meta["float8_all_gather"] = spec.float8_all_gather
+    if spec.max_norm is not None:  # gradient clipping (commsched.workloads.optimizer.clip_grad_norm_)
+        meta["max_norm"] = spec.max_norm
     if spec.optimizer != "none":  # exp_avg and exp_avg_sq of every local parameter, persistent
         meta["optimizer_state_bytes"] = (
             2 * sum(math.prod(p.shard_shape) for p in spec.layout) * spec.master_dtype.itemsize
