@@ -206,6 +206,7 @@ def workload_meta(program: StepProgram, groups: dict[str, Any]) -> dict[str, Any
     if spec.float8 != "none":
         meta["float8_linears"] = sorted({spec.layout[pid].key for pid in spec.float8_params})
         meta["float8_all_gather"] = spec.float8_all_gather
+        meta["float8_tp"] = spec.float8_tp  # torchao's float8 TP styles (float8 activation all_gathers)
     if spec.optimizer != "none":  # exp_avg and exp_avg_sq of every local parameter, persistent
         meta["optimizer_state_bytes"] = (
             2 * sum(math.prod(p.shard_shape) for p in spec.layout) * spec.master_dtype.itemsize
