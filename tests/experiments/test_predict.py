@@ -185,17 +185,26 @@ def test_bad_and_unsupported_configs_are_one_line_errors(tmp_path):
         ("seq_len = 8192", 'seq_len = "long"', ["[training] seq_len", "expected an integer"]),
         ("tensor_parallel_degree = 1", "tensor_paralel_degree = 1", ["tensor_paralel_degree", "unknown key"]),
         ("[job]", "[jobs]", ["[jobs]", "unknown section"]),
-        ("context_parallel_degree = 1", 'context_parallel_degree = 2\ncontext_parallel_rotate_method = "ring"',
-         ["[parallelism] context_parallel_rotate_method", "'ring'", "allgather or alltoall"]),
-        ("context_parallel_degree = 1", 'context_parallel_degree = 2\ncontext_parallel_load_balancer = "ptrr"',
-         ["context_parallel_load_balancer", "'ptrr'", "headtail"]),
+        (
+            "context_parallel_degree = 1",
+            'context_parallel_degree = 2\ncontext_parallel_rotate_method = "ring"',
+            ["[parallelism] context_parallel_rotate_method", "'ring'", "allgather or alltoall"],
+        ),
+        (
+            "context_parallel_degree = 1",
+            'context_parallel_degree = 2\ncontext_parallel_load_balancer = "ptrr"',
+            ["context_parallel_load_balancer", "'ptrr'", "headtail"],
+        ),
         ("pipeline_parallel_degree = 1", "pipeline_parallel_degree = 2", ["pipeline_parallel_degree", "not yet"]),
         ('name = "AdamW"', 'name = "Adam"', ["[optimizer] name", "'Adam'", "not yet supported"]),
         ("eps = 1e-8", 'eps = 1e-8\nimplementation = "for-loop"', ["[optimizer] implementation", "for-loop"]),
         ("eps = 1e-8", "eps = 1e-8\nfused = 1", ["[optimizer] fused", "expected true or false"]),
         ('flavor = "8B"', 'flavor = "debugmodel"', ["[model] flavor", "no zoo preset"]),
-        ('# converters = ["float8"]', 'converters = ["float8"]',
-         ["float8 (tensorwise)", "enable_fsdp_float8_all_gather", "not yet supported"]),
+        (
+            '# converters = ["float8"]',
+            'converters = ["float8"]',
+            ["float8 (tensorwise)", "enable_fsdp_float8_all_gather", "not yet supported"],
+        ),
         ('mode = "selective"', 'mode = "memory_budget"', ["[activation_checkpoint] mode", "memory_budget"]),
     ]
     for old, new, words in bad:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from random_programs import trace
 
 from commsched.cost.model import CostEstimate
-from commsched.cost.symm_mem import COPY_ENGINE_TARGET, COPY_ENGINE_PROFILES, JOIN_TARGET
+from commsched.cost.symm_mem import COPY_ENGINE_PROFILES, COPY_ENGINE_TARGET, JOIN_TARGET
 from commsched.ir import CollType, GraphBuilder, OpKind
 from commsched.rewrites.async_tp import SYMM_MEM_SUFFIX, async_tp_graph, async_tp_sites
 

@@ -98,7 +98,8 @@ def _compiled_args(g: Graph, costs: CostEstimate, dur: np.ndarray, is_coll: np.n
     args = (
         node_class, dur.astype(np.int64), g.wait_of.astype(np.int64), g.coll_sync.astype(np.bool_),
         g.coll_group.astype(np.int64), lat.astype(np.int64), (dur - lat).astype(np.int64), link,
-        takes_sms(g, costs).astype(np.int64), len(g.groups), int(model.sync_ns), float(model.compute_slowdown), float(model.comm_slowdown),
+        takes_sms(g, costs).astype(np.int64), len(g.groups), int(model.sync_ns), float(model.compute_slowdown),
+        float(model.comm_slowdown),
     )  # fmt: skip
     kept[:] = [(costs, args)]  # the latest costs only
     return args

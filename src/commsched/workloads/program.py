@@ -142,15 +142,15 @@ def resolve(
     dp_replicate: int = 1,
     optimizer: str = "none",
 ) -> WorkloadSpec:
-    """Validate a request; every impossible dimension raises ValueError naming it. ``ac``: activation
-    checkpointing of the transformer blocks (training only): ``"none"``, ``"full"``, ``"selective-op"`` or
-    ``"selective-layer:N"`` (:mod:`commsched.workloads.ac`). ``float8``: float8 training of the blocks' linears
-    (training only; under tensor parallelism tensorwise runs torchao's float8 TP styles): ``"none"``, ``"tensorwise"`` or ``"rowwise"``
-    (:mod:`commsched.workloads.float8`). ``cp_size``: context parallelism over consecutive ranks of the data
-    dimension, torch's ring attention with K/V rotated by ``cp_rotate`` (``"allgather"``, torchtitan's default, or
-    ``"alltoall"``; :mod:`commsched.workloads.context_parallel`). ``dp_replicate``: HSDP, the FSDP shards replicated
-    over this many groups (fsdp, fsdp+tp, fsdp+tp+sp). ``optimizer``: the AdamW step ending a training step,
-    ``"none"``, ``"adamw"`` (foreach) or ``"adamw-fused"`` (:mod:`commsched.workloads.optimizer`)."""
+    """Validate a request; every impossible dimension raises ValueError naming it. ``ac``: activation checkpointing of
+    the transformer blocks (training only): ``"none"``, ``"full"``, ``"selective-op"`` or ``"selective-layer:N"``
+    (:mod:`commsched.workloads.ac`). ``float8``: float8 training of the blocks' linears (training only; under tensor
+    parallelism tensorwise runs torchao's float8 TP styles): ``"none"``, ``"tensorwise"`` or ``"rowwise"``
+    (:mod:`commsched.workloads.float8`). ``cp_size``: context parallelism over consecutive ranks of the data dimension,
+    torch's ring attention with K/V rotated by ``cp_rotate`` (``"allgather"``, torchtitan's default, or ``"alltoall"``;
+    :mod:`commsched.workloads.context_parallel`). ``dp_replicate``: HSDP, the FSDP shards replicated over this many
+    groups (fsdp, fsdp+tp, fsdp+tp+sp). ``optimizer``: the AdamW step ending a training step, ``"none"``, ``"adamw"``
+    (foreach) or ``"adamw-fused"`` (:mod:`commsched.workloads.optimizer`)."""
     cfg = get_preset(preset) if isinstance(preset, str) else preset
     if layers is not None:
         if layers < 1:
