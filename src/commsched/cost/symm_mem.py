@@ -112,9 +112,11 @@ class CopyEngineProfile:
 # P2P=Enabled Bandwidth (P2P Writes)", a cudaMemcpyPeerAsync between two GPUs (a copy-engine copy), 371-377 GB/s for
 # every pair; 376 GB/s taken. Latency: twice p2pBandwidthLatencyTest's "P2P=Enabled Latency (P2P Writes)" of an
 # NVLink system, 1.8-2.3 us (NVIDIA/cuda-samples#230): the copy's first bytes and the signal that tells the consumer
-# (torch's ``_pipelined_all_gather_and_consume`` waits on one per step); not fitted. H200 has the same NVLink 4.
+# (torch's ``_pipelined_all_gather_and_consume`` waits on one per step); not fitted. H200 and the 96 GB H100 SXM
+# (HBM2e, 500 W: Grand Teton) have the same NVLink 4 and copy engines.
 _H100_CE = CopyEngineProfile(4e-6, 376e9, "NVIDIA/nccl#1264 and NVIDIA/cuda-samples#230 p2pBandwidthLatencyTest")
-COPY_ENGINE_PROFILES: dict[str, CopyEngineProfile] = {"h100-sxm": _H100_CE, "h200-sxm": _H100_CE}
+COPY_ENGINE_PROFILES: dict[str, CopyEngineProfile] = {"h100-sxm": _H100_CE, "h100-sxm-96g": _H100_CE,
+                                                      "h200-sxm": _H100_CE}  # fmt: skip
 
 
 def copy_engine_refusal(hardware: Hardware, group_size: int, stride: int = 1) -> str | None:
