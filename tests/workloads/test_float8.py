@@ -74,13 +74,11 @@ def test_bad_values_are_one_line_errors(value):
     assert "\n" not in msg and f"float8={value!r}" in msg and "none, tensorwise, rowwise" in msg, msg
 
 
-def test_training_only_tensorwise_not_under_tp_values_canonical():
+def test_training_only_values_canonical():
     with pytest.raises(ValueError, match=r"float8='rowwise' is for mode='train'.*not mode='decode'") as exc:
         resolve("llama-tiny", parallel="tp", world_size=2, mode="decode", float8="rowwise")
     assert "\n" not in str(exc.value)
-    with pytest.raises(ValueError, match=r"float8='tensorwise' under tensor parallelism \(tp=2\)") as exc:
-        resolve("llama-tiny", parallel="tp+sp", world_size=2, float8="tensorwise")
-    assert "\n" not in str(exc.value)
+    assert resolve("llama-tiny", parallel="tp+sp", world_size=2, float8="tensorwise").float8_tp  # test_float8_tp.py
     assert resolve("llama-tiny", parallel="tp+sp", world_size=2, float8=" Rowwise ").float8 == "rowwise"
     assert parse_float8("TENSORWISE") == "tensorwise"
     assert resolve("llama-tiny", parallel="tp", world_size=2, mode="prefill").float8 == "none"
@@ -212,15 +210,18 @@ def test_float8_with_activation_checkpointing_recomputes_the_scaled_mm():
 @pytest.mark.slow
 def test_gloo_ranks_match_the_unsharded_float8_step():
     """2 gloo ranks in float32, torch's CPU ``_scaled_mm``: FSDP tensorwise (float8 all_gather, per parameter and
-    per block) and rowwise return the loss and gradient shards of the same float8 step unsharded (the all_reduced
-    amax gives the unsharded weight's scale); float8 moves the loss by quantization noise only."""
+    per block) and rowwise, and TP+SP tensorwise (torchao's float8 TP styles: float8 activation gathers) return the
+    loss and gradient shards of the same float8 step unsharded (the all_reduced amaxes give the unsharded tensors'
+    scales); float8 moves the loss by quantization noise only."""
     from commsched.workloads.real import expected_rank_outputs, reference_outputs, run_on_gloo
 
-    common = dict(parallel="fsdp", world_size=2, layers=1, seq_len=16, batch=1, dtype="float32", attention="sdpa")
-    cases = [("tensorwise", "param"), ("tensorwise", "block"), ("rowwise", "param")]
-    specs = [resolve("llama-tiny", float8=f, fsdp_bucket=b, **common) for f, b in cases]
+    common = dict(world_size=2, layers=1, seq_len=16, batch=1, dtype="float32", attention="sdpa")
+    cases = [("fsdp", "tensorwise", "param"), ("fsdp", "tensorwise", "block"), ("fsdp", "rowwise", "param"),
+             ("tp+sp", "tensorwise", "param")]  # fmt: skip
+    specs = [resolve("llama-tiny", parallel=p, float8=f, fsdp_bucket=b, **common) for p, f, b in cases]
+    assert [s.float8_tp for s in specs] == [False, False, False, True]
     results = run_on_gloo(specs, seed=5)
-    plain_loss = reference_outputs(resolve("llama-tiny", **common), seed=5)["losses"][0].item()
+    plain_loss = reference_outputs(resolve("llama-tiny", parallel="fsdp", **common), seed=5)["losses"][0].item()
     for case, spec, got in zip(cases, specs, results, strict=True):
         ref = reference_outputs(spec, seed=5)
         for rank in range(2):
@@ -243,5 +244,3 @@ def test_cli_float8_option(monkeypatch):
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert res.exit_code == 2 and len(lines) == 1 and "--float8" in lines[0] and "tensorwise" in lines[0], lines
     assert len(specs) == 2  # refused as parsed: nothing traced
-    res = runner.invoke(app, ["trace", "llama-tiny", "--float8", "tensorwise", "-p", "tp+sp"])
-    assert res.exit_code == 2 and "tensor parallelism" in res.stderr

@@ -23,6 +23,7 @@ CASES = [
     ("llama-tiny", dict(parallel="tp", tp_size=2)),
     (ODD, dict(parallel="fsdp+tp", tp_size=2)),
     ("llama-tiny", dict(parallel="fsdp+tp+sp", tp_size=2)),
+    ("llama-tiny", dict(parallel="fsdp+tp+sp", tp_size=2, float8="tensorwise")),  # float8 TP styles (test_float8_tp)
     ("mixtral-tiny", dict(parallel="ep")),
     ("mixtral-tiny", dict(parallel="ep", ep_size=2)),
     ("mixtral-tiny", dict(parallel="fsdp")),

@@ -28,6 +28,11 @@ OPTIMIZER_HELP = (
     "; predict's default: adamw-fused, torchtitan's ([optimizer] name AdamW, implementation fused), since a step is "
     "the whole iteration (forward, backward, optimizer step); none: up to the gradients"
 )
+ASYNC_TP_HELP = (
+    "async TP as torch runs it with symmetric memory (torchtitan's enable_async_tensor_parallel; needs --compile and "
+    "TP): the blocks' all_gather -> matmul and matmul -> reduce_scatter as per-peer copy-engine transfers over NVLink "
+    "overlapped with partial matmuls; refused on profiles without NVLink symmetric-memory numbers"
+)
 TORCHTITAN_HELP = (
     "read the step from a torchtitan job config (.toml): model, parallel degrees, batch, seq_len, AC, compile, "
     "optimizer; "
@@ -42,7 +47,7 @@ def _given(ctx: typer.Context, names: tuple[str, ...]) -> set[str]:
     return {n for n, src in sources.items() if getattr(src, "name", None) in ("COMMANDLINE", "ENVIRONMENT")}
 
 
-def _from_options(preset: str | None, zoo: ZooStep, compile_: bool, given: set[str]) -> Any:
+def _from_options(preset: str | None, zoo: ZooStep, compile_: bool, given: set[str], async_tp: bool = False) -> Any:
     """The StepConfig of the zoo options (FSDP: one collective per block, FSDP2's program, whatever the default)."""
     from commsched.cli.options import check_layers
     from commsched.experiments.predict import StepConfig
@@ -61,12 +66,13 @@ def _from_options(preset: str | None, zoo: ZooStep, compile_: bool, given: set[s
     gathers_float8 = zoo.float8 == "tensorwise" and "fsdp" in zoo.parallel.split("+")  # as the zoo traces it
     return StepConfig(preset=preset, parallel=zoo.parallel, world_size=int(zoo.world_size), layers=zoo.layers,
                       seq_len=zoo.seq_len, batch=zoo.batch, dtype=zoo.dtype, tp_size=zoo.tp_size, ac=zoo.ac,
-                      float8=zoo.float8, float8_all_gather=gathers_float8, compile=compile_,
+                      float8=zoo.float8, float8_all_gather=gathers_float8, compile=compile_, async_tp=async_tp,
                       dp_replicate=zoo.dp_replicate, optimizer=zoo.optimizer, max_norm=zoo.max_norm,
                       extra=tuple(sorted(extra.items())))  # fmt: skip
 
 
-def _from_torchtitan(path: Path, preset: str | None, zoo: ZooStep, compile_: bool, given: set[str], world: int | None):
+def _from_torchtitan(path: Path, preset: str | None, zoo: ZooStep, compile_: bool, given: set[str], world: int | None,
+                     async_tp: bool = False):  # fmt: skip
     """The StepConfig of a torchtitan config, with the command-line options that agree with it (and --layers)."""
     from commsched.cli.options import check_layers
     from commsched.experiments.torchtitan import from_torchtitan_config, merge_options
@@ -74,7 +80,7 @@ def _from_torchtitan(path: Path, preset: str | None, zoo: ZooStep, compile_: boo
     step = from_torchtitan_config(path, world_size=world)
     if preset is not None and preset != step.preset:
         raise ValueError(f"{preset} conflicts with {step.source}'s model ({step.preset}): give one or the other")
-    values = {**{n: getattr(zoo, n) for n in ZOO_STEP_OPTIONS}, "compile": compile_}
+    values = {**{n: getattr(zoo, n) for n in ZOO_STEP_OPTIONS}, "compile": compile_, "async_tp": async_tp}
     step = merge_options(step, {n: values[n] for n in sorted(given) if n != "world_size"})
     check_layers(step.preset, step.layers)
     return step
@@ -88,6 +94,7 @@ def register(app: typer.Typer) -> None:
         preset: str = typer.Argument(None, help="a zoo preset, e.g. llama3-8b (or --torchtitan-config)"),
         zoo: ZooStep = None,  # type: ignore[assignment]  (the zoo-step options: zoo_step_options)
         compile_: bool = typer.Option(False, "--compile/--no-compile", help=COMPILE_HELP),
+        async_tp: bool = typer.Option(False, "--async-tp/--no-async-tp", help=ASYNC_TP_HELP),
         torchtitan_config: Path = typer.Option(None, "--torchtitan-config", help=TORCHTITAN_HELP),
         hardware: HardwareOption = "h100-sxm",
         num_nodes: NumNodesOption = None,
@@ -105,12 +112,14 @@ def register(app: typer.Typer) -> None:
         Example: commsched predict llama3-8b --parallel fsdp --world-size 8 --layers 2 -H h100-sxm
 
         Example: commsched predict --torchtitan-config llama3_8b.toml --world-size 64 -H h100-sxm
+
+        Example: commsched predict llama3-8b -p tp+sp -w 8 --layers 2 --compile --async-tp -H h100-sxm
         """
         from commsched.experiments.predict import predict_workload, trace, world_for_nodes
         from commsched.report.terminal_predict import print_prediction
 
         with user_errors():
-            given = _given(ctx, (*ZOO_STEP_OPTIONS, "compile_"))
+            given = _given(ctx, (*ZOO_STEP_OPTIONS, "compile_", "async_tp"))
             given = {"compile" if n == "compile_" else n for n in given}
             world = int(zoo.world_size) if "world_size" in given else None
             if world is None and num_nodes is not None:
@@ -118,9 +127,9 @@ def register(app: typer.Typer) -> None:
             if world is not None:
                 zoo = ZooStep(**{**{n: getattr(zoo, n) for n in ZOO_STEP_OPTIONS}, "world_size": world})
             if torchtitan_config is not None:
-                step = _from_torchtitan(torchtitan_config, preset, zoo, compile_, given, world)
+                step = _from_torchtitan(torchtitan_config, preset, zoo, compile_, given, world, async_tp)
             else:
-                step = _from_options(preset, zoo, compile_, given)
+                step = _from_options(preset, zoo, compile_, given, async_tp)
             try:
                 step.resolve()  # an impossible step is refused before any tracing
             except ValueError as exc:  # a config's step: the file it came from heads the line

@@ -35,7 +35,7 @@ from commsched.cost.fusion import fusion_regions, region_boundary_bytes, view_so
 from commsched.cost.model import CostEstimate
 from commsched.cost.multi_tensor import MULTI_TENSOR_REDUCTIONS, is_multi_tensor, multi_tensor_launches
 from commsched.cost.opclass import GATHERS, OpClass, classify_target
-from commsched.cost.symm_mem import apply_one_shot_costs
+from commsched.cost.symm_mem import apply_copy_engine_costs, apply_one_shot_costs
 from commsched.cost.table import MeasuredTable
 from commsched.hardware import Hardware, for_graph
 from commsched.ir import CAUSAL_META, PERMUTE_META, CollType, Graph, NodeView, OpKind
@@ -277,6 +277,7 @@ def estimate_costs(
     coll_latency = np.zeros(n)
     coll_link = np.full(n, -1, np.int8)
     algorithms: dict[int, str] = {}
+    copy_engine = None
 
     overridden = np.zeros(n, bool)
     if table is not None and len(table.ops):
@@ -313,6 +314,7 @@ def estimate_costs(
         coll_link[colls] = np.asarray(u_link, np.int8)[inverse]
         algorithms = dict(zip(colls.tolist(), [u_algo[j] for j in inverse.tolist()], strict=True))
         apply_one_shot_costs(g, hw, node_s, coll_latency, coll_link, algorithms)
+        copy_engine = apply_copy_engine_costs(g, hw, node_s, coll_latency, coll_link, algorithms)
 
     if estimate is not None:
         for i in range(n):
@@ -338,6 +340,7 @@ def estimate_costs(
         compute_slowdown=hw.compute_slowdown,
         stream_sync_s=hw.stream_sync_s,
         fusion_region=region,
+        copy_engine=copy_engine,
         meta={
             "hardware": hw.name,
             "num_nodes": hw.num_nodes,

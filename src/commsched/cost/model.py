@@ -34,6 +34,9 @@ class CostEstimate:
     ``comm_slowdown``: factor (>= 1) by which a collective's bandwidth-bound part progresses slower while a kernel
     runs (1 on GPUs; on a CPU, gloo's threads and the socket work compete with compute for the cores).
     ``stream_sync_s``: overhead of one cross-stream dependency (event record + wait).
+    ``copy_engine``: per node, a transfer run by the copy engines over NVLink (symmetric memory: async TP's
+    per-peer copies, :mod:`commsched.cost.symm_mem`), which occupies no SMs and so does not slow compute
+    (:func:`commsched.sim.model.takes_sms`); None: none.
     ``fusion_region``: per node, the fusion region (one fused kernel) it belongs to, -1 for unfused nodes; a region's
     time is spread over its members, so sums are right in any order, and passes can keep a region together.
     """
@@ -46,10 +49,11 @@ class CostEstimate:
     comm_slowdown: float = 1.0
     meta: dict[str, Any] = field(default_factory=dict)
     fusion_region: np.ndarray | None = None
+    copy_engine: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.node_s)
-        for name in ("coll_latency_s", "coll_link", "fusion_region"):
+        for name in ("coll_latency_s", "coll_link", "fusion_region", "copy_engine"):
             if getattr(self, name) is not None and len(getattr(self, name)) != n:
                 raise ValueError(f"CostEstimate.{name} has {len(getattr(self, name))} entries; expected {n}")
         for name in ("node_s", "coll_latency_s"):

@@ -12,6 +12,10 @@ optimizer step (by default AdamW as torchtitan runs it, ``fused=True``: :mod:`co
   fused as Inductor fuses them (``fusion=True``), and the collectives inside the compiled code (TP / SP) in
   torch.compile's default order, which runs no overlap pass (the traced order, as in eager); FSDP2's and DDP's hooks
   stay eager around the compiled blocks, so their prefetch and bucket overlap are the same as in eager.
+* **async TP** (``async_tp``, torchtitan's ``enable_async_tensor_parallel``; compiled steps with TP only): Inductor's
+  micro-pipelining as :mod:`commsched.rewrites.async_tp` applies it to the traced step (the blocks' all_gather ->
+  matmul and matmul -> reduce_scatter become per-peer copy-engine transfers overlapped with partial matmuls), on
+  profiles with NVLink symmetric-memory numbers (:mod:`commsched.cost.symm_mem`), refused in one line elsewhere.
 
 Reported as torchtitan logs them: tokens per second per GPU are one data-parallel rank's tokens over the step,
 divided by TP x CP (torchtitan's ``non_data_parallel_size``); MFU counts the model's FLOPs per token
@@ -36,7 +40,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class StepConfig:
     """One training step to predict: a zoo preset, its parallelism and options (None: the preset's / the zoo's
-    default), whether the model is compiled, and what is recorded but not modelled (async TP). ``extra``: more
+    default), whether the model is compiled and runs async TP. ``extra``: more
     ``resolve`` keywords, passed as given (``ep_size``, options the zoo gains later). ``source``: ``"options"`` or
     the torchtitan config file it was read from."""
 
@@ -52,7 +56,7 @@ class StepConfig:
     compile: bool = False
     float8: str = "none"  # torchtitan's float8 recipe ("tensorwise", "rowwise", ...); "none": bf16 linears
     float8_all_gather: bool = False  # FSDP2 all-gathers float8 weights (torchtitan's tensorwise recipe)
-    async_tp: bool = False  # recorded; not modelled yet
+    async_tp: bool = False  # torchtitan's enable_async_tensor_parallel (symmetric memory; compiled TP steps)
     dp_replicate: int = 1  # HSDP: FSDP's shards replicated over this many groups (torchtitan's replicate degree)
     optimizer: str = "adamw-fused"  # the step's optimizer (torchtitan's default AdamW, fused); "none": no step
     max_norm: float | None = 1.0  # gradient clipping (torchtitan's training.max_norm default); None: not clipped
@@ -71,6 +75,11 @@ class StepConfig:
         if self.float8_all_gather and self.float8 != "tensorwise":
             raise ValueError(f"float8 ({self.float8}) with enable_fsdp_float8_all_gather: torchao gathers only "
                              "tensorwise weights in float8")  # fmt: skip
+        if self.async_tp and not self.compile:
+            raise ValueError("async TP needs torch.compile (Inductor's micro-pipelining; torchtitan refuses it "
+                             "without 'model' compiled): add --compile")  # fmt: skip
+        if self.async_tp and not (self.tp_size or 0) > 1 and "tp" not in self.parallel.split("+"):
+            raise ValueError(f"async TP needs tensor parallelism; {self.parallel} has none")
 
     def build_kwargs(self) -> dict[str, Any]:
         """``workloads.build`` keywords of the step (always training; FSDP's one-collective-per-block program is
@@ -201,7 +210,7 @@ class Prediction:
                  f"optimizer {m.get('optimizer', 'none')}",
                  "torch.compile" if self.config.compile else "eager"]  # fmt: skip
         if self.config.async_tp:
-            parts.append("async TP (not modelled)")
+            parts.append(f"async TP ({m.get('async_tp', {}).get('sites', 0)} fused sites)")
         line = " / ".join(parts)
         return line if self.config.source == "options" else f"{line} (from {self.config.source})"
 
@@ -277,6 +286,8 @@ def predict_workload(
     if config.float8 != "none" and "float8_e4m3fn" not in dict(hw.compute.peak_flops):
         # the cost model would charge the float8 matmuls at another dtype's rate: a number for a job that cannot run
         raise ValueError(f"float8 ({config.float8}): {hw.name} has no float8 tensor cores (no float8_e4m3fn peak)")
+    if config.async_tp:
+        g = async_tp_step(workload, hw)
     costs = estimate_costs(g, hw, fusion=config.compile)
     s = schedule(g, costs, "framework")
     sim = simulate_costs(g, costs, s.order)
@@ -284,6 +295,24 @@ def predict_workload(
     warnings = tuple(step_warnings(g.meta, hw, sim.peak_memory_bytes))
     return Prediction(config, hw, sim, order_label(g, config.compile), kernels,
                       "; ".join(s.stats[0].notes), warnings)  # fmt: skip
+
+
+def async_tp_step(workload: Workload, hw: Hardware) -> Any:
+    """The workload's graph with async TP applied (:mod:`commsched.rewrites.async_tp`): the TP group's fusable sites
+    inside the blocks (the output projection is outside torchtitan's compiled blocks). ValueError (one line) without
+    TP, or where ``hw`` cannot run symmetric-memory copies (:func:`commsched.cost.symm_mem.copy_engine_refusal`)."""
+    from commsched.cost.symm_mem import copy_engine_refusal
+    from commsched.rewrites.async_tp import async_tp_graph, async_tp_sites
+
+    tp = workload.meta.get("groups", {}).get("tp")
+    if tp is None or tp["size"] < 2:
+        raise ValueError("async TP needs tensor parallelism (tp > 1)")
+    why = copy_engine_refusal(hw, tp["size"], tp["stride"])
+    if why is not None:
+        raise ValueError(f"async TP: {why}")
+    vocab = next(p for p in workload.spec.layout if p.key == "output").local_shape[0]
+    sites = async_tp_sites(workload.graph_module, tp["name"], skip_columns=vocab)
+    return async_tp_graph(workload.graph, sites).graph
 
 
 def predict(
@@ -306,4 +335,3 @@ def world_for_nodes(hardware: str | Hardware, num_nodes: int, gpus_per_node: int
 
     gpn = gpus_per_node or (hardware.gpus_per_node if isinstance(hardware, Hardware) else get(hardware).gpus_per_node)
     return num_nodes * gpn
-

@@ -13,7 +13,8 @@ last with TOML train configs (``tests/data/torchtitan/SOURCE.txt``); the older n
   ``context_parallel_degree`` is the zoo's ``cp_size`` (FSDP then shards over dp_shard x cp, as torchtitan's
   ``fsdp`` mesh dimension does) with ``context_parallel_rotate_method`` (default ``"allgather"``) and the
   ``"headtail"`` load balancer (the only one the zoo models); pipeline parallelism (> 1) is refused;
-  ``enable_async_tensor_parallel`` is recorded (not modelled);
+  ``enable_async_tensor_parallel`` is async TP (symmetric memory; with TP and ``[compile]`` only, as torchtitan
+  requires: :func:`commsched.experiments.predict.async_tp_step`);
 * ``[training] local_batch_size`` (sequences per data-parallel rank), ``seq_len``, ``mixed_precision_param``,
   ``max_norm`` (gradient clipping, default 1.0);
   ``global_batch_size`` other than the data-parallel batch (gradient accumulation) is refused;
@@ -376,7 +377,9 @@ def to_step_config(cfg: _Config, *, world_size: int | None = None) -> StepConfig
     float8, float8_all_gather = _float8(cfg)
     async_tp = bool(cfg.get("parallelism.enable_async_tensor_parallel", "experimental.enable_async_tensor_parallel",
                             default=False))  # fmt: skip
-    notes = ("async TP (enable_async_tensor_parallel) is recorded, not modelled yet",) if async_tp else ()
+    notes = ()
+    if async_tp and tp is None:  # torchtitan enables it only where TP is applied (parallelize_llama)
+        async_tp, notes = False, ("enable_async_tensor_parallel without TP: nothing to micro-pipeline",)
     step = StepConfig(
         preset=preset, parallel=parallel, world_size=world, seq_len=cfg.get("training.seq_len", default=2048),
         batch=_batch(cfg, world, tp, degrees.cp), dtype=cfg.get("training.mixed_precision_param", default="bfloat16"),
@@ -385,8 +388,10 @@ def to_step_config(cfg: _Config, *, world_size: int | None = None) -> StepConfig
         dp_replicate=replicate, optimizer=_optimizer(cfg), max_norm=_max_norm(cfg),
     )  # fmt: skip
     try:
-        step.check()  # float8, until the zoo has it
+        step.check()  # float8, until the zoo has it; async TP without compile
     except ValueError as exc:
+        if async_tp and "async TP" in str(exc):
+            raise cfg.error("parallelism.enable_async_tensor_parallel", f"true: {exc}") from None
         key = "model.converters" if cfg.get("model.converters") else "float8.enable_float8_linear"
         raise cfg.error(key, f"{cfg.get(key)!r}: {exc}") from None
     return step
@@ -406,6 +411,7 @@ CONFIG_KEYS = {
     "world_size": "[parallelism] degrees", "mode": "(a training job)",
     "dp_replicate": "[parallelism] data_parallel_replicate_degree", "optimizer": "[optimizer] name / implementation",
     "max_norm": "[training] max_norm",
+    "async_tp": "[parallelism] enable_async_tensor_parallel",
 }  # fmt: skip
 """StepConfig field -> where a torchtitan config says it (for a conflict with a command-line option)"""
 

@@ -76,8 +76,8 @@ def fx_facts(gm, sites: Sequence[TPSite]) -> FxFacts:
     return FxFacts(trees, frozenset(noncontig), frozenset(by_name))
 
 
-class _Builder:
-    """The new nodes as :class:`commsched.rewrites.decompose_tp._Builder` creates them: names, priorities, and for
+class IRBuilder:
+    """The new nodes as :class:`commsched.rewrites.decompose_tp.IRBuilder` creates them: names, priorities, and for
     each its buffer (shape, dtype, bytes, the node whose storage it aliases or None)."""
 
     def __init__(self, g: Graph, facts: FxFacts):
@@ -149,13 +149,13 @@ def _users(g: Graph, v: int) -> list[int]:
     return sorted(set(rows[g.in_idx == v].tolist()))
 
 
-def _inputs2(g: Graph, v: int) -> tuple[str, str]:
+def operands(g: Graph, v: int) -> tuple[str, str]:
     """The two operands of an ``mm`` / ``add`` node (one node read twice: that node twice)."""
     ins = [g.names[int(i)] for i in g.inputs(v)]
     return (ins[0], ins[0]) if len(ins) == 1 else (ins[0], ins[1])
 
 
-def _site_waits(g: Graph, coll: int) -> tuple[int, list[int]]:
+def site_waits(g: Graph, coll: int) -> tuple[int, list[int]]:
     """(the wait that reads ``coll``, the waits on that wait's result, directly or on one another): the latter are
     :func:`commsched.rewrites.decompose_tp.extra_waits`, which the FX rewrite folds away. Any other shape of waits:
     :class:`Unsupported`."""
@@ -176,26 +176,26 @@ def _site_waits(g: Graph, coll: int) -> tuple[int, list[int]]:
     return waits[0], extra
 
 
-def _alias_users(g: Graph, wait: int, extra: list[int]) -> list[int]:
+def alias_users(g: Graph, wait: int, extra: list[int]) -> list[int]:
     """The nodes reading ``wait`` or one of its ``extra`` waits, other than those waits, ascending."""
     aliases = {wait, *extra}
     return sorted({u for a in aliases for u in _users(g, a)} - aliases)
 
 
-def _interleave(b: _Builder, anchor: float, pieces: list[str], world: int, s: int) -> str:
+def _interleave(b: IRBuilder, anchor: float, pieces: list[str], world: int, s: int) -> str:
     n = b.shape(pieces[0])[1]
     views = [b.view(anchor, T_VIEW, p, (world, s, n)) for p in pieces]
     stacked = b.new(anchor, T_STACK, OpKind.OTHER, views, (world, len(pieces), s, n), views[0])
     return b.view(anchor, T_VIEW, stacked, (world * len(pieces) * s, n))
 
 
-def _split_ag(b: _Builder, coll: int, site: TPSite, split: TPSplit, records: tuple) -> None:
+def _split_ag(b: IRBuilder, coll: int, site: TPSite, split: TPSplit, records: tuple) -> None:
     """The IR twin of :func:`commsched.rewrites.decompose_tp._split_ag`."""
     g, index = b.g, b.index
     removed, rename, smap_late = records
     pos = float(coll)
     x = g.names[int(g.inputs(coll)[0])]
-    wait, extra = _site_waits(g, coll)
+    wait, extra = site_waits(g, coll)
     world, k = int(g.groups[int(g.coll_group[coll])].size), split.chunks
     rows, cols = b.shape(x)
     s = rows // k
@@ -210,12 +210,12 @@ def _split_ag(b: _Builder, coll: int, site: TPSite, split: TPSplit, records: tup
         w = b.wait(first, c)
         waited.append(w)
         for u in mms:
-            pieces[u].append(b.mm(first, w, _inputs2(g, u)[1]))
+            pieces[u].append(b.mm(first, w, operands(g, u)[1]))
     for u in mms:
         out = _interleave(b, float(u), pieces[u], world, s)
         rename[g.names[u] + "\0data"] = out
         smap_late[int(g.buf_storage[g.buf_ptr[u]])] = out
-    others = [v for v in _alias_users(g, wait, extra) if v not in pieces]  # other readers of the gathered tensor
+    others = [v for v in alias_users(g, wait, extra) if v not in pieces]  # other readers of the gathered tensor
     if others:  # reassembled for them alone
         out = _interleave(b, float(others[0]), waited, world, s)
         for w in (wait, *extra):
@@ -224,7 +224,7 @@ def _split_ag(b: _Builder, coll: int, site: TPSite, split: TPSplit, records: tup
     removed.update([*mms, *extra, wait, coll])
 
 
-def _leaf(b: _Builder, cache: dict, x0: str, j: int, how: tuple) -> str:
+def _leaf(b: IRBuilder, cache: dict, x0: str, j: int, how: tuple) -> str:
     """Chunk ``j`` of operand ``x0`` of a reduction's sum of products (``how``: the split, the reduction's world
     size, the collective's position), made once per (operand, chunk) as ``decompose_tp._split_reduce`` makes it."""
     split, world, pos = how
@@ -253,12 +253,12 @@ def _leaf(b: _Builder, cache: dict, x0: str, j: int, how: tuple) -> str:
     return out
 
 
-def _split_reduce(b: _Builder, coll: int, split: TPSplit, tree_names: tuple[str, ...], records: tuple) -> None:
+def _split_reduce(b: IRBuilder, coll: int, split: TPSplit, tree_names: tuple[str, ...], records: tuple) -> None:
     """The IR twin of :func:`commsched.rewrites.decompose_tp._split_reduce`."""
     g, index = b.g, b.index
     removed, rename, smap_late = records
     pos = float(coll)
-    wait, extra = _site_waits(g, coll)
+    wait, extra = site_waits(g, coll)
     tree = [index[t] for t in tree_names]
     in_tree = set(tree_names)
     kind = _COLL_TARGETS[g.targets[coll]]
@@ -271,7 +271,7 @@ def _split_reduce(b: _Builder, coll: int, split: TPSplit, tree_names: tuple[str,
         if name not in in_tree:
             return _leaf(b, cache, name, j, how)
         v = index[name]
-        left, right = _inputs2(g, v)
+        left, right = operands(g, v)
         if g.targets[v] == T_MM and dim == "m":
             return b.mm(pos, _leaf(b, cache, left, j, how), right)
         if g.targets[v] == T_MM:
@@ -304,7 +304,7 @@ def decompose_graph(g: Graph, splits: Sequence[TPSplit], sites: Sequence[TPSite]
     ``sites``: the sites of that module; ``facts``: :func:`fx_facts` of the traced module. Raises
     :class:`Unsupported` where it cannot promise that graph, GraphError where a split does not apply."""
     by_site = {s.collective: s for s in sites}
-    b = _Builder(g, facts)
+    b = IRBuilder(g, facts)
     removed: set[int] = set()
     rename: dict[str, str] = {}
     smap_late: dict[int, str] = {}

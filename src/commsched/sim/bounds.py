@@ -4,9 +4,10 @@
 all at standalone speed (interference and link sharing only slow things down, and sync overheads only add time, so
 each term bounds every schedule the simulator can produce).
 
-The interference term: while any collective is in flight, a compute stream either idles or runs ``slowdown`` times
-slower, so each wall-clock unit of communication costs it at least ``1 - 1/slowdown`` units of its work's progress.
-Communication of the busiest group lasts at least that group's standalone comm time ``C``, hence every schedule takes
+The interference term: while any collective that takes SMs is in flight (every one but a copy-engine transfer:
+``commsched.sim.model.takes_sms``), a compute stream either idles or runs ``slowdown`` times slower, so each
+wall-clock unit of such communication costs it at least ``1 - 1/slowdown`` units of its work's progress. That
+communication of the busiest group lasts at least its standalone comm time ``C``, hence every schedule takes
 at least ``W + (1 - 1/slowdown) * C`` for the work ``W`` of any compute stream.
 
 The heads-and-tails term: on one compute stream, kernel ``j`` cannot start before its head ``r_j`` (the longest
@@ -286,10 +287,15 @@ def exposed_comm_ns(g: Graph, dur_ns: np.ndarray, kernel: np.ndarray, tied: np.n
     return {grp.name: total + int(per_group[k]) for k, grp in enumerate(g.groups) if per_group[k] > 0}
 
 
-def lower_bound(g: Graph, dur_ns: np.ndarray, compute_stream: np.ndarray, slowdown: float = 1.0) -> LowerBound:
+def lower_bound(g: Graph, dur_ns: np.ndarray, compute_stream: np.ndarray, slowdown: float = 1.0,
+                sms: np.ndarray | None = None) -> LowerBound:  # fmt: skip
     """The bound for per-node standalone durations ``dur_ns``, the compute stream of each non-collective node and
-    the compute slowdown while communication is in flight."""
+    the compute slowdown while communication is in flight; ``sms``: the collectives that slow compute
+    (:func:`commsched.sim.model.takes_sms`; default every one): the interference term counts only theirs."""
     is_coll = g.coll_type >= 0
+    slows = is_coll if sms is None else is_coll & sms
+    sm_comm = np.bincount(g.coll_group[slows], weights=dur_ns[slows], minlength=len(g.groups))
+    busiest_sm_comm = float(sm_comm.max(initial=0.0))
     work = np.bincount(compute_stream[~is_coll], weights=dur_ns[~is_coll]) if (~is_coll).any() else np.zeros(1)
     comm = np.bincount(g.coll_group[is_coll], weights=dur_ns[is_coll], minlength=len(g.groups))
     busiest_work = float(work.max(initial=0.0))
@@ -318,14 +324,14 @@ def lower_bound(g: Graph, dur_ns: np.ndarray, compute_stream: np.ndarray, slowdo
     critical = (
         critical_path_ns(g, dur_ns) if head is None else max((h + d for h, d in zip(head, dur_ns.tolist())), default=0)
     )
-    interference = busiest_work + (1.0 - 1.0 / slowdown) * busiest_comm
+    interference = busiest_work + (1.0 - 1.0 / slowdown) * busiest_sm_comm
     if kernels:
         others = max(busiest_work, busiest_comm, critical, heads_tails, interference, *comm_ht.values(),
                      *exposed.values())  # fmt: skip
         kwork = [int(dur_ns[j]) for j in kernels]
         interference = interference_with_idle_ns(
             busiest_work,
-            busiest_comm,
+            busiest_sm_comm,
             slowdown,
             forced_idle_ns([head[j] for j in kernels], kwork, slowdown),
             forced_idle_ns([tail[j] for j in kernels], kwork, slowdown),

@@ -31,6 +31,7 @@ class CommEngine:
         model: StreamModel,
         start_ns: list[int],
         end_ns: list[int],
+        sms: list[bool] | None = None,
     ) -> None:
         self.t = 0
         self.group, self.lat_ns, self.bw_ns, self.link, self.model = group, lat_ns, bw_ns, link, model
@@ -47,7 +48,10 @@ class CommEngine:
         # per link class: wall ns per ns of bandwidth work (the model's rate), while no kernel runs and while one does
         self._divisors = ([1.0] * len(self.sharing), [1.0] * len(self.sharing))
         self.divisor = self._divisors[False]
-        self.inflight = 0  # running collectives (either phase): compute is slowed while > 0
+        self.inflight = 0  # running collectives (either phase)
+        # per node: its transfer takes SMs (sim.model.takes_sms); compute is slowed while sm_inflight > 0
+        self.sms = [True] * len(group) if sms is None else sms
+        self.sm_inflight = 0
         self.pending = 0  # issued and not finished
         self.busy_ns = [0] * num_groups
 
@@ -143,6 +147,7 @@ class CommEngine:
         self.cur[g] = c
         self.start_ns[c] = t
         self.inflight += 1
+        self.sm_inflight += self.sms[c]
         self.in_bw[g] = False
         self.lat_end[g] = t + self.lat_ns[c]
         if self.lat_ns[c] == 0:
@@ -164,6 +169,7 @@ class CommEngine:
         self.busy_ns[g] += t - self.start_ns[c]
         self.cur[g] = -1
         self.inflight -= 1
+        self.sm_inflight -= self.sms[c]
         self.pending -= 1
         if self.qhead[g] < len(self.queue[g]) and self.ready_at[self.queue[g][self.qhead[g]]] <= t:
             self._start_next(g, t)

@@ -104,7 +104,7 @@ def _kernel_end(comm: CommEngine, model: StreamModel, t: int, work: int) -> int:
     while True:
         comm.advance_to(t)
         te = comm.next_event()
-        slow = comm.inflight > 0
+        slow = comm.sm_inflight > 0
         fin = model.kernel_end_ns(t, rem, slow)
         if fin <= te:
             break
@@ -224,7 +224,7 @@ class _EventLoop:
         """Move to the next event (a kernel ends, the comm engine changes state, a blocked stream may proceed):
         progress the running kernels and retire those that end, then the comm engine."""
         comm, model, running, rem, t = self.step.comm, self.step.model, self.running, self.rem, self.t
-        slow = comm.inflight > 0
+        slow = comm.sm_inflight > 0
         # the engine's clock is at t here; the running kernels stay the same until the next event
         comm.set_kernel_running(max(running) >= 0)
         te = min(self.timer, comm.next_event())

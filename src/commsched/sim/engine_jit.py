@@ -29,7 +29,7 @@ _comm_divisor = njit(_model.comm_divisor_rule)
 
 _EPS, _INF = EPS_NS, INF_NS
 # the comm engine's state travels as one tuple of arrays (built in run_single_stream_jit); its scalar slots:
-_CLOCK, _INFLIGHT, _PENDING, _KRUN = 0, 1, 2, 3
+_CLOCK, _INFLIGHT, _PENDING, _KRUN, _SMFLIGHT = 0, 1, 2, 3, 4  # _SMFLIGHT: in flight and taking SMs
 _KERNEL, _COLL, _WAIT = 0, 1, 2  # node classes of the loop
 
 
@@ -85,6 +85,7 @@ def _finish_one(ce, g, c, t, comm_slowdown):
     busy[g] += t - start[c]
     cur[g] = -1
     st[_INFLIGHT] -= 1
+    st[_SMFLIGHT] -= ce[16][c]
     st[_PENDING] -= 1
 
 
@@ -106,6 +107,7 @@ def _start_next(ce, g, t, lat, bw, comm_slowdown):
         cur[g] = c
         start[c] = t
         st[_INFLIGHT] += 1
+        st[_SMFLIGHT] += ce[16][c]
         in_bw[g] = False
         lat_end[g] = t + lat[c]
         if lat[c] != 0:
@@ -202,7 +204,7 @@ def _kernel_end(ce, t, work, lat, bw, model):
     while True:
         _advance_to(ce, t, lat, bw, comm_slowdown)
         te = _next_event(ce)
-        slow = st[_INFLIGHT] > 0
+        slow = st[_SMFLIGHT] > 0
         fin = _kernel_end_ns(t, _kernel_wall(rem, slow, compute_slowdown))
         if fin <= te:
             break
@@ -215,8 +217,9 @@ def _kernel_end(ce, t, work, lat, bw, model):
 
 
 @njit
-def _comm_state(node_class, group, link, num_groups, start, end):
-    """The comm engine's state (CommEngine.__init__) as a tuple of arrays; marks collectives unfinished in ``end``."""
+def _comm_state(node_class, group, link, sms, num_groups, start, end):
+    """The comm engine's state (CommEngine.__init__) as a tuple of arrays; marks collectives unfinished in ``end``.
+    ``sms``: per node 1 where its transfer takes SMs (``sim.model.takes_sms``)."""
     n = len(node_class)
     qcount = np.zeros(num_groups, np.int64)
     for i in range(n):
@@ -231,7 +234,7 @@ def _comm_state(node_class, group, link, num_groups, start, end):
         if node_class[i] == _COLL and link[i] + 2 > num_links:
             num_links = link[i] + 2
     return (
-        np.zeros(4, np.int64),  # 0 scalars
+        np.zeros(5, np.int64),  # 0 scalars
         np.full(num_groups, -1, np.int64),  # 1 cur
         np.zeros(num_groups, np.bool_),  # 2 in_bw
         np.zeros(num_groups, np.int64),  # 3 lat_end
@@ -247,11 +250,12 @@ def _comm_state(node_class, group, link, num_groups, start, end):
         start,  # 13
         end,  # 14
         np.zeros(num_groups, np.int64),  # 15 busy
+        sms,  # 16
     )
 
 
 @njit
-def run_single_stream_jit(order, node_class, dur, wait_of, sync, group, lat, bw, link, num_groups, sync_ns,
+def run_single_stream_jit(order, node_class, dur, wait_of, sync, group, lat, bw, link, sms, num_groups, sync_ns,
                           compute_slowdown, comm_slowdown):  # fmt: skip
     """Simulate ``order`` on one compute stream. ``node_class``: 0 kernel, 1 collective, 2 wait, 3 instantaneous.
     Returns (start, end, issue, blocked, ok); ``ok`` False when a collective can never finish."""
@@ -260,7 +264,7 @@ def run_single_stream_jit(order, node_class, dur, wait_of, sync, group, lat, bw,
     end = np.zeros(n, np.int64)
     issue = np.full(n, -1, np.int64)
     blocked = np.zeros(n, np.int64)
-    ce = _comm_state(node_class, group, link, num_groups, start, end)
+    ce = _comm_state(node_class, group, link, sms, num_groups, start, end)
     st = ce[0]
     sees = compute_slowdown != 1.0 or comm_slowdown != 1.0
     model = (compute_slowdown, comm_slowdown, comm_slowdown != 1.0)

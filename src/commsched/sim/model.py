@@ -10,9 +10,11 @@ call these functions; change a rule here and all three see it.
   no earlier than ``issue + sync_ns`` and not before the group's previous collective ends. A wait unblocks its stream
   at :meth:`StreamModel.wait_release_ns` (``sync_ns`` after its collective ends). A predecessor on another compute
   stream is available ``sync_ns`` later (graph inputs exist on every stream).
-* **Interference, compute side.** A kernel progresses at rate ``1 / compute_slowdown`` while any collective is in
-  flight (either phase), at rate 1 otherwise: :meth:`StreamModel.kernel_wall_ns` (wall time for some work) and
-  :meth:`StreamModel.kernel_work_ns` (work done in some wall time) are the only statement of this rule.
+* **Interference, compute side.** A kernel progresses at rate ``1 / compute_slowdown`` while any collective that
+  takes SMs is in flight (either phase), at rate 1 otherwise: :meth:`StreamModel.kernel_wall_ns` (wall time for
+  some work) and :meth:`StreamModel.kernel_work_ns` (work done in some wall time) are the only statement of this
+  rule, and :func:`takes_sms` the only statement of which collectives count: every one but a copy-engine transfer
+  (``CostEstimate.copy_engine``: async TP's symmetric-memory copies run on the copy engines, NCCL's on SMs).
 * **Interference, comm side.** A collective's bandwidth-bound part progresses at rate ``1 / divisor`` with
   :meth:`StreamModel.comm_divisor`: ``k`` collectives of different groups in their bandwidth phase on the same link
   class share it (processor sharing), and while a kernel runs it is ``comm_slowdown`` times slower still (a CPU run:
@@ -75,6 +77,16 @@ def check_horizon(g: Graph, costs: CostEstimate, dur_ns: np.ndarray) -> None:
         f"(stream_sync_s={float(costs.stream_sync_s):.3g}); expected a step under {HORIZON_NS * 1e-9:.3g} s: "
         "check the hardware profile's bandwidths and the graph's sizes and flops"
     )
+
+
+def takes_sms(g: Graph, costs: CostEstimate) -> np.ndarray:
+    """Per node: a collective whose transfer occupies SMs, so that compute slows while it is in flight (every
+    collective but a copy-engine transfer, ``costs.copy_engine``). The one statement of which collectives the
+    compute-side interference rule counts."""
+    is_coll = g.coll_type >= 0
+    if costs.copy_engine is None:
+        return is_coll
+    return is_coll & ~np.asarray(costs.copy_engine, bool)
 
 
 def latency_ns(g: Graph, costs: CostEstimate, dur_ns: np.ndarray) -> np.ndarray:

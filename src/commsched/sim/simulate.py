@@ -17,7 +17,7 @@ from commsched.sim.bounds import lower_bound
 from commsched.sim.comm import CommEngine
 from commsched.sim.engine import Step, Timeline, run_multi_stream, run_single_stream
 from commsched.sim.jit import ENABLED as JIT_ENABLED
-from commsched.sim.model import StreamModel, durations_ns, latency_ns
+from commsched.sim.model import StreamModel, durations_ns, latency_ns, takes_sms
 from commsched.sim.result import SimResult
 
 # passes simulate many orders of one graph with one CostEstimate: the bounds do not depend on the order
@@ -26,12 +26,13 @@ _BOUNDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _cached_bound(g: Graph, costs: CostEstimate, dur: np.ndarray, stream: np.ndarray, default_streams: bool):
     slowdown = float(costs.compute_slowdown)
+    sms = takes_sms(g, costs)
     if not default_streams:
-        return lower_bound(g, dur, stream, slowdown)
+        return lower_bound(g, dur, stream, slowdown, sms)
     per_costs = _BOUNDS.setdefault(costs, {})
     key = (id(g), len(g))
     if key not in per_costs:
-        per_costs[key] = lower_bound(g, dur, stream, slowdown)
+        per_costs[key] = lower_bound(g, dur, stream, slowdown, sms)
     return per_costs[key]
 
 
@@ -74,6 +75,7 @@ def _step(g: Graph, costs: CostEstimate, dur: np.ndarray, is_coll: np.ndarray) -
         model=model,
         start_ns=out.start,
         end_ns=out.end,
+        sms=takes_sms(g, costs).tolist(),
     )
     return Step(g.kinds.tolist(), dur.tolist(), g.wait_of.tolist(), g.coll_sync.tolist(), model, comm, out)
 
@@ -96,7 +98,8 @@ def _compiled_args(g: Graph, costs: CostEstimate, dur: np.ndarray, is_coll: np.n
     args = (
         node_class, dur.astype(np.int64), g.wait_of.astype(np.int64), g.coll_sync.astype(np.bool_),
         g.coll_group.astype(np.int64), lat.astype(np.int64), (dur - lat).astype(np.int64), link,
-        len(g.groups), int(model.sync_ns), float(model.compute_slowdown), float(model.comm_slowdown),
+        takes_sms(g, costs).astype(np.int64), len(g.groups), int(model.sync_ns), float(model.compute_slowdown),
+        float(model.comm_slowdown),
     )  # fmt: skip
     kept[:] = [(costs, args)]  # the latest costs only
     return args

@@ -40,9 +40,31 @@ embedding, the norms, the router and the MoE experts (grouped GEMMs, which ``Flo
 convert) stay in the compute dtype. ``tensorwise`` under FSDP is the 405B config: ``enable_fsdp_float8_all_gather``
 and ``precompute_float8_dynamic_scale_for_fsdp`` both on (torchtitan's only config with the float8 all_gather;
 without the precompute each pre-all_gather would all_reduce its weight's amax on its own). The precompute runs
-after the optimizer step, before the next forward: here, at the start of the step. Under tensor parallelism only
-``rowwise`` is modelled (its TP collectives stay in high precision, as torchtitan runs them); ``tensorwise`` TP
-(torchao's ``Float8ColwiseParallel``: float8 sequence all_gathers, amax all_reduces over the TP group) is refused.
+after the optimizer step, before the next forward: here, at the start of the step (under FSDP+TP its amaxes are
+all-reduced over the FSDP group, then over the TP group: the weights are DTensors on both mesh dimensions).
+
+Under tensor parallelism ``rowwise`` keeps its TP collectives in high precision, and ``tensorwise`` runs torchao's
+float8 TP styles (torchtitan's ``apply_tp`` with ``enable_float8_tensorwise_tp``: every recipe but rowwise;
+``torchao/float8/float8_tensor_parallel.py`` at the commit above), which :class:`TPStyle` and the two functions
+:func:`enter_tp` and :func:`row_parallel_linear` follow:
+
+* ``PrepareFloat8ModuleInput`` on ``attention`` and ``feed_forward``: the block's input (sequence-sharded under SP)
+  is cast to float8 once for the region's column-parallel linears (wq wk wv, or w1 w3), its amax all-reduced (max)
+  over the TP group (the amax of a sharded DTensor is ``Partial(max)``; the scale needs it ``Replicate``), then
+  gathered in float8 (``Shard(1) -> Replicate`` of a float8 tensor: ``float8_ops.allgather_fp8``, one byte per
+  element). The cast passes its gradient through unchanged, so the backward reduce-scatters (SP; all-reduces
+  without SP) the region's input gradient in high precision, as the bf16 step does.
+* ``Float8ColwiseParallel``: the linear takes the gathered float8 input as is; its output gradient is cast once
+  (``NoopFwToFloat8BwDynamic``), its amax all-reduced over the TP group (it is sharded on the features).
+* ``Float8RowwiseParallel``: the input (sharded on the features) is cast with its amax all-reduced over the group;
+  the output is reduce-scattered (SP; all-reduced without SP) in high precision; the output gradient (sequence-
+  sharded under SP) is cast with its amax all-reduced over the group and gathered in float8 (the backward of
+  ``Partial -> Shard(1)`` is ``Shard(1) -> Replicate``).
+* every weight not gathered in float8 by FSDP is a TP shard: each of its casts (forward, and again for grad_input)
+  all-reduces its amax over the TP group.
+
+With every amax all-reduced, each float8 operand equals the unsharded step's, so the TP step computes the unsharded
+float8 step but for the order of the row-parallel sums.
 
 The ops are traced eagerly as torchao runs them (torch.compile would fuse the casts; the cost model's fusion
 regions stand for that). ``torch._scaled_mm`` has a CPU kernel in the torch this project runs (2.13), so a real
@@ -57,6 +79,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch.autograd import Function
+
+from commsched.workloads.collectives import Group, all_gather, all_reduce, reduce_scatter
 
 FLOAT8_MODES = ("none", "tensorwise", "rowwise")
 """the accepted values of ``float8``"""
@@ -84,6 +108,12 @@ class Recipe:
     rowwise: bool  # AXISWISE scaling (one scale per row along K) instead of one per tensor
     pow2: bool  # round_scales_to_power_of_2
     fast_accum: tuple[bool, bool, bool]  # use_fast_accum of the output, grad_input and grad_weight GEMMs
+
+    @property
+    def float8_tp(self) -> bool:
+        """Whether tensor parallelism runs torchao's float8 TP styles (:class:`TPStyle`): torchtitan applies them
+        for every recipe but rowwise (``enable_float8_tensorwise_tp``; torchao supports dynamic tensorwise only)."""
+        return not self.rowwise
 
 
 RECIPES = {
@@ -128,11 +158,58 @@ class Float8Weight:
         return _Float8Matmul.apply(x, self.weight.t(), data_t, self.scale, self.recipe)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor | Float8Weight) -> torch.Tensor:
-    """``F.linear(x, w)``; a float8 linear when the parameter source handed a :class:`Float8Weight`."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class TPStyle:
+    """A float8 linear's place under tensorwise tensor parallelism (torchao's ``Float8ColwiseParallel`` or
+    ``Float8RowwiseParallel``; see the module docstring)."""
+
+    group: Group  # the TP group: every amax of a sharded tensor is all-reduced (max) over it
+    sp: bool  # sequence parallelism: the activations outside the region are sharded on the tokens
+    rowwise: bool  # row-parallel: input sharded on the features, output reduced over the group
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Float8Input:
+    """A region's input cast to float8 once for its column-parallel linears (``PrepareFloat8ModuleInput``):
+    ``data`` (gathered under SP) and its ``scale``; ``stand_in``, of the data's shape in the compute dtype (an
+    expanded scalar: no memory), carries the linears' input gradients back to :func:`enter_tp`."""
+
+    stand_in: torch.Tensor
+    data: torch.Tensor
+    scale: torch.Tensor
+    style: TPStyle
+
+
+def linear(x: torch.Tensor | Float8Input, w: torch.Tensor | Float8Weight) -> torch.Tensor:
+    """``F.linear(x, w)``; a float8 linear when the parameter source handed a :class:`Float8Weight`; a column-
+    parallel float8 linear (``Float8ColwiseParallel``) when ``x`` is a :class:`Float8Input`."""
+    if isinstance(x, Float8Input):
+        if not isinstance(w, Float8Weight):
+            raise TypeError("a float8 TP region's input feeds float8 linears only (torchao's Float8ColwiseParallel)")
+        return _tp_matmul(x.stand_in, w, x.data, x.scale, x.style)
     if isinstance(w, Float8Weight):
         return w.linear(x)
     return F.linear(x, w)
+
+
+def enter_tp(x: torch.Tensor, recipe: Recipe, group: Group, sp: bool) -> Float8Input:
+    """``PrepareFloat8ModuleInput``: ``x`` (``[tokens / tp, dim]`` under SP, else replicated) cast to float8 with
+    its amax all-reduced over the TP group (under SP; a replicated tensor's own amax is the group's), then gathered
+    in float8 (SP). The backward reduce-scatters (SP) or all-reduces the input gradient in high precision."""
+    stand_in, data, scale = _Float8Enter.apply(x, recipe, group, sp)
+    return Float8Input(stand_in, data, scale, TPStyle(group, sp, rowwise=False))
+
+
+def row_parallel_linear(x: torch.Tensor, w: Float8Weight, group: Group, sp: bool) -> torch.Tensor:
+    """``Float8RowwiseParallel``: ``linear(x, w)`` of ``x`` sharded on its features, the output reduce-scattered
+    on the tokens (SP) or all-reduced, in high precision; the output gradient gathered in float8 (SP)."""
+    return _tp_matmul(x, w, None, None, TPStyle(group, sp, rowwise=True))
+
+
+def _tp_matmul(x: torch.Tensor, w: Float8Weight, x_data: torch.Tensor | None, x_scale: torch.Tensor | None,
+               style: TPStyle) -> torch.Tensor:  # fmt: skip
+    data_t = None if w.data is None else w.data.t()
+    return _Float8TPMatmul.apply(x, w.weight.t(), x_data, x_scale, data_t, w.scale, w.recipe, style)
 
 
 # ---------------------------------------------------------------------- casts (torchao float8_utils)
@@ -151,10 +228,14 @@ def to_float8(t: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch
     return (t.to(torch.float32) * scale).clamp(min=-fmax, max=fmax).to(dtype)
 
 
-def cast(t: torch.Tensor, dtype: torch.dtype, recipe: Recipe, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
+def cast(t: torch.Tensor, dtype: torch.dtype, recipe: Recipe, axis: int,
+         group: Group | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """torchao's ``hp_tensor_to_float8_dynamic``: (float8 data, scale) of ``t``; rowwise: one scale per slice
-    along ``axis`` (the dimension reduced, kept as 1)."""
+    along ``axis`` (the dimension reduced, kept as 1). ``group``: ``t`` is a shard of a tensor sharded over it, and
+    its amax is all-reduced (max) over it first (DTensor's ``Partial(max)`` made ``Replicate``)."""
     amax = torch.amax(torch.abs(t), dim=axis, keepdim=True) if recipe.rowwise else torch.max(torch.abs(t))
+    if group is not None:
+        amax = all_reduce(amax, group, "max")
     scale = amax_to_scale(amax, dtype, recipe.pow2)
     return to_float8(t, scale, dtype), scale
 
@@ -219,6 +300,74 @@ class _Float8Matmul(Function):
         x1, s_x1 = cast(x.reshape(-1, x.shape[-1]), r.input_dtype, r, 0)
         grad_weight = scaled_mm(go1.t(), s_go1.t() if s_go1.dim() > 1 else s_go1, x1, s_x1, go.dtype, r.fast_accum[2])
         return grad_input.reshape(*grad_out.shape[:-1], grad_input.shape[-1]), grad_weight.t(), None, None, None
+
+
+def _gather_float8(t: torch.Tensor, group: Group) -> torch.Tensor:
+    """All-gather a float8 tensor along dim 0 as bytes (gloo has no float8 type; NCCL moves float8 as bytes too)."""
+    return all_gather(t.view(torch.uint8), group).view(t.dtype)
+
+
+class _Float8Enter(Function):
+    """:func:`enter_tp`. The float8 data and scale are no differentiable outputs (a gradient of a float8 dtype
+    would be cast to float8): a stand-in of the gathered shape carries the input gradient (see
+    :class:`Float8Input`)."""
+
+    @staticmethod
+    def forward(ctx, x, recipe, group, sp):
+        ctx.group, ctx.sp = group, sp
+        data, scale = cast(x, recipe.input_dtype, recipe, -1, group if sp else None)
+        if sp:
+            data = _gather_float8(data, group)
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(data, scale)
+        return x.new_empty(()).expand(data.shape), data, scale
+
+    @staticmethod
+    def backward(ctx, grad, _data, _scale):
+        if grad is None:
+            return None, None, None, None
+        # the cast passes its gradient through: the region's input gradient in high precision, reduced over TP
+        return (reduce_scatter(grad, ctx.group) if ctx.sp else all_reduce(grad, ctx.group)), None, None, None
+
+
+class _Float8TPMatmul(Function):
+    """torchao's ``matmul_with_hp_or_float8_args`` under its float8 TP styles (``style``): the input given in
+    float8 (column-parallel: ``x_data`` / ``x_scale``, ``x`` the stand-in) or cast here with its amax over the
+    group (row-parallel); the weight cast with its amax over the group unless given (``w_data_t``: FSDP's float8
+    all_gather); the output gradient cast once, its amax over the group where it is sharded, and used by both
+    gradient GEMMs (``NoopFwToFloat8BwDynamic``); the float8 input saved, not the high-precision one."""
+
+    @staticmethod
+    def forward(ctx, x, w_t, x_data, x_scale, w_data_t, w_scale, recipe, style):
+        if x_data is None:
+            x_data, x_scale = cast(x, recipe.input_dtype, recipe, -1, style.group)
+        ctx.recipe, ctx.style, ctx.given = recipe, style, w_data_t is not None
+        if w_data_t is None:
+            w8, sw = cast(w_t, recipe.weight_dtype, recipe, 0, style.group)
+        else:
+            w8, sw = w_data_t, w_scale
+        ctx.save_for_backward(x_data, x_scale, w_t if w_data_t is None else w_data_t, w_scale)
+        out = scaled_mm(x_data, x_scale, w8, sw, x.dtype, recipe.fast_accum[0])
+        if style.rowwise:
+            out = reduce_scatter(out, style.group) if style.sp else all_reduce(out, style.group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        r, st = ctx.recipe, ctx.style
+        x8, sx, w_t, w_scale = ctx.saved_tensors
+        # column-parallel: sharded on the features; row-parallel: on the tokens under SP, else replicated
+        sharded = st.sp or not st.rowwise
+        go8, s_go = cast(grad_out, r.grad_dtype, r, -1, st.group if sharded else None)
+        if st.rowwise and st.sp:
+            go8 = _gather_float8(go8, st.group)
+        if ctx.given:
+            w0, s_w0 = w_t, w_scale
+        else:
+            w0, s_w0 = cast(w_t, r.weight_dtype, r, -1, st.group)
+        grad_input = scaled_mm(go8, s_go, w0.t(), s_w0, grad_out.dtype, r.fast_accum[1])
+        grad_weight = scaled_mm(go8.t(), s_go, x8, sx, grad_out.dtype, r.fast_accum[2])
+        return grad_input, grad_weight.t(), None, None, None, None, None, None
 
 
 def precompute_scales(shards: list[torch.Tensor], reduce_max) -> torch.Tensor:

@@ -5,7 +5,10 @@ contiguous ``1/tp`` of the tokens). Weights are ``[out, in]`` like ``nn.Linear``
 :class:`~commsched.workloads.sources.ParamSource`; collectives come from a
 :class:`~commsched.workloads.collectives.Comm`, so the same functions run unsharded, under any plan, on fake or real
 tensors. A block's linears go through :func:`~commsched.workloads.float8.linear`: ``F.linear``, or a float8 matmul
-where the source hands a :class:`~commsched.workloads.float8.Float8Weight` (``float8`` training).
+where the source hands a :class:`~commsched.workloads.float8.Float8Weight` (``float8`` training); under tensor
+parallelism with a recipe that runs torchao's float8 TP styles (tensorwise), a region's input enters through
+:func:`~commsched.workloads.float8.enter_tp` and its row-parallel linear is
+:func:`~commsched.workloads.float8.row_parallel_linear` (:func:`enter_region`, :func:`row_linear`).
 """
 
 from __future__ import annotations
@@ -18,10 +21,10 @@ import torch.nn.functional as F
 
 from commsched.workloads.collectives import Comm, all_gather, vocab_parallel_cross_entropy
 from commsched.workloads.context_parallel import ring_attention
-from commsched.workloads.float8 import Float8Weight
+from commsched.workloads.float8 import Float8Input, Float8Weight, enter_tp, row_parallel_linear
 from commsched.workloads.float8 import linear as any_linear
 from commsched.workloads.presets import ModelConfig
-from commsched.workloads.tags import float8_linear
+from commsched.workloads.tags import FLOAT8, float8_linear, tagged
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -79,9 +82,34 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, impl
     )
 
 
+def _float8_tp(comm: Comm | None, *weights: object) -> bool:
+    """Whether linears of ``weights`` run torchao's float8 TP styles: under TP, every one a float8 linear whose
+    recipe has them (torchtitan's ``enable_float8_tensorwise_tp``)."""
+    return (comm is not None and comm.tp is not None
+            and all(isinstance(w, Float8Weight) and w.recipe.float8_tp for w in weights))  # fmt: skip
+
+
+def enter_region(comm: Comm, x: torch.Tensor, *weights: object) -> torch.Tensor | Float8Input:
+    """Enter a column-parallel region whose linears take ``x`` with ``weights``: ``comm.tp_in`` (high
+    precision), or ``PrepareFloat8ModuleInput`` (cast once, gathered in float8) under float8 TP."""
+    if _float8_tp(comm, *weights):
+        with tagged(FLOAT8):  # the cast and its amax (info's float8 share)
+            return enter_tp(x, weights[0].recipe, comm.tp, comm.sp)
+    return comm.tp_in(x)
+
+
+def row_linear(comm: Comm | None, x: torch.Tensor, w: object) -> torch.Tensor:
+    """A row-parallel linear and the collective that leaves its region: ``comm.tp_out(linear(x, w))``, or
+    ``Float8RowwiseParallel`` under float8 TP (the collective inside: its backward gathers in float8)."""
+    if _float8_tp(comm, w):
+        return float8_linear(lambda x, w: row_parallel_linear(x, w, comm.tp, comm.sp), x, w)
+    out = linear(x, w)
+    return out if comm is None else comm.tp_out(out)
+
+
 def attention(
     p: dict[str, torch.Tensor],
-    x: torch.Tensor,
+    x: torch.Tensor | Float8Input,
     cfg: ModelConfig,
     s: Shapes,
     rope: tuple[torch.Tensor, torch.Tensor],
@@ -93,7 +121,8 @@ def attention(
     key/value buffers, written in place at positions ``past .. past + seq``. ``prefix`` (training a sequence in
     chunks): this layer's keys and values of the sequence's earlier chunks, attended to and appended to. Under
     context parallelism (``comm.cp``) the tokens are this rank's head-tail slice and the attention is torch's ring
-    (:func:`commsched.workloads.context_parallel.ring_attention`)."""
+    (:func:`commsched.workloads.context_parallel.ring_attention`). Returns the output projection after the
+    collective that leaves the TP region (:func:`row_linear`)."""
     hd = cfg.head_dim
     q = linear(x, p["wq"]).view(s.batch, s.seq, s.heads, hd)
     k = linear(x, p["wk"]).view(s.batch, s.seq, s.kv_heads, hd)
@@ -113,22 +142,23 @@ def attention(
         o = ring_attention(q, k, v, comm.cp, comm.cp_rotate, s.attention)
     else:  # a single new token attends to every cached position; a prompt attends causally
         o = attend(q, k, v, causal=s.seq > 1, impl=s.attention)
-    return linear(o.transpose(1, 2).reshape(s.tokens, s.heads * hd), p["wo"])
+    return row_linear(comm, o.transpose(1, 2).reshape(s.tokens, s.heads * hd), p["wo"])
 
 
 Weight = torch.Tensor | Float8Weight
 """a linear's weight as a parameter source hands it: a tensor, or a float8 linear's (commsched.workloads.float8)"""
 
 
-def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
+def linear(x: torch.Tensor | Float8Input, w: Weight) -> torch.Tensor:
     """:func:`commsched.workloads.float8.linear`; a float8 one's kernels tagged ``float8`` in a traced step."""
     if isinstance(w, Float8Weight):
         return float8_linear(any_linear, x, w)
     return any_linear(x, w)
 
 
-def swiglu(x: torch.Tensor, w1: Weight, w3: Weight, w2: Weight) -> torch.Tensor:
-    return linear(F.silu(linear(x, w1)) * linear(x, w3), w2)
+def swiglu(x: torch.Tensor | Float8Input, w1: Weight, w3: Weight, w2: Weight, comm: Comm | None = None) -> torch.Tensor:
+    """The dense feed-forward, after the collective that leaves the TP region (:func:`row_linear`)."""
+    return row_linear(comm, F.silu(linear(x, w1)) * linear(x, w3), w2)
 
 
 def moe(p: dict[str, torch.Tensor], x: torch.Tensor, cfg: ModelConfig, s: Shapes, comm: Comm) -> torch.Tensor:
@@ -172,11 +202,12 @@ def block(
     cache: tuple[torch.Tensor, torch.Tensor] | None,
     prefix: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> torch.Tensor:
-    x = comm.tp_in(rms_norm(h, p["attention_norm"], cfg.norm_eps))
-    h = h + comm.tp_out(attention(p, x, cfg, s, rope, cache, prefix, comm))
-    x = comm.tp_in(rms_norm(h, p["ffn_norm"], cfg.norm_eps))
-    ffn = moe(p, x, cfg, s, comm) if cfg.is_moe else swiglu(x, p["w1"], p["w3"], p["w2"])
-    return h + comm.tp_out(ffn)
+    x = enter_region(comm, rms_norm(h, p["attention_norm"], cfg.norm_eps), p["wq"], p["wk"], p["wv"])
+    h = h + attention(p, x, cfg, s, rope, cache, prefix, comm)
+    x = rms_norm(h, p["ffn_norm"], cfg.norm_eps)
+    if cfg.is_moe:  # the router and the experts stay in high precision (torchtitan converts neither)
+        return h + comm.tp_out(moe(p, comm.tp_in(x), cfg, s, comm))
+    return h + swiglu(enter_region(comm, x, p["w1"], p["w3"]), p["w1"], p["w3"], p["w2"], comm)
 
 
 def embed(p: dict[str, torch.Tensor], tokens: torch.Tensor, s: Shapes, comm: Comm) -> torch.Tensor:

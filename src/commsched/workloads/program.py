@@ -91,6 +91,12 @@ class WorkloadSpec:
         return self.float8 == "tensorwise" and self.plan.fsdp > 1 and bool(self.float8_params)
 
     @property
+    def float8_tp(self) -> bool:
+        """Whether tensor parallelism runs torchao's float8 TP styles (tensorwise under TP, as torchtitan's
+        ``enable_float8_tensorwise_tp``): the activations gathered in float8 (:mod:`commsched.workloads.float8`)."""
+        return self.float8 != "none" and RECIPES[self.float8].float8_tp and self.plan.tp > 1
+
+    @property
     def train(self) -> bool:
         return self.mode == "train"
 
@@ -147,16 +153,16 @@ def resolve(
     optimizer: str = "none",
     max_norm: float | None = None,
 ) -> WorkloadSpec:
-    """Validate a request; every impossible dimension raises ValueError naming it. ``ac``: activation
-    checkpointing of the transformer blocks (training only): ``"none"``, ``"full"``, ``"selective-op"`` or
-    ``"selective-layer:N"`` (:mod:`commsched.workloads.ac`). ``float8``: float8 training of the blocks' linears
-    (training only; ``"tensorwise"`` not under tensor parallelism): ``"none"``, ``"tensorwise"`` or ``"rowwise"``
-    (:mod:`commsched.workloads.float8`). ``cp_size``: context parallelism over consecutive ranks of the data
-    dimension, torch's ring attention with K/V rotated by ``cp_rotate`` (``"allgather"``, torchtitan's default, or
-    ``"alltoall"``; :mod:`commsched.workloads.context_parallel`). ``dp_replicate``: HSDP, the FSDP shards replicated
-    over this many groups (fsdp, fsdp+tp, fsdp+tp+sp). ``optimizer``: the AdamW step ending a training step,
-    ``"none"``, ``"adamw"`` (foreach) or ``"adamw-fused"`` (:mod:`commsched.workloads.optimizer`). ``max_norm``: the
-    gradients clipped to this total norm first, as torchtitan's ``training.max_norm`` (None: not clipped)."""
+    """Validate a request; every impossible dimension raises ValueError naming it. ``ac``: activation checkpointing of
+    the transformer blocks (training only): ``"none"``, ``"full"``, ``"selective-op"`` or ``"selective-layer:N"``
+    (:mod:`commsched.workloads.ac`). ``float8``: float8 training of the blocks' linears (training only; under tensor
+    parallelism tensorwise runs torchao's float8 TP styles): ``"none"``, ``"tensorwise"`` or ``"rowwise"``
+    (:mod:`commsched.workloads.float8`). ``cp_size``: context parallelism over consecutive ranks of the data dimension,
+    torch's ring attention with K/V rotated by ``cp_rotate`` (``"allgather"``, torchtitan's default, or ``"alltoall"``;
+    :mod:`commsched.workloads.context_parallel`). ``dp_replicate``: HSDP, the FSDP shards replicated over this many
+    groups (fsdp, fsdp+tp, fsdp+tp+sp). ``optimizer``: the AdamW step ending a training step, ``"none"``, ``"adamw"``
+    (foreach) or ``"adamw-fused"`` (:mod:`commsched.workloads.optimizer`). ``max_norm``: the gradients clipped to this
+    total norm first, as torchtitan's ``training.max_norm`` (None: not clipped)."""
     cfg = get_preset(preset) if isinstance(preset, str) else preset
     if layers is not None:
         if layers < 1:
@@ -200,10 +206,6 @@ def resolve(
         dp_replicate=dp_replicate,
     )
     plan = _with_cp(plan, cp_size, cp_rotate, mode, cfg.seq_len if seq_len is None else seq_len, kv_len)
-    if float8 == "tensorwise" and plan.tp > 1:
-        raise ValueError(f"float8='tensorwise' under tensor parallelism (tp={plan.tp}) is not modelled (torchao's "
-                         "Float8ColwiseParallel gathers the sequence in float8); use float8='rowwise' (TP collectives "
-                         "in high precision) or a plan without tp")  # fmt: skip
     seq_len = cfg.seq_len if seq_len is None else seq_len
     batch = (8 if mode == "decode" else 1) if batch is None else batch
     if seq_len < 1 or batch < 1:
@@ -219,6 +221,9 @@ def resolve(
             f"{'1' if mode == 'decode' else f'seq_len={seq_len}'}) over tp={plan.tp} ranks: they must divide evenly"
         )
     cdt = dtype_of(dtype)
+    layout = param_layout(cfg, plan)
+    if float8 != "none" and RECIPES[float8].float8_tp and plan.tp > 1:  # WorkloadSpec.float8_tp
+        _check_float8_tp(layout, cfg, float8)
     return WorkloadSpec(
         model=cfg,
         plan=plan,
@@ -232,7 +237,7 @@ def resolve(
         fsdp_bucket=fsdp_bucket,
         attention=attention,
         capacity_factor=capacity_factor,
-        layout=tuple(param_layout(cfg, plan)),
+        layout=tuple(layout),
         ac=ac,
         float8=float8,
         cp_rotate=cp_rotate,
@@ -257,6 +262,17 @@ def _with_cp(plan: ParallelPlan, cp: int, rotate: str, mode: str, seq_len: int, 
     if mode == "prefill" and (kv_len if kv_len is not None else seq_len) % cp:
         raise ValueError(f"cp_size={cp} does not divide kv_len={kv_len}: each CP rank caches 1/cp of it")
     return with_cp(plan, cp)
+
+
+def _check_float8_tp(layout: list[ParamInfo], cfg: ModelConfig, float8: str) -> None:
+    """torchao's float8 TP styles take Float8Linears only (``Float8ColwiseParallel._apply`` raises otherwise):
+    under TP with such a recipe every dense block linear must convert."""
+    keys = {"wq", "wk", "wv", "wo"} if cfg.is_moe else {"wq", "wk", "wv", "wo", "w1", "w2", "w3"}
+    kept = sorted({p.key for p in layout if p.key in keys and not converts(p.key, p.full_shape)})
+    if kept:
+        raise ValueError(f"float8={float8!r} under tensor parallelism: {cfg.name}'s linears {', '.join(kept)} do "
+                         "not convert to float8 (both dimensions must be multiples of 16), and torchao's "
+                         "Float8ColwiseParallel / Float8RowwiseParallel take float8 linears only")  # fmt: skip
 
 
 def _check_tp(cfg: ModelConfig, plan: ParallelPlan) -> None:
@@ -407,6 +423,7 @@ class StepProgram:
                 bucket=spec.fsdp_bucket,
                 sp_group=sp_group,
                 float8_all_gather=spec.float8_all_gather,
+                tp_group=self.comm.tp,
                 **expert,
                 **common,
             )

@@ -179,6 +179,7 @@ class FSDPSource(ParamSource):
         float8_pids: frozenset[int] = frozenset(),
         float8_all_gather: bool = False,
         replicate_group: Group | None = None,
+        tp_group: Group | None = None,
     ) -> None:
         super().__init__(
             layout,
@@ -204,11 +205,13 @@ class FSDPSource(ParamSource):
             pid for pid in self.float8_pids if float8_all_gather and self.group_of[pid] is not None
         )
         self.float8_scales: dict[int, torch.Tensor] = {}
+        self.tp_group = tp_group  # FSDP+TP: the float8 weights' amaxes are all-reduced over it too
 
     def start_step(self) -> None:
         """With the float8 all_gather: every float8 weight's scale, as torchao's
         ``precompute_float8_dynamic_scale_for_fsdp`` computes them after the optimizer step (one all_reduce of
-        the stacked amaxes over the FSDP group)."""
+        the stacked amaxes over the FSDP group; under FSDP+TP a second over the TP group, as DTensor reduces a
+        ``Partial`` on each mesh dimension)."""
         pids = sorted(self.float8_gathered)
         if not pids:
             return
@@ -216,8 +219,14 @@ class FSDPSource(ParamSource):
         if len(groups) != 1:
             raise ValueError(f"float8 all_gather: the float8 weights span FSDP groups {sorted(groups)}")
         group = next(iter(groups.values()))
+        tp = self.tp_group
+
+        def reduce_max(t: torch.Tensor) -> torch.Tensor:
+            t = all_reduce(t, group, "max")
+            return t if tp is None else all_reduce(t, tp, "max")
+
         with tagged(FLOAT8):
-            scales = precompute_scales([self.params[pid] for pid in pids], lambda t: all_reduce(t, group, "max"))
+            scales = precompute_scales([self.params[pid] for pid in pids], reduce_max)
         self.float8_scales = {pid: scales[k] for k, pid in enumerate(pids)}
 
     def _by_group(self, pids: list[int]) -> list[tuple[Group | None, list[int]]]:

@@ -207,6 +207,7 @@ def workload_meta(program: StepProgram, groups: dict[str, Any]) -> dict[str, Any
     if spec.float8 != "none":
         meta["float8_linears"] = sorted({spec.layout[pid].key for pid in spec.float8_params})
         meta["float8_all_gather"] = spec.float8_all_gather
+        meta["float8_tp"] = spec.float8_tp  # torchao's float8 TP styles (float8 activation all_gathers)
     if spec.max_norm is not None:  # gradient clipping (commsched.workloads.optimizer.clip_grad_norm_)
         meta["max_norm"] = spec.max_norm
     if spec.optimizer != "none":  # exp_avg and exp_avg_sq of every local parameter, persistent
