@@ -112,7 +112,7 @@ def _peak(ac: str) -> int:
 POLICIES = ("none", "selective-op", "full")
 
 
-@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.tuples(*[st.sampled_from(POLICIES)] * LAYERS), st.floats(0.0, 1.0))
 def test_never_slower_than_the_input_never_over_a_budget_a_plan_fits(alone, policies, where):
     """Any input policy, any absolute budget from below the all-full step's peak to above the no-AC one's: the kept
@@ -152,14 +152,14 @@ def test_over_budget_input_gets_the_least_recompute_that_fits(alone):
 
 
 def test_where_it_does_not_apply_it_says_why(alone):
-    """A step with no recompute within the budget, a prefill, and a module the zoo did not trace: one verdict each,
-    nothing traced."""
+    """A step with no recompute well within the budget (memory does not bind), a prefill, and a module the zoo did
+    not trace: one verdict each, nothing traced."""
     from commsched.workloads import build
 
     w = _step("none")
-    o = commsched.optimize(w.graph_module, "h100-sxm")
+    o = commsched.optimize(w.graph_module, "h100-sxm", memory_budget=2.0)
     (row,) = [t for t in o.tried if t.label == ac_policy.name]
-    assert row.verdict.startswith("not applied: the traced step recomputes nothing and fits")
+    assert row.verdict.startswith("not applied: the traced step recomputes nothing and the best step leaves")
     prefill = build("llama-tiny", parallel="tp", world_size=2, layers=1, seq_len=16, mode="prefill")
     o = commsched.optimize(prefill.graph_module, "h100-sxm", group_sizes=prefill.graph.group_sizes())
     assert [t.verdict for t in o.tried if t.label == ac_policy.name] == [

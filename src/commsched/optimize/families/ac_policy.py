@@ -17,8 +17,14 @@ the estimate says fits first, outward in steps 1, 2, 4, ..., then by bisection. 
 core's finals (fully scheduled unless their lower bound is above a step already found), with the fastest one also
 bucketed like the best bucketed variant; the core keeps the fastest step within the budget (ties: less memory).
 
+Less recompute is not always faster: the memory recompute frees lets the schedule prefetch more (llama3-8b FSDP over
+8 ranks, 4 layers of 4096 tokens on h100-sxm, the budget at the no-AC step's peak: every block selective-op 77.6 ms,
+no AC 82.8 ms). So the uniform plans with more recompute than that one (traced for the estimate: no new trace) are
+probed too, unless their lower bound is above the best step so far.
+
 Where it applies: a training step the zoo traced and nobody changed since. A step that recomputes nothing and fits
-the budget has no faster policy to try.
+the budget is left alone where the best step so far leaves over 5 % of the budget unused (memory does not bind the
+schedule) or is at its lower bound.
 """
 
 from __future__ import annotations
@@ -122,8 +128,9 @@ def first_fitting(count: int, start: int, fits: Any) -> int | None:
 
 
 def variants(state: State, judge: Judge) -> list:
-    """The per-layer plans the module docstring's search probes, then the core's finals on those that fit; a
-    ``Tried`` saying why where it does not apply."""
+    """The per-layer plans the module docstring's search probes, the uniform plans with more recompute where their
+    lower bound can beat the best step, then the core's finals on those that fit; a ``Tried`` saying why where it
+    does not apply."""
     from commsched.rewrites.split_batch import traced_spec
     from commsched.workloads.ac import layer_policies
 
@@ -137,46 +144,70 @@ def variants(state: State, judge: Judge) -> list:
         est = _estimate(state, spec)
     except Exception as exc:  # a step that cannot be retraced is a verdict, not a failed search
         return [Tried(name, None, verdict=f"failed: {exc}")]
-    plans = frontier(layers, est)
-    limit = state.limit_bytes
-    start = next((k for k, fs in enumerate(plans) if est.of(*fs)[1] <= limit), len(plans) - 1)
-    probes: dict[int, Probed | Tried] = {}
-    traced_fits = _traced_fits(state)
+    plans = [plan_policies(layers, *fs) for fs in frontier(layers, est)]
+    figures = [est.of(*fs) for fs in frontier(layers, est)]
+    limit, traced_fits = state.limit_bytes, _traced_fits(state)
+    probes: dict[tuple, Probed | Tried] = {}
 
-    def fits(k: int) -> bool:
-        policies = plan_policies(layers, *plans[k])
+    def fits(policies: tuple, figure: tuple) -> bool:
         if policies == traced_policies:  # the traced program: judged already
             return traced_fits
-        if k not in probes:
-            probes[k] = _probe(state, judge, spec, policies, est.of(*plans[k]))
-        p = probes[k]
+        if policies not in probes:
+            probes[policies] = _probe(state, judge, spec, policies, figure)
+        p = probes[policies]
         return isinstance(p, Probed) and p.peak_bytes <= limit
 
-    best = first_fitting(len(plans), start, fits)
-    out: list = [_summary(est, plans, len(probes), best, limit)]
-    fitting = [p for k, p in sorted(probes.items()) if isinstance(p, Probed) and best is not None and k >= best]
-    for _, p in sorted(probes.items()):
-        if isinstance(p, Tried):
-            out.append(p)
-        elif p not in fitting:
-            out.append(_over_budget(p, limit))
-    if best is not None and fitting:
-        fitting += _bucketed(state, judge, fitting[0])
+    start = next((k for k, (_, peak) in enumerate(figures) if peak <= limit), len(plans) - 1)
+    best = first_fitting(len(plans), start, lambda k: fits(plans[k], figures[k]))
+    searched = len(probes)
+    for policy in (SELECTIVE, FULL):  # traced for the estimate: more recompute can free memory for overlap
+        uniform = (policy,) * layers
+        if uniform not in probes and uniform != traced_policies and _may_win(state, spec, policy):
+            fits(uniform, est.of(*((layers, 0) if policy == FULL else (0, layers))))
+    out: list = [_summary(est, len(plans), searched, best, limit)]
+    fitting = [p for p in probes.values() if isinstance(p, Probed) and p.peak_bytes <= limit]
+    out += [p if isinstance(p, Tried) else _over_budget(p, limit) for p in probes.values()
+            if not any(p is q for q in fitting)]  # fmt: skip
+    if fitting:
+        fastest = min(fitting, key=lambda p: (p.ns, p.index))
+        fitting += _bucketed(state, judge, fastest)
     out += judge.finals({"all": fitting}, "the best fitting plan's", state.incumbent_ns())
     return out
 
 
 def _why_not(spec: Any, state: State) -> str | None:
-    """Why the family does not apply (a verdict), or None."""
+    """Why the family does not apply (a verdict), or None. A step that recomputes nothing and fits the budget can
+    gain only where freed memory lets the schedule overlap more: not where the best step so far leaves more than
+    :data:`UNUSED_SHARE` of the budget unused, or where it is at its lower bound."""
     from commsched.workloads.ac import layer_policies
 
     if spec is None:
         return "not applied: not a zoo step as traced (a policy retraces the step; other modules: not built)"
     if not spec.train:
         return f"not applied: a {spec.mode} step recomputes nothing (activation checkpointing is for training)"
-    if set(layer_policies(spec.ac, spec.model.n_layers)) == {NONE} and _traced_fits(state):
-        return "not applied: the traced step recomputes nothing and fits the memory budget (no faster policy)"
+    best = state.fastest()
+    if set(layer_policies(spec.ac, spec.model.n_layers)) == {NONE} and _traced_fits(state) and best is not None:
+        if best.sim.peak_memory_bytes < (1 - UNUSED_SHARE) * state.limit_bytes:
+            return (f"not applied: the traced step recomputes nothing and the best step leaves "
+                    f"{1 - best.sim.peak_memory_bytes / state.limit_bytes:.0%} of the budget unused (memory does "
+                    "not bind: recompute would only add work)")  # fmt: skip
+        if best.sim.makespan_s <= best.sim.lower_bound_s * (1 + 1e-9):
+            return "not applied: the traced step recomputes nothing and the best step is at its lower bound"
     return None
+
+
+UNUSED_SHARE = 0.05
+"""a step that recomputes nothing is not given recompute where the best step leaves this share of the budget unused"""
+
+
+def _may_win(state: State, spec: Any, policy: str) -> bool:
+    """Whether the step with every block under ``policy`` (traced for the estimate) can beat the best step so far:
+    its lower bound is not above it (:func:`commsched.optimize.protocol.bound_pruned`)."""
+    from commsched.optimize.protocol import bound_ns, bound_pruned
+    from commsched.sim import simulate_costs
+
+    g = traced(dataclasses.replace(spec, ac=policy)).graph
+    return bound_pruned(bound_ns(simulate_costs(g, state.cost(g))), state.incumbent_ns()) is None
 
 
 def _traced_fits(state: State) -> bool:
@@ -268,12 +299,12 @@ def _bucketed(state: State, judge: Judge, p: Probed) -> list[Probed]:
     return [probe] if isinstance(probe, Probed) and probe.peak_bytes <= state.limit_bytes else []
 
 
-def _summary(est: Estimate, plans: list, probed: int, best: int | None, limit: int) -> Tried:
+def _summary(est: Estimate, plans: int, probed: int, best: int | None, limit: int) -> Tried:
     """One line on the search: the per-block estimate, the frontier, how many plans the simulator probed."""
     per_block = ", ".join(f"{p} +{est.added_s[p] * 1e3:.3f} ms / -{est.saved_bytes[p] / 2**20:.1f} MiB"
                           for p in (SELECTIVE, FULL))  # fmt: skip
-    found = "none fits" if best is None else f"the fastest that fits is plan {best + 1}"
-    verdict = (f"searched: {len(plans)} plans on the estimate's frontier (per block: {per_block}), {probed} probed, "
+    found = "none fits" if best is None else f"the least recompute that fits is plan {best + 1}"
+    verdict = (f"searched: {plans} plans on the estimate's frontier (per block: {per_block}), {probed} probed, "
                f"{found} (budget {limit / 2**20:.0f} MiB); the others not probed (more recompute: no higher "
-               "peak)")  # fmt: skip
+               "peak); uniform plans probed where their lower bound can win")  # fmt: skip
     return Tried(f"{name} (search)", None, verdict=verdict)
