@@ -24,7 +24,9 @@ probed too, unless their lower bound is above the best step so far.
 
 Where it applies: a training step the zoo traced and nobody changed since. A step that recomputes nothing and fits
 the budget is left alone where the best step so far leaves over 5 % of the budget unused (memory does not bind the
-schedule) or is at its lower bound.
+schedule), is within 2 % of the traced compute work (nothing left to hide), or is no slower than the traced program's
+compute work, critical path or any group's communication (no plan has less: recompute keeps every collective and
+adds compute).
 """
 
 from __future__ import annotations
@@ -178,7 +180,7 @@ def variants(state: State, judge: Judge) -> list:
 def _why_not(spec: Any, state: State) -> str | None:
     """Why the family does not apply (a verdict), or None. A step that recomputes nothing and fits the budget can
     gain only where freed memory lets the schedule overlap more: not where the best step so far leaves more than
-    :data:`UNUSED_SHARE` of the budget unused, or where it is at its lower bound."""
+    :data:`UNUSED_SHARE` of the budget unused, or is within :data:`EXPOSED_SHARE` of the traced compute work."""
     from commsched.workloads.ac import layer_policies
 
     if spec is None:
@@ -191,13 +193,25 @@ def _why_not(spec: Any, state: State) -> str | None:
             return (f"not applied: the traced step recomputes nothing and the best step leaves "
                     f"{1 - best.sim.peak_memory_bytes / state.limit_bytes:.0%} of the budget unused (memory does "
                     "not bind: recompute would only add work)")  # fmt: skip
-        if best.sim.makespan_s <= best.sim.lower_bound_s * (1 + 1e-9):
-            return "not applied: the traced step recomputes nothing and the best step is at its lower bound"
+        bound = state.variants[0].sim.bound  # recompute keeps every collective and adds compute
+        floor_s = max(bound.compute_s, bound.critical_path_s, *bound.comm_s.values())
+        if floor_s >= best.sim.makespan_s:
+            return (f"pruned: recompute keeps every collective and adds compute, so no plan's work, critical path or "
+                    f"communication is below the traced program's {floor_s * 1e3:.3f} ms, no faster than the best "
+                    f"step {best.sim.makespan_s * 1e3:.3f} ms")  # fmt: skip
+        work_s = state.variants[0].sim.bound.compute_s  # the traced program's compute: more recompute adds to it
+        if best.sim.makespan_s <= work_s * (1 + EXPOSED_SHARE):
+            return (f"not applied: the traced step recomputes nothing and the best step, "
+                    f"{best.sim.makespan_s * 1e3:.3f} ms, is within {EXPOSED_SHARE:.0%} of the traced compute work "
+                    f"({work_s * 1e3:.3f} ms): recompute adds work, almost nothing is left to hide")  # fmt: skip
     return None
 
 
 UNUSED_SHARE = 0.05
 """a step that recomputes nothing is not given recompute where the best step leaves this share of the budget unused"""
+EXPOSED_SHARE = 0.02
+"""... nor where the best step is within this share of the traced compute work (a pruning heuristic: recompute
+can only win by hiding communication the best step still exposes)"""
 
 
 def _may_win(state: State, spec: Any, policy: str) -> bool:
