@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from zoo_helpers import assert_same_trace, check_ir, loss_node, specs_traced_by
 
 from commsched.workloads import build, resolve
-from commsched.workloads.ac import checkpointed, parse_ac
+from commsched.workloads.ac import checkpointed, layer_policies, parse_ac, per_layer_ac
 
 MODES = ("none", "selective-layer:2", "selective-op", "full")
 MM, FLASH = "aten.mm.default", "aten._scaled_dot_product_flash_attention.default"
@@ -130,6 +130,56 @@ def test_selective_layer_checkpoints_every_second_block():
     assert sum(t == MM for t in g.targets) == sum(t == MM for t in none.graph.targets) + 7
     assert sum(t == FLASH and i > loss for i, t in enumerate(g.targets)) == 1
     assert layer.meta["workload"].endswith("/ac selective-layer:2")
+
+
+# ---------------------------------------------------------------- per layer
+def test_per_layer_values_are_canonical_and_checked():
+    """``per-layer:P,P,...``: runs merged as ``P*K``; a bad item, or a count other than the model's layers, is a
+    one-line error naming ``ac``."""
+    assert parse_ac(" per-layer:full, full,none*1 ") == "per-layer:full*2,none"
+    assert layer_policies("per-layer:selective-op*2,full", 3) == ("selective-op", "selective-op", "full")
+    assert layer_policies("selective-layer:2", 4) == ("none", "full", "none", "full")
+    assert per_layer_ac(layer_policies("per-layer:none,full*3,none", 5)) == "per-layer:none,full*3,none"
+    for bad in ("per-layer:", "per-layer:fll", "per-layer:full*0", "per-layer:full*x"):
+        with pytest.raises(ValueError) as exc:
+            parse_ac(bad)
+        assert "\n" not in str(exc.value) and f"ac={bad!r}" in str(exc.value)
+    with pytest.raises(ValueError, match=r"ac='per-layer:full,none': gives 2 block policies, expected one per layer "
+                                         r"\(3\)"):  # fmt: skip
+        resolve("llama-tiny", parallel="fsdp", world_size=2, layers=3, ac="per-layer:full,none")
+
+
+@functools.cache
+def _tiny(ac: str):
+    return build("llama-tiny", parallel="fsdp", world_size=4, layers=2, seq_len=64, ac=ac)
+
+
+def test_per_layer_uniform_is_the_uniform_mode_node_for_node():
+    """A per-layer value runs each block as its uniform mode does: every block full is ``full``, full on every
+    second block is ``selective-layer:2``."""
+    assert_same_trace(_tiny("full"), _tiny("per-layer:full*2"))
+    assert_same_trace(_tiny("selective-layer:2"), _tiny("per-layer:none,full"))
+
+
+def test_per_layer_mixed_recomputes_each_block_as_its_policy():
+    """Block 0 selective-op, block 1 full: the backward recomputes 3 matmuls of block 0 (selective-op: wk, wo,
+    w3) and all 7 of block 1, and one attention (block 1's); peak memory and compute lie between the uniform
+    modes'."""
+    from commsched.cost import estimate_costs
+    from commsched.sim import simulate_costs
+
+    mixed, none, full = _tiny("per-layer:selective-op,full"), _tiny("none"), _tiny("full")
+    check_ir(mixed)
+    n_mm = lambda wl: sum(t == MM for t in wl.graph.targets)  # noqa: E731
+    assert n_mm(mixed) == n_mm(none) + 3 + 7
+    loss = loss_node(mixed.graph)
+    attention = [t for i, t in enumerate(mixed.graph.targets) if i > loss and t == FLASH]
+    assert len(attention) == 1
+    costs = [estimate_costs(w.graph, "h100-sxm") for w in (none, mixed, full)]
+    peaks = [simulate_costs(w.graph, c).peak_memory_bytes for w, c in zip((none, mixed, full), costs, strict=True)]
+    computes = [_compute_s(w, c) for w, c in zip((none, mixed, full), costs, strict=True)]
+    assert peaks[0] > peaks[1] >= peaks[2] and computes[0] < computes[1] < computes[2], (peaks, computes)
+    assert mixed.meta["ac"] == "per-layer:selective-op,full"
 
 
 # ---------------------------------------------------------------- real gloo ranks

@@ -192,7 +192,8 @@ _ZOO_HELP = {
     "world_size": "ranks of the (fake) process group",
     "fsdp_bucket": "param: one collective per parameter; block: one per block",
     "ac": "activation checkpointing of the blocks (train): none, full, selective-op, selective-layer:N "
-    "(every N-th block), as torchtitan applies it",
+    "(every N-th block), as torchtitan applies it; or per-layer:P,P,... (each block's P: none, selective-op, full; "
+    "P*K: K blocks)",
     "float8": "float8 training of the blocks' linears (train), as torchtitan runs torchao's Float8Linear: none, "
     "tensorwise (under FSDP: float8 all_gather of the weights), rowwise",
     "cp_size": "context-parallel degree (train, prefill): each rank holds seq / cp tokens (head-tail) and attention "

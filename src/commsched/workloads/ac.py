@@ -19,30 +19,45 @@ recomputed, even ops whose outputs the backward does not read), ``determinism_ch
 and not counted). Layer selection is torchtitan's: a counter incremented before the test, ``count % N == 0``, so
 the checkpointed blocks are the 0-based layers ``N-1, 2N-1, ...`` (``layer + 1`` divisible by N; N=1: every block).
 Unlike torchtitan's module-global counter, the count restarts with every step.
+
+Beyond torchtitan, ``"per-layer:P,P,..."`` gives each block its own policy ``P`` (``none``, ``selective-op`` or
+``full``, in layer order; ``P*K``: ``K`` blocks in a row), one per layer of the model: what
+:mod:`commsched.optimize.families.ac_policy` proposes. Each block runs exactly as under the uniform mode of its
+policy (``"per-layer:full,full"`` traces the graph of ``"full"`` node for node). Canonical spelling: runs merged,
+``*1`` dropped (``"per-layer:full,full,none"`` -> ``"per-layer:full*2,none"``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-AC_MODES = ("none", "full", "selective-op", "selective-layer:N")
-"""the accepted values of ``ac`` (N: an integer >= 1)"""
+AC_MODES = ("none", "full", "selective-op", "selective-layer:N", "per-layer:P,P,...")
+"""the accepted values of ``ac`` (N: an integer >= 1; P: a block's policy, one of :data:`BLOCK_POLICIES`)"""
+BLOCK_POLICIES = ("none", "selective-op", "full")
+"""what one block can run under, from the most memory to the least (and the least recompute to the most)"""
+PER_LAYER = "per-layer:"
 
 Checkpoint = Callable[..., Any]
 """``checkpoint(fn, *args)``: ``fn(*args)`` with its activations recomputed in the backward"""
 
 
-def parse_ac(ac: str) -> str:
-    """The canonical form of an ``ac`` value (``"selective-layer:02"`` -> ``"selective-layer:2"``); a one-line
-    ValueError naming the field and the accepted values otherwise."""
+def parse_ac(ac: str, *, layers: int | None = None) -> str:
+    """The canonical form of an ``ac`` value (``"selective-layer:02"`` -> ``"selective-layer:2"``, per-layer runs
+    merged); a one-line ValueError naming the field and the accepted values otherwise. ``layers``: the model's
+    block count, which a per-layer value must match."""
     value = str(ac).strip()
     if value in ("none", "full", "selective-op"):
         return value
+    if value.startswith(PER_LAYER):
+        policies = _per_layer_policies(value, ac)
+        if layers is not None and len(policies) != layers:
+            raise ValueError(f"ac={ac!r}: gives {len(policies)} block policies, expected one per layer ({layers})")
+        return per_layer_ac(policies)
     head, sep, tail = value.partition(":")
     if head == "selective-layer" and sep:
         try:
@@ -52,26 +67,73 @@ def parse_ac(ac: str) -> str:
         if every >= 1:
             return f"selective-layer:{every}"
         raise ValueError(f"ac={ac!r}: selective-layer:N needs an integer N >= 1 (every N-th block checkpointed)")
-    raise ValueError(f"ac={ac!r}: expected one of {', '.join(AC_MODES)} (N >= 1)")
+    raise ValueError(f"ac={ac!r}: expected one of {', '.join(AC_MODES)} (N >= 1, P in {'|'.join(BLOCK_POLICIES)})")
+
+
+def _per_layer_policies(value: str, ac: str) -> tuple[str, ...]:
+    """The block policies of a ``per-layer:`` value (``P`` or ``P*K`` items, comma-separated)."""
+    out: list[str] = []
+    for item in value.removeprefix(PER_LAYER).split(","):
+        policy, star, count = item.strip().partition("*")
+        policy = policy.strip()
+        try:
+            repeat = int(count) if star else 1
+        except ValueError:
+            repeat = 0
+        if policy not in BLOCK_POLICIES or repeat < 1:
+            raise ValueError(f"ac={ac!r}: per-layer item {item.strip()!r}: expected P or P*K with P in "
+                             f"{'|'.join(BLOCK_POLICIES)} and K >= 1")  # fmt: skip
+        out += [policy] * repeat
+    return tuple(out)
+
+
+def per_layer_ac(policies: Sequence[str]) -> str:
+    """The canonical ``ac`` value giving block ``i`` the policy ``policies[i]`` (runs merged as ``P*K``)."""
+    runs: list[list[Any]] = []
+    for policy in policies:
+        if policy not in BLOCK_POLICIES:
+            raise ValueError(f"block policy {policy!r}: expected one of {', '.join(BLOCK_POLICIES)}")
+        if runs and runs[-1][0] == policy:
+            runs[-1][1] += 1
+        else:
+            runs.append([policy, 1])
+    if not runs:
+        raise ValueError("per-layer AC needs at least one block policy")
+    return PER_LAYER + ",".join(p if k == 1 else f"{p}*{k}" for p, k in runs)
+
+
+def layer_policies(ac: str, layers: int) -> tuple[str, ...]:
+    """Each of ``layers`` blocks' policy under ``ac`` (one of :data:`BLOCK_POLICIES`)."""
+    return tuple(block_policy(ac, i, layers=layers) for i in range(layers))
+
+
+def block_policy(ac: str, layer: int, *, layers: int | None = None) -> str:
+    """What block ``layer`` (0-based) runs under: ``"none"``, ``"selective-op"`` or ``"full"`` (torchtitan's layer
+    rule for ``selective-layer:N``: see the module)."""
+    ac = parse_ac(ac, layers=layers)
+    if ac.startswith(PER_LAYER):
+        policies = _per_layer_policies(ac, ac)
+        if not 0 <= layer < len(policies):
+            raise ValueError(f"ac={ac!r}: no policy for layer {layer} (it gives {len(policies)})")
+        return policies[layer]
+    if ac.startswith("selective-layer:"):
+        return "full" if (layer + 1) % int(ac.partition(":")[2]) == 0 else "none"
+    return ac
 
 
 def checkpointed(ac: str, layer: int) -> bool:
     """Whether block ``layer`` (0-based) is checkpointed under ``ac`` (torchtitan's layer rule: see the module)."""
-    ac = parse_ac(ac)
-    if ac == "none":
-        return False
-    if ac.startswith("selective-layer:"):
-        return (layer + 1) % int(ac.partition(":")[2]) == 0
-    return True
+    return block_policy(ac, layer) != "none"
 
 
 def block_checkpoint(ac: str, layer: int, *, moe_router_shape: tuple[int, int] | None = None) -> Checkpoint | None:
     """The checkpoint block ``layer`` runs under (None: not checkpointed). ``moe_router_shape``: the MoE router
     matmul's right-hand shape ``(dim, n_experts)``, which selective-op AC always recomputes (torchtitan's
     ``per_op_sac_force_recompute_mm_shapes_by_fqns``); given, the save list is the MoE models' one."""
-    if not checkpointed(ac, layer):
+    policy = block_policy(ac, layer)
+    if policy == "none":
         return None
-    if parse_ac(ac) != "selective-op":
+    if policy == "full":
         return _checkpoint
     save = save_list(moe=moe_router_shape is not None)
     force = {torch.Size(moe_router_shape)} if moe_router_shape is not None else set()

@@ -182,7 +182,7 @@ def resolve(
         raise ValueError(f"fsdp_bucket={fsdp_bucket!r}: expected 'param' or 'block'")
     if not capacity_factor > 0:
         raise ValueError(f"capacity_factor={capacity_factor}: expected > 0")
-    ac = parse_ac(ac)
+    ac = parse_ac(ac, layers=cfg.n_layers)  # a per-layer value gives one policy per block
     if ac != "none" and mode != "train":
         raise ValueError(f"ac={ac!r} is for mode='train' (activation checkpointing recomputes the forward in the "
                          f"backward), not mode={mode!r}; use ac='none'")  # fmt: skip
