@@ -51,6 +51,14 @@ def test_groups_and_reliability():
     assert not bench.plan_run(next(r for r in RUNS if r["id"].startswith("fmsfsdp-llama2-70b"))).reliable
 
 
+def test_a_gpu_variant_the_source_does_not_name_is_mapped_with_its_evidence():
+    """torchao's H100 runs go to the 95 GiB HBM2e part (the note says why); the 80 GB part is their sensitivity."""
+    for p in (p for p in PLANS if p.id.startswith("torchao-llama3-8b-h100")):
+        assert p.profile == "h100-sxm-96g" and any("95.0 GiB" in note for note in p.notes)
+        assert bench.ALTERNATIVES["torchao-llama3-8b-h100"] == "h100-sxm"
+    assert all(p.profile == "mi300x" for p in PLANS if p.id.startswith("torchao-llama3-8b-mi300x"))
+
+
 def test_linear_extrapolation_formula():
     assert bench.extrapolate(1.0, 1.5, 2, 32) == pytest.approx(1.0 + 15 * 0.5)
     assert bench.extrapolate(3.0, 5.0, 1, 1) == 3.0

@@ -12,7 +12,8 @@ time = launch + max(flops / (peak[dtype] x eff_compute), bytes / (bandwidth x ef
   each the blocks of the (bottom-right causal) mask it sees, two per SM, one alone on its SM faster
   (:func:`forward_attention_efficiency`); times the KV length's K-depth term; a split pass also pays its combine
   kernel (:func:`forward_attention_extra_s`). For a
-  backward: the GEMM wave term over (batch x heads x query blocks), the KV length in place of K, and a causal pass
+  backward: the GEMM wave term over (batch x heads x query blocks), the KV length in place of K, times
+  FLASH_BACKWARD_RATE (a GPU kernel's backward is slower per flop than its forward), and a causal pass
   (the graph marks it) takes :func:`causal_fraction` of the full pass's time.
 * ``eff_memory = eff_max x bytes / (bytes + memory_half_bytes)``: a kernel moving few bytes cannot keep enough
   requests in flight to reach the bandwidth (Little's law); this is an efficiency curve in size, equivalently a
@@ -94,6 +95,20 @@ def attention_shape_efficiency(
     waves = np.ceil(tiles / units)
     k_half = hw.compute.matmul_k_half
     return fill * tiles / (waves * units) * (kv / (kv + k_half) if k_half > 0 else 1.0)
+
+
+FLASH_BACKWARD_RATE = 0.86
+"""a GPU flash attention backward's rate per counted flop over its forward's (same shape, same efficiency entry):
+FlashAttention-2 on H100, head dim 128, no mask, 8k-16k tokens: forward 370, backward 318-322 TFLOP/s (Shah et al.
+2024, "FlashAttention-3", arXiv 2407.08608, Fig. 5a and 6); on A100 forward up to 73 % of peak, backward up to 63 %
+(Dao 2023, "FlashAttention-2", arXiv 2307.08691, Sec. 4.1): 0.86 both. Checked, not fitted, on
+benchmarks/data/gpu_attention_h100.csv (torch's flash kernel, 1 x 32 x 8192 full: 362 and 308 TFLOP/s, 0.85)"""
+
+
+def backward_attention_rate(targets: list[str]) -> np.ndarray:
+    """FLASH_BACKWARD_RATE for each GPU attention backward target, 1 for a CPU kernel (``*_for_cpu_*``: no
+    measurement of its backward)."""
+    return np.array([1.0 if "for_cpu" in t else FLASH_BACKWARD_RATE for t in targets])
 
 
 _MANY_CTAS = 200_000  # beyond that the tail is noise: the balanced bound
@@ -293,6 +308,13 @@ def forward_attention_factor(gemm: np.ndarray, causal: np.ndarray, hw: Hardware)
     return out
 
 
+def runs_power_saturated(targets: list[str]) -> bool:
+    """Whether a graph is a training step (it has a backward op): seconds of back-to-back GEMMs hold the GPU at its
+    power limit, where its clock sits below the boost a lone kernel or a decode step runs at (the profile's
+    ``sustained_matmul``, from sustained and burst GEMM rates measured on the same chip)."""
+    return any("backward" in t for t in targets)
+
+
 def kernel_times(
     cls: np.ndarray,
     flops: np.ndarray,
@@ -300,15 +322,19 @@ def kernel_times(
     peak_flops: np.ndarray,
     shape_eff: np.ndarray,
     hw: Hardware,
+    *,
+    sustained: bool = False,
 ) -> np.ndarray:
     """Roofline seconds per node (0 for FREE and COLLECTIVE classes, which are timed elsewhere).
 
-    ``shape_eff``: the GEMM / attention shape term per node (1 where it does not apply).
+    ``shape_eff``: the GEMM / attention shape term per node (1 where it does not apply). ``sustained``: the matmuls
+    run at the power-limited rate (:func:`runs_power_saturated`).
     """
     c = hw.compute
     eff = c.efficiency
+    matmul = eff.matmul * (eff.sustained_matmul if sustained else 1.0)
     compute_eff = np.select(
-        [cls == OpClass.MATMUL, cls == OpClass.ATTENTION], [eff.matmul, eff.attention], default=eff.matmul
+        [cls == OpClass.MATMUL, cls == OpClass.ATTENTION], [matmul, eff.attention], default=matmul
     ) * np.maximum(shape_eff, 1e-6)
     mem_eff_max = np.where(cls == OpClass.REDUCTION, eff.reduction, eff.elementwise)
     t_compute = np.divide(flops, peak_flops * compute_eff, out=np.zeros(len(cls)), where=flops > 0)

@@ -23,6 +23,7 @@ from commsched.cost.collectives import normalize_kind, plan_collective
 from commsched.cost.compute import (
     attention_dims,
     attention_shape_efficiency,
+    backward_attention_rate,
     causal_attention_factor,
     forward_attention_extra_s,
     forward_attention_factor,
@@ -30,6 +31,7 @@ from commsched.cost.compute import (
     gemm_shape_efficiency,
     kernel_times,
     memory_time,
+    runs_power_saturated,
 )
 from commsched.cost.fusion import fusion_regions, region_boundary_bytes, view_sources
 from commsched.cost.model import CostEstimate
@@ -65,6 +67,7 @@ class GraphFeatures:
     # a scaled matmul's operand dtype (index into dtypes: float8), the dtype its tensor cores run at; -1 otherwise
     operand_dtype_id: np.ndarray | None = None
     launches: np.ndarray | None = None  # kernel launches per node: a multi-tensor op's (cost.multi_tensor); else 1
+    training: bool = False  # a training step: its matmuls run power-saturated (compute.runs_power_saturated)
 
 
 _features: weakref.WeakKeyDictionary[Graph, GraphFeatures] = weakref.WeakKeyDictionary()
@@ -165,7 +168,7 @@ def graph_features(g: Graph) -> GraphFeatures:
             causal[i] = 2 if "backward" in targets[i] else 1
     launches = multi_tensor_launches(g) if multi.any() else np.ones(n, np.int64)
     feats = GraphFeatures(cls, fusible, key, nbytes, dtype_id, dtypes, gemm, node_flops, src, region, causal, read_cap,
-                          operand_dtype_id, launches)  # fmt: skip
+                          operand_dtype_id, launches, runs_power_saturated(targets))  # fmt: skip
     _features[g] = feats
     return feats
 
@@ -181,7 +184,7 @@ def _profile_table(path: str) -> MeasuredTable:
     return _tables[key]
 
 
-def _shape_efficiency(f: GraphFeatures, hw: Hardware) -> np.ndarray:
+def _shape_efficiency(g: Graph, f: GraphFeatures, hw: Hardware) -> np.ndarray:
     eff = np.ones(len(f.cls))
     mm = f.cls == OpClass.MATMUL
     if mm.any():
@@ -191,6 +194,7 @@ def _shape_efficiency(f: GraphFeatures, hw: Hardware) -> np.ndarray:
     if len(backward):
         d = f.gemm[backward]
         eff[backward] = attention_shape_efficiency(d[:, 0], d[:, 1], d[:, 2], hw)
+        eff[backward] *= backward_attention_rate([g.targets[i] for i in backward.tolist()])
         causal = f.causal[backward] == 2  # the flops count the masked blocks too: a causal pass runs faster
         eff[backward[causal]] /= causal_attention_factor(d[causal], hw)
     forward = np.flatnonzero((f.cls == OpClass.ATTENTION) & (f.gemm[:, 3] == 0))
@@ -222,7 +226,7 @@ def _fused_times(
         return unfused
     c = hw.compute
     members = (region >= 0) & (g.kinds != OpKind.VIEW)
-    read, written = region_boundary_bytes(g, region, f.src, f.read_cap)
+    read, written = region_boundary_bytes(g, region, f.src, f.read_cap, f.cls == OpClass.ELEMENTWISE)
     moved = read + written
     flops = np.bincount(region[members], weights=f.flops[members], minlength=num)
     is_red = np.bincount(region[members], weights=(f.cls[members] == OpClass.REDUCTION), minlength=num) > 0
@@ -268,7 +272,7 @@ def estimate_costs(
     if table is None and hw.table_path:
         table = _profile_table(hw.table_path)
     peak = _peak_per_node(f, hw)
-    node_s = kernel_times(f.cls, f.flops, f.nbytes, peak, _shape_efficiency(f, hw), hw)
+    node_s = kernel_times(f.cls, f.flops, f.nbytes, peak, _shape_efficiency(g, f, hw), hw, sustained=f.training)
     if f.launches is not None:  # a multi-tensor op's further launches (kernel_times charged one)
         node_s += np.where(node_s > 0, (f.launches - 1) * hw.compute.launch_overhead_s, 0.0)
     forward = np.flatnonzero((f.cls == OpClass.ATTENTION) & (f.gemm[:, 3] == 0))

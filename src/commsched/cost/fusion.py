@@ -20,6 +20,11 @@ Rules, after the seed scheduler (``Scheduler.can_fuse`` / ``will_fusion_create_c
 Views are transparent: an edge through a chain of views is an edge from the view's base node, and a view belongs to
 its base's region (it costs nothing, and keeping it with the region keeps the region contiguous in an order). Inputs
 and non-fusible nodes have region -1. Cost: O(N + E) Python over the edge arrays.
+
+What a region moves (:func:`region_boundary_bytes`) follows Inductor's realization rule: a pointwise value read by
+another kernel is recomputed there from the buffers it reads, not written and read back, unless its body reads more
+than ``REALIZE_READS_THRESHOLD`` buffers (``StorageBox.should_realize_on_reuse``); a value an extern kernel (a
+matmul, a collective) or the graph output uses is always written.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from commsched.ir import Graph, OpKind
 
 MAX_FUSION_SIZE = 64  # torch._inductor.config.max_fusion_size
 PROXIMITY = 64  # Scheduler.can_fusion_increase_peak_memory: no horizontal fusion of nodes further apart
+REALIZE_READS_THRESHOLD = 4  # torch._inductor.config.realize_reads_threshold (reads a recomputed value may have)
 
 
 def view_sources(g: Graph) -> np.ndarray:
@@ -131,35 +137,83 @@ def fusion_regions(
     return region
 
 
+def _recompute_leaves(
+    g: Graph, region: np.ndarray, src: np.ndarray, realized: np.ndarray
+) -> dict[int, tuple[int, ...] | None]:
+    """For each unrealized region member, the realized inputs (actual input nodes, views kept) a kernel that
+    recomputes it reads: its data inputs, through unrealized members of its own region; None where that body
+    reads more than REALIZE_READS_THRESHOLD buffers (Inductor then writes the value once)."""
+    leaves: dict[int, tuple[int, ...] | None] = {}
+    in_ptr, in_idx = g.in_ptr, g.in_idx
+    for p in np.flatnonzero((region >= 0) & ~realized).tolist():  # ids are a topological order: inputs first
+        acc: set[int] = set()
+        for a in in_idx[in_ptr[p] : in_ptr[p + 1]].tolist():
+            q = int(src[a])
+            sub = leaves.get(q) if region[q] == region[p] and not realized[q] else (a,)
+            if sub is None:
+                acc = set(range(REALIZE_READS_THRESHOLD + 1))  # a too-large body: too large here too
+                break
+            acc.update(sub)
+        leaves[p] = tuple(sorted(acc)) if len(acc) <= REALIZE_READS_THRESHOLD else None
+    return leaves
+
+
 def region_boundary_bytes(
-    g: Graph, region: np.ndarray, src: np.ndarray, read_cap: np.ndarray | None = None
+    g: Graph,
+    region: np.ndarray,
+    src: np.ndarray,
+    read_cap: np.ndarray | None = None,
+    pointwise: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(bytes read from outside, bytes written for outside) per region: what a fused kernel moves.
 
     A tensor read by several members is read once, as much of it as the member reading most reads (all of it, or
     at most ``read_cap[member]`` bytes: a gather reads the rows it writes); a member's output is written when a
     node outside the region (the output node included) uses it, or when nothing uses it (side effects, in-place
-    writes).
+    writes). ``pointwise`` (bool per node): such a member whose value another region reads is recomputed there
+    from the buffers it reads (the module docstring's realization rule), so it is not written for that region;
+    a gather (finite ``read_cap``) is not recomputed.
     """
     num_regions = int(region.max()) + 1 if len(region) and region.max() >= 0 else 0
     if num_regions == 0:
         return np.zeros(0), np.zeros(0)
+    n = len(g)
     prod, cons, actual, data = resolved_edges(g, src)
-    rc = region[cons]
-    ext_read = data & (rc >= 0) & (region[prod] != rc)
-    pairs, inverse = np.unique(rc[ext_read] * len(g) + actual[ext_read], return_inverse=True)
-    edge_bytes = g.out_bytes[actual[ext_read]].astype(np.float64)
+    rc, rp = region[cons], region[prod]
+    is_view = (g.kinds == OpKind.VIEW) & (src != np.arange(n))
+    has_user = np.zeros(n, bool)
+    has_user[prod] = True
+    extern_user = np.zeros(n, bool)  # a user no kernel of ours recomputes it in: an extern kernel or the output
+    extern_user[prod[rc < 0]] = True
+    inline = np.zeros(n, bool)
+    if pointwise is not None:
+        inline = np.asarray(pointwise, bool) & (region >= 0) & ~is_view
+        if read_cap is not None:
+            inline &= ~np.isfinite(read_cap)
+    realized = ~inline | extern_user | ~has_user
+    leaves = _recompute_leaves(g, region, src, realized) if inline.any() else {}
+    cross = data & (rc >= 0) & (rp != rc)
+    recompute = cross & np.asarray([leaves.get(q) is not None for q in prod.tolist()], bool)
+    # what each region reads: the actual inputs of its cross edges, or a recomputed value's leaves instead
+    pair_region = [rc[cross & ~recompute]]
+    pair_node = [actual[cross & ~recompute]]
+    pair_cap = [cons[cross & ~recompute]]
+    for r, q, c in zip(rc[recompute].tolist(), prod[recompute].tolist(), cons[recompute].tolist(), strict=True):
+        for leaf in leaves[q]:
+            if region[src[leaf]] != r:  # a leaf the consumer's own region computes is not read
+                pair_region.append(np.array([r]))
+                pair_node.append(np.array([leaf]))
+                pair_cap.append(np.array([c]))
+    pr, pn, pc = (np.concatenate(x).astype(np.int64) for x in (pair_region, pair_node, pair_cap))
+    pairs, inverse = np.unique(pr * n + pn, return_inverse=True)
+    edge_bytes = g.out_bytes[pn].astype(np.float64)
     if read_cap is not None:
-        edge_bytes = np.minimum(edge_bytes, read_cap[cons[ext_read]])
+        edge_bytes = np.minimum(edge_bytes, read_cap[pc])
     pair_bytes = np.zeros(len(pairs))
     np.maximum.at(pair_bytes, inverse.reshape(-1), edge_bytes)
-    read = np.bincount(pairs // len(g), weights=pair_bytes, minlength=num_regions)
-    rp = region[prod]
-    used_outside = np.zeros(len(g), bool)
-    used_outside[prod[(rp >= 0) & (rc != rp)]] = True
-    has_user = np.zeros(len(g), bool)
-    has_user[prod] = True
-    is_view = (g.kinds == OpKind.VIEW) & (src != np.arange(len(g)))
+    read = np.bincount(pairs // n, weights=pair_bytes, minlength=num_regions)
+    used_outside = np.zeros(n, bool)
+    used_outside[prod[(rp >= 0) & (rc != rp) & ~recompute]] = True
     writes = (region >= 0) & ~is_view & (used_outside | ~has_user)
     written = np.bincount(region[writes], weights=g.out_bytes[writes], minlength=num_regions)
     return read, written

@@ -35,6 +35,7 @@ class OpEfficiency:
     attention: float  # of peak FLOP/s, fused attention kernels
     elementwise: float  # of HBM bandwidth, memory-bound pointwise / copy kernels
     reduction: float  # of HBM bandwidth, memory-bound reductions (norms, softmax, sums)
+    sustained_matmul: float = 1.0  # x matmul in a training step, whose GEMMs keep the chip at its power limit
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -247,7 +248,8 @@ def hardware_from_dict(data: Mapping[str, Any], *, where: str = "<profile>", bas
     if "float32" not in dict(peak_flops):
         raise _fail(f"{where} [compute.peak_tflops]", "missing key 'float32' (the fallback for other dtypes)")
     eff = _Section(c.raw("efficiency"), f"{where} [compute.efficiency]")
-    efficiency = OpEfficiency(**{k: eff.pos(k, hi=1.0) for k in ("matmul", "attention", "elementwise", "reduction")})
+    efficiency = OpEfficiency(**{k: eff.pos(k, hi=1.0) for k in ("matmul", "attention", "elementwise", "reduction")},
+                              sustained_matmul=eff.pos("sustained_matmul", hi=1.0, default=1.0))  # fmt: skip
     eff.done()
     tiles_raw = c.raw("matmul_tiles")
     if not isinstance(tiles_raw, list) or not tiles_raw:
