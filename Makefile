@@ -28,7 +28,7 @@ test: $(STAMP)
 	# the shaped-network tests of commsched.runtime run ip netns / tc (iproute2)
 	(command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1) || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2)
 	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from typer.testing import CliRunner
 
 from commsched.cli import app
-from commsched.runtime.netns import list_namespaces
+from commsched.runtime.netns import NAME_PREFIX, list_namespaces
 from run_reports import small_run_report
 
 runner = CliRunner()
@@ -35,11 +37,12 @@ def test_help_has_an_example():
     ],
 )
 def test_bad_input_exits_2(args, message):
-    before = set(list_namespaces())
+    ours = f"{NAME_PREFIX}{os.getpid()}-"  # another test process may be making its own namespaces meanwhile
+    before = {n for n in list_namespaces() if n.startswith(ours)}
     res = runner.invoke(app, ["run", *args])
     assert res.exit_code == 2, res.output
     assert message in res.output
-    assert set(list_namespaces()) == before  # nothing left behind
+    assert {n for n in list_namespaces() if n.startswith(ours)} == before  # nothing left behind
 
 
 def test_bandwidth_under_torchrun_is_refused(monkeypatch):

@@ -3,6 +3,7 @@ in every case. Namespace tests need root and iproute2; elsewhere they are skippe
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import subprocess
@@ -95,14 +96,19 @@ def test_namespace_is_shaped_traffic_crosses_it_and_it_is_removed():
 
 @needs_shaping
 def test_delay_uses_netem_or_fails_cleanly():
-    before = set(list_namespaces())
+    before = _ours()
     try:
         with shaped_network("2gbit", delay="1ms") as net:
             summary = qdisc_summary(net)
             assert "tbf" in summary and "netem" in summary and "delay 1ms" in summary
     except ShapedNetworkUnavailable as exc:
         assert "netem" in str(exc)  # a kernel without sch_netem (containers): the reason, and no namespace left
-    assert set(list_namespaces()) == before
+    assert _ours() == before
+
+
+def _ours() -> set[str]:
+    """This process's namespaces (another test process may be making its own at the same time)."""
+    return {n for n in list_namespaces() if n.startswith(f"{NAME_PREFIX}{os.getpid()}-")}
 
 
 @needs_shaping
