@@ -28,6 +28,14 @@ ADAMW_STATES = 2
 """AdamW's states per parameter (exp_avg, exp_avg_sq; torchtitan's default optimizer), in the master dtype"""
 
 
+def parse_parallel(parallel: str) -> str:
+    """``parallel`` if a pipeline rank's ranks can run it, else ValueError naming the ones they can."""
+    if parallel not in PIPELINE_PARALLELISMS:
+        raise ValueError(f"parallel={parallel!r}: under pipeline parallelism expected one of "
+                         f"{', '.join(PIPELINE_PARALLELISMS)}")  # fmt: skip
+    return parallel
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PipelineJob:
     """A training job with pipeline parallelism, as the options give it (None: the default)."""
@@ -50,9 +58,7 @@ class PipelineJob:
         of the stage ranks and of one micro-batch's program."""
         from commsched.workloads import resolve
 
-        if self.parallel not in PIPELINE_PARALLELISMS:
-            raise ValueError(f"parallel={self.parallel!r}: under pipeline parallelism expected one of "
-                             f"{', '.join(PIPELINE_PARALLELISMS)}")  # fmt: skip
+        parse_parallel(self.parallel)
         program = lower_schedule(self.schedule, self.pp_size, self.microbatches, self.stages_per_rank)
         if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or self.world_size < 1:
             raise ValueError(f"world_size={self.world_size!r}: expected an integer >= 1")
