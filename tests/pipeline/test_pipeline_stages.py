@@ -124,8 +124,9 @@ def test_gpipe_s_memory_grows_with_m_and_1f1b_s_does_not(memory_by_m):
 def test_fsdp_s_collectives_run_once_per_step_and_the_rates_follow_the_step(memory_by_m):
     step = memory_by_m["1F1B", 4]
     costs = step.costs
-    assert all(u > 0 for u in costs.unshard_s) and all(r > costs.unshard_s[i] for i, r in
-                                                     enumerate(costs.reduce_grad_s))  # fp32 grads vs bf16 params
+    assert all(u > 0 for u in costs.unshard_s) and all(
+        r > costs.unshard_s[i] for i, r in enumerate(costs.reduce_grad_s)
+    )  # fp32 grads vs bf16 params
     d = step.as_dict()
     assert d["tokens_per_s_per_gpu"] == pytest.approx(4 * 64 / d["step_s"] / (2 * 2))  # batch 4 x seq 64 / (TP x PP)
     assert 0 < d["mfu"] < 1 and d["mesh"] == {"pp": 2, "fsdp": 2, "tp": 2}
@@ -144,8 +145,11 @@ def test_unshard_and_reduce_grad_add_their_time_to_1f1b_s_step():
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.sampled_from([("1F1B", 1, 1), ("Interleaved1F1B", 2, 2), ("ZBVZeroBubble", 2, 1), ("GPipe", 1, 2)]),
-       st.lists(st.integers(0, 2000), min_size=8, max_size=8), st.lists(st.integers(0, 2000), min_size=8, max_size=8))
+@given(
+    st.sampled_from([("1F1B", 1, 1), ("Interleaved1F1B", 2, 2), ("ZBVZeroBubble", 2, 1), ("GPipe", 1, 2)]),
+    st.lists(st.integers(0, 2000), min_size=8, max_size=8),
+    st.lists(st.integers(0, 2000), min_size=8, max_size=8),
+)
 def test_fsdp_times_never_shrink_the_step_and_stay_within_each_rank_s_bubble(case, unshard, reduce):
     name, v, m_per_p = case
     program = lower_schedule(name, 4, 4 * m_per_p, v)
@@ -170,7 +174,8 @@ def test_the_command_s_json_has_the_issue_s_fields(memory_by_m):
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
     assert {"step_s", "tokens_per_s_per_gpu", "bubble_fraction", "peak_memory_bytes", "per_rank", "mfu"} <= set(d)
-    assert [set(r) >= {"busy_s", "bubble_s", "exposed_comm_s", "peak_memory_bytes"} for r in d["per_rank"]] == [True] * 2
+    fields = {"busy_s", "bubble_s", "exposed_comm_s", "peak_memory_bytes"}
+    assert len(d["per_rank"]) == 2 and all(fields <= set(r) for r in d["per_rank"])
     assert d["step_s"] == pytest.approx(memory_by_m["1F1B", 4].step_s)  # the same job as the library's
     assert d["peak_memory_bytes"] == max(r["peak_memory_bytes"] for r in d["per_rank"])
     table = runner.invoke(app, [*PIPELINE, "--pp-schedule", "Interleaved1F1B", "--microbatches", "4"])

@@ -20,21 +20,37 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def pipeline(
         preset: str = typer.Argument(..., help="a zoo preset, e.g. llama3-8b"),
-        parallel: str = typer.Option("fsdp", "--parallel", "-p", help=PARALLEL_HELP,
-                                     callback=checked_by("commsched.pipeline.job:parse_parallel")),
+        parallel: str = typer.Option(
+            "fsdp", "--parallel", "-p", help=PARALLEL_HELP, callback=checked_by("commsched.pipeline.job:parse_parallel")
+        ),
         world_size: int = typer.Option(8, "--world-size", "-w", min=1, help="every rank of the job (PP x the rest)"),
         tp_size: int = typer.Option(None, "--tp-size", min=1, help="tensor-parallel degree (tp*, fsdp+tp*)"),
         pp_size: int = typer.Option(2, "--pp-size", min=2, help="pipeline ranks (P)"),
-        pp_schedule: str = typer.Option("1F1B", "--pp-schedule", help=SCHEDULE_HELP,
-                                        callback=checked_by("commsched.pipeline.actions:parse_schedule")),
-        microbatches: int = typer.Option(None, "--microbatches", "-M", min=1,
-                                         help="micro-batches per step (M; unset: P x V)"),
-        stages_per_rank: int = typer.Option(None, "--stages-per-rank", "-V", min=1,
-                                            help="stages per pipeline rank (V; unset: 1 for GPipe / 1F1B, else 2)"),
+        pp_schedule: str = typer.Option(
+            "1F1B",
+            "--pp-schedule",
+            help=SCHEDULE_HELP,
+            callback=checked_by("commsched.pipeline.actions:parse_schedule"),
+        ),
+        microbatches: int = typer.Option(
+            None, "--microbatches", "-M", min=1, help="micro-batches per step (M; unset: P x V)"
+        ),
+        stages_per_rank: int = typer.Option(
+            None,
+            "--stages-per-rank",
+            "-V",
+            min=1,
+            help="stages per pipeline rank (V; unset: 1 for GPipe / 1F1B, else 2)",
+        ),
         layers: int = typer.Option(None, "--layers", "-l", min=1, help="transformer blocks (unset: the preset's)"),
         seq_len: int = typer.Option(None, "--seq-len", min=1, help="sequence length (unset: the preset's)"),
-        batch: int = typer.Option(None, "--batch", min=1, help="sequences per data-parallel replica per step, split "
-                                  "into the micro-batches (unset: one per micro-batch)"),
+        batch: int = typer.Option(
+            None,
+            "--batch",
+            min=1,
+            help="sequences per data-parallel replica per step, split "
+            "into the micro-batches (unset: one per micro-batch)",
+        ),
         dtype: str = typer.Option("bfloat16", "--dtype", help="compute dtype: bfloat16, float16, float32"),
         hardware: HardwareOption = "h100-sxm",
         json_out: str = json_option("the pipeline step"),

@@ -301,4 +301,3 @@ def world_for_nodes(hardware: str | Hardware, num_nodes: int, gpus_per_node: int
 
     gpn = gpus_per_node or (hardware.gpus_per_node if isinstance(hardware, Hardware) else get(hardware).gpus_per_node)
     return num_nodes * gpn
-

@@ -72,11 +72,13 @@ class PipelineJob:
         options = dict(layers=self.layers, seq_len=self.seq_len, batch=batch // self.microbatches, dtype=self.dtype)
         if self.parallel == "none" and inner_world != 1:
             raise ValueError(f"parallel='none': world_size={self.world_size} / pp_size={self.pp_size} leaves "
-                             f"{inner_world} ranks per pipeline rank; expected 1 (or a parallel that uses them)")  # fmt: skip
+                             f"{inner_world} ranks per pipeline rank; expected 1 (or a plan "
+                             "that uses them)")  # fmt: skip
         inner = resolve(self.preset, parallel=self.parallel, world_size=inner_world, tp_size=self.tp_size, **options)
         if inner.plan.dp > 1:
-            raise ValueError(f"parallel={self.parallel!r}: tp_size={inner.plan.tp} leaves {inner.plan.dp} data-parallel "
-                             f"replicas per pipeline rank; use fsdp+tp (DDP under PP is not built yet)")  # fmt: skip
+            raise ValueError(f"parallel={self.parallel!r}: tp_size={inner.plan.tp} leaves {inner.plan.dp} "
+                             "data-parallel replicas per pipeline rank; use fsdp+tp (DDP under PP is not "
+                             "built yet)")  # fmt: skip
         stages = stages_of(program.num_stages, inner.model.n_layers)
         tp = inner.plan.tp
         compute_parallel = "none" if tp == 1 else ("tp+sp" if inner.plan.sp else "tp")
@@ -189,7 +191,8 @@ def _static_bytes(job: ResolvedJob, stage: Stage) -> int:
     shard = param_bytes(layout, inner.master_dtype, sharded=True)
     total = shard * (2 + ADAMW_STATES)
     if inner.plan.fsdp > 1:
-        total += param_bytes(layout, inner.dtype, sharded=False) + param_bytes(layout, inner.reduce_dtype, sharded=False)
+        unsharded = param_bytes(layout, inner.dtype, sharded=False)
+        total += unsharded + param_bytes(layout, inner.reduce_dtype, sharded=False)
     return total
 
 

@@ -116,7 +116,10 @@ class _Run:
         self.start = [np.full(len(a), -1, np.int64) for a in program.actions]
         self.end = [np.full(len(a), -1, np.int64) for a in program.actions]
         self.send_where: dict[tuple[int, int, int], tuple[int, int]] = {}  # transfer -> (rank, action) of its send
-        self.fsdp_ns = {ActionKind.UNSHARD: times.unshard_ns.tolist(), ActionKind.REDUCE_GRAD: times.reduce_grad_ns.tolist()}
+        self.fsdp_ns = {
+            ActionKind.UNSHARD: times.unshard_ns.tolist(),
+            ActionKind.REDUCE_GRAD: times.reduce_grad_ns.tolist(),
+        }
         self.fsdp_free = {(kind, r): 0 for kind in self.fsdp_ns for r in range(p)}  # each rank's two FSDP streams
         self.unshard_at: dict[int, tuple[int, int]] = {}  # stage -> (start, end) of its UNSHARD
         self.recv_where: dict[tuple[int, int, int], tuple[int, int]] = {}  # ... and of its receive

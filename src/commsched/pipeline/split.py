@@ -34,7 +34,7 @@ class Stage:
 
     @property
     def units(self) -> tuple[str, ...]:
-        """Its zoo FSDP units (``commsched.workloads.params``: ``embed``, ``layers.<i>``, ``final``), in forward order."""
+        """Its zoo FSDP units (``commsched.workloads.params``: embed, layers.<i>, final), in forward order."""
         return (("embed",) if self.first else ()) + tuple(f"layers.{i}" for i in self.layers) + (
             ("final",) if self.last else ())  # fmt: skip
 

@@ -114,7 +114,8 @@ class StageStep:
     @property
     def input_names(self) -> list[str]:
         names = [p.name for p in self.layout] + ["tokens" if self.first else HIDDEN_INPUT]
-        return names + (["labels"] if self.last else []) + ["rope_cos", "rope_sin"] + ([] if self.last else [OUTPUT_GRAD])
+        names += ["labels"] if self.last else []
+        return names + ["rope_cos", "rope_sin"] + ([] if self.last else [OUTPUT_GRAD])
 
     def hidden_shape(self) -> tuple[int, int]:
         """The hidden state a stage receives and sends: ``[tokens, dim]``, the tokens split over TP under SP."""
