@@ -36,6 +36,7 @@ COMMAND_MODULES = (
     "commsched.cli.sweep",
     "commsched.cli.run",
     "commsched.cli.replay",
+    "commsched.cli.pipeline",
 )
 
 for _mod in COMMAND_MODULES:

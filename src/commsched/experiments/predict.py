@@ -166,13 +166,11 @@ class Prediction:
 
     @property
     def model_flops_per_token(self) -> float:
-        """torchtitan's FLOPs per token: 6 x the non-embedding parameters one token uses (the output projection
-        included) + 12 x layers x heads x head_dim x sequence (attention, causality not discounted)."""
+        """torchtitan's FLOPs per token (``ModelConfig.model_flops_per_token``) of the traced layers."""
         from commsched.workloads import get_preset
 
         cfg = dataclasses.replace(get_preset(self.config.preset), n_layers=int(self.meta["layers"]))
-        dense = cfg.n_layers * cfg.block_active_params() + cfg.vocab_size * cfg.dim + cfg.dim
-        return 6.0 * dense + 12.0 * cfg.n_layers * cfg.n_heads * cfg.head_dim * int(self.meta["seq_len"])
+        return cfg.model_flops_per_token(int(self.meta["seq_len"]))
 
     @property
     def peak_flops(self) -> float | None:

@@ -90,12 +90,17 @@ class PipelineProgram:
         return [self.action_str(rank, i) for i in range(len(self.actions[rank]))]
 
 
-def check_schedule_args(schedule: str, pp_size: int, microbatches: int, stages_per_rank: int | None) -> tuple[str, int]:
-    """(torch's spelling of ``schedule``, V) or ValueError naming the option and what torch requires."""
-    by_lower = {name.lower(): name for name in SCHEDULES}
-    name = by_lower.get(str(schedule).lower())
+def parse_schedule(schedule: str) -> str:
+    """torch's spelling of a schedule name given in any case, or ValueError naming the schedules."""
+    name = {name.lower(): name for name in SCHEDULES}.get(str(schedule).lower())
     if name is None:
         raise ValueError(f"schedule={schedule!r}: expected one of {', '.join(SCHEDULES)}")
+    return name
+
+
+def check_schedule_args(schedule: str, pp_size: int, microbatches: int, stages_per_rank: int | None) -> tuple[str, int]:
+    """(torch's spelling of ``schedule``, V) or ValueError naming the option and what torch requires."""
+    name = parse_schedule(schedule)
     for field, value in (("pp_size", pp_size), ("microbatches", microbatches)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{field}={value!r}: expected an integer >= 1")

@@ -46,6 +46,10 @@ class StageCosts:
     """what stage s holds per micro-batch from the start of its forward to the end of its backward (B or W)"""
     static_bytes: Any = 0
     """what stage s holds all step: parameters, gradients, optimizer state"""
+    unshard_s: Any = 0
+    """UNSHARD: FSDP's all_gather of stage s's parameters, once per step (a number or (stages,) seconds)"""
+    reduce_grad_s: Any = 0
+    """REDUCE_GRAD: the reduction of stage s's gradients after its last backward, once per step"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +64,8 @@ class StageTimes:
     send_bytes: np.ndarray  # (stages,)
     activation_bytes: np.ndarray  # (stages,)
     static_bytes: np.ndarray  # (stages,)
+    unshard_ns: np.ndarray  # (stages,)
+    reduce_grad_ns: np.ndarray  # (stages,)
 
 
 def _seconds_table(name: str, value: Any, shape: tuple[int, ...]) -> np.ndarray:
@@ -110,7 +116,9 @@ def stage_times(costs: StageCosts, program: PipelineProgram) -> StageTimes:
         pair = _seconds_table("overlap_f_b_s", costs.overlap_f_b_s, (stages, stages))
     return StageTimes(fwd, bwd, b_in, b_w, pair, _bytes_vector("send_bytes", costs.send_bytes, shape[0]),
                       _bytes_vector("activation_bytes", costs.activation_bytes, shape[0]),
-                      _bytes_vector("static_bytes", costs.static_bytes, shape[0]))  # fmt: skip
+                      _bytes_vector("static_bytes", costs.static_bytes, shape[0]),
+                      _seconds_table("unshard_s", costs.unshard_s, shape[:1]),
+                      _seconds_table("reduce_grad_s", costs.reduce_grad_s, shape[:1]))  # fmt: skip
 
 
 def p2p_times_ns(

@@ -13,8 +13,10 @@ The rules (torch's ``_PipelineScheduleRuntime`` on GPUs, ProcessGroupNCCL's stre
   to the same receiver has ended (NCCL matches a pair's P2P in order; each direction of a link is its own channel,
   as NVLink and InfiniBand are full duplex), and takes the collective model's ``sendrecv`` time
   (:func:`commsched.pipeline.costs.p2p_times_ns`); a receive never completes before its send was posted;
-* UNSHARD, RESHARD and REDUCE_GRAD take no time here (FSDP's and the gradient reduction's collectives are not
-  modelled yet);
+* UNSHARD (FSDP's all_gather of a stage's parameters) and REDUCE_GRAD (its gradient reduction) run once per step
+  on the rank's all_gather and reduce-scatter streams (FSDP2's two streams), each FIFO, posted at their place in
+  the program and taking the stage's ``unshard_s`` / ``reduce_grad_s``; a stage's compute waits for its UNSHARD,
+  and the step waits for every REDUCE_GRAD (the waits count as exposed communication); RESHARD takes no time;
 * a stage holds ``activation_bytes`` per micro-batch from its forward's start to the end of its backward (B, or the
   W after an I), plus ``static_bytes`` all step.
 
@@ -114,6 +116,12 @@ class _Run:
         self.start = [np.full(len(a), -1, np.int64) for a in program.actions]
         self.end = [np.full(len(a), -1, np.int64) for a in program.actions]
         self.send_where: dict[tuple[int, int, int], tuple[int, int]] = {}  # transfer -> (rank, action) of its send
+        self.fsdp_ns = {
+            ActionKind.UNSHARD: times.unshard_ns.tolist(),
+            ActionKind.REDUCE_GRAD: times.reduce_grad_ns.tolist(),
+        }
+        self.fsdp_free = {(kind, r): 0 for kind in self.fsdp_ns for r in range(p)}  # each rank's two FSDP streams
+        self.unshard_at: dict[int, tuple[int, int]] = {}  # stage -> (start, end) of its UNSHARD
         self.recv_where: dict[tuple[int, int, int], tuple[int, int]] = {}  # ... and of its receive
 
     # ------------------------------------------------------------------ P2P
@@ -148,9 +156,25 @@ class _Run:
             if waiter is not None:
                 self.ready.append(waiter)
 
+    def fsdp(self, rank: int, i: int, kind: int, stage: int) -> None:
+        """An UNSHARD / REDUCE_GRAD at rank's cursor, on its stream once the one before it there has ended."""
+        start = max(self.cursor[rank], self.fsdp_free[kind, rank])
+        end = start + self.fsdp_ns[kind][stage]
+        self.fsdp_free[kind, rank] = end
+        self.start[rank][i], self.end[rank][i] = start, end
+        if kind == ActionKind.UNSHARD:
+            self.unshard_at[stage] = (start, end)
+
     # ------------------------------------------------------------------ compute
     def inputs(self, rank: int, kind: int, stage: int, mb: int) -> list[tuple[int, int, tuple | None]]:
-        """(ready ns or -1, transfer start ns or -1, the transfer key or None) of each input of one compute."""
+        """(ready ns or -1, transfer start ns or -1, the transfer key or None) of each input of one compute; a stage's
+        parameters gathered by its UNSHARD are one (a transfer on the rank's own stream)."""
+        gathered = self.unshard_at.get(stage)
+        own = [] if gathered is None else [(gathered[1], gathered[0], ("unshard", stage))]
+        return own + self.data_inputs(rank, kind, stage, mb)
+
+    def data_inputs(self, rank: int, kind: int, stage: int, mb: int) -> list[tuple[int, int, tuple | None]]:
+        """The activations and gradients one compute reads (see :meth:`inputs`)."""
         if kind == ActionKind.FORWARD:
             if stage == 0:
                 return []
@@ -222,6 +246,8 @@ class _Run:
             kind = row[0]
             if kind in _P2P:
                 self.post(rank, i, kind, row[1], row[2])
+            elif kind in self.fsdp_ns:
+                self.fsdp(rank, i, kind, row[1])
             elif kind in _COMPUTE and not self.compute(rank, i, row):
                 return
             self.pos[rank] = i + 1
@@ -262,9 +288,12 @@ def _result(run: _Run, times: StageTimes) -> PipelineResult:
     step_ns = max(max(run.cursor[r], int(run.end[r].max(initial=-1))) for r in range(program.pp_size))
     static = np.zeros(program.pp_size, np.int64)
     np.add.at(static, program.stage_to_rank, times.static_bytes)
+    # after its last compute a rank waits for its last gradient reduction (REDUCE_GRAD)
+    tail = [max(run.fsdp_free[ActionKind.REDUCE_GRAD, r] - run.cursor[r], 0) for r in range(program.pp_size)]
     per_rank = tuple(
         RankResult(rank=r, busy_s=run.busy[r] * 1e-9, bubble_s=(step_ns - run.busy[r]) * 1e-9,
-                   exposed_comm_s=run.exposed[r] * 1e-9, peak_memory_bytes=int(static[r]) + run.peak[r])
+                   exposed_comm_s=(run.exposed[r] + tail[r]) * 1e-9,
+                   peak_memory_bytes=int(static[r]) + run.peak[r])
         for r in range(program.pp_size)
     )  # fmt: skip
     for arr in (*run.start, *run.end):

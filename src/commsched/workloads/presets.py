@@ -74,6 +74,12 @@ class ModelConfig:
             return self.block_params()
         return self.block_params() - (self.n_experts - self.top_k) * 3 * self.dim * self.ffn_dim
 
+    def model_flops_per_token(self, seq_len: int) -> float:
+        """torchtitan's training FLOPs per token: 6 x the non-embedding parameters one token uses (the output
+        projection included) + 12 x layers x heads x head_dim x sequence (attention, causality not discounted)."""
+        dense = self.n_layers * self.block_active_params() + self.vocab_size * self.dim + self.dim
+        return 6.0 * dense + 12.0 * self.n_layers * self.n_heads * self.head_dim * seq_len
+
     def total_params(self, n_layers: int | None = None) -> int:
         layers = self.n_layers if n_layers is None else n_layers
         return layers * self.block_params() + 2 * self.vocab_size * self.dim + self.dim

@@ -1,0 +1,121 @@
+"""``commsched pipeline``: a zoo model trained with pipeline parallelism, torch's schedule simulated rank by rank
+with each stage's traced programs (:mod:`commsched.pipeline.job`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+from commsched.cli.common import HardwareOption, Stages, console, user_errors
+from commsched.cli.options import check_layers, checked_by, emit_json, json_option
+
+PARALLEL_HELP = ("the plan inside each pipeline rank (PP is the outermost mesh dimension): none, fsdp, tp, tp+sp, "
+                 "fsdp+tp, fsdp+tp+sp")  # fmt: skip
+SCHEDULE_HELP = ("torch's schedule (torch.distributed.pipelining): GPipe, 1F1B, Interleaved1F1B, LoopedBFS, "
+                 "InterleavedZeroBubble, ZBVZeroBubble, DualPipeV")  # fmt: skip
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def pipeline(
+        preset: str = typer.Argument(..., help="a zoo preset, e.g. llama3-8b"),
+        parallel: str = typer.Option(
+            "fsdp", "--parallel", "-p", help=PARALLEL_HELP, callback=checked_by("commsched.pipeline.job:parse_parallel")
+        ),
+        world_size: int = typer.Option(8, "--world-size", "-w", min=1, help="every rank of the job (PP x the rest)"),
+        tp_size: int = typer.Option(None, "--tp-size", min=1, help="tensor-parallel degree (tp*, fsdp+tp*)"),
+        pp_size: int = typer.Option(2, "--pp-size", min=2, help="pipeline ranks (P)"),
+        pp_schedule: str = typer.Option(
+            "1F1B",
+            "--pp-schedule",
+            help=SCHEDULE_HELP,
+            callback=checked_by("commsched.pipeline.actions:parse_schedule"),
+        ),
+        microbatches: int = typer.Option(
+            None, "--microbatches", "-M", min=1, help="micro-batches per step (M; unset: P x V)"
+        ),
+        stages_per_rank: int = typer.Option(
+            None,
+            "--stages-per-rank",
+            "-V",
+            min=1,
+            help="stages per pipeline rank (V; unset: 1 for GPipe / 1F1B, else 2)",
+        ),
+        layers: int = typer.Option(None, "--layers", "-l", min=1, help="transformer blocks (unset: the preset's)"),
+        seq_len: int = typer.Option(None, "--seq-len", min=1, help="sequence length (unset: the preset's)"),
+        batch: int = typer.Option(
+            None,
+            "--batch",
+            min=1,
+            help="sequences per data-parallel replica per step, split "
+            "into the micro-batches (unset: one per micro-batch)",
+        ),
+        dtype: str = typer.Option("bfloat16", "--dtype", help="compute dtype: bfloat16, float16, float32"),
+        hardware: HardwareOption = "h100-sxm",
+        json_out: str = json_option("the pipeline step"),
+    ) -> None:
+        """Simulate one training step of PRESET with pipeline parallelism: the layers split over P x V stages as
+        torchtitan splits them, each distinct stage's forward and backward (and the zero-bubble schedules' input-
+        and weight-gradient halves) traced once on fake tensors and timed with its tensor-parallel collectives,
+        FSDP's all_gather and reduce_scatter once per step (as torch's pipelining runs FSDP), the P2P transfers
+        timed between the ranks' placements, and torch's own action lists run on every pipeline rank. Prints each
+        rank's busy, bubble and exposed-communication time and peak memory, and the step, tokens/s per GPU and MFU.
+
+        Example: commsched pipeline llama-tiny --parallel fsdp+tp --world-size 8 --tp-size 2 --pp-size 2 --pp-schedule Interleaved1F1B --microbatches 4 -H h100-sxm
+        """  # noqa: E501
+        from commsched.pipeline.actions import SINGLE_STAGE
+        from commsched.pipeline.job import PipelineJob, simulate_job
+
+        with user_errors():
+            check_layers(preset, layers)
+            v = stages_per_rank if stages_per_rank is not None else (1 if pp_schedule in SINGLE_STAGE else 2)
+            job = PipelineJob(preset=preset, parallel=parallel, world_size=world_size, pp_size=pp_size,
+                              schedule=pp_schedule, microbatches=microbatches or pp_size * v,
+                              stages_per_rank=stages_per_rank, tp_size=tp_size, layers=layers, seq_len=seq_len,
+                              batch=batch, dtype=dtype)  # fmt: skip
+            resolved = job.resolve()  # every option checked before any tracing
+            with Stages(("trace and simulate",), enabled=not json_out) as stages:
+                shapes = len({s.shape for s in resolved.stages})
+                stages.stage("trace and simulate", f"{shapes} distinct stage(s), {resolved.program.num_stages} stages")
+                step = simulate_job(resolved, hardware)
+        written = emit_json(step.as_dict(), json_out) if json_out else None
+        if json_out and written is None:
+            return
+        _print(step)
+        if written is not None:
+            console.print(f"wrote [bold]{written}[/]")
+
+
+def _print(step: Any) -> None:
+    """The per-rank table and the step's numbers."""
+    from rich.table import Table
+
+    from commsched.report.rates import fmt_mfu, fmt_rate
+    from commsched.report.units import fmt_bytes
+
+    job, res = step.job, step.result
+    p = job.program
+    mesh = " x ".join(f"{name} {size}" for name, size in step.as_dict()["mesh"].items())
+    title = (f"pipeline: {job.job.preset} / {job.job.parallel} ({mesh}) / {p.schedule} M={p.microbatches} "
+             f"V={p.stages_per_rank} / {job.inner.model.n_layers} layers / batch {job.batch} x seq "
+             f"{job.inner.seq_len} on {step.hardware.name}")  # fmt: skip
+    console.print(title, soft_wrap=True)
+    table = Table()
+    for col in ("rank", "stages", "layers", "busy", "bubble", "exposed comm", "peak memory"):
+        table.add_column(col, justify="left" if col in ("stages", "layers") else "right")
+    for r in res.per_rank:
+        mine = [s for s in job.stages if int(p.stage_to_rank[s.index]) == r.rank]
+        table.add_row(str(r.rank), ", ".join(str(s.index) for s in mine),
+                      ", ".join(_layers(s) for s in mine), f"{r.busy_s * 1e3:.2f} ms", f"{r.bubble_s * 1e3:.2f} ms",
+                      f"{r.exposed_comm_s * 1e3:.2f} ms", fmt_bytes(r.peak_memory_bytes))  # fmt: skip
+    console.print(table)
+    console.print(f"step [bold]{step.step_s * 1e3:.2f} ms[/]  bubble {100 * res.bubble_fraction:.1f} %  "
+                  f"tokens/s per GPU {fmt_rate(step.tokens_per_s_per_gpu)}  MFU {fmt_mfu(step.mfu)}  "
+                  f"peak memory (worst rank) {fmt_bytes(res.peak_memory_bytes)}")  # fmt: skip
+
+
+def _layers(stage: Any) -> str:
+    """A stage's contents: ``emb+0-3``, ``4-7+out``."""
+    span = f"{stage.layers[0]}-{stage.layers[-1]}" if len(stage.layers) > 1 else "".join(map(str, stage.layers))
+    return "+".join(part for part in ("emb" if stage.first else "", span, "out" if stage.last else "") if part)
