@@ -5,16 +5,19 @@ the zoo's own functions in :mod:`commsched.workloads.model`, the zoo's parameter
 FSDP2's ``fully_shard`` as the zoo's FSDP source does (bf16 parameters, fp32 gradient reduction, the final unit kept
 unsharded after the forward), checkpoints the blocks with the zoo's activation checkpointing
 (:func:`commsched.workloads.ac.block_checkpoint`: torchtitan's full and selective policies), and runs two training
-iterations (``zero_grad``, forward, backward, AdamW) under torch's ``FSDPMemTracker``
-(``torch.distributed._tools.fsdp2_mem_tracker``) on fake tensors with the fake process group, so any world size runs
-on a CPU. It returns the tracker's peak and its breakdown at that peak (sharded / unsharded parameters, gradients,
-optimizer state, activations, temporaries, all_gather and reduce_scatter buffers, inputs).
+iterations (forward, backward, AdamW, ``zero_grad``), the second one's forward and backward under torch's
+``FSDPMemTracker`` (``torch.distributed._tools.fsdp2_mem_tracker``), on fake tensors with the fake process group, so
+any world size runs on a CPU. It returns the tracker's peak and its breakdown at that peak (sharded / unsharded
+parameters, gradients, optimizer state, activations, temporaries, all_gather and reduce_scatter buffers, inputs).
+
+The peak compared is that of the forward and backward, with the optimizer state held: the optimizer update itself
+is left out on both sides (``compare_peak``), because on fake DTensors the tracker counts the global-shape
+temporaries of DTensor's sharding propagation inside AdamW's in-place ops (a full unsharded parameter per op), which
+a real run never allocates.
 
 The tracker counts a storage from its allocation until Python drops its last reference, in the order the CPU runs
 the program (FSDP2's hooks included), and rounds nothing on CPU devices; it is the same definition as
-:mod:`commsched.memory.liveness` over the framework order. Limits: plain FSDP (``parallel="fsdp"``), bf16 linears;
-the optimizer as ``foreach`` AdamW (torch's fused AdamW on fake CPU DTensors materialises replicated states, which
-the tracker then counts).
+:mod:`commsched.memory.liveness` over the framework order. Limits: plain FSDP (``parallel="fsdp"``), bf16 linears.
 """
 
 from __future__ import annotations
@@ -34,8 +37,8 @@ from commsched.workloads.program import WorkloadSpec
 if TYPE_CHECKING:
     from commsched.experiments.predict import StepConfig
 
-OPTIMIZERS = ("adamw", "none")
-"""the optimizers :func:`torch_fsdp_peak` runs (``adamw``: torch's foreach AdamW)"""
+OPTIMIZERS = ("adamw", "adamw-fused", "none")
+"""the optimizers whose state :func:`torch_fsdp_peak` holds (AdamW's two moments per parameter, either way)"""
 
 CATEGORIES = {
     "Sharded Param": "params",
@@ -129,15 +132,15 @@ def _check(spec: WorkloadSpec, optimizer: str) -> None:
     if spec.float8 != "none":
         raise ValueError(f"float8={spec.float8!r}: the memory peer runs bf16 linears (float8='none')")
     if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer={optimizer!r}: expected one of {', '.join(OPTIMIZERS)} (torch's fused AdamW on "
-                         "fake CPU tensors materialises replicated states)")  # fmt: skip
+        raise ValueError(f"optimizer={optimizer!r}: expected one of {', '.join(OPTIMIZERS)}")
 
 
 def torch_fsdp_peak(spec: WorkloadSpec, optimizer: str = "adamw") -> TorchMemoryPeak:
     """FSDPMemTracker's peak memory of rank 0 of ``spec`` (a zoo FSDP training step: ``workloads.resolve(...,
-    parallel="fsdp")``) over two iterations, the optimizer ``"adamw"`` (foreach) or ``"none"``. Initialises the fake
-    process group for the call (none may be initialised already at another world size). One-line ValueError for a
-    step the peer does not run."""
+    parallel="fsdp")``) over the forward and backward of a second iteration, the optimizer state of the first held
+    (``optimizer``: ``"adamw"``, ``"adamw-fused"`` or ``"none"``). Initialises the fake process group for the call
+    (none may be initialised already at another world size). One-line ValueError for a step the peer does not
+    run."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed.device_mesh import init_device_mesh
@@ -155,17 +158,16 @@ def torch_fsdp_peak(spec: WorkloadSpec, optimizer: str = "adamw") -> TorchMemory
                 fully_shard(unit, mesh=mesh, mp_policy=policy)
             fully_shard(net.final, mesh=mesh, mp_policy=policy, reshard_after_forward=False)  # as the zoo's source
             fully_shard(net, mesh=mesh, mp_policy=policy)
-            opt = torch.optim.AdamW(net.parameters(), lr=1e-4, foreach=False) if optimizer == "adamw" else None
+            opt = torch.optim.AdamW(net.parameters(), lr=1e-4) if optimizer == "adamw" else None
             inputs = _inputs(spec)
+            if opt is not None:  # a first iteration, untracked, creates the optimizer state
+                net(*inputs).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
             tracker = FSDPMemTracker(net, opt)
             tracker.track_inputs(inputs)
             with tracker:
-                for _ in range(2):  # the second iteration holds the optimizer state from its start
-                    if opt is not None:
-                        opt.zero_grad(set_to_none=True)
-                    net(*inputs).backward()
-                    if opt is not None:
-                        opt.step()
+                net(*inputs).backward()
             snapshot = next(iter(tracker.get_tracker_snapshot("peak").values()))
     at_peak = {CATEGORIES[getattr(k, "value", k)]: int(v) for k, v in snapshot.items() if k != "Total"}
     return TorchMemoryPeak(peak_bytes=int(snapshot["Total"]), at_peak_bytes=at_peak)
@@ -180,23 +182,27 @@ def _inputs(spec: WorkloadSpec) -> tuple[torch.Tensor, ...]:
 
 def compare_peak(config: StepConfig) -> PeakComparison:
     """Our peak memory of ``config`` (an FSDP training step of :mod:`commsched.experiments.predict`) beside
-    :func:`torch_fsdp_peak`'s. Ours is what ``predict`` reports: the step as ``predict`` traces it, in the
-    ``framework`` pass's order, under :mod:`commsched.memory.liveness`."""
+    :func:`torch_fsdp_peak`'s, both over the forward and backward (the optimizer update left out, see the module
+    docstring). Ours is what ``predict`` reports there: the step as ``predict`` traces it, in the ``framework``
+    pass's order, under :mod:`commsched.memory.liveness`."""
     from commsched.experiments.predict import trace
 
     spec = config.resolve()
     _check(spec, config.optimizer)
-    return PeakComparison(config, framework_peak_bytes(trace(config).graph), torch_fsdp_peak(spec, config.optimizer))
+    ours = framework_peak_bytes(trace(config).graph, optimizer=False)
+    return PeakComparison(config, ours, torch_fsdp_peak(spec, config.optimizer))
 
 
-def framework_peak_bytes(g: Any) -> int:
-    """The peak memory of graph ``g`` in the ``framework`` pass's order (what ``predict`` simulates)."""
+def framework_peak_bytes(g: Any, *, optimizer: bool = True) -> int:
+    """The peak memory of graph ``g`` in the ``framework`` pass's order (what ``predict`` simulates); with
+    ``optimizer=False``, the peak before the optimizer update begins (the forward and backward)."""
     from commsched.ir.order import positions
     from commsched.memory import memory_profile
-    from commsched.passes.baselines.framework import framework_moves, order_by_moves
+    from commsched.passes.baselines.framework import backward_end, framework_moves, order_by_moves
 
     order = np.arange(len(g), dtype=np.int32)
     late, early, moved = framework_moves(g, order)
     if moved:
         order = order_by_moves(g, late, early, positions(order))
-    return memory_profile(g, order).peak_bytes
+    profile = memory_profile(g, order)
+    return profile.peak_bytes if optimizer else int(profile.curve_bytes[: backward_end(g, order)].max())

@@ -86,7 +86,7 @@ def framework_moves(g: Graph, order: np.ndarray) -> tuple[np.ndarray, np.ndarray
     late, early = pos.astype(np.float64), np.full(len(order), np.inf)
     fsdp, ddp = framework_roles(g)
     moved = 0
-    end = _backward_end(g, order) - 0.5
+    end = backward_end(g, order) - 0.5
     for group, chain in collective_chains(g, order).items():
         types = g.coll_type[chain]
         if group in fsdp:
@@ -120,7 +120,7 @@ def _copy_in_position(g: Graph, pos: np.ndarray, coll: int) -> int:
     return int(min(pos[coll], pos[owners].min())) if len(owners) else int(pos[coll])
 
 
-def _backward_end(g: Graph, order: np.ndarray) -> int:
+def backward_end(g: Graph, order: np.ndarray) -> int:
     """Position in ``order`` where the backward ends: that of the optimizer's first op (a multi-tensor op after the
     last collective, when ``g.meta`` says the step has an optimizer), else ``len(order)``."""
     from commsched.cost.multi_tensor import is_multi_tensor
