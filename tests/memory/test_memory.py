@@ -153,6 +153,35 @@ def test_semantics_by_hand():
     assert free.peak_bytes == 540
 
 
+def _copy_out_graph():
+    """x(input, 100 B) -> c = all_gather(x) [400 B] -> w = wait(c) -> s = split_with_sizes_copy(w): p, q [100 B
+    each, own storages] -> u1 = f(p) [4 B] -> u2 = f(q) [4 B] -> out(u1, u2)"""
+    b = GraphBuilder()
+    grp = b.group("fsdp", 4)
+    x = b.add_node("x", "placeholder", OpKind.INPUT, buffers=[((25,), "float32", 100, None)])
+    c = b.add_node("c", "all_gather", OpKind.COLLECTIVE, [x], buffers=[((100,), "float32", 400, None)])
+    b.set_collective(c, CollType.ALL_GATHER, grp, None, 100, 400)
+    w = b.add_node("w", "wait_tensor", OpKind.WAIT, [c], buffers=[((100,), "float32", 400, 1)], side_effect=True)
+    b.set_wait(w, c)
+    s = b.add_node("s", "aten.split_with_sizes_copy.default", OpKind.OTHER, [w],
+                   buffers=[((25,), "float32", 100, None), ((25,), "float32", 100, None)])  # fmt: skip
+    u1 = b.add_node("u1", "aten.sum.default", OpKind.OTHER, [s], buffers=[((1,), "float32", 4, None)])
+    u2 = b.add_node("u2", "aten.sum.default", OpKind.OTHER, [s], buffers=[((1,), "float32", 4, None)])
+    b.add_node("output", "output", OpKind.OUTPUT, [u1, u2], side_effect=True)
+    return b.build()
+
+
+def test_parameters_copied_out_of_one_all_gather_are_freed_together():
+    # FSDP2 reshards a unit at once: p (last read by u1) stays until q's last reader u2 has run
+    g = _copy_out_graph()
+    prof = memory_profile(g)
+    assert prof.curve_bytes.tolist() == [100, 500, 500, 700, 304, 308, 108]
+    p, q = g.buf_storage[g.buf_ptr[3] : g.buf_ptr[4]]
+    assert prof.free_position[p] == prof.free_position[q] == 5
+    mem = IncrementalMemory(g)  # the incremental tracker follows the same rule
+    assert mem.potential_peak_after_move(5, 4) == memory_profile(g, [0, 1, 2, 3, 5, 4, 6]).peak_bytes
+
+
 def test_order_errors_name_the_problem():
     g = _tiny_graph()
     with pytest.raises(GraphError, match="permutation"):

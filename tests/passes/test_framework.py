@@ -53,6 +53,9 @@ def test_fsdp2_prefetches_one_unit_and_keeps_one_reduce_scatter_in_flight(fsdp_b
         # waited when the next one is issued: after the compute that makes the next unit's gradients
         last = compute[compute < scatters[k + 1]].max()
         assert pos[g.waits_of(int(coll))].min() > pos[last]
+        # and before the next one's input buffer is allocated (FSDP2 reuses its memory for that copy-in)
+        read = g.buf_storage[g.buf_ptr[g.inputs(int(scatters[k + 1]))[0]]]
+        assert pos[g.waits_of(int(coll))].max() < pos[g.storage_owner[read]]
     before, after = simulate_costs(g, costs), simulate_costs(g, costs, order)
     assert after.exposed_comm_s < 0.75 * before.exposed_comm_s
     assert after.makespan_s < before.makespan_s

@@ -12,6 +12,11 @@ Semantics (memory is counted per *storage*, so views and other aliases are count
 * With ``hold_collective_inputs=True`` (the default) the storages an asynchronous collective reads also count the
   collective's wait node(s) as users: NCCL reads its input while it runs, so the caching allocator cannot reuse that
   memory before the wait. ``False`` drops the rule (torch's ``MemoryTracker`` has no such rule).
+* The storages one node **copies out of an all_gather's output** (a node that reads the gathered buffer and writes
+  several storages: FSDP2's ``split_with_sizes_copy`` of a unit's parameters) are freed **together**, after the last
+  user of any of them: FSDP2 frees a unit's unsharded parameters at once when it reshards the unit, after the
+  unit's forward and after its backward (``FSDPParamGroup.reshard`` in ``post_forward`` / ``post_backward``), not
+  each after its own last reader.
 * A storage is **freed** right after its last user in the order. A storage read by the ``OUTPUT`` node is never
   freed (it is returned from the step).
 * ``curve_bytes[p]`` is the memory in use *while the node at position p runs*: after its allocations and before its
@@ -28,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from commsched.ir.graph import Graph, OpKind, csr
+from commsched.ir.graph import CollType, Graph, OpKind, csr
 from commsched.ir.order import as_order
 
 
@@ -80,6 +85,10 @@ def liveness(g: Graph, hold_collective_inputs: bool = True) -> Liveness:
         if extra_s:
             rows.append(np.concatenate(extra_s))
             cols.append(np.concatenate(extra_w))
+    for group in _copy_out_groups(g):
+        readers = np.unique(np.concatenate([sidx[sptr[st] : sptr[st + 1]] for st in group]))
+        rows.append(np.repeat(group, len(readers)))
+        cols.append(np.tile(readers, len(group)))
     users_ptr, users_idx = csr(num_storages, np.concatenate(cols), np.concatenate(rows))
 
     owner = g.storage_owner.astype(np.int32)
@@ -107,6 +116,24 @@ def liveness(g: Graph, hold_collective_inputs: bool = True) -> Liveness:
     )
     cache[hold_collective_inputs] = lv
     return lv
+
+
+def _copy_out_groups(g: Graph) -> list[np.ndarray]:
+    """The storages of each node that reads an all_gather's output (its wait's, or a view of it) and writes two or
+    more storages: each such node's storages are freed together (see the module docstring). O(N + buffers)."""
+    gathers = g.collectives[g.coll_type[g.collectives] == CollType.ALL_GATHER] if len(g.collectives) else []
+    gathered = {int(st) for c in gathers for st in g.buf_storage[g.buf_ptr[c] : g.buf_ptr[c + 1]]}
+    if not gathered:
+        return []
+    groups = []
+    for i in np.flatnonzero(np.diff(g.buf_ptr) >= 2).tolist():
+        if g.kinds[i] in (OpKind.COLLECTIVE, OpKind.WAIT):
+            continue
+        read = {int(st) for j in g.inputs(i).tolist() for st in g.buf_storage[g.buf_ptr[j] : g.buf_ptr[j + 1]]}
+        written = np.unique(g.buf_storage[g.buf_ptr[i] : g.buf_ptr[i + 1]])
+        if read & gathered and len(written) >= 2:
+            groups.append(written)
+    return groups
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,6 +1,7 @@
 """Other schedulers run on our graphs with our costs, for comparison (``commsched compare``, benchmarks).
 
 ``run_torch_overlap_scheduler``: torch's ``OverlapScheduler`` / ``schedule_overlap_bucketing`` (torch imported on use).
+``commsched.peers.torch_memory``: torch's ``FSDPMemTracker`` on the zoo's FSDP2 step, against our peak memory.
 """
 
 from __future__ import annotations

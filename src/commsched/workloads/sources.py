@@ -307,7 +307,7 @@ class FSDPSource(ParamSource):
         """Reduce-scatter unsharded gradients into gradient shards in the reduce dtype."""
         laid_out = {pid: self._shard_major(pid, g) for pid, g in zip(pids, grads, strict=True)}
         if self.bucket == "param":
-            got = {pid: self._reduce_param(pid, laid_out[pid]) for pid in pids}
+            got = {pid: self._reduce_param(pid, laid_out[pid].to(self.reduce_dtype)) for pid in pids}
         else:
             got = {}
             for group, members in self._by_group(pids):
@@ -330,17 +330,26 @@ class FSDPSource(ParamSource):
 
     def _reduce_flat(self, pids: list[int], grads: list[torch.Tensor], group: Group | None) -> list[torch.Tensor]:
         if group is None:
-            return grads
+            return [g.to(self.reduce_dtype) for g in grads]
         world = group.size
-        flat = torch.cat([g.reshape(world, -1) for g in grads], dim=1).reshape(-1)
-        shard = self._replicate(reduce_scatter(flat, group) / world)
+        # FSDP2's copy-in (foreach_reduce_scatter_copy_in: chunk_cat into a reduce-dtype buffer): the buffer is
+        # allocated once the gradients exist (new_empty of one: after them in the order) and each gradient is cast
+        # as it is copied in, so no reduce-dtype copy of a gradient is ever held beside the buffer
+        flat = grads[0].new_empty((world, sum(g.numel() // world for g in grads)), dtype=self.reduce_dtype)
+        start = 0
+        for g in grads:
+            width = g.numel() // world
+            flat[:, start : start + width].copy_(g.reshape(world, width))
+            start += width
+        shard = self._replicate(reduce_scatter(flat.reshape(-1), group) / world)
         sizes = [self.params[pid].numel() for pid in pids]
         return [s.view(self.params[pid].shape) for pid, s in zip(pids, shard.split(sizes), strict=True)]
 
     def _shard_major(self, pid: int, g: torch.Tensor | None) -> torch.Tensor:
-        """An unsharded gradient in the reduce dtype, laid out so that shard ``i`` is its ``i``-th slice of dim 0."""
+        """An unsharded gradient (in its own dtype; zeros in the compute dtype for a missing one), laid out so that
+        shard ``i`` is its ``i``-th slice of dim 0."""
         info = self.layout[pid]
-        g = torch.zeros(info.local_shape, dtype=self.reduce_dtype) if g is None else g.to(self.reduce_dtype)
+        g = torch.zeros(info.local_shape, dtype=self.compute_dtype) if g is None else g
         group = self.group_of[pid]
         if info.fsdp_shard_dim == 1 and group is not None:
             split = g.view(info.local_shape[0], group.size, *info.shard_shape[1:]).movedim(1, 0)

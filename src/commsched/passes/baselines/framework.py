@@ -8,8 +8,9 @@ it) and moves collectives the way the framework's own streams and events let the
   ``fsdp+ep``): its all_gathers run on their own streams and wait only for the previous all_gather's copy-out, so
   each all_gather is issued right before the first compute after the previous one's wait (one unit prefetched: the
   CPU runs ahead in the forward, ``_backward_prefetch`` does it in the backward). Its reduce_scatters keep one in
-  flight (``reduce_scatter_max_input_buffers=1``): each is waited right before the next one is issued, the last at
-  the end of the step. torch 2.13: ``torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py``
+  flight (``reduce_scatter_max_input_buffers=1``): each is waited right before the next one's input buffer is
+  allocated (its copy-in), the last at the end of the step. torch 2.13:
+  ``torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py``
   (``get_all_gather_streams``, ``wait_for_unshard``, ``post_backward``).
 * **DDP**: the gradient buckets (``Graph.meta["ddp_buckets"]``' group) are all-reduced as each bucket is ready and
   waited once, at the end of the backward (the reducer's finalize).
@@ -85,7 +86,7 @@ def framework_moves(g: Graph, order: np.ndarray) -> tuple[np.ndarray, np.ndarray
     late, early = pos.astype(np.float64), np.full(len(order), np.inf)
     fsdp, ddp = framework_roles(g)
     moved = 0
-    end = _backward_end(g, order) - 0.5
+    end = backward_end(g, order) - 0.5
     for group, chain in collective_chains(g, order).items():
         types = g.coll_type[chain]
         if group in fsdp:
@@ -96,7 +97,7 @@ def framework_moves(g: Graph, order: np.ndarray) -> tuple[np.ndarray, np.ndarray
                     early[coll], moved = anchor, moved + 1
             scatters = chain[types == CollType.REDUCE_SCATTER]
             for k, coll in enumerate(scatters):
-                until = pos[scatters[k + 1]] - 0.5 if k + 1 < len(scatters) else end
+                until = _copy_in_position(g, pos, scatters[k + 1]) - 0.5 if k + 1 < len(scatters) else end
                 waits = g.waits_of(int(coll))
                 if len(waits) and until > pos[waits].max():
                     late[waits], moved = until, moved + 1
@@ -108,7 +109,18 @@ def framework_moves(g: Graph, order: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return late, early, moved
 
 
-def _backward_end(g: Graph, order: np.ndarray) -> int:
+def _copy_in_position(g: Graph, pos: np.ndarray, coll: int) -> int:
+    """Where collective ``coll``'s input buffer is allocated (the earliest owner of a storage it reads, FSDP2's
+    reduce-scatter copy-in), or its own position if it reads only persistent storages. FSDP2 waits the previous
+    reduce_scatter there, so its input buffer is reused for this one (``post_backward``: the oldest
+    ``reduce_scatter_states`` popped before ``foreach_reduce``)."""
+    storages = [g.buf_storage[g.buf_ptr[i] : g.buf_ptr[i + 1]] for i in g.inputs(coll)]
+    owners = g.storage_owner[np.concatenate(storages)] if storages else np.zeros(0, np.int64)
+    owners = owners[g.kinds[owners] != OpKind.INPUT]
+    return int(min(pos[coll], pos[owners].min())) if len(owners) else int(pos[coll])
+
+
+def backward_end(g: Graph, order: np.ndarray) -> int:
     """Position in ``order`` where the backward ends: that of the optimizer's first op (a multi-tensor op after the
     last collective, when ``g.meta`` says the step has an optimizer), else ``len(order)``."""
     from commsched.cost.multi_tensor import is_multi_tensor
