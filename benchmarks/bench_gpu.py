@@ -5,6 +5,8 @@
     python benchmarks/bench_gpu.py compare benchmarks/data/gpu_decompose_h100.csv
     # on a GPU machine: python benchmarks/gpu/attention_causal.py MEASURED.csv
     python benchmarks/bench_gpu.py attention benchmarks/data/gpu_attention_h100.csv
+    # on a GPU machine: python benchmarks/gpu/train_step_kernels.py benchmarks/data/gpu_train_cases.json OUT_DIR
+    python benchmarks/bench_gpu.py train OUT_DIR/kernels.csv
 
 Decomposed TP collectives (issue 18):
 
@@ -404,6 +406,75 @@ def gemm_chunk_table(measured_path: str, hardware: str) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------ training steps' kernels (issue 38)
+
+TRAIN_CLASSES = ("matmul", "attention", "elementwise", "reduction", "other")
+
+
+def train_class_sums(rows: list[dict[str, str]]) -> dict[tuple[str, str, str], dict[str, list[float]]]:
+    """Per (case, eager | compiled, split): per kernel class [measured us, model us] per step, from
+    ``train_step_kernels.py``'s kernels.csv. A row counts in its model class (the cost model's class of its node;
+    a compiled case's per-class model rows), else in its kernels' class (kernels of no costed node, Inductor's)."""
+    out: dict[tuple[str, str, str], dict[str, list[float]]] = {}
+    for r in rows:
+        mode = "compiled" if r["compile"] == "True" else "eager"
+        sums = out.setdefault((r["case"], mode, r["split"]), {c: [0.0, 0.0] for c in TRAIN_CLASSES})
+        cls = r["model_class"] or r["kernel_class"] or "other"
+        sums[cls][0] += float(r["measured_us"] or 0)
+        sums[cls][1] += float(r["model_us"] or 0)
+    return out
+
+
+def _ratio(measured: float, model: float) -> str:
+    return f"{measured / model:.2f}" if model > 0 and measured > 0 else "-"
+
+
+def train_table(kernels_path: str) -> str:
+    """Markdown: per case and kernel class measured / model (raw), the per-class factors fitted on the ``fit``
+    cases of each mode (eager, compiled), and on the ``heldout`` cases the error left after them
+    (|measured - factor x model| / measured); then the whole step (CUDA-event step time and summed kernel time)
+    against the model's summed compute."""
+    sums = train_class_sums(_read_csv(kernels_path))
+    steps_path = Path(kernels_path).with_name("steps.csv")
+    steps = {r["case"]: r for r in _read_csv(str(steps_path))} if steps_path.exists() else {}
+    factor: dict[tuple[str, str], float] = {}
+    for mode in ("eager", "compiled"):
+        for cls in TRAIN_CLASSES:
+            fit = [v[cls] for (_, m, split), v in sums.items() if m == mode and split == "fit"]
+            measured, model = sum(f[0] for f in fit), sum(f[1] for f in fit)
+            if measured > 0 and model > 0:
+                factor[(mode, cls)] = measured / model
+    head = "| case | mode | split | " + " | ".join(f"{c} meas/model" for c in TRAIN_CLASSES) + " | step / model |"
+    lines = [head, "|" + "---|" * (len(TRAIN_CLASSES) + 4)]
+    errors: dict[tuple[str, str], list[float]] = {}
+    for (case, mode, split), v in sorted(sums.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
+        cells = [_ratio(*v[c]) for c in TRAIN_CLASSES]
+        step = steps.get(case)
+        whole = _ratio(float(step["step_us"]), float(step["model_compute_us"])) if step else "-"
+        lines.append(f"| {case} | {mode} | {split} | " + " | ".join(cells) + f" | {whole} |")
+        if split != "heldout":
+            continue
+        for cls in TRAIN_CLASSES:
+            measured, model = v[cls]
+            if measured > 0 and model > 0 and (mode, cls) in factor:
+                errors.setdefault((mode, cls), []).append(abs(measured - factor[(mode, cls)] * model) / measured)
+    lines += ["", "| mode | class | fitted factor (meas/model on fit cases) | held-out cases | median error | "
+              "worst error |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for (mode, cls), f in sorted(factor.items()):
+        err = errors.get((mode, cls), [])
+        med = f"{100 * float(np.median(err)):.1f} %" if err else "-"
+        worst = f"{100 * max(err):.1f} %" if err else "-"
+        lines.append(f"| {mode} | {cls} | {f:.2f} | {len(err)} | {med} | {worst} |")
+    devices = sorted({f"{r['gpu']} (torch {r['torch']})" for r in steps.values()})
+    lines += ["", f"measured on: {', '.join(devices) or 'unknown (no steps.csv beside the kernels)'}"]
+    return "\n".join(lines)
+
+
+def _read_csv(path: str) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -421,7 +492,12 @@ def main(argv: list[str] | None = None) -> int:
     gem = sub.add_parser("gemm-chunks", help="a layer's matmuls whole and in chunks, measured vs the cost model")
     gem.add_argument("measured")
     gem.add_argument("--hardware", default="h200-sxm")
+    trn = sub.add_parser("train", help="a training step's kernels per class, measured vs the cost model")
+    trn.add_argument("kernels", help="kernels.csv of benchmarks/gpu/train_step_kernels.py (steps.csv beside it)")
     args = parser.parse_args(argv)
+    if args.command == "train":
+        print(train_table(args.kernels))
+        return 0
     if args.command == "cases":
         from commsched.io import atomic_write_text
 
