@@ -256,22 +256,12 @@ def test_predict_steps_with_torchtitans_adamw(monkeypatch, tmp_path):
     otherwise (``foreach``; 2024's ``fused = false``)."""
     from pathlib import Path
 
-    import commsched.experiments.predict
     from commsched.cli import app
     from commsched.experiments.torchtitan import from_torchtitan_config
 
-    asked: list = []
-
-    def stop(step, progress=None):
-        asked.append(step.build_kwargs().get("optimizer", "none"))
-        raise ValueError("stopped at the trace")
-
-    monkeypatch.setattr(commsched.experiments.predict, "trace", stop)
-    runner = CliRunner()
-    for extra in ([], ["--optimizer", "adamw"], ["--optimizer", "none"]):
-        res = runner.invoke(app, ["predict", "llama3-8b", "-l", "1", *extra])
-        assert res.exit_code == 2 and "stopped at the trace" in res.stderr, res.output
+    asked = _predict_asks(monkeypatch, "optimizer", ([], ["--optimizer", "adamw"], ["--optimizer", "none"]))
     assert asked == ["adamw-fused", "adamw", "none"]
+    runner = CliRunner()
     source = Path(__file__).resolve().parents[1] / "data" / "torchtitan" / "llama3_8b.toml"
     text = source.read_text()
     assert from_torchtitan_config(source, world_size=8).optimizer == "adamw-fused"
@@ -290,21 +280,9 @@ def test_predict_clips_as_torchtitan_and_reads_max_norm(monkeypatch, tmp_path):
     (``none``: off); a config's ``[training] max_norm`` is read (a number; anything else refused in one line)."""
     from pathlib import Path
 
-    import commsched.experiments.predict
-    from commsched.cli import app
     from commsched.experiments.torchtitan import from_torchtitan_config
 
-    asked: list = []
-
-    def stop(step, progress=None):
-        asked.append(step.build_kwargs().get("max_norm"))
-        raise ValueError("stopped at the trace")
-
-    monkeypatch.setattr(commsched.experiments.predict, "trace", stop)
-    runner = CliRunner()
-    for extra in ([], ["--max-norm", "0.5"], ["--max-norm", "none"]):
-        res = runner.invoke(app, ["predict", "llama3-8b", "-l", "1", *extra])
-        assert res.exit_code == 2 and "stopped at the trace" in res.stderr, res.output
+    asked = _predict_asks(monkeypatch, "max_norm", ([], ["--max-norm", "0.5"], ["--max-norm", "none"]))
     assert asked == [1.0, 0.5, None]
     source = Path(__file__).resolve().parents[1] / "data" / "torchtitan" / "llama3_8b.toml"
     text = source.read_text()
@@ -316,3 +294,22 @@ def test_predict_clips_as_torchtitan_and_reads_max_norm(monkeypatch, tmp_path):
     with pytest.raises(ValueError) as err:
         from_torchtitan_config(path, world_size=8)
     assert "[training] max_norm: expected a number" in str(err.value) and "\n" not in str(err.value)
+
+
+def _predict_asks(monkeypatch, field: str, extras: tuple[list[str], ...]) -> list:
+    """The value of the zoo option ``field`` that ``predict llama3-8b -l 1 EXTRA`` asks the trace for, per extra
+    (the trace stopped before any work)."""
+    import commsched.experiments.predict
+    from commsched.cli import app
+
+    asked: list = []
+
+    def stop(step, progress=None):
+        asked.append(step.build_kwargs().get(field, "none" if field == "optimizer" else None))
+        raise ValueError("stopped at the trace")
+
+    monkeypatch.setattr(commsched.experiments.predict, "trace", stop)
+    for extra in extras:
+        res = CliRunner().invoke(app, ["predict", "llama3-8b", "-l", "1", *extra])
+        assert res.exit_code == 2 and "stopped at the trace" in res.stderr, res.output
+    return asked
