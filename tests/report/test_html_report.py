@@ -119,8 +119,11 @@ def test_what_moved_and_why_are_read_off_the_simulation(step):
     first = min(collective_facts(before), key=lambda f: f.position)
     # the first gather feeds the embedding, the first op of the step: nothing can hide it
     assert first.reason == "dependency" and "needed by embedding as soon as its inputs are ready" in first.why
-    memory = [f for f in collective_facts(before, memory_budget_bytes=before.peak_memory_bytes) if "budget" in f.why]
-    assert memory and all(f.peak_if_early_bytes > before.peak_memory_bytes for f in memory)
+    # here no collective issued earlier raises the traced order's peak (FSDP2 frees a unit's gathered parameters
+    # together): a budget just below what an early issue needs makes the memory reason appear, and only where it holds
+    early = max(f.peak_if_early_bytes for f in collective_facts(before) if f.peak_if_early_bytes is not None)
+    memory = [f for f in collective_facts(before, memory_budget_bytes=early - 1) if "budget" in f.why]
+    assert memory and all(f.peak_if_early_bytes > early - 1 for f in memory)
     page = render_comparison_html([("traced order", before), ("overlap", after)])
     assert 'id="what-moved"' in page and "hidden now" in page and "needed by embedding" in page
 

@@ -52,7 +52,7 @@ def test_an_order_that_is_not_topological_is_refused():
         ("tp+sp", 8, None, None, "decomposed TP"),
         ("tp+sp", 8, 2, 4096, "split batch"),
         ("tp+sp", 8, None, None, "split sequence"),
-        ("fsdp", 256, None, None, "gathers kept for the backward"),
+        ("fsdp", 512, None, None, "gathers kept for the backward"),
     ],
 )
 def test_optimize_reports_the_module_it_returns(parallel, world, batch, seq_len, kept, monkeypatch):

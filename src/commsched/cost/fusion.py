@@ -205,6 +205,8 @@ def region_boundary_bytes(
                 pair_node.append(np.array([leaf]))
                 pair_cap.append(np.array([c]))
     pr, pn, pc = (np.concatenate(x).astype(np.int64) for x in (pair_region, pair_node, pair_cap))
+    # a view of its whole base (a detach, an alias, a reshape) is the base's buffer: read once with the base
+    pn = np.where(g.out_bytes[pn] == g.out_bytes[src[pn]], src[pn], pn)
     pairs, inverse = np.unique(pr * n + pn, return_inverse=True)
     edge_bytes = g.out_bytes[pn].astype(np.float64)
     if read_cap is not None:
