@@ -16,10 +16,10 @@ import dataclasses
 from typing import Any
 
 from commsched.pipeline.actions import PipelineProgram, lower_schedule
+from commsched.pipeline.cache import stage_record
 from commsched.pipeline.costs import StageCosts
 from commsched.pipeline.simulate import PipelineResult, simulate_program
 from commsched.pipeline.split import Stage, stages_of
-from commsched.pipeline.cache import stage_record
 from commsched.pipeline.stages import param_bytes
 from commsched.workloads.program import WorkloadSpec
 
