@@ -54,6 +54,15 @@ def register(app: typer.Typer) -> None:
         dtype: str = typer.Option("bfloat16", "--dtype", help="compute dtype: bfloat16, float16, float32"),
         hardware: HardwareOption = "h100-sxm",
         json_out: str = json_option("the pipeline step"),
+        optimize: bool = typer.Option(
+            False,
+            "--optimize",
+            help="search torch's schedules, M and V under the memory "
+            "budget and keep the fastest (commsched.pipeline.optimize)",
+        ),
+        memory_budget: float = typer.Option(
+            None, "--memory-budget", min=0.001, help="GB per rank for --optimize (unset: the profile's HBM)"
+        ),
     ) -> None:
         """Simulate one training step of PRESET with pipeline parallelism: the layers split over P x V stages as
         torchtitan splits them, each distinct stage's forward and backward (and the zero-bubble schedules' input-
@@ -75,6 +84,11 @@ def register(app: typer.Typer) -> None:
                               stages_per_rank=stages_per_rank, tp_size=tp_size, layers=layers, seq_len=seq_len,
                               batch=batch, dtype=dtype)  # fmt: skip
             resolved = job.resolve()  # every option checked before any tracing
+            if optimize:
+                from commsched.cli.pipeline_optimize import optimize_command
+
+                optimize_command(job, hardware, memory_budget, json_out)
+                return
             with Stages(("trace and simulate",), enabled=not json_out) as stages:
                 shapes = len({s.shape for s in resolved.stages})
                 stages.stage("trace and simulate", f"{shapes} distinct stage(s), {resolved.program.num_stages} stages")
