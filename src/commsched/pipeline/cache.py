@@ -8,12 +8,14 @@ hashed) and the stage's shape (first, layers, last); the forward / weight-gradie
 in the graph's ``meta``. An unreadable entry is a miss and is rewritten.
 
 **Layer scaling.** A stage's programs repeat one transformer block: with the embedding and the head fixed, F, B, I,
-W (int64 ns, as the simulator times them) and the activation bytes grow by the same amount per block, because each
-block starts from the same state (the previous block's output, its TP collectives on the same FIFO streams). So a
-stage of L > 2K layers is traced at K and 2K layers and extrapolated, ``y(L) = y(K) + (L - K) / K x (y(2K) - y(K))``
-(the rule ``benchmarks/bench_published.py``'s ``--layers-scale`` uses for whole steps), which
-``tests/pipeline/test_pipeline_optimize.py`` checks against full traces to 1e-6 and the benchmark on the 405B stages.
-Every layer count then shares the same few traces: one (first, K, last) and (first, 2K, last) per stage kind.
+W (int64 ns, as the simulator times them) and the activation bytes grow by the same amount per block once the
+blocks reach their steady state (the first block's TP collectives find the streams idle, so its increment differs
+by a few ns; from the second on they repeat, to the ns rounding of the compute slowdown). So a stage of L > K + 1
+layers is traced at K and K + 1 layers (:data:`SCALE_LAYERS`) and extrapolated, ``y(L) = y(K) + (L - K) x (y(K + 1)
+- y(K))`` (:func:`extrapolate`; ``benchmarks/bench_published.py``'s ``--layers-scale`` does the same for whole
+steps), which ``tests/pipeline/test_pipeline_optimize.py`` checks against full traces to 1e-6 and
+``benchmarks/bench_pipeline.py`` on the 405B stages. Every layer count then shares the same few traces: one
+(first, K, last) and (first, K + 1, last) per kind of stage and micro-batch size.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ import numpy as np
 
 from commsched.pipeline.stages import StageTimesS, TracedStage, stage_seconds, trace_stage
 
-SCALE_LAYERS = 1
-"""K: a stage of more than 2K layers is costed from traces of K and 2K layers (:func:`stage_record`)"""
+SCALE_LAYERS = 2
+"""K: a stage of more than K + 1 layers is costed from traces of K and K + 1 layers (:func:`stage_record`)"""
 _META_KEY = "pipeline_stage_cache"
 
 _TRACED: dict[str, TracedStage] = {}
@@ -106,8 +108,8 @@ def stage_record(
 ) -> StageRecord:
     """The costs of the stage ``shape`` = (first, layers, last) of ``spec`` on ``hardware``, from memory, else the
     disk cache (``disk``: under a key of the stage's trace key, the hardware's content and the cost data), else
-    traced and simulated; with ``scale`` a stage of more than 2K layers (:data:`SCALE_LAYERS`) from traces of K and
-    2K layers."""
+    traced and simulated; with ``scale`` a stage of more than K + 1 layers (:data:`SCALE_LAYERS`) from traces of K
+    and K + 1 layers."""
     first, layers, last = shape
     mem_key = (spec, tuple(shape), _hardware_key(hardware), scale)
     hit = _RECORDS.get(mem_key)
@@ -125,7 +127,7 @@ def stage_record(
 
 def _record(spec: Any, first: bool, layers: int, last: bool, hardware: Any, scale: bool, disk: bool) -> StageRecord:
     k = SCALE_LAYERS
-    counts = (k, 2 * k) if scale and layers > 2 * k else (layers,)
+    counts = (k, k + 1) if scale and layers > k + 1 else (layers,)
     parts = []
     for count in counts:
         traced = cached_trace(spec, first, count, last, disk=disk)
@@ -231,10 +233,9 @@ def _write_json(path: Path, obj: Any) -> None:
         return
 
 
-def extrapolate(at_k: tuple[int, ...], at_2k: tuple[int, ...], k: int, layers: int) -> tuple[int, ...]:
-    """Integers at ``layers`` from their values at ``k`` and ``2k`` layers, linear in the layer count (exact in
-    integers when ``layers - k`` is a multiple of ``k``, as with K = 1)."""
-    return tuple(a + (layers - k) * (b - a) // k for a, b in zip(at_k, at_2k, strict=True))
+def extrapolate(at_k: tuple[int, ...], at_k1: tuple[int, ...], k: int, layers: int) -> tuple[int, ...]:
+    """Integers at ``layers`` from their values at ``k`` and ``k + 1`` layers, linear in the layer count."""
+    return tuple(a + (layers - k) * (b - a) for a, b in zip(at_k, at_k1, strict=True))
 
 
 def _ns(secs: StageTimesS) -> tuple[int, int, int, int]:
@@ -250,6 +251,8 @@ def _hardware_key(hardware: Any) -> Any:
 
 def clear_memory() -> None:
     """Forget the in-process traces and records (the disk cache stays): what a new process starts with."""
+    from commsched.pipeline import stages
+
     _TRACED.clear()
     _RECORDS.clear()
-    trace_stage.cache_clear()
+    stages.trace_stage.cache_clear()
