@@ -1,0 +1,160 @@
+"""DualPipeV's OVERLAP_F_B timed by commsched's scheduler: a forward of one micro-batch and a backward of another,
+issued together, as one program that the ``overlap`` pass orders.
+
+torch runs an OVERLAP_F_B's two sub-actions in turn unless a custom function is registered for it (DeepSeek's
+DualPipe registers one that interleaves them, so one micro-batch's all_to_all or TP collectives run under the other's
+compute). :func:`pair_graph` builds that program from two traced stages: the forward nodes of one and the backward
+nodes of the other (what the backward reads of its own, earlier forward, the activations autograd saved, becomes
+an input). :func:`pair_seconds` simulates it in torch's order (the forward, then the backward) and in the order the
+``overlap`` pass gives it with ``reorder_collectives`` (the two micro-batches' collectives share their process
+groups' streams), and keeps the faster: the simulator judges, so the pair never costs more than F + B run in turn,
+and never less than the longer of the two parts' compute.
+
+:func:`with_overlap_f_b` fills :class:`StageCosts` ' ``overlap_f_b_s`` for the (forward stage, backward stage) pairs
+a V-shaped schedule puts on one rank. A long stage's pair comes from its layer-scaled traces (as in
+:mod:`commsched.pipeline.cache`): the saving over F + B is found at K and K + 1 layers and extrapolated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from commsched.ir import CAUSAL_META, PERMUTE_META, Graph, GraphBuilder, OpKind
+from commsched.pipeline.stages import TracedStage
+
+_NAME_LISTS = (CAUSAL_META, PERMUTE_META)
+
+
+@dataclasses.dataclass(frozen=True)
+class PairTimes:
+    """One OVERLAP_F_B pair's simulated seconds: in turn (torch's default), as the ``overlap`` pass orders it, and
+    the kept one (the faster); ``compute_s``: the forward's and the backward's compute, each summed (the pair's floor
+    is the larger)."""
+
+    in_turn_s: float
+    overlapped_s: float
+    compute_s: tuple[float, float]
+
+    @property
+    def pair_s(self) -> float:
+        return min(self.in_turn_s, self.overlapped_s)
+
+
+def pair_graph(fwd: TracedStage, bwd: TracedStage) -> tuple[Graph, np.ndarray]:
+    """One program of ``fwd`` 's forward nodes then ``bwd`` 's backward nodes (names prefixed ``f.`` / ``b.``), and
+    the mask of the forward's nodes. What a kept node reads from outside its part becomes an INPUT."""
+    b = GraphBuilder(dict(bwd.graph.meta))
+    for key in _NAME_LISTS:
+        b.meta.pop(key, None)
+    n_fwd = _append(b, fwd.graph, fwd.forward & (fwd.graph.kinds != OpKind.OUTPUT), "f.")
+    _append(b, bwd.graph, ~bwd.forward, "b.")
+    g = b.build()
+    mask = np.zeros(len(g), bool)
+    mask[:n_fwd] = True
+    return g, mask
+
+
+def _append(b: GraphBuilder, g: Graph, keep: np.ndarray, prefix: str) -> int:
+    """Copy ``g`` 's nodes in ``keep`` into ``b`` (topological order kept); the nodes they read that are not kept
+    become INPUTs (values already computed). Returns how many nodes were added."""
+    waits = np.flatnonzero(keep & (g.wait_of >= 0))
+    keep = keep.copy()
+    keep[waits[~keep[g.wait_of[waits]]]] = False  # a wait of a collective outside the part: its value is an input
+    ptr, idx = g.in_ptr, g.in_idx
+    needed = np.zeros(len(g), bool)
+    rows = np.flatnonzero(keep)
+    needed[np.concatenate([idx[ptr[i] : ptr[i + 1]] for i in rows]) if len(rows) else []] = True
+    as_input = needed & ~keep
+    new_id: dict[int, int] = {}
+    storage: dict[int, int] = {}
+    start = len(b)
+    for i in np.flatnonzero(keep | as_input).tolist():
+        nid = len(b)
+        bufs = []
+        for buf in g.buffers(i):
+            if buf.storage not in storage:
+                storage[buf.storage] = b.new_storage(int(g.storage_nbytes[buf.storage]), nid)
+            bufs.append((buf.shape, buf.dtype, buf.nbytes, storage[buf.storage]))
+        if as_input[i]:
+            b.add_node(prefix + g.names[i], g.targets[i], OpKind.INPUT, buffers=bufs)
+        else:
+            b.add_node(prefix + g.names[i], g.targets[i], OpKind(int(g.kinds[i])),
+                       [new_id[int(j)] for j in g.inputs(i)], buffers=bufs, flops=float(g.flops[i]),
+                       side_effect=bool(g.side_effect[i]),
+                       deps=[new_id[int(d)] for d in g.deps(i) if int(d) in new_id])  # fmt: skip
+            _collective(b, g, i, nid, new_id)
+        new_id[i] = nid
+    names = {g.names[i] for i in new_id}
+    for key in _NAME_LISTS:
+        mine = [prefix + name for name in g.meta.get(key, ()) if name in names]
+        if mine:
+            b.meta[key] = [*b.meta.get(key, ()), *mine]
+    return len(b) - start
+
+
+def _collective(b: GraphBuilder, g: Graph, i: int, nid: int, new_id: dict[int, int]) -> None:
+    """Carry node i's collective (its group registered by name) or its wait."""
+    if g.coll_type[i] >= 0:
+        grp = g.groups[int(g.coll_group[i])]
+        b.set_collective(nid, int(g.coll_type[i]), b.group(grp.name, grp.size, grp.stride), g.coll_reduce_op.get(i),
+                         int(g.coll_in_bytes[i]), int(g.coll_out_bytes[i]), bool(g.coll_sync[i]))  # fmt: skip
+    if g.wait_of[i] >= 0:
+        b.set_wait(nid, new_id[int(g.wait_of[i])])
+
+
+def pair_seconds(fwd: TracedStage, bwd: TracedStage, hardware: Any) -> PairTimes:
+    """``fwd`` 's forward and ``bwd`` 's backward as one OVERLAP_F_B program, simulated on ``hardware`` in turn and
+    as the ``overlap`` pass (with ``reorder_collectives``) orders it (module docstring)."""
+    from commsched.cost import resolve_costs
+    from commsched.passes import schedule
+    from commsched.sim import simulate_costs
+
+    g, fwd_mask = pair_graph(fwd, bwd)
+    costs = resolve_costs(g, hardware)
+    in_turn = simulate_costs(g, costs)
+    sched = schedule(g, costs, overlap={"reorder_collectives": True})
+    overlapped = simulate_costs(g, costs, sched.order)
+    on_compute = (g.kinds == OpKind.COMPUTE) | (g.kinds == OpKind.OTHER)
+    alone = in_turn.standalone_ns
+    compute = (int(alone[on_compute & fwd_mask].sum()) * 1e-9, int(alone[on_compute & ~fwd_mask].sum()) * 1e-9)
+    return PairTimes(int(in_turn.makespan_ns) * 1e-9, int(overlapped.makespan_ns) * 1e-9, compute)
+
+
+def with_overlap_f_b(job: Any, costs: Any, hardware: Any) -> Any:
+    """``costs`` (a :class:`StageCosts` of ``job``, a ResolvedJob) with ``overlap_f_b_s`` filled for every
+    (forward stage, backward stage) pair on one rank: the pair's kept time (:func:`pair_seconds`), from the stages'
+    layer-scaled traces for long stages; the other entries F + B (never run as a pair)."""
+    from commsched.pipeline.cache import SCALE_LAYERS, cached_trace
+
+    stages, s2r = job.stages, job.program.stage_to_rank
+    n = len(stages)
+    table = np.add.outer(np.asarray(costs.forward_s, float), np.asarray(costs.backward_s, float))
+    memo: dict[tuple, float] = {}
+    for f in range(n):
+        for b in range(n):
+            if s2r[f] != s2r[b]:
+                continue
+            sf, sb = stages[f].shape, stages[b].shape
+            if (sf, sb) not in memo:
+                memo[sf, sb] = _saving(job.compute, sf, sb, hardware, SCALE_LAYERS, cached_trace)
+            table[f, b] -= min(memo[sf, sb], table[f, b] - max(costs.forward_s[f], costs.backward_s[b]))
+    return dataclasses.replace(costs, overlap_f_b_s=table)
+
+
+def _saving(spec: Any, sf: tuple, sb: tuple, hardware: Any, k: int, trace: Any) -> float:
+    """Seconds the pair saves over F + B in turn, from the two stages' traces; for long stages at K and K + 1
+    layers each, extrapolated to the shorter stage's layers."""
+    layers = min(sf[1], sb[1])
+    counts = (k, k + 1) if layers > k + 1 else (None,)
+    savings = []
+    for c in counts:
+        fs = sf if c is None else (sf[0], c, sf[2])
+        bs = sb if c is None else (sb[0], c, sb[2])
+        t = pair_seconds(trace(spec, *fs), trace(spec, *bs), hardware)
+        savings.append(t.in_turn_s - t.pair_s)
+    if len(savings) == 1:
+        return savings[0]
+    return max(savings[0] + (layers - k) * (savings[1] - savings[0]), 0.0)
