@@ -3,10 +3,8 @@ memory budget, ``commsched pipeline --optimize``."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -131,6 +129,34 @@ def test_candidates_are_every_schedule_at_every_divisor_of_the_batch():
     assert {v for name, _, v in grid if name in ("GPipe", "1F1B")} == {1}
     assert {v for name, _, v in grid if name in ("ZBVZeroBubble", "DualPipeV")} == {2}
     assert {v for name, _, v in grid if name == "Interleaved1F1B"} == {2, 4}
+
+
+# ---------------------------------------------------------------- DualPipeV's overlapped F&B pairs
+def test_an_overlapped_pair_costs_at_most_f_plus_b_and_at_least_the_longer_part():
+    """A TP+SP stage (dense): one micro-batch's TP collectives under the other's compute make the pair shorter than
+    F + B in turn, never shorter than the longer part; the DualPipeV step with the pairs is never longer."""
+    from commsched.pipeline.job import simulate_job
+    from commsched.pipeline.optimize import with_pairs
+    from commsched.pipeline.overlap_fb import pair_graph, pair_seconds
+
+    job = PipelineJob(preset="llama-tiny", parallel="fsdp+tp+sp", world_size=8, tp_size=2, pp_size=2,
+                      schedule="DualPipeV", microbatches=4, layers=2, seq_len=512).resolve()  # fmt: skip
+    mid = stage_cache.cached_trace(job.compute, False, 1, False)
+    g, fwd = pair_graph(mid, mid)
+    g.validate()
+    assert fwd.sum() == mid.forward.sum()  # every forward node, then the backward's
+    times = pair_seconds(mid, mid, "h100-sxm")
+    assert max(times.compute_s) <= times.pair_s <= times.in_turn_s
+    step = simulate_job(job, "h100-sxm")
+    paired = with_pairs(step, "h100-sxm")
+    table, costs = paired.costs.overlap_f_b_s, step.costs
+    used = [(f, b) for f in range(4) for b in range(4) if table[f, b] < costs.forward_s[f] + costs.backward_s[b]]
+    assert used, "no pair saved anything"
+    for f in range(4):
+        for b in range(4):
+            whole = costs.forward_s[f] + costs.backward_s[b]
+            assert max(costs.forward_s[f], costs.backward_s[b]) <= table[f, b] <= whole + 1e-15
+    assert paired.step_s <= step.step_s
 
 
 # ---------------------------------------------------------------- a zoo job

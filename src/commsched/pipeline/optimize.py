@@ -25,6 +25,8 @@ from commsched.pipeline.costs import StageCosts
 from commsched.pipeline.job import PipelineJob, simulate_job
 from commsched.pipeline.simulate import PipelineResult
 
+PAIRED = ("DualPipeV",)
+"""the schedules whose OVERLAP_F_B actions run a forward and a backward as one pair"""
 STAGES_PER_RANK = (2, 4)
 """the V the looped schedules (Interleaved1F1B, LoopedBFS, InterleavedZeroBubble) are tried at"""
 
@@ -118,11 +120,13 @@ def optimize_pipeline(
     *,
     schedules: tuple[str, ...] = SCHEDULES,
     stages_per_rank: tuple[int, ...] = STAGES_PER_RANK,
+    pair_overlap: bool = True,
 ) -> PipelinePlan:
     """The fastest (schedule, M, V) of ``job`` on ``hardware`` whose worst rank's peak fits
     ``memory_budget_bytes`` (default: the profile's HBM), with every try's verdict. The batch stays the job's
-    (default: one sequence per micro-batch of the input). Raises ValueError if the input job itself is malformed
-    (before any tracing)."""
+    (default: one sequence per micro-batch of the input). With ``pair_overlap`` DualPipeV's OVERLAP_F_B pairs are
+    timed as the ``overlap`` pass orders them (:func:`with_pairs`). Raises ValueError if the input job itself is
+    malformed (before any tracing)."""
     from commsched.hardware import for_graph
 
     resolved = job.resolve()  # the input's own errors are the user's, not a verdict
@@ -139,6 +143,8 @@ def optimize_pipeline(
         except ValueError as exc:
             return PipelineTry(name, m, v, refused=str(exc)), None
         step = simulate_job(resolved, hardware)
+        if pair_overlap and name in PAIRED:
+            step = with_pairs(step, hardware)
         return PipelineTry(name, m, v, step.step_s, step.result.peak_memory_bytes), step
 
     grid = candidates(batch, schedules, stages_per_rank)
@@ -183,6 +189,19 @@ def optimize_costs(
 
     return search((name, microbatches, v0), candidates(batch, schedules, stages_per_rank_tried), run,
                   memory_budget_bytes)  # fmt: skip
+
+
+def with_pairs(step: Any, hardware: Any) -> Any:
+    """``step`` (a PipelineStep) again with its OVERLAP_F_B pairs timed by our scheduler
+    (:func:`commsched.pipeline.overlap_fb.with_overlap_f_b`): each pair costs at most F + B, so the step never grows
+    (the simulator's step is monotone in every cost)."""
+    from commsched.pipeline.overlap_fb import with_overlap_f_b
+    from commsched.pipeline.simulate import simulate_program
+
+    costs = with_overlap_f_b(step.job, step.costs, hardware)
+    result = simulate_program(step.job.program, costs, step.hardware,
+                              ranks_between_stages=step.job.ranks_between_stages)  # fmt: skip
+    return dataclasses.replace(step, result=result, costs=costs)
 
 
 def search(base: tuple[str, int, int], grid: list[tuple[str, int, int]], run: Callable, budget: int) -> PipelinePlan:

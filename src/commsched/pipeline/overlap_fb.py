@@ -124,29 +124,39 @@ def pair_seconds(fwd: TracedStage, bwd: TracedStage, hardware: Any) -> PairTimes
 
 
 def with_overlap_f_b(job: Any, costs: Any, hardware: Any) -> Any:
-    """``costs`` (a :class:`StageCosts` of ``job``, a ResolvedJob) with ``overlap_f_b_s`` filled for every
-    (forward stage, backward stage) pair on one rank: the pair's kept time (:func:`pair_seconds`), from the stages'
-    layer-scaled traces for long stages; the other entries F + B (never run as a pair)."""
-    from commsched.pipeline.cache import SCALE_LAYERS, cached_trace
+    """``costs`` (a :class:`StageCosts` of ``job``, a ResolvedJob) with ``overlap_f_b_s`` filled for the (forward
+    stage, backward stage) pairs the program's OVERLAP_F_B actions run: F + B less the pair's saving
+    (:func:`pair_seconds`, from layer-scaled traces for long stages), never below the longer of F and B; the other
+    entries F + B (never run as a pair)."""
+    from commsched.pipeline.actions import ActionKind
 
-    stages, s2r = job.stages, job.program.stage_to_rank
-    n = len(stages)
-    table = np.add.outer(np.asarray(costs.forward_s, float), np.asarray(costs.backward_s, float))
-    memo: dict[tuple, float] = {}
-    for f in range(n):
-        for b in range(n):
-            if s2r[f] != s2r[b]:
-                continue
-            sf, sb = stages[f].shape, stages[b].shape
-            if (sf, sb) not in memo:
-                memo[sf, sb] = _saving(job.compute, sf, sb, hardware, SCALE_LAYERS, cached_trace)
-            table[f, b] -= min(memo[sf, sb], table[f, b] - max(costs.forward_s[f], costs.backward_s[b]))
+    forward_s = np.broadcast_to(np.asarray(costs.forward_s, float), (len(job.stages),))
+    backward_s = np.broadcast_to(np.asarray(costs.backward_s, float), (len(job.stages),))
+    table = np.add.outer(forward_s, backward_s)
+    pairs = {(int(row[1]), int(row[4])) for acts in job.program.actions for row in acts
+             if row[0] == ActionKind.OVERLAP_F_B}  # fmt: skip
+    for f, b in sorted(pairs):
+        saving = _saving(job.compute, job.stages[f].shape, job.stages[b].shape, hardware)
+        table[f, b] -= min(saving, table[f, b] - max(forward_s[f], backward_s[b]))
     return dataclasses.replace(costs, overlap_f_b_s=table)
 
 
-def _saving(spec: Any, sf: tuple, sb: tuple, hardware: Any, k: int, trace: Any) -> float:
+_SAVINGS: dict[tuple, float] = {}
+
+
+def _saving(spec: Any, sf: tuple, sb: tuple, hardware: Any) -> float:
     """Seconds the pair saves over F + B in turn, from the two stages' traces; for long stages at K and K + 1
-    layers each, extrapolated to the shorter stage's layers."""
+    layers each, extrapolated to the shorter stage's layers. Memoised per process."""
+    from commsched.pipeline.cache import SCALE_LAYERS as k
+    from commsched.pipeline.cache import cached_trace as trace
+
+    key = (spec, sf, sb, hardware if isinstance(hardware, str) else repr(hardware))
+    if key not in _SAVINGS:
+        _SAVINGS[key] = _extrapolated_saving(spec, sf, sb, hardware, k, trace)
+    return _SAVINGS[key]
+
+
+def _extrapolated_saving(spec: Any, sf: tuple, sb: tuple, hardware: Any, k: int, trace: Any) -> float:
     layers = min(sf[1], sb[1])
     counts = (k, k + 1) if layers > k + 1 else (None,)
     savings = []
