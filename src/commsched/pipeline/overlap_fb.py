@@ -46,15 +46,20 @@ class PairTimes:
 def pair_graph(fwd: TracedStage, bwd: TracedStage) -> tuple[Graph, np.ndarray]:
     """One program of ``fwd`` 's forward nodes then ``bwd`` 's backward nodes (names prefixed ``f.`` / ``b.``), and
     the mask of the forward's nodes. What a kept node reads from outside its part becomes an INPUT."""
-    b = GraphBuilder(dict(bwd.graph.meta))
+    return part_graph([(fwd, fwd.forward & (fwd.graph.kinds != OpKind.OUTPUT), "f."), (bwd, ~bwd.forward, "b.")])
+
+
+def part_graph(parts: list[tuple[TracedStage, np.ndarray, str]]) -> tuple[Graph, np.ndarray]:
+    """One program of each (traced stage, node mask, name prefix) part in turn, and the mask of the first part's
+    nodes. What a kept node reads from outside its part becomes an INPUT (a value computed earlier)."""
+    b = GraphBuilder(dict(parts[-1][0].graph.meta))
     for key in _NAME_LISTS:
         b.meta.pop(key, None)
-    n_fwd = _append(b, fwd.graph, fwd.forward & (fwd.graph.kinds != OpKind.OUTPUT), "f.")
-    _append(b, bwd.graph, ~bwd.forward, "b.")
+    sizes = [_append(b, traced.graph, mask, prefix) for traced, mask, prefix in parts]
     g = b.build()
-    mask = np.zeros(len(g), bool)
-    mask[:n_fwd] = True
-    return g, mask
+    first = np.zeros(len(g), bool)
+    first[: sizes[0]] = True
+    return g, first
 
 
 def _append(b: GraphBuilder, g: Graph, keep: np.ndarray, prefix: str) -> int:
@@ -108,19 +113,24 @@ def _collective(b: GraphBuilder, g: Graph, i: int, nid: int, new_id: dict[int, i
 def pair_seconds(fwd: TracedStage, bwd: TracedStage, hardware: Any) -> PairTimes:
     """``fwd`` 's forward and ``bwd`` 's backward as one OVERLAP_F_B program, simulated on ``hardware`` in turn and
     as the ``overlap`` pass (with ``reorder_collectives``) orders it (module docstring)."""
-    from commsched.cost import resolve_costs
-    from commsched.passes import schedule
-    from commsched.sim import simulate_costs
-
     g, fwd_mask = pair_graph(fwd, bwd)
-    costs = resolve_costs(g, hardware)
-    in_turn = simulate_costs(g, costs)
-    sched = schedule(g, costs, overlap={"reorder_collectives": True})
-    overlapped = simulate_costs(g, costs, sched.order)
+    in_turn, overlapped = ordered_twice(g, hardware)
     on_compute = (g.kinds == OpKind.COMPUTE) | (g.kinds == OpKind.OTHER)
     alone = in_turn.standalone_ns
     compute = (int(alone[on_compute & fwd_mask].sum()) * 1e-9, int(alone[on_compute & ~fwd_mask].sum()) * 1e-9)
     return PairTimes(int(in_turn.makespan_ns) * 1e-9, int(overlapped.makespan_ns) * 1e-9, compute)
+
+
+def ordered_twice(g: Graph, hardware: Any) -> tuple[Any, Any]:
+    """``g`` simulated in its own order and in the order the ``overlap`` pass gives it with ``reorder_collectives``
+    (the collectives of two parts share their groups' streams): the two SimResults."""
+    from commsched.cost import resolve_costs
+    from commsched.passes import schedule
+    from commsched.sim import simulate_costs
+
+    costs = resolve_costs(g, hardware)
+    sched = schedule(g, costs, overlap={"reorder_collectives": True})
+    return simulate_costs(g, costs), simulate_costs(g, costs, sched.order)
 
 
 def with_overlap_f_b(job: Any, costs: Any, hardware: Any) -> Any:
@@ -141,30 +151,49 @@ def with_overlap_f_b(job: Any, costs: Any, hardware: Any) -> Any:
     return dataclasses.replace(costs, overlap_f_b_s=table)
 
 
-_SAVINGS: dict[tuple, float] = {}
+_SAVINGS: dict[tuple, tuple[float, ...]] = {}
 
 
 def _saving(spec: Any, sf: tuple, sb: tuple, hardware: Any) -> float:
     """Seconds the pair saves over F + B in turn, from the two stages' traces; for long stages at K and K + 1
     layers each, extrapolated to the shorter stage's layers. Memoised per process."""
+    from commsched.pipeline.cache import cached_trace
+
+    def at(c: int | None) -> tuple[float]:
+        fs, bs = (sf, sb) if c is None else ((sf[0], c, sf[2]), (sb[0], c, sb[2]))
+        t = pair_seconds(cached_trace(spec, *fs), cached_trace(spec, *bs), hardware)
+        return (t.in_turn_s - t.pair_s,)
+
+    return _memo(("pair", spec, sf, sb), hardware, at, min(sf[1], sb[1]))[0]
+
+
+def stage_savings(spec: Any, shape: tuple[bool, int, bool], hardware: Any) -> tuple[float, float]:
+    """(forward, backward) seconds the ``overlap`` pass saves on the stage's own forward and backward programs
+    (each ordered alone, its TP collectives reordered; 0 where the simulator says the order is not faster), from
+    the stage's layer-scaled traces. Memoised per process."""
+    from commsched.pipeline.cache import cached_trace
+
+    def at(c: int | None) -> tuple[float, float]:
+        t = cached_trace(spec, shape[0], shape[1] if c is None else c, shape[2])
+        out = []
+        for mask in (t.forward & (t.graph.kinds != OpKind.OUTPUT), ~t.forward):
+            own, ordered = ordered_twice(part_graph([(t, mask, "")])[0], hardware)
+            out.append(max(int(own.makespan_ns) - int(ordered.makespan_ns), 0) * 1e-9)
+        return tuple(out)
+
+    return _memo(("stage", spec, shape), hardware, at, shape[1])
+
+
+def _memo(key: tuple, hardware: Any, at: Any, layers: int) -> tuple[float, ...]:
+    """``at(None)`` (the stage as it is), or for more than K + 1 layers ``at(K)`` and ``at(K + 1)`` extrapolated to
+    ``layers`` (never below 0); memoised under ``key`` and the hardware."""
     from commsched.pipeline.cache import SCALE_LAYERS as k
-    from commsched.pipeline.cache import cached_trace as trace
 
-    key = (spec, sf, sb, hardware if isinstance(hardware, str) else repr(hardware))
+    key = (*key, hardware if isinstance(hardware, str) else repr(hardware))
     if key not in _SAVINGS:
-        _SAVINGS[key] = _extrapolated_saving(spec, sf, sb, hardware, k, trace)
+        if layers <= k + 1:
+            _SAVINGS[key] = at(None)
+        else:
+            lo, hi = at(k), at(k + 1)
+            _SAVINGS[key] = tuple(max(x + (layers - k) * (y - x), 0.0) for x, y in zip(lo, hi, strict=True))
     return _SAVINGS[key]
-
-
-def _extrapolated_saving(spec: Any, sf: tuple, sb: tuple, hardware: Any, k: int, trace: Any) -> float:
-    layers = min(sf[1], sb[1])
-    counts = (k, k + 1) if layers > k + 1 else (None,)
-    savings = []
-    for c in counts:
-        fs = sf if c is None else (sf[0], c, sf[2])
-        bs = sb if c is None else (sb[0], c, sb[2])
-        t = pair_seconds(trace(spec, *fs), trace(spec, *bs), hardware)
-        savings.append(t.in_turn_s - t.pair_s)
-    if len(savings) == 1:
-        return savings[0]
-    return max(savings[0] + (layers - k) * (savings[1] - savings[0]), 0.0)
