@@ -160,22 +160,28 @@ def test_an_overlapped_pair_costs_at_most_f_plus_b_and_at_least_the_longer_part(
 
 
 # ---------------------------------------------------------------- a zoo job
-def test_a_zoo_job_s_kept_plan_beats_1f1b_within_the_budget_and_every_try_says_why():
-    job = PipelineJob(preset="llama-tiny", parallel="fsdp+tp", world_size=8, tp_size=2, pp_size=2, schedule="1F1B",
-                      microbatches=2, batch=2, layers=4, seq_len=128)  # fmt: skip
+def test_a_smaller_405b_kept_plan_is_1_10x_faster_than_1f1b_at_m_p_and_every_try_says_why():
+    """The 405B acceptance (benchmarks/RESULTS.md, "Pipeline optimize") at a small size: FSDP + TP, P = 4, the
+    batch of M = P micro-batches, the profile's HBM per rank; the kept plan beats torchtitan's old default, 1F1B at
+    M = P, by at least 1.10x, and each try says why it lost."""
+    job = PipelineJob(preset="llama-tiny", parallel="fsdp+tp", world_size=16, tp_size=2, pp_size=4, schedule="1F1B",
+                      microbatches=4, batch=4, layers=8, seq_len=256)  # fmt: skip
     plan = optimize_pipeline(job, "h100-sxm", schedules=("1F1B", "Interleaved1F1B", "ZBVZeroBubble"),
                              stages_per_rank=(2,))  # fmt: skip
-    assert plan.baseline.label == "1F1B M=2 V=1"
-    assert plan.kept is not None and plan.kept.step_s <= plan.baseline.step_s
+    assert plan.baseline.label == "1F1B M=4 V=1" and plan.baseline.verdict.startswith("slower by")
+    assert plan.kept is not None and plan.speedup >= 1.10, plan.summary()
     assert plan.kept.peak_memory_bytes <= plan.memory_budget_bytes
     assert plan.step.step_s == plan.kept.step_s
+    assert plan.stage_overlap.startswith(("kept", "not kept"))
     refused = [t for t in plan.tried if t.refused]
-    assert any("1F1B M=1" in t.label for t in refused)  # torch: 1F1B needs M >= P
-    assert 0 <= plan.exposed_p2p_s <= plan.step.step_s and plan.p2p_wire_s > 0
-    # a budget below the input's peak: the input loses as over budget, and the kept plan fits
-    tight = optimize_pipeline(job, "h100-sxm", plan.baseline.peak_memory_bytes - 1, schedules=("1F1B", "GPipe"))
+    assert any(t.label == "1F1B M=1 V=1" for t in refused)  # torch: 1F1B needs M >= P
+    # exposed: the step's growth over free P2P (a chain of transfers across ranks can exceed one rank's wire time)
+    assert 0 <= plan.exposed_p2p_s < plan.step.step_s and plan.p2p_wire_s > 0
+    # a budget below the input's peak: the input loses as over budget, and what is kept fits
+    budget = plan.baseline.peak_memory_bytes - 1
+    tight = optimize_pipeline(job, "h100-sxm", budget, schedules=("1F1B", "GPipe"), stage_overlap=False)
     assert tight.tried[0].verdict.startswith("over budget by")
-    assert tight.kept is None or tight.kept.peak_memory_bytes < plan.baseline.peak_memory_bytes
+    assert tight.kept is None or tight.kept.peak_memory_bytes <= budget
 
 
 def test_the_command_optimizes_and_prints_json():
