@@ -15,6 +15,9 @@ PARALLEL_HELP = ("the plan inside each pipeline rank (PP is the outermost mesh d
 SCHEDULE_HELP = ("torch's schedule (torch.distributed.pipelining): GPipe, 1F1B, Interleaved1F1B, LoopedBFS, "
                  "InterleavedZeroBubble, ZBVZeroBubble, DualPipeV")  # fmt: skip
 
+OPTIMIZE_HELP = ("search torch's schedules, M and V under the memory budget and keep the fastest; also our overlap "
+                 "pass inside each stage and in DualPipeV's F&B pairs (commsched.pipeline.optimize)")  # fmt: skip
+
 
 def register(app: typer.Typer) -> None:
     @app.command()
@@ -54,12 +57,7 @@ def register(app: typer.Typer) -> None:
         dtype: str = typer.Option("bfloat16", "--dtype", help="compute dtype: bfloat16, float16, float32"),
         hardware: HardwareOption = "h100-sxm",
         json_out: str = json_option("the pipeline step"),
-        optimize: bool = typer.Option(
-            False,
-            "--optimize",
-            help="search torch's schedules, M and V under the memory "
-            "budget and keep the fastest (commsched.pipeline.optimize)",
-        ),
+        optimize: bool = typer.Option(False, "--optimize", help=OPTIMIZE_HELP),
         memory_budget: float = typer.Option(
             None, "--memory-budget", min=0.001, help="GB per rank for --optimize (unset: the profile's HBM)"
         ),
