@@ -56,9 +56,14 @@ def stage_key(spec: Any, first: bool, layers: int, last: bool) -> str:
     """The trace-cache key of one stage program (see the module docstring)."""
     from commsched.execute.cache import trace_key
 
-    spec_digest = hashlib.sha256(repr(spec).encode()).hexdigest()[:32]
-    options = {"spec": spec_digest, "first": bool(first), "last": bool(last)}
+    options = {"spec": _spec_digest(spec), "first": bool(first), "last": bool(last)}
     return trace_key(f"pipeline-stage:{spec.model.name}", spec.plan.parallel, spec.plan.world_size, layers, options)
+
+
+@functools.lru_cache(maxsize=64)
+def _spec_digest(spec: Any) -> str:
+    """A hash of the spec's repr (every field: model, plan, shapes, dtypes, AC, float8, the parameter layout)."""
+    return hashlib.sha256(repr(spec).encode()).hexdigest()[:32]
 
 
 def cached_trace(spec: Any, first: bool, layers: int, last: bool, *, disk: bool = True) -> TracedStage:
