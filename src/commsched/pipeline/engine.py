@@ -36,7 +36,7 @@ class DeadlockError(ValueError):
 class _Item:
     """One entry of a stream: a single P2P op, a coalesced batch of them, or an FSDP collective (no keys)."""
 
-    __slots__ = ("rank", "stream", "keys", "rows", "duration_ns", "start_ns", "end_ns", "pending")
+    __slots__ = ("duration_ns", "end_ns", "keys", "pending", "rank", "rows", "start_ns", "stream")
 
     def __init__(self, rank: int, stream: int, keys: list, rows: list[int], duration_ns: int = 0) -> None:
         self.rank, self.stream, self.keys, self.rows, self.duration_ns = rank, stream, keys, rows, duration_ns
@@ -47,10 +47,11 @@ class _Item:
 class _Running:
     """A rank's compute in progress: its row, start, work left (ns at full rate) and when that was last updated."""
 
-    __slots__ = ("index", "start_ns", "work_ns", "last_ns", "version")
+    __slots__ = ("index", "last_ns", "start_ns", "version", "work_ns")
 
     def __init__(self, index: int, start_ns: int, work_ns: float, version: int) -> None:
-        self.index, self.start_ns, self.work_ns, self.last_ns, self.version = index, start_ns, work_ns, start_ns, version
+        self.index, self.start_ns, self.work_ns, self.version = index, start_ns, work_ns, version
+        self.last_ns = start_ns
 
 
 class Engine:
@@ -102,7 +103,8 @@ class Engine:
         if stuck:
             where = "; ".join(f"rank {r} at {self.p.action_str(r, self.pos[r])}" for r in stuck[:4])
             raise DeadlockError(f"pipeline {self.p.schedule} deadlocks: {where} (each waits for a transfer whose "
-                                "send or receive is never posted, or is queued behind one that cannot start)")  # fmt: skip
+                                "send or receive is never posted, or is queued behind one that cannot "
+                                "start)")  # fmt: skip
 
     def push(self, t_ns: int, kind: int, payload: object) -> None:
         heapq.heappush(self.heap, (t_ns, kind, self.seq, payload))
@@ -120,10 +122,10 @@ class Engine:
                 continue
             if kind in _FSDP:
                 self.post_fsdp(rank, i, kind, row[1])
-            elif kind == ActionKind.WAIT and not self.wait(rank, i, row[4]):
-                return
-            elif kind in _COMPUTE and not self.start_compute(rank, i, row):
-                return
+            blocked = (kind == ActionKind.WAIT and not self.wait(rank, i, row[4])) or (
+                kind in _COMPUTE and not self.start_compute(rank, i, row))  # fmt: skip
+            if blocked:
+                return  # an event that involves the rank wakes it
             if self.running[rank] is None:
                 self.pos[rank] = i + 1
 
@@ -134,21 +136,22 @@ class Engine:
         j = i + 1
         while batch >= 0 and j < len(rows) and rows[j][0] in _P2P and rows[j][4] == batch:
             j += 1
-        ops = [(k, self.transfer(rank, k, rows[k])) for k in range(i, j)]
-        if coalesced([rows[k][0] for k in range(i, j)]):  # one NCCL group on the pipeline group's communicator
-            items = [_Item(rank, _GROUP, [key for _, (key, _, _) in ops], list(range(i, j)))]
+        ops = [(k, *self.transfer(rows[k])) for k in range(i, j)]  # (row, key, peer, side)
+        if j - i > 1 and coalesced([rows[k][0] for k in range(i, j)]):  # one NCCL group on the group's communicator
+            group = _Item(rank, _GROUP, [op[1] for op in ops], list(range(i, j)))
+            items = [(group, op) for op in ops]
         else:  # single ops, each on the two-rank communicator of its peer pair
-            items = [_Item(rank, peer, [key], [k]) for k, (key, peer, _) in ops]
-        for item in items:
-            for key in item.keys:
-                self.add_side(rank, item, key, ops)
+            items = [(_Item(rank, op[2], [op[1]], [op[0]]), op) for op in ops]
+        for item, (k, key, _, side) in items:
+            self.add_side(rank, item, key, k, side)
+        unique = list(dict.fromkeys(item for item, _ in items))
         if batch >= 0:
-            self.batches.setdefault((rank, batch), []).extend(items)
-        for item in items:
+            self.batches.setdefault((rank, batch), []).extend(unique)
+        for item in unique:
             self.enqueue(item)
         return j
 
-    def transfer(self, rank: int, i: int, row: list[int]) -> tuple[tuple, int, int]:
+    def transfer(self, row: list[int]) -> tuple[tuple, int, int]:
         """(transfer key, peer rank, side: 0 send / 1 receive) of a SEND / RECV row."""
         kind, stage, mb = row[0], row[1], row[2]
         if kind == ActionKind.SEND_F:
@@ -159,14 +162,15 @@ class Engine:
             return (FWD, stage, mb), self.s2r[stage - 1], 1
         return (BWD, stage, mb), self.s2r[stage + 1], 1
 
-    def add_side(self, rank: int, item: _Item, key: tuple, ops: list) -> None:
-        row = next(k for k, (other, _, _) in ops if other == key)
-        side = next(s for _, (other, _, s) in ops if other == key)
-        sides = self.sides.setdefault(key, [None, None])
-        where = self.where.setdefault(key, [None, None])
+    def add_side(self, rank: int, item: _Item, key: tuple, row: int, side: int) -> None:
+        sides = self.sides.get(key)
+        if sides is None:
+            sides = self.sides[key] = [None, None]
+            self.where[key] = [None, None]
         if sides[side] is not None:
             raise DeadlockError(f"rank {rank} action {self.p.action_str(rank, row)}: posted twice")
-        sides[side], where[side] = item, (rank, row)
+        sides[side] = item
+        self.where[key][side] = (rank, row)
         other = sides[1 - side]
         if other is not None and (other.stream == _GROUP) != (item.stream == _GROUP):
             raise DeadlockError(f"rank {rank} action {self.p.action_str(rank, row)}: one end is in a coalesced "
@@ -292,11 +296,11 @@ class Engine:
         key = (BWD, stage, mb)
         return [*own, (self.x_end.get(key, -1), self.x_start.get(key, -1), True)]
 
-    def parts(self, row: list[int]) -> list[tuple[int, int, int]]:
-        kind, stage, mb, kind2, stage2, mb2 = row
-        if kind != ActionKind.OVERLAP_F_B:
-            return [(kind, stage, mb)]
-        return [(int(ActionKind.FORWARD), stage, mb), (kind2, stage2, mb2)]
+    @staticmethod
+    def parts(row: list[int]) -> tuple[tuple[int, int, int], ...]:
+        if row[0] != ActionKind.OVERLAP_F_B:
+            return ((row[0], row[1], row[2]),)
+        return ((int(ActionKind.FORWARD), row[1], row[2]), (row[3], row[4], row[5]))
 
     def duration(self, row: list[int]) -> int:
         kind, stage, mb, kind2, stage2, mb2 = row
@@ -308,16 +312,22 @@ class Engine:
 
     def start_compute(self, rank: int, i: int, row: list[int]) -> bool:
         """Start one compute now, or return False while an input is missing (the rank is woken when it comes)."""
-        deps = [d for k, s, m in self.parts(row) for d in self.inputs(rank, k, s, m)]
-        for ready, _, comm in deps:
+        if row[0] == ActionKind.OVERLAP_F_B:
+            deps = [d for k, s, m in self.parts(row) for d in self.inputs(rank, k, s, m)]
+        else:
+            deps = self.inputs(rank, row[0], row[1], row[2])
+        cursor = start = self.cursor[rank]
+        exposed = 0
+        for ready, wire, comm in deps:
             if ready < 0:
                 if not comm:
                     raise DeadlockError(f"rank {rank} action {self.p.action_str(rank, i)}: an input it needs from "
                                         "its own rank runs later in its order")  # fmt: skip
                 return False
-        cursor = self.cursor[rank]
-        start = max([cursor] + [ready for ready, _, _ in deps])
-        self.exposed[rank] += max([0] + [min(ready, start) - max(cursor, xs) for ready, xs, comm in deps if comm])
+            start = max(start, ready)
+            if comm:  # the rank idled while this input was on the wire
+                exposed = max(exposed, ready - max(cursor, wire))
+        self.exposed[rank] += exposed
         work = self.duration(row)
         self.version += 1
         self.running[rank] = _Running(i, start, float(work), self.version)
