@@ -144,7 +144,11 @@ def p2p_times_ns(
         raise ValueError("hardware: needed to time the P2P transfers of send_bytes > 0 (or pass free_comm=True)")
     hw = for_graph(hardware, world_size=program.pp_size * ranks_between)
     for s in crossing:
-        distance = abs(int(program.stage_to_rank[s + 1]) - int(program.stage_to_rank[s])) * ranks_between
-        plan = plan_collective("sendrecv", int(send_bytes[s]), 2, hw, stride=distance)
+        a, b = (int(program.stage_to_rank[s + i]) * ranks_between for i in (0, 1))
+        # the collective model places a group contiguously from rank 0; a pair is on NVLink iff both ranks sit in
+        # one node (the V's and the loop's wrap-around pairs too), else on the network
+        same_node = a // hw.gpus_per_node == b // hw.gpus_per_node
+        stride = 1 if same_node else max(abs(b - a), hw.gpus_per_node)
+        plan = plan_collective("sendrecv", int(send_bytes[s]), 2, hw, stride=stride)
         out[s] = seconds_to_ns(plan.time_s)
     return out
