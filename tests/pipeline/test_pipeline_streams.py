@@ -125,3 +125,17 @@ def test_a_stage_s_backward_transient_is_one_block_s_and_the_loss_s(traced_stage
     assert [r.peak_memory_bytes for r in base.per_rank] == [4 * one.activation_bytes] * 2
     assert np.array_equal([r.peak_memory_bytes for r in with_transient.per_rank],
                           [4 * one.activation_bytes + peak_one] * 2)  # fmt: skip
+
+
+def test_a_pair_is_on_nvlink_exactly_when_both_ranks_sit_in_one_node():
+    """Pipeline rank r is global rank r x ranks_between; a looped schedule's wrap-around pair (the last rank's stage
+    to the first rank's next stage) is on NVLink inside a node although the ranks are P - 1 apart."""
+    program = lower_schedule("Interleaved1F1B", 8, 8, 2)  # stages 0..15, stage s on rank s % 8
+    send = np.full(program.num_stages, 64 << 20)
+    one_node = p2p_times_ns(program, send, HW, 1)  # 8 ranks on one 8-GPU node
+    assert len(set(one_node.tolist())) == 1  # 7 -> 8 (rank 7 to rank 0) as fast as 0 -> 1
+    two_nodes = p2p_times_ns(program, send, HW, 2)  # global ranks 0, 2, ..., 14: node 0 holds pipeline ranks 0-3
+    crossing = {s for s in range(program.num_stages - 1) if (s % 8 < 4) != ((s + 1) % 8 < 4)}
+    assert crossing == {3, 7, 11}
+    assert all(two_nodes[s] > two_nodes[0] for s in crossing)
+    assert all(two_nodes[s] == two_nodes[0] for s in range(program.num_stages - 1) if s not in crossing)

@@ -142,7 +142,9 @@ def lower_schedule(
     schedule: str, pp_size: int, microbatches: int, stages_per_rank: int | None = None, *, defer_recv: bool = False
 ) -> PipelineProgram:
     """torch's ``schedule`` for ``pp_size`` ranks, ``microbatches`` micro-batches and ``stages_per_rank`` stages per
-    rank (1 for GPipe / 1F1B, default 2 otherwise), lowered by torch with its communication actions.
+    rank (1 for GPipe / 1F1B, default 2 otherwise), lowered by torch with its communication actions (GPipe's and
+    1F1B's: what their runtime loop posts and waits for; ``defer_recv``, torch's ``defer_pp_recv``, only moves the
+    receives of the action-list schedules).
 
     Requires torch. Raises ValueError naming the option when torch refuses the combination (e.g. Interleaved1F1B
     needs M to be a multiple of its rounds, DualPipeV M >= 2P). Cached: the arrays are read-only. Cost: torch's
