@@ -74,6 +74,7 @@ class Engine:
         self.pos, self.cursor, self.busy, self.exposed = [0] * p, [0] * p, [0] * p, [0] * p
         self.act, self.peak, self.in_flight = [0] * p, [0] * p, [0] * p
         self.running: list[_Running | None] = [None] * p
+        self.blocker: list[object] = [None] * p  # what a blocked rank waits for: a transfer key or an item
         self.version = 0
         self.fwd_end: dict[tuple[int, int], int] = {}  # (stage, mb) -> end of its forward
         self.bwd_end: dict[tuple[int, int], int] = {}  # (stage, mb) -> end of the B or I that made its input gradient
@@ -125,7 +126,7 @@ class Engine:
             blocked = (kind == ActionKind.WAIT and not self.wait(rank, i, row[4])) or (
                 kind in _COMPUTE and not self.start_compute(rank, i, row))  # fmt: skip
             if blocked:
-                return  # an event that involves the rank wakes it
+                return  # the event that ends its blocker wakes it
             if self.running[rank] is None:
                 self.pos[rank] = i + 1
 
@@ -218,7 +219,7 @@ class Engine:
             for i in payload.rows:
                 self.end[payload.rank][i] = self.now
             self.finish_item(payload)
-            self.advance(payload.rank)
+            self.wake(payload.rank, payload)
             return
         key = payload
         self.x_end[key] = self.now
@@ -230,7 +231,14 @@ class Engine:
             item.pending -= 1
             if item.pending == 0:
                 self.finish_item(item)
-        for rank, _ in self.where[key]:
+        for (rank, _), item in zip(self.where[key], self.sides[key], strict=True):
+            self.wake(rank, key, item if item.end_ns >= 0 else None)
+
+    def wake(self, rank: int, *ended: object) -> None:
+        """Advance ``rank`` if what it waits for is among ``ended`` (a transfer key, or an item that has ended)."""
+        blocker = self.blocker[rank]
+        if blocker is not None and any(blocker is x or blocker == x for x in ended):
+            self.blocker[rank] = None
             self.advance(rank)
 
     def finish_item(self, item: _Item) -> None:
@@ -245,8 +253,10 @@ class Engine:
         items = self.batches.get((rank, batch))
         if items is None:
             raise DeadlockError(f"rank {rank} action {self.p.action_str(rank, i)}: no batch {batch} posted before it")
-        if any(item.end_ns < 0 for item in items):
-            return False
+        for item in items:
+            if item.end_ns < 0:
+                self.blocker[rank] = item
+                return False
         cursor = self.cursor[rank]
         done = max(cursor, *(item.end_ns for item in items))
         # exposed: the rank idles while a transfer of the batch is on the wire (not while its peer has yet to post)
@@ -273,28 +283,29 @@ class Engine:
         self.push(end, _COMPUTE_DONE, (rank, run.version))
 
     # ------------------------------------------------------------------ compute
-    def inputs(self, rank: int, kind: int, stage: int, mb: int) -> list[tuple[int, int, bool]]:
-        """(ready ns or -1, in-flight start ns or -1, whether it is communication) of each input of one compute:
-        the stage's parameters gathered by its UNSHARD, the activation or gradient it reads."""
+    def inputs(self, rank: int, kind: int, stage: int, mb: int) -> list[tuple[int, int, object]]:
+        """(ready ns or -1, in-flight start ns or -1, the communication that brings it or None) of each input of
+        one compute: the stage's parameters gathered by its UNSHARD, the activation or gradient it reads."""
         gathered = self.unshard.get(stage)
-        own = [] if gathered is None else [(gathered.end_ns, gathered.start_ns, True)]
+        own: list[tuple[int, int, object]] = [] if gathered is None else [(gathered.end_ns, gathered.start_ns,
+                                                                            gathered)]  # fmt: skip
         last = self.p.num_stages - 1
         if kind == ActionKind.FORWARD:
             if stage == 0:
                 return own
             if self.s2r[stage - 1] == rank:
-                return [*own, (self.fwd_end.get((stage - 1, mb), -1), -1, False)]
+                return [*own, (self.fwd_end.get((stage - 1, mb), -1), -1, None)]
             key = (FWD, stage, mb)
-            return [*own, (self.x_end.get(key, -1), self.x_start.get(key, -1), True)]
+            return [*own, (self.x_end.get(key, -1), self.x_start.get(key, -1), key)]
         if kind == ActionKind.BACKWARD_WEIGHT:
-            return [*own, (self.bwd_end.get((stage, mb), -1), -1, False)]
-        own.append((self.fwd_end.get((stage, mb), -1), -1, False))
+            return [*own, (self.bwd_end.get((stage, mb), -1), -1, None)]
+        own.append((self.fwd_end.get((stage, mb), -1), -1, None))
         if stage == last:
             return own
         if self.s2r[stage + 1] == rank:
-            return [*own, (self.bwd_end.get((stage + 1, mb), -1), -1, False)]
+            return [*own, (self.bwd_end.get((stage + 1, mb), -1), -1, None)]
         key = (BWD, stage, mb)
-        return [*own, (self.x_end.get(key, -1), self.x_start.get(key, -1), True)]
+        return [*own, (self.x_end.get(key, -1), self.x_start.get(key, -1), key)]
 
     @staticmethod
     def parts(row: list[int]) -> tuple[tuple[int, int, int], ...]:
@@ -320,12 +331,13 @@ class Engine:
         exposed = 0
         for ready, wire, comm in deps:
             if ready < 0:
-                if not comm:
+                if comm is None:
                     raise DeadlockError(f"rank {rank} action {self.p.action_str(rank, i)}: an input it needs from "
                                         "its own rank runs later in its order")  # fmt: skip
+                self.blocker[rank] = comm
                 return False
             start = max(start, ready)
-            if comm:  # the rank idled while this input was on the wire
+            if comm is not None:  # the rank idled while this input was on the wire
                 exposed = max(exposed, ready - max(cursor, wire))
         self.exposed[rank] += exposed
         work = self.duration(row)
