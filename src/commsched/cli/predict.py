@@ -124,12 +124,22 @@ def register(app: typer.Typer) -> None:
         async_tp: bool = typer.Option(False, "--async-tp/--no-async-tp", help=ASYNC_TP_HELP),
         torchtitan_config: Path = typer.Option(None, "--torchtitan-config", help=TORCHTITAN_HELP),
         pp_size: int = typer.Option(1, "--pp-size", min=1, help=PP_SIZE_HELP),
-        pp_schedule: str = typer.Option("1F1B", "--pp-schedule", help=SCHEDULE_HELP + " (with --pp-size > 1)",
-                                        callback=checked_by("commsched.pipeline.actions:parse_schedule")),
-        microbatches: int = typer.Option(None, "--microbatches", "-M", min=1,
-                                         help="micro-batches per step (M, with --pp-size > 1; unset: P x V)"),
-        stages_per_rank: int = typer.Option(None, "--stages-per-rank", "-V", min=1, help="stages per pipeline rank "
-                                            "(V, with --pp-size > 1; unset: 1 for GPipe / 1F1B, else 2)"),
+        pp_schedule: str = typer.Option(
+            "1F1B",
+            "--pp-schedule",
+            help=SCHEDULE_HELP + " (with --pp-size > 1)",
+            callback=checked_by("commsched.pipeline.actions:parse_schedule"),
+        ),
+        microbatches: int = typer.Option(
+            None, "--microbatches", "-M", min=1, help="micro-batches per step (M, with --pp-size > 1; unset: P x V)"
+        ),
+        stages_per_rank: int = typer.Option(
+            None,
+            "--stages-per-rank",
+            "-V",
+            min=1,
+            help="stages per pipeline rank (V, with --pp-size > 1; unset: 1 for GPipe / 1F1B, else 2)",
+        ),
         hardware: HardwareOption = "h100-sxm",
         num_nodes: NumNodesOption = None,
         gpus_per_node: GpusPerNodeOption = None,
@@ -211,8 +221,8 @@ def _predict_pipeline(step: Any, hardware: Any, num_nodes: int | None, gpus_per_
     from commsched.report.terminal_predict import print_pipeline_prediction
 
     with Stages(("trace and simulate",), enabled=not json_out) as stages:
-        stages.stage("trace and simulate", f"{step.preset} / {step.parallel} under PP {step.pp_size} at world "
-                     f"{step.world_size}: each distinct stage traced, torch's {step.pp_schedule} simulated")  # fmt: skip
+        what = f"{step.preset} / {step.parallel} under PP {step.pp_size} at world {step.world_size}"
+        stages.stage("trace and simulate", f"{what}: each distinct stage traced, torch's {step.pp_schedule} simulated")
         p = predict_pipeline(step, hardware, num_nodes=num_nodes, gpus_per_node=gpus_per_node)
     warn(p.warnings)
     written = emit_json(p.to_dict(), json_out) if json_out else None

@@ -393,8 +393,12 @@ def _pipeline(cfg: _Config, pp: int, batch: int, preset: str) -> dict[str, Any]:
     except ValueError as exc:
         raise cfg.error(key, str(exc).partition(": ")[2]) from None
     single = schedule in SINGLE_STAGE
-    return {"pp_size": pp, "pp_schedule": schedule, "microbatches": _microbatches(cfg, batch),
-            "stages_per_rank": _stages_per_rank(cfg, pp, single, get_preset(preset).n_layers)}
+    return {
+        "pp_size": pp,
+        "pp_schedule": schedule,
+        "microbatches": _microbatches(cfg, batch),
+        "stages_per_rank": _stages_per_rank(cfg, pp, single, get_preset(preset).n_layers),
+    }
 
 
 def _microbatches(cfg: _Config, batch: int) -> int:
