@@ -45,17 +45,10 @@ def _where(step: StepConfig, name: str, value: Any) -> str:
     return f"{CONFIG_KEYS.get(name) or _CONFIG_WORDS.get(name, name)} ({value})"
 
 
-def default_microbatches(schedule: str, pp_size: int, stages_per_rank: int | None) -> int:
-    """M when none is given: P x V, one micro-batch per stage (``commsched pipeline``'s default); V unset: 1 for
-    GPipe / 1F1B, else 2 (torchtitan's default)."""
-    from commsched.pipeline.actions import check_schedule_args
-
-    return pp_size * check_schedule_args(schedule, pp_size, 1, stages_per_rank)[1]
-
-
 def job_kwargs(step: StepConfig) -> tuple[dict[str, Any], tuple[str, ...]]:
     """(PipelineJob keywords of ``step``, notes on what the step leaves out); ValueError naming the option PipelineJob
     does not support yet (see the module docstring)."""
+    from commsched.pipeline.actions import check_schedule_args
     from commsched.pipeline.job import PipelineJob
 
     fields = {f.name for f in dataclasses.fields(PipelineJob)}
@@ -74,8 +67,10 @@ def job_kwargs(step: StepConfig) -> tuple[dict[str, Any], tuple[str, ...]]:
         else:
             raise ValueError(f"{_where(step, name, value)}: not yet supported under pipeline parallelism "
                              f"(pp {step.pp_size})")  # fmt: skip
-    if kwargs.get("microbatches") is None:
-        kwargs["microbatches"] = default_microbatches(step.pp_schedule, step.pp_size, step.stages_per_rank)
+    # V unset: 1 for GPipe / 1F1B, else 2 (torchtitan's default); M unset: P x V (commsched pipeline's default)
+    v = check_schedule_args(step.pp_schedule, step.pp_size, 1, step.stages_per_rank)[1]
+    kwargs["stages_per_rank"] = v
+    kwargs["microbatches"] = step.pp_size * v if step.microbatches is None else step.microbatches
     notes = (f"not counted under pipeline parallelism yet: {', '.join(left_out)}",) if left_out else ()
     return kwargs, notes
 

@@ -388,10 +388,11 @@ def _pipeline(cfg: _Config, pp: int, batch: int, preset: str) -> dict[str, Any]:
     if cfg.get("parallelism.module_fqns_per_model_part") is not None:
         raise cfg.error("parallelism.module_fqns_per_model_part", "a custom split is not yet supported")
     key = _pp_key(cfg, "schedule")
+    name = cfg.get(key, default="1F1B")
     try:
-        schedule = parse_schedule(cfg.get(key, default="1F1B"))
-    except ValueError as exc:
-        raise cfg.error(key, str(exc).partition(": ")[2]) from None
+        schedule = parse_schedule(name)
+    except ValueError as exc:  # its text after "schedule=...: " names torch's schedules
+        raise cfg.error(key, f"{name!r}: {str(exc).partition(': ')[2]}") from None
     single = schedule in SINGLE_STAGE
     return {
         "pp_size": pp,
