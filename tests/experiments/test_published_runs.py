@@ -9,6 +9,7 @@ import pytest
 
 from benchmark_modules import benchmark
 from commsched.experiments.predict import StepConfig
+from commsched.experiments.predict_pipeline import pipeline_job
 
 bench = benchmark("bench_published")
 RUNS = bench.load_runs()
@@ -31,6 +32,11 @@ def test_supported_runs_resolve_and_the_others_say_why():
     assert supported and len(supported) < len(PLANS)
     for p in supported:
         assert isinstance(p.config, StepConfig) and not p.reasons, p.id
+        if p.run["pp"] > 1:  # no tracing: every option checked, torch's schedule lowered, the stages split
+            job = pipeline_job(p.config)[0].resolve()
+            assert job.job.world_size == p.run["num_gpus"] and job.program.pp_size == p.run["pp"], p.id
+            assert job.batch == p.run["local_batch"] and job.inner.seq_len == p.run["seq_len"], p.id
+            continue
         spec = p.config.resolve()  # no tracing: every dimension checked, the mesh planned
         assert spec.plan.world_size == p.run["num_gpus"], p.id
         assert spec.batch == p.run["local_batch"] and spec.seq_len == p.run["seq_len"], p.id

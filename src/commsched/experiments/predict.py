@@ -107,6 +107,8 @@ class StepConfig:
         from commsched.workloads import resolve
 
         self.check()
+        if self.pp_size > 1:  # the pipeline ranks' specs: commsched.experiments.predict_pipeline.pipeline_job
+            raise ValueError(f"pp_size={self.pp_size}: resolve the step with predict_pipeline.pipeline_job")
         kw = self.build_kwargs()
         return resolve(self.preset, parallel=kw.pop("parallel"), world_size=kw.pop("world_size"), **kw)
 
