@@ -20,13 +20,12 @@ from commsched.cli.common import (
 from commsched.cli.options import (
     ZOO_STEP_OPTIONS,
     ZooStep,
-    checked_by,
     emit_json,
     json_option,
+    pipeline_options,
     step_title,
     zoo_step_options,
 )
-from commsched.cli.pipeline import SCHEDULE_HELP
 
 COMPILE_HELP = (
     "torch.compile as torchtitan applies it (each block compiled): a block's kernels fused as Inductor fuses them, "
@@ -48,6 +47,7 @@ PP_SIZE_HELP = (
 )
 PP_OPTIONS = ("pp_size", "pp_schedule", "microbatches", "stages_per_rank")
 """predict's pipeline options: StepConfig fields of the same names"""
+_PP = pipeline_options(", with --pp-size > 1")
 TORCHTITAN_HELP = (
     "read the step from a torchtitan job config (.toml): model, parallel degrees, batch, seq_len, AC, compile, "
     "optimizer; "
@@ -124,22 +124,9 @@ def register(app: typer.Typer) -> None:
         async_tp: bool = typer.Option(False, "--async-tp/--no-async-tp", help=ASYNC_TP_HELP),
         torchtitan_config: Path = typer.Option(None, "--torchtitan-config", help=TORCHTITAN_HELP),
         pp_size: int = typer.Option(1, "--pp-size", min=1, help=PP_SIZE_HELP),
-        pp_schedule: str = typer.Option(
-            "1F1B",
-            "--pp-schedule",
-            help=SCHEDULE_HELP + " (with --pp-size > 1)",
-            callback=checked_by("commsched.pipeline.actions:parse_schedule"),
-        ),
-        microbatches: int = typer.Option(
-            None, "--microbatches", "-M", min=1, help="micro-batches per step (M, with --pp-size > 1; unset: P x V)"
-        ),
-        stages_per_rank: int = typer.Option(
-            None,
-            "--stages-per-rank",
-            "-V",
-            min=1,
-            help="stages per pipeline rank (V, with --pp-size > 1; unset: 1 for GPipe / 1F1B, else 2)",
-        ),
+        pp_schedule: str = _PP[0],
+        microbatches: int = _PP[1],
+        stages_per_rank: int = _PP[2],
         hardware: HardwareOption = "h100-sxm",
         num_nodes: NumNodesOption = None,
         gpus_per_node: GpusPerNodeOption = None,
