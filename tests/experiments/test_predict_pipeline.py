@@ -188,3 +188,12 @@ def test_extra_options_pass_or_are_refused_and_m_defaults_to_p_times_v():
     assert job_kwargs(base)[0]["microbatches"] == 2  # 1F1B: P x 1
     assert job_kwargs(dataclasses.replace(base, pp_schedule="ZBVZeroBubble"))[0]["microbatches"] == 4  # P x 2
     assert job_kwargs(dataclasses.replace(base, microbatches=6))[0]["microbatches"] == 6
+
+
+def test_the_terminal_output_has_predicts_rows_the_bubble_and_each_rank():
+    args = ["predict", "llama-tiny", "-p", "fsdp+tp", "-w", "8", "--tp-size", "2", "--pp-size", "2", "-M", "4"]
+    res = runner.invoke(app, [*args, "-H", "h100-sxm"])
+    assert res.exit_code == 0, res.output
+    for words in ("step time", "tokens/s per GPU", "MFU (bfloat16)", "peak memory per GPU", "bubble", "pipeline rank",
+                  "1F1B M=4 V=1", "what bounds the step", "not counted under pipeline parallelism yet"):  # fmt: skip
+        assert words in res.stdout, words
