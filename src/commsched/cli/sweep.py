@@ -47,6 +47,15 @@ def parse_list(text: str, what: str, *, as_int: bool = False) -> list:
     return out
 
 
+PP_HELP = {
+    "pp_size": "pipeline ranks P (comma-separated): sweep torch's pipeline schedules (PP outermost), each row the "
+    "step `commsched pipeline` simulates",
+    "pp_schedule": "with --pp-size, comma-separated (default 1F1B): " + SCHEDULE_HELP,
+    "microbatches": "with --pp-size: micro-batch counts M, comma-separated (unset: P x V)",
+    "stages_per_rank": "with --pp-size: stages per rank V, comma-separated (unset: 1 for GPipe / 1F1B, else 2)",
+}
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     @zoo_step_options(lists=True)
@@ -64,24 +73,10 @@ def register(app: typer.Typer) -> None:
         no_cache: bool = typer.Option(False, "--no-cache", help="trace everything (neither read nor fill the cache)"),
         out: Path = out_file("--out", "-o", help="write a PNG plot of step time and peak memory"),
         json_path: str = json_option("the rows", stdout_replaces="the table"),
-        pp_size: str = typer.Option(
-            None,
-            "--pp-size",
-            help="pipeline ranks P (comma-separated): sweep pipeline "
-            "schedules, PP outermost, each row simulated as `commsched pipeline` does",
-        ),
-        pp_schedule: str = typer.Option(
-            None, "--pp-schedule", help="with --pp-size, comma-separated (default 1F1B): " + SCHEDULE_HELP
-        ),
-        microbatches: str = typer.Option(
-            None, "--microbatches", "-M", help="with --pp-size: micro-batch counts M, comma-separated (unset: P x V)"
-        ),
-        stages_per_rank: str = typer.Option(
-            None,
-            "--stages-per-rank",
-            "-V",
-            help="with --pp-size: stages per rank V, comma-separated (unset: 1 for GPipe / 1F1B, else 2)",
-        ),
+        pp_size: str = typer.Option(None, "--pp-size", help=PP_HELP["pp_size"]),
+        pp_schedule: str = typer.Option(None, "--pp-schedule", help=PP_HELP["pp_schedule"]),
+        microbatches: str = typer.Option(None, "--microbatches", "-M", help=PP_HELP["microbatches"]),
+        stages_per_rank: str = typer.Option(None, "--stages-per-rank", "-V", help=PP_HELP["stages_per_rank"]),
     ) -> None:
         """Trace PRESET at every (parallelism, world size), simulate it on every hardware profile in the traced
         order and in the order SCHEDULE chooses, and print step time, exposed communication, overlap and peak

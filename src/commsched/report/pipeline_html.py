@@ -99,6 +99,4 @@ def render_pipeline_html(result: PipelineResult, *, step: Any = None, title: str
 
 def write_pipeline_html(result: PipelineResult, path: str | Path, **kw: Any) -> Path:
     """Write :func:`render_pipeline_html` to ``path`` atomically; returns the path."""
-    path = Path(path)
-    atomic_write_text(path, render_pipeline_html(result, **kw))
-    return path
+    return atomic_write_text(Path(path), render_pipeline_html(result, **kw))

@@ -91,6 +91,5 @@ def to_pipeline_trace(result: PipelineResult, *, summary: dict[str, Any] | None 
 
 def write_pipeline_trace(result: PipelineResult, path: str | Path, **kw: Any) -> Path:
     """Write :func:`to_pipeline_trace` to ``path`` atomically; returns the path."""
-    path = Path(path)
-    atomic_write_text(path, json.dumps(to_pipeline_trace(result, **kw), separators=(",", ":"), allow_nan=False))
-    return path
+    text = json.dumps(to_pipeline_trace(result, **kw), separators=(",", ":"), allow_nan=False)
+    return atomic_write_text(Path(path), text)
