@@ -7,6 +7,8 @@ import json
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from commsched.cli import app
@@ -27,10 +29,13 @@ def result(request):
 
 
 def _timed(result, rank):
-    """(torch's name of the action, start ns, end ns) of every action the simulation timed on ``rank``."""
+    """(torch's name of the action, start ns, end ns) of every action the simulation timed on ``rank``, but FSDP's
+    UNSHARD / REDUCE_GRAD where they take no time (no FSDP)."""
     program = result.program
     spans = zip(result.start_ns[rank].tolist(), result.end_ns[rank].tolist(), strict=True)
-    return {program.action_str(rank, i): (s, e) for i, (s, e) in enumerate(spans) if s >= 0}
+    names = [program.action_str(rank, i) for i in range(len(program.actions[rank]))]
+    fsdp = [n.endswith(("UNSHARD", "REDUCE_GRAD")) for n in names]
+    return {names[i]: (s, e) for i, (s, e) in enumerate(spans) if s >= 0 and not (fsdp[i] and s == e)}
 
 
 def test_the_trace_has_one_process_per_rank_and_every_action_at_the_simulated_times(result, tmp_path):
@@ -105,7 +110,35 @@ def test_the_command_writes_both_for_a_zoo_job_and_refuses_a_device_as_output(tm
     assert bad.exit_code == 2 and "--trace" in bad.stderr and not (tmp_path / "t.json.tmp").exists()
 
 
-def test_render_needs_no_job():
+def test_without_fsdp_no_fsdp_lane_is_drawn_and_the_html_needs_no_job():
     res = simulate_pipeline("1F1B", 2, 2, None, StageCosts(forward_s=1.0, backward_s=2.0), free_comm=True)
     page = render_pipeline_html(res)
-    assert "rank 1" in page and "tokens / s per GPU" not in page
+    assert "rank 1" in page and "tokens / s per GPU" not in page and '"fsdp all_gather"]' not in page
+    threads = [e["args"]["name"] for e in to_pipeline_trace(res)["traceEvents"] if e.get("name") == "thread_name"]
+    assert sorted({t.split(" ", 2)[2] for t in threads}) == ["compute", "recv", "send"]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.sampled_from([("1F1B", 1, 1), ("Interleaved1F1B", 2, 2), ("ZBVZeroBubble", 2, 1), ("InterleavedZeroBubble", 2,
+                     2), ("DualPipeV", 2, 2), ("GPipe", 1, 1)]),
+    st.sampled_from([2, 4]),
+    st.lists(st.integers(1, 5000), min_size=4, max_size=4),
+    st.booleans(),
+)  # fmt: skip
+def test_the_trace_s_compute_slices_never_overlap_and_sum_to_each_rank_s_busy_time(case, p, us, free):
+    """Any schedule and costs: a rank's compute slices run one at a time in its program order, their durations sum
+    to the simulator's busy time, and every flow joins a send to a receive of the same transfer."""
+    name, v, m_per_p = case
+    f, i, w, send = (x * 1e-6 for x in us)
+    costs = StageCosts(forward_s=f, backward_input_s=i, backward_weight_s=w, send_bytes=int(send * 1e12),
+                       unshard_s=w, reduce_grad_s=i)  # fmt: skip
+    res = simulate_pipeline(name, p, p * m_per_p * v, v, costs, "h100-sxm", free_comm=free)
+    events = to_pipeline_trace(res)["traceEvents"]
+    for rank, stats in enumerate(res.per_rank):
+        compute = [e for e in events if e["ph"] == "X" and e["pid"] == rank and e["cat"] == "kernel"]
+        ends = [e["ts"] + e["dur"] for e in compute]
+        assert all(b["ts"] >= a_end - 1e-3 for a_end, b in zip(ends, compute[1:], strict=False))
+        assert sum(e["dur"] for e in compute) * 1e3 == pytest.approx(stats.busy_s * 1e9, abs=len(compute))
+    flows = [e for e in events if e["ph"] in "sf"]
+    assert len(flows) == 2 * len({e["id"] for e in flows})

@@ -4,7 +4,8 @@ its lanes, labelled with their micro-batch and stage, and the per-rank rows.
 
 A rank's lanes (:data:`LANES`): its compute stream (F, B, I, W, OVERLAP_F_B), its sends and its receives (a
 transfer's time on both ranks' lanes: the simulator times a SEND and its matching RECV as one transfer), FSDP's
-all_gather (UNSHARD) and reduce_scatter (REDUCE_GRAD) streams. RESHARD takes no time and is not drawn."""
+all_gather (UNSHARD) and reduce_scatter (REDUCE_GRAD) streams (without FSDP they take no time and are not drawn).
+RESHARD takes no time and is not drawn."""
 
 from __future__ import annotations
 
@@ -57,13 +58,14 @@ def action_label(row: Any) -> str:
 
 
 def rank_spans(result: PipelineResult, rank: int) -> list[ActionSpan]:
-    """Every action of ``rank`` the simulation timed (start >= 0), in program order."""
+    """Every action of ``rank`` the simulation timed (start >= 0), in program order, but an UNSHARD or REDUCE_GRAD
+    that takes no time: torch lowers them for every stage and runs them only for an FSDP-wrapped one."""
     program = result.program
     starts, ends = result.start_ns[rank].tolist(), result.end_ns[rank].tolist()
     spans = []
     for i, row in enumerate(program.actions[rank].tolist()):
         kind = ActionKind(row[0])
-        if starts[i] < 0 or kind not in _LANE_OF:
+        if starts[i] < 0 or kind not in _LANE_OF or (_LANE_OF[kind] >= GATHER_LANE and ends[i] == starts[i]):
             continue
         spans.append(ActionSpan(rank, i, _LANE_OF[kind], starts[i], ends[i], action_label(row), kind, row[1], row[2]))
     return spans
