@@ -61,8 +61,11 @@ def config_json(tmp_path_factory) -> dict:
 
 def test_a_torchtitan_config_with_pp_is_simulate_job_of_the_same_job(config_json):
     p = config_json
+    # the config's other settings (torchtitan's optimizer and clipping, no AC ...) where PipelineJob takes them
+    said = {"ac": "none", "compile": False, "float8": "none", "optimizer": "adamw-fused", "max_norm": 1.0}
     job = PipelineJob(preset="llama3-8b", parallel="fsdp", world_size=8, pp_size=2, schedule="Interleaved1F1B",
-                      microbatches=4, stages_per_rank=2, layers=2, seq_len=256, batch=4)  # fmt: skip
+                      microbatches=4, stages_per_rank=2, layers=2, seq_len=256, batch=4,
+                      **{k: v for k, v in said.items() if k in _job_fields()})  # fmt: skip
     step = simulate_job(job, "h100-sxm")
     assert p["step_s"] == step.step_s and p["peak_memory_bytes"] == step.result.peak_memory_bytes
     assert p["bubble_fraction"] == step.result.bubble_fraction and 0 < p["bubble_fraction"] < 1
