@@ -9,12 +9,19 @@ from typing import Any
 import typer
 
 from commsched.cli.common import HardwareOption, Stages, console, user_errors
-from commsched.cli.options import check_layers, checked_by, emit_json, json_option, out_file
+from commsched.cli.options import (
+    PP_MICROBATCHES,
+    PP_SCHEDULE,
+    PP_STAGES_PER_RANK,
+    check_layers,
+    checked_by,
+    emit_json,
+    json_option,
+    out_file,
+)
 
 PARALLEL_HELP = ("the plan inside each pipeline rank (PP is the outermost mesh dimension): none, fsdp, tp, tp+sp, "
                  "fsdp+tp, fsdp+tp+sp")  # fmt: skip
-SCHEDULE_HELP = ("torch's schedule (torch.distributed.pipelining): GPipe, 1F1B, Interleaved1F1B, LoopedBFS, "
-                 "InterleavedZeroBubble, ZBVZeroBubble, DualPipeV")  # fmt: skip
 
 
 def register(app: typer.Typer) -> None:
@@ -27,22 +34,9 @@ def register(app: typer.Typer) -> None:
         world_size: int = typer.Option(8, "--world-size", "-w", min=1, help="every rank of the job (PP x the rest)"),
         tp_size: int = typer.Option(None, "--tp-size", min=1, help="tensor-parallel degree (tp*, fsdp+tp*)"),
         pp_size: int = typer.Option(2, "--pp-size", min=2, help="pipeline ranks (P)"),
-        pp_schedule: str = typer.Option(
-            "1F1B",
-            "--pp-schedule",
-            help=SCHEDULE_HELP,
-            callback=checked_by("commsched.pipeline.actions:parse_schedule"),
-        ),
-        microbatches: int = typer.Option(
-            None, "--microbatches", "-M", min=1, help="micro-batches per step (M; unset: P x V)"
-        ),
-        stages_per_rank: int = typer.Option(
-            None,
-            "--stages-per-rank",
-            "-V",
-            min=1,
-            help="stages per pipeline rank (V; unset: 1 for GPipe / 1F1B, else 2)",
-        ),
+        pp_schedule: str = PP_SCHEDULE,
+        microbatches: int = PP_MICROBATCHES,
+        stages_per_rank: int = PP_STAGES_PER_RANK,
         layers: int = typer.Option(None, "--layers", "-l", min=1, help="transformer blocks (unset: the preset's)"),
         seq_len: int = typer.Option(None, "--seq-len", min=1, help="sequence length (unset: the preset's)"),
         batch: int = typer.Option(
