@@ -23,6 +23,9 @@ from commsched.cli.options import (
 PARALLEL_HELP = ("the plan inside each pipeline rank (PP is the outermost mesh dimension): none, fsdp, tp, tp+sp, "
                  "fsdp+tp, fsdp+tp+sp")  # fmt: skip
 
+OPTIMIZE_HELP = ("search torch's schedules, M and V under the memory budget and keep the fastest; also our overlap "
+                 "pass inside each stage and in DualPipeV's F&B pairs (commsched.pipeline.optimize)")  # fmt: skip
+
 
 def register(app: typer.Typer) -> None:
     @app.command()
@@ -51,6 +54,10 @@ def register(app: typer.Typer) -> None:
         json_out: str = json_option("the pipeline step"),
         html_out: Path = out_file("--html", help="write an HTML report: one timeline panel per pipeline rank"),
         trace_out: Path = out_file("--trace", help="write a Perfetto / Chrome trace: one process per pipeline rank"),
+        optimize: bool = typer.Option(False, "--optimize", help=OPTIMIZE_HELP),
+        memory_budget: float = typer.Option(
+            None, "--memory-budget", min=0.001, help="GB per rank for --optimize (unset: the profile's HBM)"
+        ),
     ) -> None:
         """Simulate one training step of PRESET with pipeline parallelism: the layers split over P x V stages as
         torchtitan splits them, each distinct stage's forward and backward (and the zero-bubble schedules' input-
@@ -72,6 +79,11 @@ def register(app: typer.Typer) -> None:
                               stages_per_rank=stages_per_rank, tp_size=tp_size, layers=layers, seq_len=seq_len,
                               batch=batch, dtype=dtype)  # fmt: skip
             resolved = job.resolve()  # every option checked before any tracing
+            if optimize:
+                from commsched.cli.pipeline_optimize import optimize_command
+
+                optimize_command(job, hardware, memory_budget, json_out)
+                return
             with Stages(("trace and simulate",), enabled=not json_out) as stages:
                 shapes = len({s.shape for s in resolved.stages})
                 stages.stage("trace and simulate", f"{shapes} distinct stage(s), {resolved.program.num_stages} stages")

@@ -16,10 +16,11 @@ import dataclasses
 from typing import Any
 
 from commsched.pipeline.actions import PipelineProgram, lower_schedule
+from commsched.pipeline.cache import stage_record
 from commsched.pipeline.costs import StageCosts
 from commsched.pipeline.simulate import PipelineResult, simulate_program
 from commsched.pipeline.split import Stage, stages_of
-from commsched.pipeline.stages import param_bytes, stage_seconds, trace_stage
+from commsched.pipeline.stages import param_bytes
 from commsched.workloads.program import WorkloadSpec
 
 PIPELINE_PARALLELISMS = ("none", "fsdp", "tp", "tp+sp", "fsdp+tp", "fsdp+tp+sp")
@@ -170,8 +171,8 @@ def stage_costs(job: ResolvedJob, hardware: Any) -> StageCosts:
     all_gather / reduce_scatter, one per FSDP unit (block)."""
     fields: dict[str, list] = {name: [] for name in _STAGE_FIELDS}
     for stage in job.stages:
-        traced = trace_stage(job.compute, *stage.shape)
-        secs = stage_seconds(traced, hardware)
+        traced = stage_record(job.compute, stage.shape, hardware)  # cached, long stages scaled: pipeline/cache.py
+        secs = traced.times
         for name, value in dataclasses.asdict(secs).items():
             fields[name].append(value)
         fields["send_bytes"].append(traced.send_bytes)
