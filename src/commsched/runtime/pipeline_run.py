@@ -71,8 +71,9 @@ class PipelineRunConfig:
     seed: int = 0
     threads: int = 1
     """intra-op threads per rank"""
-    compute_nice: int = 10
-    """niceness increment of each rank's compute thread (``RunConfig.compute_nice``: gloo's threads first)"""
+    compute_nice: int = 0
+    """niceness increment of each rank's compute thread after its process group exists (``RunConfig.compute_nice``:
+    gloo's threads first); on a machine other jobs load, a niced compute thread also yields to them"""
     p2p_reps: int = 5
     """messages of each size per round of the P2P probe"""
     hardware: str = "cpu-local"
