@@ -65,6 +65,29 @@ def test_the_p2p_link_is_timed_as_measured():
     assert flat.latency_s == 1.5e-3 and flat.bytes_per_s == float("inf")
 
 
+@settings(max_examples=25, deadline=None)
+@given(
+    schedule=st.sampled_from(["GPipe", "1F1B", "Interleaved1F1B"]),
+    pp_size=st.integers(2, 4),
+    forward_ms=st.lists(st.floats(0.1, 5.0), min_size=8, max_size=8),
+    cores=st.floats(0.5, 5.0),
+)
+def test_sharing_cores_stretches_the_step_between_the_bounds(schedule, pp_size, forward_ms, cores):
+    """The step on shared cores is the simulated one when no more ranks compute at once than there are cores, never
+    shorter, never longer than with every busy moment P / cores times slower, and never shorter with fewer cores."""
+    from commsched.pipeline import StageCosts, simulate_pipeline
+    from commsched.runtime.pipeline_calibrate import shared_cpu_step_s
+
+    stages = pp_size * (2 if schedule == "Interleaved1F1B" else 1)
+    f_s = [x * 1e-3 for x in forward_ms[:stages]]
+    res = simulate_pipeline(schedule, pp_size, 2 * pp_size, None, StageCosts(forward_s=f_s,
+                            backward_s=[2 * f for f in f_s]), free_comm=True)  # fmt: skip
+    shared = shared_cpu_step_s(res, cores)
+    assert shared_cpu_step_s(res, pp_size) == pytest.approx(res.step_s, rel=1e-12)
+    assert res.step_s * (1 - 1e-12) <= shared <= res.step_s * max(1.0, pp_size / cores) * (1 + 1e-12)
+    assert shared_cpu_step_s(res, cores / 2) >= shared * (1 - 1e-12)
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
@@ -97,8 +120,9 @@ def test_bad_cli_options_exit_2_before_any_rank_starts(args, message):
 @pytest.fixture(scope="module")
 def two_rank_run():
     """One real 2-rank run of three torch schedules (the only test here that starts processes: about 30-60 s)."""
-    cfg = PipelineRunConfig(spec=_spec(layers=2, batch=4, seq_len=64), pp_size=2,
-                            schedules=("1F1B", "GPipe", "Interleaved1F1B"), microbatches=4, iters=3, warmup=1)  # fmt: skip
+    schedules = ("1F1B", "GPipe", "Interleaved1F1B")
+    spec = _spec(layers=2, batch=4, seq_len=64)
+    cfg = PipelineRunConfig(spec=spec, pp_size=2, schedules=schedules, microbatches=4, iters=3, warmup=1)
     return run_pipeline_local(cfg, profile=False)
 
 
@@ -110,7 +134,9 @@ def test_a_real_run_matches_the_unpipelined_model_and_its_prediction(two_rank_ru
         assert run.max_grad_error <= 1e-5, name
         assert all(c.forward_s > 0 and c.backward_s > 0 for c in run.stages), name
         assert [c.stage for c in run.stages] == list(range(2 * run.stages_per_rank)), name
+    assert 1.0 <= report.cores <= 2.0
     one, gpipe = report.schedules["1F1B"], report.schedules["GPipe"]
+    assert one.predicted_s >= one.predicted_dedicated_s * (1 - 1e-12)
     # 2 cores shared with other jobs: the step is predicted within a factor 2.5, and GPipe's step relative to
     # 1F1B's (the same stages and bubble, a different order) within 30 %
     for run in (one, gpipe):

@@ -1,10 +1,12 @@
 """What a real pipeline run measures for its prediction, and the prediction.
 
-Every rank times each of its stages' forward and backward of one micro-batch, and ranks 0 and 1 time a P2P transfer,
-once per round of the run, between the timed steps (every rank at once, as they compute at once in the pipeline's
-steady state): the costs then see the same load as the steps do, which on a shared machine moves a lot within a
-run. The medians over the rounds are the :class:`StageCost` s and the :class:`P2PCalibration` the simulator is fed
-(:func:`predict`); :func:`profile_prediction` simulates the hardware profile's roofline of the traced stages instead.
+Once per round of the run, between the timed steps, every rank times each of its stages' forward and backward of one
+micro-batch (one rank at a time), ranks 0 and 1 time a P2P transfer, and every rank times one forward alone and with
+all ranks computing at once (:func:`cpu_share_round`): the costs then see the same load as the steps do, which on a
+shared machine moves a lot within a run. The medians over the rounds are the :class:`StageCost` s, the
+:class:`P2PCalibration` and the cores the ranks share that the prediction is fed (:func:`predict`: the pipeline
+simulator, then :func:`shared_cpu_step_s`); :func:`profile_prediction` simulates the hardware profile's roofline of
+the traced stages instead.
 """
 
 from __future__ import annotations
@@ -13,14 +15,17 @@ import dataclasses
 import math
 import statistics
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from commsched.report.run_report import StepTimes
 
 if TYPE_CHECKING:
+    from commsched.pipeline import PipelineResult
     from commsched.runtime.pipeline_run import PipelineRunConfig, ZooStage
 
 SMALL_BYTES = 4
@@ -67,7 +72,10 @@ class ScheduleRun:
     stages_per_rank: int
     measured: StepTimes
     predicted_s: float
-    """simulated with the measured stage costs and P2P link"""
+    """simulated with the measured stage costs and P2P link, the compute stretched where the ranks outnumber the
+    cores they shared (:func:`shared_cpu_step_s`)"""
+    predicted_dedicated_s: float
+    """the same simulation with a processor per rank"""
     predicted_bubble_fraction: float
     predicted_profile_s: float | None
     """simulated with the profile's roofline of the traced stages (and the measured link); None if not asked"""
@@ -104,6 +112,8 @@ class PipelineRunReport:
     threads: int
     hardware: str
     p2p: P2PCalibration
+    cores: float
+    """the cores the ranks shared: ranks / (their forward's slowdown computing all at once over alone), in [1, P]"""
     schedules: dict[str, ScheduleRun]
     network: str | None = None
 
@@ -137,20 +147,48 @@ class StageTimer:
         spec = module.spec
         self.grad = None if module.stage.last else torch.randn(module.shapes.tokens, spec.model.dim, dtype=spec.dtype)
 
-    def time_once(self) -> tuple[float, float]:
-        """(forward, backward) seconds, one of each."""
-        dist.barrier()
-        t0 = time.perf_counter()
-        out = self.module(self.x)
-        if self.module.stage.last:
-            out = self.loss(out, self.labels)
-        forward_s = time.perf_counter() - t0
-        dist.barrier()
+    def time_once(self, *, sync: bool = True) -> tuple[float, float]:
+        """(forward, backward) seconds, one of each; ``sync``: each timed part starts at a barrier (every rank
+        calls it for the same number of stages), else this rank times alone (:func:`one_rank_at_a_time`)."""
+        forward_s, out = self._forward(sync)
+        if sync:
+            dist.barrier()
         t0 = time.perf_counter()
         torch.autograd.backward(out, self.grad)
         backward_s = time.perf_counter() - t0
         self.module.zero_grad(set_to_none=True)
         return forward_s, backward_s
+
+    def forward_s(self, *, sync: bool) -> float:
+        """Seconds of one forward (see :meth:`time_once`), its graph dropped."""
+        with torch.no_grad():
+            return self._forward(sync)[0]
+
+    def _forward(self, sync: bool) -> tuple[float, torch.Tensor]:
+        if sync:
+            dist.barrier()
+        t0 = time.perf_counter()
+        out = self.module(self.x)
+        if self.module.stage.last:
+            out = self.loss(out, self.labels)
+        return time.perf_counter() - t0, out
+
+
+def one_rank_at_a_time(fn: Callable[[], Any]) -> Any:
+    """``fn()`` on each rank in turn (rank order), the others waiting at a barrier; every rank calls it."""
+    out = None
+    for r in range(dist.get_world_size()):
+        if r == dist.get_rank():
+            out = fn()
+        dist.barrier()
+    return out
+
+
+def cpu_share_round(timer: StageTimer) -> float:
+    """How much slower this rank's forward runs with every rank computing at once than alone (>= 0): on a CPU
+    harness the ranks share the cores the machine gives the run (:func:`shared_cpu_step_s`)."""
+    alone_s = one_rank_at_a_time(lambda: timer.forward_s(sync=False))
+    return timer.forward_s(sync=True) / max(alone_s, 1e-9)
 
 
 def p2p_round(send_bytes: int, reps: int) -> tuple[float, float]:
@@ -186,14 +224,37 @@ def p2p_hardware(profile: str, world: int, p2p: P2PCalibration):
     return dataclasses.replace(hw, name=f"{hw.name} + measured P2P", intra_node=link, protocols=(simple,))
 
 
-def predict(cfg: PipelineRunConfig, name: str, costs: list[StageCost], p2p: P2PCalibration) -> tuple[float, float]:
-    """(step seconds, bubble fraction) of torch's ``name`` simulated with the measured stage costs and link."""
+def predict(
+    cfg: PipelineRunConfig, name: str, costs: list[StageCost], p2p: P2PCalibration, cores: float
+) -> tuple[float, float, float]:
+    """(step seconds on ``cores`` shared cores, the simulated step with a processor per rank, its bubble fraction)
+    of torch's ``name`` simulated with the measured stage costs (each rank timed alone) and link."""
     from commsched.pipeline import StageCosts, simulate_program
 
     stage_costs = StageCosts(forward_s=[c.forward_s for c in costs], backward_s=[c.backward_s for c in costs],
                              send_bytes=[c.send_bytes for c in costs])  # fmt: skip
     res = simulate_program(cfg.program(name), stage_costs, p2p_hardware(cfg.hardware, cfg.pp_size, p2p))
-    return res.step_s, res.bubble_fraction
+    return shared_cpu_step_s(res, cores), res.step_s, res.bubble_fraction
+
+
+def shared_cpu_step_s(res: PipelineResult, cores: float) -> float:
+    """The simulated step with the ranks' compute sharing ``cores`` (a CPU harness whose ranks outnumber the cores
+    the machine gives the run): each stretch of the simulated timeline in which k ranks compute runs
+    max(1, k / cores) times longer, the order of events kept (a first-order time warp). ``cores`` >= the ranks:
+    the step as simulated."""
+    from commsched.pipeline.actions import COMPUTE_KINDS
+
+    kinds = [int(k) for k in COMPUTE_KINDS]
+    events = []
+    for r, acts in enumerate(res.program.actions):
+        on = np.isin(acts[:, 0], kinds)
+        events += [(int(t), 1) for t in res.start_ns[r][on]] + [(int(t), -1) for t in res.end_ns[r][on]]
+    events.sort()  # an end before a start at the same time: a handover is not an overlap
+    busy, last_ns, total_ns = 0, 0, 0.0
+    for t_ns, delta in events:
+        total_ns += (t_ns - last_ns) * max(1.0, busy / cores)
+        busy, last_ns = busy + delta, t_ns
+    return (total_ns + max(res.step_s * 1e9 - last_ns, 0.0)) * 1e-9
 
 
 def profile_prediction(cfg: PipelineRunConfig, name: str, p2p: P2PCalibration) -> float:

@@ -41,7 +41,9 @@ from commsched.runtime.pipeline_calibrate import (
     ScheduleRun,
     StageCost,
     StageTimer,
+    cpu_share_round,
     medians,
+    one_rank_at_a_time,
     p2p_round,
     predict,
     profile_prediction,
@@ -220,7 +222,19 @@ class _Samples:
     steps_s: dict[str, list[float]]  # per schedule
     stages_s: dict[int, list[list[tuple[float, float]]]]  # per split (stages): per round, (F, B) of each own stage
     p2p_s: list[tuple[float, float]]  # per round: (small, hidden state) seconds per message
+    share: list[float]  # per round: this rank's forward with every rank computing over alone
     first: dict[str, tuple[list[float], dict[str, torch.Tensor]]]  # per schedule: first step's losses, gradients
+
+
+@dataclasses.dataclass(frozen=True)
+class _RankSummary:
+    """What each rank hands rank 0 (picklable)."""
+
+    steps_s: dict[str, list[float]]  # per schedule, every timed step
+    stage_medians_s: dict[int, tuple[float, ...]]  # per split: F, B, F, B ... of its own stages (module order)
+    p2p_medians_s: tuple[float, ...]  # (small, hidden state) seconds per message
+    numerics: dict[str, tuple[float | None, float]]  # per schedule: (loss on the last stage's rank, grad error)
+    slowdown: float  # the median of its forward's slowdown with every rank computing (cpu_share_round)
 
 
 def _run_rounds(cfg: PipelineRunConfig, built: dict[str, _Built], tokens, labels, say) -> _Samples:
@@ -231,16 +245,18 @@ def _run_rounds(cfg: PipelineRunConfig, built: dict[str, _Built], tokens, labels
     timers: dict[int, list[StageTimer]] = {}
     for b in built.values():
         timers.setdefault(b.program.num_stages, [StageTimer(m, labels[: cfg.microbatch]) for m in b.modules])
-    out = _Samples({n: [] for n in names}, {n: [] for n in timers}, [], {})
+    out = _Samples({n: [] for n in names}, {n: [] for n in timers}, [], [], {})
     for it in range(cfg.warmup + cfg.iters):
         kept = it >= cfg.warmup
         for split, ts in timers.items():
-            row = [t.time_once() for t in ts]
+            row = one_rank_at_a_time(lambda ts=ts: [t.time_once(sync=False) for t in ts])
             if kept:
                 out.stages_s[split].append(row)
         p2p = p2p_round(cfg.send_bytes, cfg.p2p_reps)
+        share = cpu_share_round(next(iter(timers.values()))[0])
         if kept:
             out.p2p_s.append(p2p)
+            out.share.append(share)
         k = it % len(names)
         for name in names[k:] + names[:k]:  # rotate: no schedule always runs right after the same one
             dist.barrier()
@@ -300,9 +316,11 @@ def run_pipeline_rank(
         say(f"{world} ranks built {len(built)} schedules")
         samples = _run_rounds(cfg, built, inputs["tokens"], inputs["labels"], say)
         reference = reference_outputs(cfg.spec, seed=cfg.seed)
-        mine = (samples.steps_s, {n: medians([tuple(x for fb in row for x in fb) for row in rows])
-                                  for n, rows in samples.stages_s.items()},
-                medians(samples.p2p_s), {n: _numerics(samples.first[n], reference) for n in built})  # fmt: skip
+        stage_medians = {n: medians([tuple(x for fb in row for x in fb) for row in rows])
+                         for n, rows in samples.stages_s.items()}  # fmt: skip
+        mine = _RankSummary(samples.steps_s, stage_medians, medians(samples.p2p_s),
+                            {n: _numerics(samples.first[n], reference) for n in built},
+                            statistics.median(samples.share))  # fmt: skip
         every: list[Any] = [None] * world
         dist.all_gather_object(every, mine)
         report = None
@@ -318,14 +336,15 @@ def run_pipeline_rank(
             dist.destroy_process_group()
 
 
-def _stage_costs(cfg: PipelineRunConfig, built: dict[str, _Built], every: list) -> dict[int, list[StageCost]]:
+def _stage_costs(cfg: PipelineRunConfig, built: dict[str, _Built], every: list[_RankSummary]) -> dict[int, list]:
     """Per split, every stage's medians, from each rank's (F, B) medians of its stages in its modules' order."""
     out = {}
     for b in built.values():
         n = b.program.num_stages
         stages = stages_of(n, cfg.spec.model.n_layers)
         costs = []
-        for rank, (_, per_split, _, _) in enumerate(every):
+        for rank, summary in enumerate(every):
+            per_split = summary.stage_medians_s
             own = [s for s in stages if b.program.stage_to_rank[s.index] == rank]
             for j, st in enumerate(own):
                 send = 0 if st.last else cfg.send_bytes
@@ -335,24 +354,27 @@ def _stage_costs(cfg: PipelineRunConfig, built: dict[str, _Built], every: list) 
     return out
 
 
-def _report(cfg: PipelineRunConfig, built: dict[str, _Built], every: list, reference_loss: float) -> PipelineRunReport:
+def _report(cfg: PipelineRunConfig, built: dict[str, _Built], every: list[_RankSummary], reference_loss: float):
     """Rank 0's report from every rank's (step samples, stage medians, P2P medians, numerics)."""
     costs = _stage_costs(cfg, built, every)
-    p2p = P2PCalibration.fit(cfg.send_bytes, *every[1][2])  # the receiver's clock
+    p2p = P2PCalibration.fit(cfg.send_bytes, *every[1].p2p_medians_s)  # the receiver's clock
+    slowdown = statistics.median(r.slowdown for r in every)
+    cores = min(max(cfg.pp_size / max(slowdown, 1e-9), 1.0), float(cfg.pp_size))
     runs = {}
     for name, b in built.items():
-        steps = [max(ts) for ts in zip(*(r[0][name] for r in every), strict=True)]  # the slowest rank ends a step
-        loss = next(r[3][name][0] for r in every if r[3][name][0] is not None)
-        step_s, bubble = predict(cfg, name, costs[b.program.num_stages], p2p)
+        steps = [max(ts) for ts in zip(*(r.steps_s[name] for r in every), strict=True)]  # the slowest rank ends it
+        loss = next(r.numerics[name][0] for r in every if r.numerics[name][0] is not None)
+        step_s, dedicated_s, bubble = predict(cfg, name, costs[b.program.num_stages], p2p, cores)
         runs[name] = ScheduleRun(schedule=name, stages_per_rank=b.program.stages_per_rank, measured=step_times(steps),
-                                 predicted_s=step_s, predicted_bubble_fraction=bubble, predicted_profile_s=None,
+                                 predicted_s=step_s, predicted_dedicated_s=dedicated_s,
+                                 predicted_bubble_fraction=bubble, predicted_profile_s=None,
                                  stages=tuple(costs[b.program.num_stages]), loss=loss, reference_loss=reference_loss,
-                                 max_grad_error=max(r[3][name][1] for r in every))  # fmt: skip
+                                 max_grad_error=max(r.numerics[name][1] for r in every))  # fmt: skip
     spec = cfg.spec
     return PipelineRunReport(preset=spec.model.name, layers=spec.model.n_layers, seq_len=spec.seq_len,
                              batch=spec.batch, dtype=str(spec.dtype).removeprefix("torch."), pp_size=cfg.pp_size,
                              microbatches=cfg.microbatches, iters=cfg.iters, warmup=cfg.warmup, threads=cfg.threads,
-                             hardware=cfg.hardware, p2p=p2p, schedules=runs)  # fmt: skip
+                             hardware=cfg.hardware, p2p=p2p, cores=cores, schedules=runs)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------- launching
