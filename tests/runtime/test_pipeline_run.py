@@ -27,7 +27,7 @@ def _spec(layers: int = 2, batch: int = 4, seq_len: int = 8):
                    dtype="float32", attention="sdpa")  # fmt: skip
 
 
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layers=st.integers(1, 3), extra=st.integers(0, 3), seed=st.integers(0, 3))
 def test_the_stages_chained_compute_the_unpipelined_step(layers, extra, seed):
     """Any torchtitan split of the layers into 2..layers+2 stages: the stage modules one after another give the
