@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 from commsched.cli import app
 from commsched.pipeline.split import stages_of
 from commsched.runtime.pipeline_calibrate import P2PCalibration, p2p_hardware
-from commsched.runtime.pipeline_run import PipelineRunConfig, ZooStage, run_pipeline_local, stage_loss
+from commsched.runtime.pipeline_run import PipelineRunConfig, run_pipeline_local
+from commsched.runtime.pipeline_stage import ZooStage, stage_loss
 from commsched.workloads import resolve
 from commsched.workloads.params import init_full_params
 from commsched.workloads.program import StepProgram

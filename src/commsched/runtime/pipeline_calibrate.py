@@ -23,10 +23,10 @@ import torch
 import torch.distributed as dist
 
 from commsched.report.run_report import StepTimes
+from commsched.runtime.pipeline_stage import ZooStage, stage_loss
 
 if TYPE_CHECKING:
     from commsched.pipeline import PipelineResult
-    from commsched.runtime.pipeline_run import PipelineRunConfig, ZooStage
 
 SMALL_BYTES = 4
 """the P2P probe's small message: its time is the link's fixed cost per transfer"""
@@ -140,8 +140,6 @@ class StageTimer:
     loss). Each timed part starts at a barrier: every rank calls :meth:`time_once` for the same number of stages."""
 
     def __init__(self, module: ZooStage, labels: torch.Tensor) -> None:
-        from commsched.runtime.pipeline_run import stage_loss
-
         self.module, self.labels, self.loss = module, labels, stage_loss
         self.x = module.input_example()
         spec = module.spec
@@ -224,19 +222,6 @@ def p2p_hardware(profile: str, world: int, p2p: P2PCalibration):
     return dataclasses.replace(hw, name=f"{hw.name} + measured P2P", intra_node=link, protocols=(simple,))
 
 
-def predict(
-    cfg: PipelineRunConfig, name: str, costs: list[StageCost], p2p: P2PCalibration, cores: float
-) -> tuple[float, float, float]:
-    """(step seconds on ``cores`` shared cores, the simulated step with a processor per rank, its bubble fraction)
-    of torch's ``name`` simulated with the measured stage costs (each rank timed alone) and link."""
-    from commsched.pipeline import StageCosts, simulate_program
-
-    stage_costs = StageCosts(forward_s=[c.forward_s for c in costs], backward_s=[c.backward_s for c in costs],
-                             send_bytes=[c.send_bytes for c in costs])  # fmt: skip
-    res = simulate_program(cfg.program(name), stage_costs, p2p_hardware(cfg.hardware, cfg.pp_size, p2p))
-    return shared_cpu_step_s(res, cores), res.step_s, res.bubble_fraction
-
-
 def shared_cpu_step_s(res: PipelineResult, cores: float) -> float:
     """The simulated step with the ranks' compute sharing ``cores`` (a CPU harness whose ranks outnumber the cores
     the machine gives the run): each stretch of the simulated timeline in which k ranks compute runs
@@ -255,20 +240,6 @@ def shared_cpu_step_s(res: PipelineResult, cores: float) -> float:
         total_ns += (t_ns - last_ns) * max(1.0, busy / cores)
         busy, last_ns = busy + delta, t_ns
     return (total_ns + max(res.step_s * 1e9 - last_ns, 0.0)) * 1e-9
-
-
-def profile_prediction(cfg: PipelineRunConfig, name: str, p2p: P2PCalibration) -> float:
-    """The step of ``name`` simulated from the hardware profile's roofline of its traced stages
-    (:func:`commsched.pipeline.job.simulate_job`), the link as measured. Traces on fake process groups: call it in a
-    process without a real one (the launcher's)."""
-    from commsched.pipeline.job import PipelineJob, simulate_job
-
-    spec = cfg.spec
-    job = PipelineJob(preset=spec.model.name, parallel="none", world_size=cfg.pp_size, pp_size=cfg.pp_size,
-                      schedule=name, microbatches=cfg.microbatches, stages_per_rank=cfg.stages_for(name),
-                      layers=spec.model.n_layers, seq_len=spec.seq_len, batch=spec.batch,
-                      dtype=str(spec.dtype).removeprefix("torch."))  # fmt: skip
-    return simulate_job(job, p2p_hardware(cfg.hardware, cfg.pp_size, p2p)).step_s
 
 
 def medians(samples: list[tuple[float, ...]]) -> tuple[float, ...]:

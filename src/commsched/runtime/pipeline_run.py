@@ -29,10 +29,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from commsched.pipeline.actions import MULTI_STAGE, SCHEDULES, PipelineProgram, lower_schedule
-from commsched.pipeline.split import Stage, stages_of
+from commsched.pipeline.split import stages_of
 from commsched.runtime.executor import niced_compute_thread, step_times
 from commsched.runtime.netns import ShapedNetwork
 from commsched.runtime.pipeline_calibrate import (
@@ -44,12 +43,11 @@ from commsched.runtime.pipeline_calibrate import (
     cpu_share_round,
     medians,
     one_rank_at_a_time,
+    p2p_hardware,
     p2p_round,
-    predict,
-    profile_prediction,
+    shared_cpu_step_s,
 )
-from commsched.workloads import model
-from commsched.workloads.collectives import Comm
+from commsched.runtime.pipeline_stage import ZooStage, stage_loss
 from commsched.workloads.program import WorkloadSpec
 
 _SMALL_BYTES = 4
@@ -119,58 +117,6 @@ class PipelineRunConfig:
     def send_bytes(self) -> int:
         """The hidden state one stage sends the next per micro-batch (its gradient comes back the same size)."""
         return self.microbatch * self.spec.seq_len * self.spec.model.dim * self.spec.dtype.itemsize
-
-
-class ZooStage(torch.nn.Module):
-    """One pipeline stage of a zoo decoder as an ``nn.Module``: the embedding (first stage), its blocks, and the
-    final norm and output projection (last stage: float32 logits ``[tokens, vocab]``; :func:`stage_loss` is the
-    schedule's loss). Hidden states travel as ``[tokens, dim]``, the zoo's layout. Parameters start as
-    ``full_params`` (``init_full_params``), in the master dtype; RoPE tables are buffers, as torchtitan's
-    ``freqs_cis`` is."""
-
-    def __init__(self, spec: WorkloadSpec, stage: Stage, full_params: dict[str, torch.Tensor], microbatch: int):
-        super().__init__()
-        cfg = spec.model
-        self.spec, self.stage = spec, stage
-        layout = [p for p in spec.layout if p.unit in set(stage.units)]
-        self.names = [p.name for p in layout]
-        self.weights = torch.nn.ParameterList(
-            [torch.nn.Parameter(full_params[p.name].detach().clone().to(spec.master_dtype)) for p in layout]
-        )
-        self.units: dict[str, list[tuple[str, int]]] = {}
-        for i, p in enumerate(layout):
-            self.units.setdefault(p.unit, []).append((p.key, i))
-        cos, sin = model.rope_tables(cfg, torch.arange(spec.seq_len), spec.dtype)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
-        self.shapes = model.Shapes(batch=microbatch, seq=spec.seq_len, heads=cfg.n_heads, kv_heads=cfg.n_kv_heads,
-                                   attention=spec.attention)  # fmt: skip
-        self.comm = Comm()
-
-    def _unit(self, unit: str) -> dict[str, torch.Tensor]:
-        return {key: self.weights[i].to(self.spec.dtype) for key, i in self.units[unit]}
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        cfg, s, rope = self.spec.model, self.shapes, (self.rope_cos, self.rope_sin)
-        h = model.embed(self._unit("embed"), x, s, self.comm) if self.stage.first else x
-        for i in self.stage.layers:
-            h = model.block(self._unit(f"layers.{i}"), h, cfg, s, self.comm, rope, None)
-        if not self.stage.last:
-            return h
-        final = self._unit("final")
-        return F.linear(model.rms_norm(h, final["norm"], cfg.norm_eps), final["output"]).float()
-
-    def input_example(self) -> torch.Tensor:
-        """A micro-batch input of the right shape: token ids (first stage) or a hidden state."""
-        s, cfg = self.shapes, self.spec.model
-        if self.stage.first:
-            return torch.randint(0, cfg.vocab_size, (s.batch, s.seq))
-        return torch.randn(s.tokens, cfg.dim, dtype=self.spec.dtype, requires_grad=True)
-
-
-def stage_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """The mean cross-entropy of one micro-batch (the zoo's ``head_loss`` after its logits)."""
-    return F.cross_entropy(logits, labels.reshape(-1))
 
 
 # ---------------------------------------------------------------------------------------------------- one rank
@@ -375,6 +321,33 @@ def _report(cfg: PipelineRunConfig, built: dict[str, _Built], every: list[_RankS
                              batch=spec.batch, dtype=str(spec.dtype).removeprefix("torch."), pp_size=cfg.pp_size,
                              microbatches=cfg.microbatches, iters=cfg.iters, warmup=cfg.warmup, threads=cfg.threads,
                              hardware=cfg.hardware, p2p=p2p, cores=cores, schedules=runs)  # fmt: skip
+
+
+def predict(
+    cfg: PipelineRunConfig, name: str, costs: list[StageCost], p2p: P2PCalibration, cores: float
+) -> tuple[float, float, float]:
+    """(step seconds on ``cores`` shared cores, the simulated step with a processor per rank, its bubble fraction)
+    of torch's ``name`` simulated with the measured stage costs (each rank timed alone) and link."""
+    from commsched.pipeline import StageCosts, simulate_program
+
+    stage_costs = StageCosts(forward_s=[c.forward_s for c in costs], backward_s=[c.backward_s for c in costs],
+                             send_bytes=[c.send_bytes for c in costs])  # fmt: skip
+    res = simulate_program(cfg.program(name), stage_costs, p2p_hardware(cfg.hardware, cfg.pp_size, p2p))
+    return shared_cpu_step_s(res, cores), res.step_s, res.bubble_fraction
+
+
+def profile_prediction(cfg: PipelineRunConfig, name: str, p2p: P2PCalibration) -> float:
+    """The step of ``name`` simulated from the hardware profile's roofline of its traced stages
+    (:func:`commsched.pipeline.job.simulate_job`), the link as measured. Traces on fake process groups: call it in a
+    process without a real one (the launcher's)."""
+    from commsched.pipeline.job import PipelineJob, simulate_job
+
+    spec = cfg.spec
+    job = PipelineJob(preset=spec.model.name, parallel="none", world_size=cfg.pp_size, pp_size=cfg.pp_size,
+                      schedule=name, microbatches=cfg.microbatches, stages_per_rank=cfg.stages_for(name),
+                      layers=spec.model.n_layers, seq_len=spec.seq_len, batch=spec.batch,
+                      dtype=str(spec.dtype).removeprefix("torch."))  # fmt: skip
+    return simulate_job(job, p2p_hardware(cfg.hardware, cfg.pp_size, p2p)).step_s
 
 
 # ---------------------------------------------------------------------------------------------------- launching
