@@ -76,6 +76,10 @@ class ScheduleRun:
     cores they shared (:func:`shared_cpu_step_s`)"""
     predicted_dedicated_s: float
     """the same simulation with a processor per rank"""
+    empty_step_s: float
+    """the measured step of the same schedule over empty stages (torch's runtime and the P2P alone)"""
+    action_overhead_s: float
+    """what the runtime adds to each F and B, fitted to ``empty_step_s``"""
     predicted_bubble_fraction: float
     predicted_profile_s: float | None
     """simulated with the profile's roofline of the traced stages (and the measured link); None if not asked"""

@@ -47,7 +47,7 @@ from commsched.runtime.pipeline_calibrate import (
     p2p_round,
     shared_cpu_step_s,
 )
-from commsched.runtime.pipeline_stage import ZooStage, stage_loss
+from commsched.runtime.pipeline_stage import EmptyStage, ZooStage, empty_loss, stage_loss
 from commsched.workloads.program import WorkloadSpec
 
 _SMALL_BYTES = 4
@@ -125,7 +125,7 @@ class _Built:
     """One schedule on this rank: its program, stage modules, torch's schedule object."""
 
     program: PipelineProgram
-    modules: list[ZooStage]
+    modules: list[ZooStage] | list[EmptyStage]
     schedule: Any
 
     @property
@@ -147,17 +147,22 @@ class _Built:
         return losses
 
 
-def _build(cfg: PipelineRunConfig, name: str, rank: int, full: dict[str, torch.Tensor]) -> _Built:
+def _build(cfg: PipelineRunConfig, name: str, rank: int, full: dict[str, torch.Tensor] | None) -> _Built:
+    """Schedule ``name`` on this rank: its stages of the model (``full``: its parameters), or empty stages."""
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import get_schedule_class
 
     program = cfg.program(name)
     stages = stages_of(program.num_stages, cfg.spec.model.n_layers)
-    modules = [ZooStage(cfg.spec, s, full, cfg.microbatch) for s in stages if program.stage_to_rank[s.index] == rank]
+    mine = [s for s in stages if program.stage_to_rank[s.index] == rank]
+    if full is None:
+        modules, loss = [EmptyStage(cfg.spec, s, cfg.microbatch) for s in mine], empty_loss
+    else:
+        modules, loss = [ZooStage(cfg.spec, s, full, cfg.microbatch) for s in mine], stage_loss
     cpu = torch.device("cpu")
     pipe = [PipelineStage(m, m.stage.index, program.num_stages, cpu) for m in modules]
     cls = get_schedule_class(name)
-    schedule = cls(pipe if name in MULTI_STAGE else pipe[0], cfg.microbatches, loss_fn=stage_loss)
+    schedule = cls(pipe if name in MULTI_STAGE else pipe[0], cfg.microbatches, loss_fn=loss)
     return _Built(program, modules, schedule)
 
 
@@ -166,6 +171,7 @@ class _Samples:
     """This rank's samples over the timed rounds."""
 
     steps_s: dict[str, list[float]]  # per schedule
+    empty_s: dict[str, list[float]]  # per schedule, its twin of empty stages
     stages_s: dict[int, list[list[tuple[float, float]]]]  # per split (stages): per round, (F, B) of each own stage
     p2p_s: list[tuple[float, float]]  # per round: (small, hidden state) seconds per message
     share: list[float]  # per round: this rank's forward with every rank computing over alone
@@ -177,21 +183,23 @@ class _RankSummary:
     """What each rank hands rank 0 (picklable)."""
 
     steps_s: dict[str, list[float]]  # per schedule, every timed step
+    empty_s: dict[str, list[float]]  # per schedule, every timed step of its twin of empty stages
     stage_medians_s: dict[int, tuple[float, ...]]  # per split: F, B, F, B ... of its own stages (module order)
     p2p_medians_s: tuple[float, ...]  # (small, hidden state) seconds per message
     numerics: dict[str, tuple[float | None, float]]  # per schedule: (loss on the last stage's rank, grad error)
     slowdown: float  # the median of its forward's slowdown with every rank computing (cpu_share_round)
 
 
-def _run_rounds(cfg: PipelineRunConfig, built: dict[str, _Built], tokens, labels, say) -> _Samples:
-    """``warmup`` + ``iters`` rounds; each times every own stage once (per split), the P2P probe, then one step of
-    every schedule in rotating order; the warm-up rounds are not kept, but for each schedule's first step's
-    numerics."""
+def _run_rounds(cfg: PipelineRunConfig, built: dict[str, _Built], empty: dict[str, _Built], tokens, labels,
+                say) -> _Samples:  # fmt: skip
+    """``warmup`` + ``iters`` rounds; each times every own stage once (per split), the P2P probe, the cores'
+    share, one step of every schedule in rotating order, then one of each ``empty`` twin; the warm-up rounds are
+    not kept, but for each schedule's first step's numerics."""
     names = list(built)
     timers: dict[int, list[StageTimer]] = {}
     for b in built.values():
         timers.setdefault(b.program.num_stages, [StageTimer(m, labels[: cfg.microbatch]) for m in b.modules])
-    out = _Samples({n: [] for n in names}, {n: [] for n in timers}, [], [], {})
+    out = _Samples({n: [] for n in names}, {n: [] for n in names}, {n: [] for n in timers}, [], [], {})
     for it in range(cfg.warmup + cfg.iters):
         kept = it >= cfg.warmup
         for split, ts in timers.items():
@@ -215,6 +223,12 @@ def _run_rounds(cfg: PipelineRunConfig, built: dict[str, _Built], tokens, labels
                 grads = {n: w.grad.detach().clone() for m in built[name].modules
                          for n, w in zip(m.names, m.weights, strict=True)}  # fmt: skip
                 out.first[name] = ([float(x.detach()) for x in losses], grads)
+        for name, twin in empty.items():
+            dist.barrier()
+            t0 = time.perf_counter()
+            twin.step(tokens, labels)
+            if kept:
+                out.empty_s[name].append(time.perf_counter() - t0)
         say(f"round {it + 1}/{cfg.warmup + cfg.iters} ({cfg.warmup} warm-up) of {len(names)} schedules")
     return out
 
@@ -259,12 +273,13 @@ def run_pipeline_rank(
         program = StepProgram(cfg.spec, {}, 0)
         inputs = dict(zip(program.input_names, program.real_inputs(seed=cfg.seed, full_params=full), strict=False))
         built = {name: _build(cfg, name, rank, full) for name in cfg.schedules}
+        empty = {name: _build(cfg, name, rank, None) for name in cfg.schedules}
         say(f"{world} ranks built {len(built)} schedules")
-        samples = _run_rounds(cfg, built, inputs["tokens"], inputs["labels"], say)
+        samples = _run_rounds(cfg, built, empty, inputs["tokens"], inputs["labels"], say)
         reference = reference_outputs(cfg.spec, seed=cfg.seed)
         stage_medians = {n: medians([tuple(x for fb in row for x in fb) for row in rows])
                          for n, rows in samples.stages_s.items()}  # fmt: skip
-        mine = _RankSummary(samples.steps_s, stage_medians, medians(samples.p2p_s),
+        mine = _RankSummary(samples.steps_s, samples.empty_s, stage_medians, medians(samples.p2p_s),
                             {n: _numerics(samples.first[n], reference) for n in built},
                             statistics.median(samples.share))  # fmt: skip
         every: list[Any] = [None] * world
@@ -310,9 +325,12 @@ def _report(cfg: PipelineRunConfig, built: dict[str, _Built], every: list[_RankS
     for name, b in built.items():
         steps = [max(ts) for ts in zip(*(r.steps_s[name] for r in every), strict=True)]  # the slowest rank ends it
         loss = next(r.numerics[name][0] for r in every if r.numerics[name][0] is not None)
-        step_s, dedicated_s, bubble = predict(cfg, name, costs[b.program.num_stages], p2p, cores)
+        empty_s = statistics.median(max(ts) for ts in zip(*(r.empty_s[name] for r in every), strict=True))
+        overhead_s = action_overhead_s(cfg, name, costs[b.program.num_stages], p2p, cores, empty_s)
+        step_s, dedicated_s, bubble = predict(cfg, name, costs[b.program.num_stages], p2p, cores, overhead_s)
         runs[name] = ScheduleRun(schedule=name, stages_per_rank=b.program.stages_per_rank, measured=step_times(steps),
-                                 predicted_s=step_s, predicted_dedicated_s=dedicated_s,
+                                 predicted_s=step_s, predicted_dedicated_s=dedicated_s, empty_step_s=empty_s,
+                                 action_overhead_s=overhead_s,
                                  predicted_bubble_fraction=bubble, predicted_profile_s=None,
                                  stages=tuple(costs[b.program.num_stages]), loss=loss, reference_loss=reference_loss,
                                  max_grad_error=max(r.numerics[name][1] for r in every))  # fmt: skip
@@ -323,17 +341,33 @@ def _report(cfg: PipelineRunConfig, built: dict[str, _Built], every: list[_RankS
                              hardware=cfg.hardware, p2p=p2p, cores=cores, schedules=runs)  # fmt: skip
 
 
-def predict(
-    cfg: PipelineRunConfig, name: str, costs: list[StageCost], p2p: P2PCalibration, cores: float
-) -> tuple[float, float, float]:
+def predict(cfg: PipelineRunConfig, name: str, costs: list[StageCost], p2p: P2PCalibration, cores: float,
+            overhead_s: float = 0.0) -> tuple[float, float, float]:  # fmt: skip
     """(step seconds on ``cores`` shared cores, the simulated step with a processor per rank, its bubble fraction)
-    of torch's ``name`` simulated with the measured stage costs (each rank timed alone) and link."""
+    of torch's ``name`` simulated with the measured stage costs (each rank timed alone), each F and B
+    ``overhead_s`` longer (torch's runtime per action: :func:`action_overhead_s`), and the measured link."""
     from commsched.pipeline import StageCosts, simulate_program
 
-    stage_costs = StageCosts(forward_s=[c.forward_s for c in costs], backward_s=[c.backward_s for c in costs],
+    stage_costs = StageCosts(forward_s=[c.forward_s + overhead_s for c in costs],
+                             backward_s=[c.backward_s + overhead_s for c in costs],
                              send_bytes=[c.send_bytes for c in costs])  # fmt: skip
     res = simulate_program(cfg.program(name), stage_costs, p2p_hardware(cfg.hardware, cfg.pp_size, p2p))
     return shared_cpu_step_s(res, cores), res.step_s, res.bubble_fraction
+
+
+def action_overhead_s(cfg: PipelineRunConfig, name: str, costs: list[StageCost], p2p: P2PCalibration, cores: float,
+                      empty_step_s: float) -> float:  # fmt: skip
+    """The seconds torch's runtime adds to each F and B action: the overhead with which the twin schedule of empty
+    stages (no compute, the same P2P) is predicted to take its measured step ``empty_step_s`` (bisection; 0 when
+    the link alone accounts for it)."""
+    zero = [dataclasses.replace(c, forward_s=0.0, backward_s=0.0) for c in costs]
+    low, high = 0.0, empty_step_s
+    if predict(cfg, name, zero, p2p, cores)[0] >= empty_step_s:
+        return 0.0
+    for _ in range(40):  # the predicted step grows with the overhead: 40 halvings reach ns
+        mid = (low + high) / 2
+        low, high = (mid, high) if predict(cfg, name, zero, p2p, cores, mid)[0] < empty_step_s else (low, mid)
+    return (low + high) / 2
 
 
 def profile_prediction(cfg: PipelineRunConfig, name: str, p2p: P2PCalibration) -> float:

@@ -61,3 +61,24 @@ class ZooStage(torch.nn.Module):
 def stage_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """The mean cross-entropy of one micro-batch (the zoo's ``head_loss`` after its logits)."""
     return F.cross_entropy(logits, labels.reshape(-1))
+
+
+class EmptyStage(torch.nn.Module):
+    """A stage that receives and sends what ``stage`` does but computes next to nothing (one scalar product): a
+    schedule of these times torch's runtime itself (its Python per action, the P2P posts and waits). The first
+    stage turns the token ids into a zero hidden state; :func:`empty_loss` ends the last."""
+
+    def __init__(self, spec: WorkloadSpec, stage: Stage, microbatch: int) -> None:
+        super().__init__()
+        self.spec, self.stage = spec, stage
+        self.hidden = (microbatch * spec.seq_len, spec.model.dim)
+        self.scale = torch.nn.Parameter(torch.ones((), dtype=spec.dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.stage.first:
+            x = torch.zeros(self.hidden, dtype=self.spec.dtype)
+        return x * self.scale
+
+
+def empty_loss(out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return out.mean()
