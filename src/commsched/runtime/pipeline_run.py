@@ -2,16 +2,16 @@
 
 A zoo decoder (unsharded, one replica: pure PP) is split over P x V stages by torchtitan's rule
 (:func:`commsched.pipeline.split.stages_of`); each rank builds the stages torch's schedule puts on it
-(``PipelineProgram.stage_to_rank``) as ``torch.distributed.pipelining.PipelineStage`` s of :class:`ZooStage`
-modules, and runs torch's schedule class (``get_schedule_class``) for M micro-batches. Every rank first measures
-what the simulator needs on this machine and link: each of its stages' forward and backward of one micro-batch (the
-loss in the last stage's forward, as torch's schedule computes it there), and a P2P transfer of the hidden state
-between pipeline neighbours; rank 0 simulates torch's lowered schedule with those costs
-(:func:`commsched.pipeline.simulate_program`), and with the hardware profile's roofline of the traced stages
-(:func:`commsched.pipeline.job.simulate_job`). Then the schedules run in rotation, ``warmup`` untimed and ``iters``
-timed steps each; a step ends when its slowest rank does. The first step's loss (the mean over the micro-batches) and
-gradients (scaled by 1/M, torch's ``scale_grads``) are checked against the unpipelined model's
-(:func:`commsched.workloads.real.reference_outputs`).
+(``PipelineProgram.stage_to_rank``) as ``torch.distributed.pipelining.PipelineStage`` s of
+:class:`~commsched.runtime.pipeline_stage.ZooStage` modules, and runs torch's schedule class
+(``get_schedule_class``) for M micro-batches. ``warmup`` + ``iters`` rounds: each measures what the prediction needs
+(:mod:`commsched.runtime.pipeline_calibrate`: the stages' forward and backward, the P2P link, the cores the ranks
+share), then runs one step of every schedule in rotating order and one of its twin over empty stages (torch's
+runtime alone); a step ends when its slowest rank does. Rank 0 simulates torch's lowered schedule with the medians
+(:func:`predict`); the launcher adds the hardware profile's roofline prediction (:func:`profile_prediction`, which
+traces). The first step's loss (the mean over the micro-batches) and gradients (scaled by 1/M, torch's
+``scale_grads``) are checked against the unpipelined model's (:func:`commsched.workloads.real.reference_outputs`).
+Tested with GPipe, 1F1B and Interleaved1F1B.
 """
 
 from __future__ import annotations
@@ -49,9 +49,6 @@ from commsched.runtime.pipeline_calibrate import (
 )
 from commsched.runtime.pipeline_stage import EmptyStage, ZooStage, empty_loss, stage_loss
 from commsched.workloads.program import WorkloadSpec
-
-_SMALL_BYTES = 4
-"""the P2P probe's small message: its time is the link's fixed cost per transfer"""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
