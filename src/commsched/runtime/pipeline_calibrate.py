@@ -1,12 +1,11 @@
 """What a real pipeline run measures for its prediction, and the prediction.
 
-Once per round of the run, between the timed steps, every rank times each of its stages' forward and backward of one
-micro-batch (one rank at a time), ranks 0 and 1 time a P2P transfer, and every rank times one forward alone and with
-all ranks computing at once (:func:`cpu_share_round`): the costs then see the same load as the steps do, which on a
-shared machine moves a lot within a run. The medians over the rounds are the :class:`StageCost` s, the
-:class:`P2PCalibration` and the cores the ranks share that the prediction is fed (:func:`predict`: the pipeline
-simulator, then :func:`shared_cpu_step_s`); :func:`profile_prediction` simulates the hardware profile's roofline of
-the traced stages instead.
+Once per round of the run, between the timed steps: every rank times each of its stages' forward and backward of one
+micro-batch (one rank at a time), then its first split's stages again with all ranks computing at once
+(:func:`cpu_share_round`), and ranks 0 and 1 time a P2P transfer. The costs then see the same load as the steps do,
+which on a shared machine moves a lot within a run. The medians over the rounds are the :class:`StageCost` s, the
+:class:`P2PCalibration` and the cores the ranks share that the prediction is fed
+(``pipeline_run.predict``: the pipeline simulator, then :func:`shared_cpu_step_s`).
 """
 
 from __future__ import annotations
@@ -117,7 +116,7 @@ class PipelineRunReport:
     hardware: str
     p2p: P2PCalibration
     cores: float
-    """the cores the ranks shared: ranks / (their forward's slowdown computing all at once over alone), in [1, P]"""
+    """the cores the ranks shared: ranks / (their stages' slowdown computing all at once over alone), in [1, P]"""
     schedules: dict[str, ScheduleRun]
     network: str | None = None
 
@@ -161,11 +160,6 @@ class StageTimer:
         self.module.zero_grad(set_to_none=True)
         return forward_s, backward_s
 
-    def forward_s(self, *, sync: bool) -> float:
-        """Seconds of one forward (see :meth:`time_once`), its graph dropped."""
-        with torch.no_grad():
-            return self._forward(sync)[0]
-
     def _forward(self, sync: bool) -> tuple[float, torch.Tensor]:
         if sync:
             dist.barrier()
@@ -186,29 +180,13 @@ def one_rank_at_a_time(fn: Callable[[], Any]) -> Any:
     return out
 
 
-def cpu_share_round(timer: StageTimer) -> float:
-    """How much slower this rank's forward runs with every rank computing at once than alone (>= 0): on a CPU
-    harness the ranks share the cores the machine gives the run (:func:`shared_cpu_step_s`)."""
-    alone_s = one_rank_at_a_time(lambda: timer.forward_s(sync=False))
-    return timer.forward_s(sync=True) / max(alone_s, 1e-9)
-
-
-def p2p_round(send_bytes: int, reps: int) -> tuple[float, float]:
-    """Rank 0 sends ``reps`` messages to rank 1 back to back, of 4 bytes and then of ``send_bytes``; every rank
-    calls it. Returns the seconds per message of each size on this rank's clock (the receiver's is the one to use:
-    a send may return before its bytes arrive)."""
-    rank, out = dist.get_rank(), []
-    for nbytes in (SMALL_BYTES, send_bytes):
-        buf = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32)
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            if rank == 0:
-                dist.send(buf, 1)
-            elif rank == 1:
-                dist.recv(buf, 0)
-        out.append((time.perf_counter() - t0) / reps)
-    return out[0], out[1]
+def cpu_share_round(timers: list[StageTimer], alone_s: list[tuple[float, float]]) -> float:
+    """How much slower this rank's stages run (forward and backward of each, summed) with every rank computing at
+    once than they did alone (``alone_s``: this round's :meth:`StageTimer.time_once` of ``timers`` one rank at a
+    time); every rank calls it. On a CPU harness the ranks share the cores the machine gives the run
+    (:func:`shared_cpu_step_s`)."""
+    together_s = [t.time_once(sync=True) for t in timers]
+    return sum(map(sum, together_s)) / max(sum(map(sum, alone_s)), 1e-9)
 
 
 # ---------------------------------------------------------------------------------------------------- prediction

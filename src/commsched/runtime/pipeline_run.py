@@ -171,7 +171,7 @@ class _Samples:
     empty_s: dict[str, list[float]]  # per schedule, its twin of empty stages
     stages_s: dict[int, list[list[tuple[float, float]]]]  # per split (stages): per round, (F, B) of each own stage
     p2p_s: list[tuple[float, float]]  # per round: (small, hidden state) seconds per message
-    share: list[float]  # per round: this rank's forward with every rank computing over alone
+    share: list[float]  # per round: its stages' time with every rank computing over alone (cpu_share_round)
     first: dict[str, tuple[list[float], dict[str, torch.Tensor]]]  # per schedule: first step's losses, gradients
 
 
@@ -184,7 +184,7 @@ class _RankSummary:
     stage_medians_s: dict[int, tuple[float, ...]]  # per split: F, B, F, B ... of its own stages (module order)
     p2p_medians_s: tuple[float, ...]  # (small, hidden state) seconds per message
     numerics: dict[str, tuple[float | None, float]]  # per schedule: (loss on the last stage's rank, grad error)
-    slowdown: float  # the median of its forward's slowdown with every rank computing (cpu_share_round)
+    slowdown: float  # the median of its stages' slowdown with every rank computing (cpu_share_round)
 
 
 def _run_rounds(cfg: PipelineRunConfig, built: dict[str, _Built], empty: dict[str, _Built], tokens, labels,
@@ -199,13 +199,14 @@ def _run_rounds(cfg: PipelineRunConfig, built: dict[str, _Built], empty: dict[st
     out = _Samples({n: [] for n in names}, {n: [] for n in names}, {n: [] for n in timers}, [], [], {})
     for it in range(cfg.warmup + cfg.iters):
         kept = it >= cfg.warmup
-        for split, ts in timers.items():
-            row = one_rank_at_a_time(lambda ts=ts: [t.time_once(sync=False) for t in ts])
-            if kept:
-                out.stages_s[split].append(row)
+        rows = {split: one_rank_at_a_time(lambda ts=ts: [t.time_once(sync=False) for t in ts])
+                for split, ts in timers.items()}  # fmt: skip
+        first_split = next(iter(timers))
+        share = cpu_share_round(timers[first_split], rows[first_split])
         p2p = p2p_round(cfg.send_bytes, cfg.p2p_reps)
-        share = cpu_share_round(next(iter(timers.values()))[0])
         if kept:
+            for split, row in rows.items():
+                out.stages_s[split].append(row)
             out.p2p_s.append(p2p)
             out.share.append(share)
         k = it % len(names)
