@@ -189,6 +189,24 @@ def cpu_share_round(timers: list[StageTimer], alone_s: list[tuple[float, float]]
     return sum(map(sum, together_s)) / max(sum(map(sum, alone_s)), 1e-9)
 
 
+def p2p_round(send_bytes: int, reps: int) -> tuple[float, float]:
+    """Rank 0 sends ``reps`` messages to rank 1 back to back, of 4 bytes and then of ``send_bytes``; every rank
+    calls it. Returns the seconds per message of each size on this rank's clock (the receiver's is the one to use:
+    a send may return before its bytes arrive)."""
+    rank, out = dist.get_rank(), []
+    for nbytes in (SMALL_BYTES, send_bytes):
+        buf = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32)
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            if rank == 0:
+                dist.send(buf, 1)
+            elif rank == 1:
+                dist.recv(buf, 0)
+        out.append((time.perf_counter() - t0) / reps)
+    return out[0], out[1]
+
+
 # ---------------------------------------------------------------------------------------------------- prediction
 def p2p_hardware(profile: str, world: int, p2p: P2PCalibration):
     """``profile`` (a name or path) with one ``simple`` protocol and an intra-node link that the collective model's
