@@ -120,10 +120,10 @@ def test_bad_cli_options_exit_2_before_any_rank_starts(args, message):
 
 @pytest.fixture(scope="module")
 def two_rank_run():
-    """One real 2-rank run of three torch schedules (the only test here that starts processes: about 30-60 s)."""
+    """One real 2-rank run of three torch schedules (the only test here that starts processes: 30-60 s)."""
     schedules = ("1F1B", "GPipe", "Interleaved1F1B")
     spec = _spec(layers=2, batch=4, seq_len=64)
-    cfg = PipelineRunConfig(spec=spec, pp_size=2, schedules=schedules, microbatches=4, iters=3, warmup=1)
+    cfg = PipelineRunConfig(spec=spec, pp_size=2, schedules=schedules, microbatches=4, iters=5, warmup=1)
     return run_pipeline_local(cfg, profile=False)
 
 
@@ -143,8 +143,8 @@ def test_a_real_run_matches_the_unpipelined_model_and_its_prediction(two_rank_ru
     # 2 cores shared with other jobs: the step is predicted within a factor 2.5, and GPipe's step relative to
     # 1F1B's (the same stages and bubble, a different order) within 30 %
     for run in (one, gpipe):
-        assert 0.4 <= run.predicted_s / run.measured.median_s <= 2.5, run
+        assert 0.4 <= run.predicted_s / run.measured.median_s <= 2.5, (run.predicted_s, run.measured)
     predicted, measured = report.ratios()["GPipe"]
-    assert abs(predicted / measured - 1.0) <= 0.3, (predicted, measured)
+    assert abs(predicted / measured - 1.0) <= 0.3, (predicted, measured, one.measured, gpipe.measured)
     assert report.p2p.send_bytes == 64 * 256 * 4 and report.p2p.transfer_s > 0
     json.dumps(report.to_dict(), allow_nan=False)  # what --json prints
