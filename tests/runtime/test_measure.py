@@ -28,7 +28,7 @@ def test_niced_compute_thread_lowers_only_this_thread_and_restores_it():
     import sys
     import threading
 
-    from commsched.runtime.executor import _niced_compute_thread
+    from commsched.runtime.executor import niced_compute_thread
 
     if not sys.platform.startswith("linux"):
         pytest.skip("niceness is per thread only on Linux; elsewhere the context does nothing")
@@ -45,9 +45,9 @@ def test_niced_compute_thread_lowers_only_this_thread_and_restores_it():
         me = threading.get_native_id()
         before = os.getpriority(os.PRIO_PROCESS, me)
         seen["before_other"] = os.getpriority(os.PRIO_PROCESS, other[0])
-        with _niced_compute_thread(0):  # 0: untouched
+        with niced_compute_thread(0):  # 0: untouched
             seen["zero"] = os.getpriority(os.PRIO_PROCESS, me) == before
-        with _niced_compute_thread(5):
+        with niced_compute_thread(5):
             seen["inside"] = os.getpriority(os.PRIO_PROCESS, me) - before
             seen["other_inside"] = os.getpriority(os.PRIO_PROCESS, other[0])
         seen["after"] = os.getpriority(os.PRIO_PROCESS, me)

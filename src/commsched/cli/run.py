@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from pathlib import Path
 
 import typer
@@ -53,6 +54,12 @@ def register(app: typer.Typer) -> None:
         profile: Path = out_dir(
             "--profile", help="also profile one step per order: DIR/ORDER-rankR.json.gz (commsched replay)"
         ),
+        pp_size: int = typer.Option(None, "--pp-size", min=2, help="pipeline: P ranks, pure PP (--world-size is P)"),
+        pp_schedule: str = typer.Option(
+            "1F1B,GPipe,Interleaved1F1B", "--pp-schedule", help="with --pp-size: torch's schedules (comma-separated)"
+        ),
+        microbatches: int = typer.Option(None, "--microbatches", min=1, help="with --pp-size: M (default: 2P)"),
+        stages_per_rank: int = typer.Option(None, "--stages-per-rank", min=1, help="with --pp-size: V (default 2)"),
     ) -> None:
         """Run PRESET's training step for real on WORLD_SIZE ranks with the original order, commsched's order and
         torch's OverlapScheduler order; check that every order's outputs are bit-identical; report the measured step
@@ -67,12 +74,23 @@ def register(app: typer.Typer) -> None:
         Example: commsched run llama-tiny --parallel fsdp --world-size 2 --bandwidth 2gbit --iters 10
 
         Example: torchrun --nnodes 2 --nproc-per-node 8 -m commsched.cli run llama-tiny --world-size 16
+
+        With --pp-size P: torch.distributed.pipelining's schedules on P gloo ranks (pure PP; the layers split over
+        the stages as torchtitan splits them), each against the pipeline simulator fed this machine's measured stage
+        costs and P2P link; the first step's loss and gradients are checked against the unpipelined model's.
+
+        Example: commsched run llama-tiny --pp-size 2 --microbatches 4 --layers 4 --seq-len 128
         """
         from commsched.report.terminal_run import print_run_report
         from commsched.runtime.executor import RunConfig, run_rank
         from commsched.runtime.launch import RunStopped, launched_by_torchrun, run_local, signals_stop_the_run
         from commsched.runtime.netns import ShapedNetworkUnavailable, shaped_network
 
+        if pp_size is not None:  # torch.distributed.pipelining's schedules (runtime/pipeline_run.py)
+            opts = dict(iters=iters, warmup=warmup, seed=seed, threads=threads, hardware=hardware)
+            _run_pipeline(preset, zoo, pp_size, pp_schedule, microbatches, stages_per_rank, bandwidth, delay, json_out,
+                          **opts)  # fmt: skip
+            return
         with user_errors():
             if backend not in (None, "gloo", "nccl"):
                 raise ValueError(f"--backend {backend!r}: expected gloo or nccl")
@@ -133,3 +151,64 @@ def register(app: typer.Typer) -> None:
         print_run_report(report, console)
         if json_out:
             console.print(f"wrote [bold]{report.save(json_out)}[/]")
+
+
+def _run_pipeline(preset, zoo: ZooStep, pp_size: int, schedules: str, microbatches: int | None,
+                  stages_per_rank: int | None, bandwidth: str | None, delay: str, json_out: str | None,
+                  **options) -> None:  # fmt: skip
+    """``run --pp-size``: resolve, run every schedule, print the table (or the JSON)."""
+    from commsched.runtime.launch import signals_stop_the_run
+    from commsched.runtime.netns import ShapedNetworkUnavailable, shaped_network
+    from commsched.runtime.pipeline_run import PipelineRunConfig, run_pipeline_local
+
+    with user_errors():
+        m = microbatches or 2 * pp_size
+        batch = zoo.batch if zoo.batch is not None else m
+        spec = dataclasses.replace(zoo, parallel="none", world_size=1, batch=batch).resolve(preset, attention="sdpa")
+        names = tuple(n.strip() for n in schedules.split(",") if n.strip())
+        cfg = PipelineRunConfig(spec=spec, pp_size=pp_size, schedules=names, microbatches=m,
+                                stages_per_rank=stages_per_rank, **options)  # fmt: skip
+    try:
+        ctx = shaped_network(bandwidth, delay=delay) if bandwidth else contextlib.nullcontext()
+        what = f"{pp_size} pipeline ranks: {', '.join(names)}, {cfg.warmup} + {cfg.iters} rounds"
+        with signals_stop_the_run(), user_errors(), ctx as net, Stages(("run",)) as stages:
+            stages.stage("run", what)
+            report = run_pipeline_local(cfg, network=net, progress=stages.detail)
+    except ShapedNetworkUnavailable as exc:
+        error_line(str(exc))
+        raise typer.Exit(2) from None
+    except RuntimeError as exc:  # a rank failed: its first and last line
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        error_line(" ... ".join(dict.fromkeys([lines[0], lines[-1]])) if lines else type(exc).__name__)
+        raise typer.Exit(1) from None
+    if json_out == "-":
+        emit_json(report.to_dict(), json_out)
+        return
+    _print_pipeline_report(report)
+    if json_out:
+        console.print(f"wrote [bold]{emit_json(report.to_dict(), json_out)}[/]")
+
+
+def _print_pipeline_report(report) -> None:
+    from rich.table import Table
+
+    ms = 1e3
+    table = Table(title=f"{report.preset} / {report.layers} layers / seq {report.seq_len} x batch {report.batch}, "
+                        f"P {report.pp_size}, M {report.microbatches}" + (f", {report.network}" if report.network
+                                                                          else ""))  # fmt: skip
+    for col in ("schedule", "V", "predicted", "profile", "measured median (p25-p75)", "error", "step / first's: "
+                "predicted, measured", "loss error", "grad error"):  # fmt: skip
+        table.add_column(col)
+    ratios = report.ratios()
+    for name, r in report.schedules.items():
+        t = r.measured
+        profile = "-" if r.predicted_profile_s is None else f"{r.predicted_profile_s * ms:.1f} ms"
+        table.add_row(name, str(r.stages_per_rank), f"{r.predicted_s * ms:.1f} ms", profile,
+                      f"{t.median_s * ms:.1f} ms ({t.p25_s * ms:.1f}-{t.p75_s * ms:.1f})", f"{r.prediction_error:+.1%}",
+                      f"{ratios[name][0]:.3f}, {ratios[name][1]:.3f}", f"{r.loss_error:.1e}",
+                      f"{r.max_grad_error:.1e}")  # fmt: skip
+    console.print(table)
+    p2p = report.p2p
+    console.print(f"P2P (rank 0 -> 1, {p2p.send_bytes} B): {p2p.transfer_s * ms:.2f} ms, of which "
+                  f"{p2p.latency_s * ms:.2f} ms fixed; the ranks shared {report.cores:.2f} cores (predicted: the "
+                  "simulated step stretched where more ranks computed at once); stage costs in --json")  # fmt: skip

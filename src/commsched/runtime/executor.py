@@ -165,7 +165,7 @@ def gloo_backend(threads: int) -> str:
 
 
 @contextlib.contextmanager
-def _niced_compute_thread(increment: int) -> Iterator[None]:
+def niced_compute_thread(increment: int) -> Iterator[None]:
     """Raise this thread's niceness by ``increment`` for the block (Linux only, where niceness is per thread);
     threads started before keep theirs, threads this one starts inside the block inherit it. Lowering it again
     needs CAP_SYS_NICE: where that is refused the thread stays niced; where raising it is refused, nothing
@@ -341,7 +341,7 @@ def _time_variants(
     return times, identical, diffs, reference
 
 
-def _step_times(samples: list[float]) -> StepTimes:
+def step_times(samples: list[float]) -> StepTimes:
     s = sorted(samples)
     q = np.quantile(np.asarray(s), [0.25, 0.75]) if s else [math.nan, math.nan]
     return StepTimes(
@@ -406,7 +406,7 @@ def run_rank(
         t_start = time.perf_counter()
         groups = create_groups(cfg.spec.plan, rank)
         # after every process group exists: their communication threads keep the default priority
-        niced.enter_context(_niced_compute_thread(cfg.compute_nice if device.type == "cpu" else 0))
+        niced.enter_context(niced_compute_thread(cfg.compute_nice if device.type == "cpu" else 0))
         program, gm = trace_rank(cfg.spec, groups, rank, device)
         check_same_graph(gm)
         trace_s = time.perf_counter() - t_start
@@ -490,7 +490,7 @@ def _order_result(
         for g in gathered:
             diff = diff.merge(g.diffs[name])
         outputs = optimized.output_check(diff)
-    measured = _step_times(_steps_s(gathered, name))
+    measured = step_times(_steps_s(gathered, name))
     chosen = plan.predicted[name][cfg.costs]
     return OrderResult(
         measured=measured,

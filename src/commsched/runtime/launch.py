@@ -26,11 +26,16 @@ def launched_by_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or all(v in os.environ for v in _TORCHRUN_VARS)
 
 
-def _entry(rank: int, world: int, port: int, cfg: RunConfig, net: ShapedNetwork | None, backend: str, out: str):
+def enter_rank(rank: int, world: int, port: int, net: ShapedNetwork | None) -> None:
+    """Make this spawned process rank ``rank`` of ``world`` (env:// rendezvous on ``port``), inside ``net``."""
     if net is not None:
         net.enter()  # before any socket: the rendezvous and every gloo connection cross the shaped loopback
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     os.environ["LOCAL_RANK"] = str(rank)
+
+
+def _entry(rank: int, world: int, port: int, cfg: RunConfig, net: ShapedNetwork | None, backend: str, out: str):
+    enter_rank(rank, world, port, net)
 
     def save(report: RunReport) -> None:
         report.save(Path(out) / "report.json")  # atomically: the parent reads it only whole
@@ -55,7 +60,7 @@ def _report_after_exit(folder: Path, exc: BaseException) -> RunReport:
 
 
 @contextlib.contextmanager
-def _quiet_cpp_warnings():
+def quiet_cpp_warnings():
     # c10d warns once per socket that a client hostname cannot be resolved inside a bare network namespace
     old = os.environ.get("TORCH_CPP_LOG_LEVEL")
     os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
@@ -121,6 +126,23 @@ def _show_progress(path: Path, shown: str | None, progress: Callable[[str], None
     return text
 
 
+def join_ranks(context, folder: Path, progress: Callable[[str], None] | None) -> None:
+    """Wait for the spawned ranks of ``context`` (``torch.multiprocessing.start_processes(join=False)``), handing
+    ``progress`` each new line of ``folder/progress.txt``. A rank that fails raises (``ProcessRaisedException`` /
+    ``ProcessExitedException``); any other exit (a signal, Ctrl-C) first stops every rank still running."""
+    import torch.multiprocessing as mp
+
+    try:
+        shown = None
+        while not context.join(timeout=0.5):
+            shown = _show_progress(folder / "progress.txt", shown, progress)
+    except BaseException as exc:
+        # stopped (a signal, Ctrl-C): no rank may outlive the run or its network namespace
+        if not isinstance(exc, (mp.ProcessRaisedException, mp.ProcessExitedException)):
+            _stop_ranks(context.processes)
+        raise
+
+
 def run_local(
     cfg: RunConfig,
     *,
@@ -142,19 +164,14 @@ def run_local(
         backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend={backend!r}: expected 'gloo' or 'nccl'")
-    with tempfile.TemporaryDirectory(prefix="commsched-run-") as d, _quiet_cpp_warnings():
+    with tempfile.TemporaryDirectory(prefix="commsched-run-") as d, quiet_cpp_warnings():
         context = mp.start_processes(
             _entry, args=(world, free_port(), cfg, network, backend, d), nprocs=world, start_method="spawn", join=False
         )
         try:
-            shown = None
-            while not context.join(timeout=0.5):
-                shown = _show_progress(Path(d) / "progress.txt", shown, progress)
+            join_ranks(context, Path(d), progress)
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
             report = _report_after_exit(Path(d), exc)
-        except BaseException:  # stopped (a signal, Ctrl-C): no rank may outlive the run or its network namespace
-            _stop_ranks(context.processes)
-            raise
         else:
             path = Path(d) / "report.json"
             if not path.exists():
