@@ -110,6 +110,8 @@ def test_bad_options_name_the_option(options, message):
         (["--pp-schedule", "Zigzag"], "Zigzag"),
         (["--microbatches", "4", "--batch", "6"], "batch=6"),
         (["--pp-schedule", "GPipe", "--layers", "0"], "layers"),
+        (["--world-size", "4"], "--world-size 4"),
+        (["--parallel", "fsdp"], "--parallel fsdp"),
     ],
 )
 def test_bad_cli_options_exit_2_before_any_rank_starts(args, message):

@@ -21,6 +21,7 @@ from commsched.cli.options import (
     ZOO_STEP_OPTIONS,
     ZooStep,
     emit_json,
+    given_options,
     json_option,
     pipeline_options,
     step_title,
@@ -53,13 +54,6 @@ TORCHTITAN_HELP = (
     "optimizer; "
     "the world size from its degrees, else --world-size or --num-nodes; only --layers (and options that agree) with it"
 )
-
-
-def _given(ctx: typer.Context, names: tuple[str, ...]) -> set[str]:
-    """The parameters among ``names`` that the command line set (not their defaults). By the source's name: typer
-    may run its own copy of click, whose ``ParameterSource`` is another enum."""
-    sources = {n: ctx.get_parameter_source(n) for n in names}
-    return {n for n, src in sources.items() if getattr(src, "name", None) in ("COMMANDLINE", "ENVIRONMENT")}
 
 
 def _from_options(preset: str | None, zoo: ZooStep, compile_: bool, given: set[str], async_tp: bool = False,
@@ -154,7 +148,7 @@ def register(app: typer.Typer) -> None:
         from commsched.report.terminal_predict import print_prediction
 
         with user_errors():
-            given = _given(ctx, (*ZOO_STEP_OPTIONS, "compile_", "async_tp", *PP_OPTIONS))
+            given = given_options(ctx, (*ZOO_STEP_OPTIONS, "compile_", "async_tp", *PP_OPTIONS))
             given = {"compile" if n == "compile_" else n for n in given}
             pp = {"pp_size": pp_size, "pp_schedule": pp_schedule, "microbatches": microbatches,
                   "stages_per_rank": stages_per_rank}  # fmt: skip

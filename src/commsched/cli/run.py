@@ -17,13 +17,14 @@ from commsched.cli.common import (
     parse_knobs,
     user_errors,
 )
-from commsched.cli.options import ZooStep, emit_json, json_option, out_dir, zoo_step_options
+from commsched.cli.options import ZooStep, emit_json, given_options, json_option, out_dir, zoo_step_options
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
     @zoo_step_options(world_size=2, dtype="float32")
     def run(
+        ctx: typer.Context,
         preset: str = typer.Argument(..., help="a zoo preset small enough to run here, e.g. llama-tiny"),
         zoo: ZooStep = None,  # type: ignore[assignment]  (the zoo-step options: zoo_step_options; --mode train)
         bandwidth: str = typer.Option(None, "--bandwidth", help="shape the loopback (root): tc rate, e.g. 2gbit"),
@@ -87,6 +88,8 @@ def register(app: typer.Typer) -> None:
         from commsched.runtime.netns import ShapedNetworkUnavailable, shaped_network
 
         if pp_size is not None:  # torch.distributed.pipelining's schedules (runtime/pipeline_run.py)
+            with user_errors():
+                _check_pure_pipeline(given_options(ctx, ("world_size", "parallel", "tp_size")), zoo, pp_size)
             opts = dict(iters=iters, warmup=warmup, seed=seed, threads=threads, hardware=hardware)
             _run_pipeline(preset, zoo, pp_size, pp_schedule, microbatches, stages_per_rank, bandwidth, delay, json_out,
                           **opts)  # fmt: skip
@@ -151,6 +154,16 @@ def register(app: typer.Typer) -> None:
         print_run_report(report, console)
         if json_out:
             console.print(f"wrote [bold]{report.save(json_out)}[/]")
+
+
+def _check_pure_pipeline(given: set[str], zoo: ZooStep, pp_size: int) -> None:
+    """``run --pp-size`` runs pure PP on P ranks: a plan inside the pipeline ranks, or another world, is refused."""
+    if "world_size" in given and zoo.world_size != pp_size:
+        raise ValueError(f"--world-size {zoo.world_size}: run --pp-size runs pure PP on P = {pp_size} ranks "
+                         "(omit --world-size, or give it equal to --pp-size)")  # fmt: skip
+    if "tp_size" in given or ("parallel" in given and zoo.parallel != "none"):
+        raise ValueError(f"--parallel {zoo.parallel}: run --pp-size runs pure PP (no plan inside the pipeline "
+                         "ranks); commsched pipeline simulates PP with FSDP / TP")  # fmt: skip
 
 
 def _run_pipeline(preset, zoo: ZooStep, pp_size: int, schedules: str, microbatches: int | None,
