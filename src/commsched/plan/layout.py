@@ -102,6 +102,32 @@ class PlanRequest:
     layers_scale: int = 2  # trace K and 2K layers and extrapolate (0: every layer)
     dtype: str = "bfloat16"
 
+    def check(self) -> None:
+        """One-line ValueErrors naming the field for a request no layout can answer."""
+        from commsched.pipeline.actions import parse_schedule
+        from commsched.workloads.ac import parse_ac
+        from commsched.workloads.float8 import parse_float8
+
+        for name in ("gpus", "layers_scale"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "gpus" else 0):
+                raise ValueError(f"{name}={value!r}: expected an integer >= {1 if name == 'gpus' else 0}")
+        for name in ("gpus_per_node", "seq_len", "global_batch", "max_pp", "layers"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name}={value!r}: expected an integer >= 1 (or None)")
+        if self.hbm_gib is not None and not self.hbm_gib > 0:
+            raise ValueError(f"hbm_gib={self.hbm_gib!r}: expected a number > 0")
+        for name, parse in (("ac_policies", parse_ac), ("float8_recipes", parse_float8),
+                            ("pp_schedules", parse_schedule)):  # fmt: skip
+            values = getattr(self, name)
+            if not values:
+                raise ValueError(f"{name}: expected at least one")
+            for value in values:
+                if parse(value) != value:
+                    raise ValueError(f"{name}: {value!r}: expected the canonical spelling {parse(value)!r}")
+        self.model().validate()
+
     def model(self) -> Any:
         from commsched.workloads import get_preset
 

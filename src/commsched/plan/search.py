@@ -60,6 +60,7 @@ class PlanResult:
     over_memory: int
     failed: list[tuple[Layout, str]]
     wall_s: float
+    verified: dict[str, Any] | None = None  # the winner judged at every layer: its step against the scaled one
 
     @property
     def winner(self) -> Judged:
@@ -81,7 +82,8 @@ class PlanResult:
                 "pruned_memory": self.pruned_memory, "pruned_bound": self.pruned_bound,
                 "candidates_judged": self.candidates_judged, "over_memory": self.over_memory,
                 "failed": [{"layout": lay.to_dict(), "error": err} for lay, err in self.failed],
-                "wall_s": self.wall_s, "best_without_optimisation": self.best_without_optimisation.as_dict(),
+                "wall_s": self.wall_s, "verified": self.verified,
+                "best_without_optimisation": self.best_without_optimisation.as_dict(),
                 "ranked": [j.as_dict() for j in rows]}  # fmt: skip
 
 
@@ -90,6 +92,7 @@ def plan_hardware(req: PlanRequest) -> Any:
     do not fill whole nodes."""
     from commsched.hardware import get
 
+    req.check()
     hw = get(req.hardware)
     gpn = req.gpus_per_node or hw.gpus_per_node
     if req.gpus < 1 or (req.gpus > gpn and req.gpus % gpn):
@@ -101,10 +104,11 @@ def plan_hardware(req: PlanRequest) -> Any:
 
 
 def plan(req: PlanRequest, *, executor: Any = None, jobs: int | None = None, ray_address: str | None = None,
-         cache: bool = True, resume: bool = True,
+         cache: bool = True, resume: bool = True, verify: bool = False,
          progress: Callable[[str], None] | None = None) -> PlanResult:  # fmt: skip
     """The ranked layouts of ``req`` (see the module docstring). ValueError (one line) when no layout exists or
-    none fits, naming the smallest memory any layout needs."""
+    none fits, naming the smallest memory any layout needs. ``verify``: judge the winner again at every layer
+    (``PlanResult.verified``)."""
     from commsched.execute.factory import make_executor
 
     t0 = time.perf_counter()
@@ -127,10 +131,25 @@ def plan(req: PlanRequest, *, executor: Any = None, jobs: int | None = None, ray
     executor = executor or make_executor(jobs=jobs, ray_address=ray_address)
     try:
         rows, pruned = _judge_rounds(req, hw, fits, executor, cache, resume, peak, progress)
+        result = _ranked(req, hw, rows, len(layouts), len(layouts) - len(fits), pruned, 0.0)
+        if verify:
+            result.verified = _verify(req, hw, result.winner, executor, cache)
     finally:
         if own:
             executor.close()
-    return _ranked(req, hw, rows, len(layouts), len(layouts) - len(fits), pruned, time.perf_counter() - t0)
+    result.wall_s = time.perf_counter() - t0
+    return result
+
+
+def _verify(req: PlanRequest, hw: Any, winner: Judged, executor: Any, cache: bool) -> dict[str, Any]:
+    """The winner judged at the model's full depth, against its scaled estimate."""
+    spec = {**_tasks(req, hw, [winner.layout], cache, True)[0], "layers": [None]}
+    row = executor.map(TASK_FN, [spec], fail=_failed_rows)[0][0]
+    if row.get("error") is not None:
+        return {"scaled_step_s": winner.step_s, "full_step_s": None, "error": row["error"]}
+    full = row["step_s"]
+    return {"scaled_step_s": winner.step_s, "full_step_s": full, "difference": winner.step_s / full - 1,
+            "full_peak_memory_bytes": row["peak_memory_bytes"], "how": winner.how, "error": None}
 
 
 def _tasks(req: PlanRequest, hw: Any, layouts: list[Layout], cache: bool, optimize: bool) -> list[dict[str, Any]]:
