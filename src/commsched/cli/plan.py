@@ -30,8 +30,9 @@ def register(app: typer.Typer) -> None:
         global_batch: int = typer.Option(None, "--global-batch", min=1, help="sequences per step (default: --gpus)"),
         ac: str = typer.Option("none,selective-op,full", "--ac", help="AC policies to try (comma-separated)"),
         float8: str = typer.Option("none,tensorwise", "--float8", help="float8 recipes to try (comma-separated)"),
-        pp_schedules: str = typer.Option("1F1B,Interleaved1F1B,ZBVZeroBubble", "--pp-schedules",
-                                         help="torch pipeline schedules to try (comma-separated)"),  # fmt: skip
+        pp_schedules: str = typer.Option(
+            "1F1B,Interleaved1F1B,ZBVZeroBubble", "--pp-schedules", help="torch pipeline schedules to try"
+        ),
         max_pp: int = typer.Option(None, "--max-pp", min=1, help="largest pipeline degree tried (1: no PP)"),
         compile_: bool = typer.Option(True, "--compile/--no-compile", help="judge torch.compile'd blocks"),
         layers_scale: int = typer.Option(2, "--layers-scale", min=0, help="trace K and 2K layers, scale (0: all)"),

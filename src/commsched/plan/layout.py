@@ -157,8 +157,8 @@ def step_config(req: PlanRequest, layout: Layout, layers: int | None) -> Any:
         raise ValueError(f"layout {layout.label()}: pp={layout.pp} is a pipeline job, not a StepConfig")
     fsdp = "fsdp" in layout.parallel().split("+")
     extra: list[tuple[str, Any]] = []
-    if layout.cp > 1:
-        extra.append(("cp_size", layout.cp))
+    if layout.cp > 1:  # torchtitan's default rotation (context_parallel_rotate_method), as its configs read
+        extra += [("cp_rotate", "allgather"), ("cp_size", layout.cp)]
     if layout.ep > 1:
         extra.append(("ep_size", layout.ep))
     layers = layers or req.layers

@@ -1,15 +1,17 @@
-"""Lower bounds that prune a layout before it is traced: memory (what every rank must hold) and step time (the
-compute no order hides). Each is a bound, never an estimate: a pruned layout could not fit or could not win.
+"""Lower bounds that prune a layout before it is traced: memory (what every rank must hold) and step time (the compute
+no order hides). Each is a bound, never an estimate: a pruned layout could not fit or could not win.
 
-Memory per rank is at least the fp32 master shard, its gradient and AdamW's two states (16 bytes per parameter of
-the shard: FSDP over ``dp_shard x cp``, TP and PP divide the model), plus, under FSDP with PP, the unsharded
-compute-dtype parameters and reduce-dtype gradients torch's pipelining holds all step, plus the activations a rank
-keeps: per layer and token at least the block input under full AC, the block input and its attention output under
-selective AC (every matmul output is saved), and the inputs of the seven linears without AC (``4 x dim + 3 x ffn``
-elements; halved for float8, whose linears may save float8 casts), split over TP and CP, for every micro-batch a
-pipeline rank holds at once (at least ``min(P, M)`` on the first rank), plus the bf16 logits of the local batch
-(without PP). The step is at least the model FLOPs of the rank's tokens (recompute and non-model work left out) at
-the dtype's peak, plus the published bubble ``(P - 1) / (V x M)`` of it for GPipe / 1F1B / interleaved schedules.
+Memory per rank is at least the fp32 master shard and AdamW's two states (12 bytes per parameter of the shard: FSDP
+over ``dp_shard x cp``, TP and PP divide the model), under FSDP with PP the unsharded compute-dtype parameters and
+reduce-dtype gradients torch's pipelining holds all step, plus the larger of the fp32 gradient shard (live at the
+optimizer step) and what the end of the forward holds (the backward frees activations as gradients appear): the
+activations a rank keeps: per layer and token at least the block input under full AC, the block input and its
+attention output under selective AC (every matmul output is saved), and the inputs of the seven linears without AC
+(``4 x dim + 3 x ffn`` elements; halved for float8, whose linears may save float8 casts), split over TP and CP, for
+every micro-batch a pipeline rank holds at once (at least ``min(P, M)`` on the first rank), plus the bf16 logits of
+the local batch (without PP). The step is at least the model FLOPs of the rank's tokens (recompute and non-model
+work left out) at the dtype's peak, plus the published bubble ``(P - 1) / (V x M)`` of it for GPipe / 1F1B /
+interleaved schedules.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Any
 
 from commsched.plan.layout import Layout, PlanRequest, local_batch
 
-MASTER_BYTES_PER_PARAM = 4 + 4 + 2 * 4  # fp32 master, fp32 gradient, AdamW's exp_avg and exp_avg_sq
+MASTER_BYTES_PER_PARAM = 4 + 2 * 4  # fp32 master, AdamW's exp_avg and exp_avg_sq
+GRADIENT_BYTES_PER_PARAM = 4  # fp32 gradient
 ZERO_BUBBLE = ("ZBVZeroBubble", "InterleavedZeroBubble", "DualPipeV")
 
 
@@ -45,7 +48,7 @@ def memory_lower_bound_bytes(req: PlanRequest, layout: Layout) -> int:
     in_flight = min(layout.pp, layout.microbatches) if layout.pp > 1 else 1
     activations = in_flight * tokens * per_layer * (model.n_layers // layout.pp)
     logits = 0 if layout.pp > 1 else micro * req.seq / layout.cp * model.vocab_size / layout.tp * 2
-    return int(static + activations + logits)
+    return int(static + max(activations + logits, params * GRADIENT_BYTES_PER_PARAM / shards))
 
 
 def step_lower_bound_s(req: PlanRequest, layout: Layout, peak_flops: float) -> float:

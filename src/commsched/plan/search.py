@@ -148,8 +148,14 @@ def _verify(req: PlanRequest, hw: Any, winner: Judged, executor: Any, cache: boo
     if row.get("error") is not None:
         return {"scaled_step_s": winner.step_s, "full_step_s": None, "error": row["error"]}
     full = row["step_s"]
-    return {"scaled_step_s": winner.step_s, "full_step_s": full, "difference": winner.step_s / full - 1,
-            "full_peak_memory_bytes": row["peak_memory_bytes"], "how": winner.how, "error": None}
+    return {
+        "scaled_step_s": winner.step_s,
+        "full_step_s": full,
+        "difference": winner.step_s / full - 1,
+        "full_peak_memory_bytes": row["peak_memory_bytes"],
+        "how": winner.how,
+        "error": None,
+    }
 
 
 def _tasks(req: PlanRequest, hw: Any, layouts: list[Layout], cache: bool, optimize: bool) -> list[dict[str, Any]]:

@@ -32,15 +32,19 @@ def _ac(ac: str) -> dict[str, Any]:
 
 
 def _pipeline(req: PlanRequest, layout: Layout) -> dict[str, Any]:
-    """torchtitan's pipeline keys: the schedule, the micro-batch size (M = local batch / it) and, for V > 1, the
-    layers per stage that make P x V stages (``ceil((layers + 2) / per_stage)``, embedding and head counted)."""
+    """torchtitan's pipeline keys: the schedule, the micro-batch size (M = local batch / it) and, for V > 1, each
+    stage's modules (torchtitan's own split into P x V stages, :func:`commsched.pipeline.split.stage_fqns`: its
+    ``layers_per_stage`` cannot make every stage count)."""
     if layout.pp == 1:
         return {}
-    out: dict[str, Any] = {"pipeline_parallel_schedule": layout.pp_schedule,
-                           "pipeline_parallel_microbatch_size": local_batch(req, layout) // layout.microbatches}
+    out: dict[str, Any] = {
+        "pipeline_parallel_schedule": layout.pp_schedule,
+        "pipeline_parallel_microbatch_size": local_batch(req, layout) // layout.microbatches,
+    }
     if layout.stages_per_rank > 1:
-        stages = layout.pp * layout.stages_per_rank
-        out["pipeline_parallel_layers_per_stage"] = -(-(req.model().n_layers + 2) // stages)
+        from commsched.pipeline.split import stage_fqns
+
+        out["module_fqns_per_model_part"] = stage_fqns(layout.pp * layout.stages_per_rank, req.model().n_layers)
     return out
 
 
