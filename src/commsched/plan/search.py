@@ -90,17 +90,18 @@ class PlanResult:
 def plan_hardware(req: PlanRequest) -> Any:
     """The request's hardware profile with its GPUs per node and HBM as asked; ValueError (one line) for GPUs that
     do not fill whole nodes."""
-    from commsched.hardware import get
+    from commsched.hardware import get, nodes_for_world
 
     req.check()
     hw = get(req.hardware)
     gpn = req.gpus_per_node or hw.gpus_per_node
-    if req.gpus < 1 or (req.gpus > gpn and req.gpus % gpn):
+    if req.gpus > gpn and req.gpus % gpn:
         raise ValueError(f"--gpus {req.gpus}: expected a multiple of the {gpn} GPUs per node (or fewer)")
+    hw = hw.with_nodes(nodes_for_world(req.gpus, gpn), gpn)  # every layout's groups placed on the whole cluster
     compute = hw.compute
     if req.hbm_gib is not None:
         compute = dataclasses.replace(compute, hbm_capacity_bytes=int(req.hbm_gib * GIB))
-    return dataclasses.replace(hw, gpus_per_node=gpn, compute=compute)
+    return dataclasses.replace(hw, compute=compute)
 
 
 def plan(req: PlanRequest, *, executor: Any = None, jobs: int | None = None, ray_address: str | None = None,
