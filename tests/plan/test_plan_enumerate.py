@@ -89,3 +89,12 @@ def test_impossible_requests_are_one_line(req: PlanRequest, message: str) -> Non
     with pytest.raises(ValueError, match=message.replace("(", r"\(")) as info:
         plan(req, jobs=1)
     assert "\n" not in str(info.value)
+
+
+def test_the_cluster_has_every_node_and_the_asked_hbm() -> None:
+    """Layouts whose groups cross nodes are placed on the whole cluster, never refused as off one node."""
+    from commsched.plan.search import plan_hardware
+
+    hw = plan_hardware(PlanRequest(preset="llama3-70b", gpus=512, hbm_gib=70.0))
+    assert (hw.num_nodes, hw.gpus_per_node, hw.compute.hbm_capacity_bytes) == (64, 8, 70 << 30)
+    assert plan_hardware(PlanRequest(preset="llama3-8b", gpus=16, gpus_per_node=4)).num_nodes == 4
