@@ -61,6 +61,7 @@ class PlanResult:
     failed: list[tuple[Layout, str]]
     wall_s: float
     verified: dict[str, Any] | None = None  # the winner judged at every layer: its step against the scaled one
+    not_optimised: int = 0  # layouts whose simulated lower bound was above the best step: optimize not run
 
     @property
     def winner(self) -> Judged:
@@ -80,7 +81,8 @@ class PlanResult:
         return {"preset": self.request.preset, "gpus": self.request.gpus, "hardware": self.hardware.name,
                 "request": dataclasses.asdict(self.request), "candidates_enumerated": self.enumerated,
                 "pruned_memory": self.pruned_memory, "pruned_bound": self.pruned_bound,
-                "candidates_judged": self.candidates_judged, "over_memory": self.over_memory,
+                "candidates_judged": self.candidates_judged, "not_optimised": self.not_optimised,
+                "over_memory": self.over_memory,
                 "failed": [{"layout": lay.to_dict(), "error": err} for lay, err in self.failed],
                 "wall_s": self.wall_s, "verified": self.verified,
                 "best_without_optimisation": self.best_without_optimisation.as_dict(),
@@ -131,8 +133,9 @@ def plan(req: PlanRequest, *, executor: Any = None, jobs: int | None = None, ray
     own = executor is None
     executor = executor or make_executor(jobs=jobs, ray_address=ray_address)
     try:
-        rows, pruned = _judge_rounds(req, hw, fits, executor, cache, resume, peak, progress)
+        rows, pruned, not_optimised = _judge_rounds(req, hw, fits, executor, cache, resume, peak, progress)
         result = _ranked(req, hw, rows, len(layouts), len(layouts) - len(fits), pruned, 0.0)
+        result.not_optimised = not_optimised
         if verify:
             result.verified = _verify(req, hw, result.winner, executor, cache)
     finally:
@@ -171,7 +174,7 @@ def _tasks(req: PlanRequest, hw: Any, layouts: list[Layout], cache: bool, optimi
 
 
 def _judge_rounds(req: PlanRequest, hw: Any, layouts: list[Layout], executor: Any, cache: bool, resume: bool,
-                  peak: float, progress: Callable[[str], None] | None) -> tuple[list[dict], int]:  # fmt: skip
+                  peak: float, progress: Callable[[str], None] | None) -> tuple[list[dict], int, int]:  # fmt: skip
     """Rows of every layout not pruned: first the framework's step of each (pruned by the step bound), then the
     optimised step of each layout without PP whose simulated lower bound is under the best step so far (the
     framework's step is never beaten by less than that bound, and ``optimize`` never does worse than it)."""
@@ -186,7 +189,7 @@ def _judge_rounds(req: PlanRequest, hw: Any, layouts: list[Layout], executor: An
                      lambda spec, best: bound[Layout.from_dict(spec["layouts"][0])] >= best,
                      best_s=min([r["step_s"] for r in rows if _fits(r, hw)], default=float("inf")))  # fmt: skip
     better = {Layout.from_dict(r["layout"]): r for r in second[0] if r.get("error") is None}
-    return [better.get(Layout.from_dict(r["layout"]), r) for r in first[0]], first[1]
+    return [better.get(Layout.from_dict(r["layout"]), r) for r in first[0]], first[1], second[1]
 
 
 def _rounds(req: PlanRequest, hw: Any, tasks: list[dict], executor: Any, resume: bool,

@@ -51,7 +51,8 @@ def why_lines(result: Any) -> list[str]:
                      f"{diffs}")  # fmt: skip
     lines.append(f"{result.candidates_judged} layouts judged of {result.enumerated} enumerated "
                  f"({result.pruned_memory} pruned by the memory bound, {result.pruned_bound} by the step bound, "
-                 f"{result.over_memory} over HBM when simulated, {len(result.failed)} failed) in "
+                 f"{result.over_memory} over HBM when simulated, {len(result.failed)} failed; "
+                 f"{result.not_optimised} not optimised: lower bound above the best step) in "
                  f"{result.wall_s:.1f} s")  # fmt: skip
     v = result.verified
     if v is not None and v.get("error") is None:
