@@ -53,6 +53,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from commsched.experiments.predict import StepConfig  # noqa: E402
+from commsched.plan.scale import extrapolate  # noqa: E402  (the one rule, shared with commsched plan)
 
 DATA = ROOT / "benchmarks" / "data" / "published_runs.toml"
 TT_DOCS = "torchtitan docs (Aug 2024)"
@@ -322,11 +323,6 @@ def short(warning: str) -> str:
     if "network is not fitted" in warning:
         return "inter-node network: NCCL's constants (the profile has no fitted network)"
     return warning.split(":")[0]
-
-
-def extrapolate(y_k: float, y_2k: float, k: int, layers: int) -> float:
-    """``y`` at ``layers`` from ``y`` at ``k`` and ``2k`` layers, linear in the layer count."""
-    return y_k + (layers - k) / k * (y_2k - y_k)
 
 
 @dataclass

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOC_PAGES = ("README.md", "docs/cli.md", "docs/python-api.md", "docs/cost-model.md", "docs/optimize.md",
              "docs/scaling-out.md", "docs/real-runs.md", "docs/replay.md", "docs/graph-format.md",
-             "docs/ARCHITECTURE.md", "docs/pipeline.md")  # fmt: skip
+             "docs/ARCHITECTURE.md", "docs/pipeline.md", "docs/plan.md")  # fmt: skip
 """every page whose examples run, in the order they run"""
 README_MAX_BYTES = 16 * 1024  # issue 36: the README is a front door; reference goes in docs/
 

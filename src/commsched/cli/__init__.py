@@ -37,6 +37,7 @@ COMMAND_MODULES = (
     "commsched.cli.run",
     "commsched.cli.replay",
     "commsched.cli.pipeline",
+    "commsched.cli.plan",
 )
 
 for _mod in COMMAND_MODULES:

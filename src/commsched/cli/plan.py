@@ -1,0 +1,80 @@
+"""``commsched plan``: the best parallel layout of a model on a cluster (:mod:`commsched.plan`), and the winner as a
+torchtitan job config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from commsched.cli.common import GpusPerNodeOption, console, err_console, user_errors
+from commsched.cli.options import emit_json, json_option, out_file
+
+
+def _choices(text: str, what: str) -> tuple[str, ...]:
+    items = tuple(s.strip() for s in text.split(",") if s.strip())
+    if not items:
+        raise ValueError(f"{what}: expected a comma-separated list, got {text!r}")
+    return items
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def plan(
+        preset: str = typer.Argument(..., help="a zoo preset, e.g. llama3-70b"),
+        gpus: int = typer.Option(..., "--gpus", "-n", min=1, help="GPUs of the job"),
+        hardware: str = typer.Option("h100-sxm", "--hardware", "-H", help="hardware profile"),
+        gpus_per_node: GpusPerNodeOption = None,
+        hbm: float = typer.Option(None, "--hbm", min=0.001, help="GiB of HBM per GPU (default: the profile's)"),
+        seq_len: int = typer.Option(None, "--seq-len", min=1, help="sequence length (default: the preset's)"),
+        global_batch: int = typer.Option(None, "--global-batch", min=1, help="sequences per step (default: --gpus)"),
+        ac: str = typer.Option("none,selective-op,full", "--ac", help="AC policies to try (comma-separated)"),
+        float8: str = typer.Option("none,tensorwise", "--float8", help="float8 recipes to try (comma-separated)"),
+        pp_schedules: str = typer.Option(
+            "1F1B,Interleaved1F1B,ZBVZeroBubble", "--pp-schedules", help="torch pipeline schedules to try"
+        ),
+        max_pp: int = typer.Option(None, "--max-pp", min=1, help="largest pipeline degree tried (1: no PP)"),
+        compile_: bool = typer.Option(True, "--compile/--no-compile", help="judge torch.compile'd blocks"),
+        layers_scale: int = typer.Option(2, "--layers-scale", min=0, help="trace K and 2K layers, scale (0: all)"),
+        top: int = typer.Option(5, "--top", "-k", min=1, help="rows to print and write"),
+        verify: bool = typer.Option(False, "--verify", help="judge the winner again at every layer"),
+        toml: Path = out_file("--toml", help="write the winner as a torchtitan job config (TOML)"),
+        jobs: int = typer.Option(None, "--jobs", "-j", min=1, help="processes judging at once (default: per CPU)"),
+        ray_address: str = typer.Option(None, "--ray-address", help="judge on Ray: 'local' or a head's HOST:PORT"),
+        no_cache: bool = typer.Option(False, "--no-cache", help="neither read nor fill the trace cache"),
+        json_out: str = json_option("the ranked layouts"),
+    ) -> None:
+        """Find the fastest layout of PRESET on --gpus GPUs: every FSDP / HSDP / DDP, TP (with and without SP),
+        PP (torch's schedules, M, V), CP degree with each AC policy and float8 recipe, pruned by memory and step
+        lower bounds, each left judged by the simulator on its traced program (K and 2K layers, scaled) in the
+        framework's order and optimised, ranked by tokens/s per GPU. Prints the winner, the runner-up and the best
+        layout without overlap optimisation, and what makes the winner win; --toml writes it for torchtitan.
+
+        Example: commsched plan llama3-8b --gpus 8 -H h100-sxm --seq-len 8192 --max-pp 1 --toml best.toml
+        """
+        from commsched.plan import PlanRequest
+        from commsched.plan import plan as run_plan
+        from commsched.plan.toml_out import torchtitan_toml
+        from commsched.report.plan_text import plan_table, why_lines
+
+        with user_errors():
+            req = PlanRequest(preset=preset, gpus=gpus, hardware=hardware, gpus_per_node=gpus_per_node, hbm_gib=hbm,
+                              seq_len=seq_len, global_batch=global_batch, ac_policies=_choices(ac, "--ac"),
+                              float8_recipes=_choices(float8, "--float8"),
+                              pp_schedules=_choices(pp_schedules, "--pp-schedules"), max_pp=max_pp,
+                              compile=compile_, layers_scale=layers_scale)  # fmt: skip
+            result = run_plan(req, jobs=jobs, ray_address=ray_address, cache=not no_cache, verify=verify,
+                              progress=None if json_out else (lambda m: err_console.print(m)))  # fmt: skip
+        if toml:
+            from commsched.io import atomic_write_text
+
+            atomic_write_text(toml, torchtitan_toml(req, result.winner.layout))
+        written = emit_json(result.as_dict(top), json_out) if json_out else None
+        if json_out and written is None:
+            return
+        console.print(plan_table(result, top))
+        for line in why_lines(result):
+            console.print(line, soft_wrap=True, highlight=False)
+        for path in (written, toml):
+            if path:
+                console.print(f"wrote [bold]{path}[/]")

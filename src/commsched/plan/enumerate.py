@@ -1,0 +1,102 @@
+"""Every layout of a :class:`~commsched.plan.layout.PlanRequest` that torchtitan and the zoo can run.
+
+Degrees divide the GPU count; TP stays inside a node and divides the heads, the KV heads and the MLP width; CP
+needs sequences that split into ``2 x cp`` head-tail chunks; PP stages run at least two blocks each; the global batch
+splits evenly over the data-parallel replicas and, under PP, into ``M`` equal micro-batches. Options a pipeline
+job cannot take yet (``PipelineJob``'s fields decide: :func:`pipeline_options`) are not enumerated under PP.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import math
+from collections.abc import Iterator
+
+from commsched.plan.layout import Layout, PlanRequest
+
+MAX_MICROBATCH_CHOICES = 3
+"""micro-batch counts tried per pipeline schedule: the largest divisors of the local batch (smaller bubbles)"""
+MIN_LAYERS_PER_STAGE = 2
+"""each pipeline stage runs at least two blocks (one block per stage only adds P2P and bubbles)"""
+MAX_MICROBATCHES_PER_RANK = 4
+"""M at most 4 P: beyond it the bubble ((P - 1) / M of the step at most) is under 1/4 and smaller micro-batches
+only lose matmul efficiency; torch's own checks of (P, M, V) run when a layout is judged (a refusal is a failed
+row)"""
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@functools.cache
+def pipeline_options() -> frozenset[str]:
+    """The step options a pipeline job takes today (the fields of ``PipelineJob``): ``ac``, ``float8``,
+    ``dp_replicate`` and ``cp_size`` are enumerated under PP only once it has them."""
+    from commsched.pipeline.job import PipelineJob
+
+    return frozenset(f.name for f in dataclasses.fields(PipelineJob))
+
+
+def tp_degrees(req: PlanRequest, gpus_per_node: int) -> list[int]:
+    """TP degrees inside one node that divide the heads, the KV heads and the MLP width."""
+    m = req.model()
+    common = math.gcd(math.gcd(m.n_heads, m.n_kv_heads), m.ffn_dim)
+    return [t for t in divisors(req.gpus) if gpus_per_node % t == 0 and common % t == 0]
+
+
+def enumerate_layouts(req: PlanRequest, gpus_per_node: int, float8_ok: bool) -> Iterator[Layout]:
+    """Every layout of ``req`` (unpruned), in a fixed order. ``float8_ok``: the hardware has float8 tensor cores."""
+    model = req.model()
+    float8s = [f for f in req.float8_recipes if f == "none" or float8_ok]
+    for tp in tp_degrees(req, gpus_per_node):
+        for sp in (True, False) if tp > 1 else (False,):
+            for pp in divisors(req.gpus // tp):
+                if pp > 1 and (pp * MIN_LAYERS_PER_STAGE > model.n_layers or (req.max_pp or pp) < pp):
+                    continue
+                yield from _inner(req, Layout(dp_shard=1, tp=tp, sp=sp, pp=pp), float8s)
+
+
+def _inner(req: PlanRequest, base: Layout, float8s: list[str]) -> Iterator[Layout]:
+    """The data-parallel and context-parallel splits of what TP x PP leave, with every step option."""
+    under_pp = base.pp > 1
+    allowed = pipeline_options()
+    for cp in divisors(req.gpus // (base.tp * base.pp)):
+        if cp > 1 and (req.seq % (2 * cp) or (under_pp and "cp_size" not in allowed)):
+            continue
+        rest = req.gpus // (base.tp * base.pp * cp)
+        for replicate in divisors(rest):
+            layout = dataclasses.replace(base, cp=cp, dp_replicate=replicate, dp_shard=rest // replicate)
+            if not _data_parallel_ok(req, layout, allowed):
+                continue
+            for ac in req.ac_policies if not under_pp or "ac" in allowed else ("none",):
+                for f8 in float8s if not under_pp or "float8" in allowed else ("none",):
+                    yield from _pipelined(req, dataclasses.replace(layout, ac=ac, float8=f8))
+
+
+def _data_parallel_ok(req: PlanRequest, layout: Layout, allowed: frozenset[str]) -> bool:
+    """The batch splits over the replicas; HSDP shards inside each replica; DDP without TP / CP / PP."""
+    if req.batch % layout.dp:
+        return False
+    if layout.dp_replicate > 1:
+        if layout.fsdp == 1:
+            return layout.tp == 1 and layout.pp == 1  # DDP
+        return layout.pp == 1 or "dp_replicate" in allowed
+    return True
+
+
+def _pipelined(req: PlanRequest, layout: Layout) -> Iterator[Layout]:
+    """``layout`` itself without PP; with PP, each schedule with its V and up to three micro-batch counts."""
+    if layout.pp == 1:
+        yield layout
+        return
+    local = req.batch // layout.dp
+    for schedule in req.pp_schedules:
+        v = 1 if schedule in ("GPipe", "1F1B") else 2
+        if layout.pp * v * MIN_LAYERS_PER_STAGE > req.model().n_layers:
+            continue
+        counts = (m for m in reversed(divisors(local)) if layout.pp <= m <= MAX_MICROBATCHES_PER_RANK * layout.pp)
+        kept = list(itertools.islice(counts, MAX_MICROBATCH_CHOICES))
+        for m in reversed(kept):
+            yield dataclasses.replace(layout, pp_schedule=schedule, microbatches=m, stages_per_rank=v)

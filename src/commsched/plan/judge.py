@@ -1,0 +1,141 @@
+"""One task of ``plan``: judge a few layouts (a pure function of its spec, so it runs on any executor).
+
+A layout without PP is the step as FSDP2 runs it (:func:`commsched.experiments.predict.predict_workload`: the
+framework's order, "without overlap optimisation") and the same program after :func:`commsched.optimize.optimize`
+(our order and collective reordering; the FX rewrites need a fresh trace and are left to ``commsched optimize`` on
+the winner). Its traces come from the trace cache (:mod:`commsched.execute.cache`) when warm. A layout with PP is
+torch's schedule simulated over the traced stages (:func:`commsched.pipeline.job.simulate_job`). Each quantity is
+measured at the depths :func:`commsched.plan.scale.layer_counts` gives and extrapolated to the model's depth.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from typing import Any
+
+from commsched.execute.base import error_text
+from commsched.plan.layout import Layout, PlanRequest, pipeline_job, step_config
+from commsched.plan.scale import extrapolate, layer_counts
+
+_MEMORY: collections.OrderedDict[str, Any] = collections.OrderedDict()  # trace key -> Graph, this process's last few
+_MEMORY_SIZE = 8
+SCALED = ("framework_step_s", "framework_peak_bytes", "framework_exposed_s", "optimized_step_s", "optimized_peak_bytes",
+          "optimized_exposed_s", "recompute_s", "lower_bound_s")  # fmt: skip
+"""the row fields extrapolated in the layer count (the framework's order and the optimised one apart: which one a
+row keeps is decided at full depth, :func:`_kept`)"""
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphOnly:
+    """A traced step's IR alone (what :func:`predict_workload` reads of a Workload), as the trace cache keeps it."""
+
+    graph: Any
+
+
+def warm_imports() -> None:
+    """What a task imports first (the sweep's set: torch, the passes, the simulator's compiled loops)."""
+    from commsched.experiments.sweep_task import warm_imports as sweep_warm_imports
+
+    sweep_warm_imports()
+
+
+def judge_task(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows of ``spec["layouts"]`` (dicts) for ``spec["request"]`` on ``spec["hardware"]`` (a Hardware), each with
+    the layout, its numbers at full depth and ``error`` (None, or why it could not be judged)."""
+    req = PlanRequest(**spec["request"])
+    rows = []
+    for data in spec["layouts"]:
+        layout = Layout.from_dict(data)
+        t0 = time.perf_counter()
+        counts = spec.get("layers") or layer_counts(req, layout)
+        try:
+            points = [_judge_at(req, layout, spec["hardware"], n, spec) for n in counts]
+            row = _scaled(points, counts, req.model().n_layers)
+        except Exception as exc:  # one layout that cannot run must not sink the plan
+            row = {"error": error_text("judge", exc)}
+        how = "all layers" if counts == (None,) or counts == [None] else f"{counts[0]} and {counts[1]} layers scaled"
+        rows.append({"layout": layout.to_dict(), **row, "how": how, "wall_s": time.perf_counter() - t0})
+    return rows
+
+
+def _scaled(points: list[dict[str, Any]], counts: Any, depth: int) -> dict[str, Any]:
+    if len(points) == 1:
+        return _kept(points[0])
+    a, b = points
+    k = int(counts[0])
+    return _kept({**b, **{name: extrapolate(a[name], b[name], k, depth) for name in SCALED if a[name] is not None}})
+
+
+def _kept(row: dict[str, Any]) -> dict[str, Any]:
+    """The row's step: the optimised program's when it beats the framework's order, else the framework's."""
+    optimised = row["optimized_step_s"] is not None and row["optimized_step_s"] < row["framework_step_s"]
+    which = "optimized" if optimised else "framework"
+    return {**row, "step_s": row[f"{which}_step_s"], "peak_memory_bytes": row[f"{which}_peak_bytes"],
+            "exposed_comm_s": row[f"{which}_exposed_s"], "kept": row[f"{which}_label"], "error": None}  # fmt: skip
+
+
+def _judge_at(req: PlanRequest, layout: Layout, hardware: Any, layers: int | None, spec: dict[str, Any]) -> dict:
+    if layout.pp > 1:
+        return _pipelined(req, layout, hardware, layers)
+    return _step(req, layout, hardware, layers, spec.get("cache", True), spec.get("optimize", True))
+
+
+def _pipelined(req: PlanRequest, layout: Layout, hardware: Any, layers: int | None) -> dict[str, Any]:
+    from commsched.pipeline.job import simulate_job
+
+    step = simulate_job(pipeline_job(req, layout, layers), hardware)
+    res = step.result
+    exposed = max(r.exposed_comm_s for r in res.per_rank)
+    return {"framework_step_s": step.step_s, "framework_peak_bytes": res.peak_memory_bytes,
+            "framework_exposed_s": exposed, "framework_label": "torch's schedule", "optimized_step_s": None,
+            "optimized_peak_bytes": None, "optimized_exposed_s": None, "optimized_label": "",
+            "recompute_s": 0.0, "lower_bound_s": None, "bubble_fraction": res.bubble_fraction}  # fmt: skip
+
+
+def _step(req: PlanRequest, layout: Layout, hardware: Any, layers: int | None, cache: bool,
+          optimize_it: bool) -> dict[str, Any]:  # fmt: skip
+    """The framework's step and, with ``optimize_it``, the optimised one, on the (cached) trace."""
+    from commsched.cost import estimate_costs
+    from commsched.experiments.predict import predict_workload
+    from commsched.report.summary import compute_shares
+
+    config = step_config(req, layout, layers)
+    graph = _traced(config, cache)
+    p = predict_workload(GraphOnly(graph), config, hardware, gpus_per_node=req.gpus_per_node)
+    costs = estimate_costs(graph, p.hardware, fusion=config.compile)  # cached: the one predict used
+    recompute_s = compute_shares(graph, costs)["recompute"]["time_s"] or 0.0
+    row = {"framework_step_s": p.step_s, "framework_peak_bytes": p.peak_memory_bytes,
+           "framework_exposed_s": p.sim.exposed_comm_s, "framework_label": p.order, "optimized_step_s": None,
+           "optimized_peak_bytes": None, "optimized_exposed_s": None, "optimized_label": "",
+           "recompute_s": recompute_s, "lower_bound_s": p.sim.lower_bound_s, "bubble_fraction": 0.0}  # fmt: skip
+    if optimize_it:
+        from commsched.optimize import optimize
+
+        o = optimize(graph, p.hardware, memory_budget=1.05)
+        row.update(optimized_step_s=o.after.makespan_s, optimized_exposed_s=o.after.exposed_comm_s,
+                   optimized_peak_bytes=o.after.peak_memory_bytes, optimized_label=o.label)  # fmt: skip
+    return row
+
+
+def _traced(config: Any, cache: bool) -> Any:
+    """The graph of ``config``'s step as the framework runs it, from this process's memory, the trace cache, or
+    traced (and cached)."""
+    from commsched.execute import cache as trace_cache
+    from commsched.experiments.predict import trace
+
+    kw = {**config.build_kwargs(), "fsdp_bucket": "block"}
+    key = trace_cache.trace_key(config.preset, kw.pop("parallel"), kw.pop("world_size"), kw.pop("layers", None), kw)
+    graph = _MEMORY.get(key)
+    if graph is None and cache:
+        graph = trace_cache.load_trace(key)
+    if graph is None:
+        graph = trace(config).graph
+        if cache:
+            trace_cache.store_trace(key, graph)
+    _MEMORY[key] = graph
+    _MEMORY.move_to_end(key)
+    while len(_MEMORY) > _MEMORY_SIZE:
+        _MEMORY.popitem(last=False)
+    return graph

@@ -1,0 +1,61 @@
+"""Lower bounds that prune a layout before it is traced: memory (what every rank must hold) and step time (the compute
+no order hides). Each is a bound, never an estimate: a pruned layout could not fit or could not win.
+
+Memory per rank is at least the fp32 master shard and AdamW's two states (12 bytes per parameter of the shard: FSDP
+over ``dp_shard x cp``, TP and PP divide the model), under FSDP with PP the unsharded compute-dtype parameters and
+reduce-dtype gradients torch's pipelining holds all step, plus the larger of the fp32 gradient shard (live at the
+optimizer step) and what the end of the forward holds (the backward frees activations as gradients appear): the
+activations a rank keeps: per layer and token at least the block input under full AC, the block input and its
+attention output under selective AC (every matmul output is saved), and the inputs of the seven linears without AC
+(``4 x dim + 3 x ffn`` elements; halved for float8, whose linears may save float8 casts), split over TP and CP, for
+every micro-batch a pipeline rank holds at once (at least ``min(P, M)`` on the first rank), plus the bf16 logits of
+the local batch (without PP). The step is at least the model FLOPs of the rank's tokens (recompute and non-model
+work left out) at the dtype's peak, plus the published bubble ``(P - 1) / (V x M)`` of it for GPipe / 1F1B /
+interleaved schedules.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from commsched.plan.layout import Layout, PlanRequest, local_batch
+
+MASTER_BYTES_PER_PARAM = 4 + 2 * 4  # fp32 master, AdamW's exp_avg and exp_avg_sq
+GRADIENT_BYTES_PER_PARAM = 4  # fp32 gradient
+ZERO_BUBBLE = ("ZBVZeroBubble", "InterleavedZeroBubble", "DualPipeV")
+
+
+def _saved_elements_per_token(model: Any, ac: str) -> float:
+    """Elements per token one block saves for its backward, at least (see the module docstring)."""
+    if ac == "full" or ac.startswith("selective-layer"):
+        return model.dim if ac == "full" else 2 * model.dim  # selective-layer:N saves a whole block of N
+    if ac == "selective-op":
+        return 2 * model.dim
+    return 4 * model.dim + 3 * model.ffn_dim
+
+
+def memory_lower_bound_bytes(req: PlanRequest, layout: Layout) -> int:
+    """Bytes the most loaded rank holds at least (see the module docstring)."""
+    model = req.model()
+    params = model.total_params()
+    shards = layout.fsdp * layout.tp * layout.pp
+    static = params * MASTER_BYTES_PER_PARAM / shards
+    if layout.pp > 1 and layout.fsdp > 1:
+        static += params * (2 + 4) / (layout.tp * layout.pp)
+    micro = local_batch(req, layout) // max(layout.microbatches, 1)
+    tokens = micro * req.seq / (layout.cp * layout.tp)
+    per_layer = _saved_elements_per_token(model, layout.ac) * 2 * (0.5 if layout.float8 != "none" else 1.0)
+    in_flight = min(layout.pp, layout.microbatches) if layout.pp > 1 else 1
+    activations = in_flight * tokens * per_layer * (model.n_layers // layout.pp)
+    logits = 0 if layout.pp > 1 else micro * req.seq / layout.cp * model.vocab_size / layout.tp * 2
+    return int(static + max(activations + logits, params * GRADIENT_BYTES_PER_PARAM / shards))
+
+
+def step_lower_bound_s(req: PlanRequest, layout: Layout, peak_flops: float) -> float:
+    """Seconds the step takes at least on a device of ``peak_flops`` (the fastest dtype the layout uses)."""
+    model = req.model()
+    tokens_per_gpu = req.batch * req.seq / req.gpus
+    compute_s = model.model_flops_per_token(req.seq) * tokens_per_gpu / peak_flops
+    if layout.pp > 1 and layout.pp_schedule not in ZERO_BUBBLE:
+        compute_s *= 1 + (layout.pp - 1) / (layout.stages_per_rank * layout.microbatches)
+    return compute_s

@@ -1,0 +1,29 @@
+"""Judging a deep model from shallow traces: a step of L blocks is, to first order, its embedding and head plus L
+times a block, so a quantity measured at K and 2K blocks is extrapolated linearly to the model's depth
+(``benchmarks/bench_published.py`` checks it against full traces, and ``tests/plan`` against a full pipeline)."""
+
+from __future__ import annotations
+
+from commsched.plan.layout import Layout, PlanRequest
+
+
+def extrapolate(y_k: float, y_2k: float, k: int, layers: int) -> float:
+    """``y`` at ``layers`` from ``y`` at ``k`` and ``2k`` layers, linear in the layer count."""
+    return y_k + (layers - k) / k * (y_2k - y_k)
+
+
+def layer_counts(req: PlanRequest, layout: Layout) -> tuple[int | None, ...]:
+    """The depths a layout is traced at: ``(K, 2K)`` with K = ``req.layers_scale`` (a multiple of a
+    selective-layer:N policy's N; under PP one layer per stage per K/2 at least, so every stage has a block), or
+    ``(None,)`` (every layer) when 2K reaches the model's depth or scaling is off."""
+    depth = req.model().n_layers
+    k = req.layers_scale
+    if k <= 0:
+        return (None,)
+    if layout.ac.startswith("selective-layer:"):
+        n = int(layout.ac.partition(":")[2])
+        k = -(-k // n) * n
+    if layout.pp > 1:
+        stages = layout.pp * layout.stages_per_rank
+        k = stages * max(1, -(-k // 2))
+    return (None,) if 2 * k >= depth else (k, 2 * k)
