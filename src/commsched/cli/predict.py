@@ -17,7 +17,15 @@ from commsched.cli.common import (
     user_errors,
     warn,
 )
-from commsched.cli.options import ZOO_STEP_OPTIONS, ZooStep, emit_json, json_option, step_title, zoo_step_options
+from commsched.cli.options import (
+    ZOO_STEP_OPTIONS,
+    ZooStep,
+    emit_json,
+    given_options,
+    json_option,
+    step_title,
+    zoo_step_options,
+)
 
 COMPILE_HELP = (
     "torch.compile as torchtitan applies it (each block compiled): a block's kernels fused as Inductor fuses them, "
@@ -38,13 +46,6 @@ TORCHTITAN_HELP = (
     "optimizer; "
     "the world size from its degrees, else --world-size or --num-nodes; only --layers (and options that agree) with it"
 )
-
-
-def _given(ctx: typer.Context, names: tuple[str, ...]) -> set[str]:
-    """The parameters among ``names`` that the command line set (not their defaults). By the source's name: typer
-    may run its own copy of click, whose ``ParameterSource`` is another enum."""
-    sources = {n: ctx.get_parameter_source(n) for n in names}
-    return {n for n, src in sources.items() if getattr(src, "name", None) in ("COMMANDLINE", "ENVIRONMENT")}
 
 
 def _from_options(preset: str | None, zoo: ZooStep, compile_: bool, given: set[str], async_tp: bool = False) -> Any:
@@ -119,7 +120,7 @@ def register(app: typer.Typer) -> None:
         from commsched.report.terminal_predict import print_prediction
 
         with user_errors():
-            given = _given(ctx, (*ZOO_STEP_OPTIONS, "compile_", "async_tp"))
+            given = given_options(ctx, (*ZOO_STEP_OPTIONS, "compile_", "async_tp"))
             given = {"compile" if n == "compile_" else n for n in given}
             world = int(zoo.world_size) if "world_size" in given else None
             if world is None and num_nodes is not None:
