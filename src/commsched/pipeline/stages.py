@@ -126,7 +126,7 @@ class StageStep:
         from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
         prog, n = self.program, len(self.layout)
-        spec, cfg, s, comm = prog.spec, prog.spec.model, prog.shapes, prog.comm
+        cfg, s, comm = prog.spec.model, prog.shapes, prog.comm
         params, (x, *data) = list(inputs[:n]), inputs[n:]
         labels = data.pop(0) if self.last else None
         rope, grad_out = (data[0], data[1]), (None if self.last else data[2])
