@@ -120,7 +120,7 @@ def _print(step: Any) -> None:
     mesh = " x ".join(f"{name} {size}" for name, size in step.as_dict()["mesh"].items())
     title = (f"pipeline: {job.job.preset} / {job.job.parallel} ({mesh}) / {p.schedule} M={p.microbatches} "
              f"V={p.stages_per_rank} / {job.inner.model.n_layers} layers / batch {job.batch} x seq "
-             f"{job.inner.seq_len} on {step.hardware.name}")  # fmt: skip
+             f"{job.inner.seq_len}{_options_phrase(job.job.options())} on {step.hardware.name}")  # fmt: skip
     console.print(title, soft_wrap=True)
     table = Table()
     for col in ("rank", "stages", "layers", "busy", "bubble", "exposed comm", "peak memory"):
@@ -134,6 +134,22 @@ def _print(step: Any) -> None:
     console.print(f"step [bold]{step.step_s * 1e3:.2f} ms[/]  bubble {100 * res.bubble_fraction:.1f} %  "
                   f"tokens/s per GPU {fmt_rate(step.tokens_per_s_per_gpu)}  MFU {fmt_mfu(step.mfu)}  "
                   f"peak memory (worst rank) {fmt_bytes(res.peak_memory_bytes)}")  # fmt: skip
+
+
+def _options_phrase(options: dict[str, Any]) -> str:
+    """The options set away from PipelineJob's defaults, and the optimizer: `` / ac full / compile / optimizer
+    adamw-fused / max_norm 1``."""
+    import dataclasses
+
+    from commsched.pipeline.job import PipelineJob
+
+    defaults = {f.name: f.default for f in dataclasses.fields(PipelineJob)}
+    parts = [
+        name if value is True else f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}"
+        for name, value in options.items()
+        if name in ("optimizer", "max_norm") or (value, type(value)) != (defaults[name], type(defaults[name]))
+    ]
+    return "".join(f" / {part}" for part in parts)
 
 
 def _layers(stage: Any) -> str:
