@@ -152,7 +152,7 @@ def test_names_wrong_everywhere_raise(kw, message):
 def test_json_round_trip(rows):
     text = json.dumps(sweep_to_dict(rows, wall_s=1.0), allow_nan=False)
     data = json.loads(text)
-    assert data["format"] == "commsched.sweep" and data["version"] == 2 and data["wall_s"] == 1.0
+    assert data["format"] == "commsched.sweep" and data["version"] == 3 and data["wall_s"] == 1.0
     back = [SweepRow.from_dict(d) for d in data["rows"]]
     assert [b.to_dict() for b in back] == [r.to_dict() for r in rows]
     with pytest.raises(ValueError, match=r"unknown field\(s\) \['step_time'\]"):

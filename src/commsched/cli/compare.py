@@ -41,6 +41,12 @@ def register(app: typer.Typer) -> None:
             None, "--jobs", "-j", min=1, help="several targets: processes at once (default: CPUs)"
         ),
         ray_address: str = typer.Option(None, "--ray-address", help="several targets: on Ray ('local' or HOST:PORT)"),
+        pp_size: int = typer.Option(
+            None,
+            "--pp-size",
+            help="not taken: compare pipeline schedules with `commsched "
+            "sweep PRESET --pp-size P --pp-schedule A,B --microbatches M1,M2`",
+        ),
     ) -> None:
         """Run the input order, each seed pass, our scheduler, the CP-SAT optimum (small graphs) and, for a preset,
         torch's own OverlapScheduler with our costs; simulate every order and print one table.
@@ -58,6 +64,11 @@ def register(app: typer.Typer) -> None:
         from commsched.hardware import for_graph
         from commsched.report.terminal_experiments import print_compare
 
+        if pp_size is not None:
+            with user_errors():
+                raise ValueError(f"--pp-size {pp_size}: compare ranks the schedulers of one traced step; compare "
+                                 f"pipeline schedules with `commsched sweep {target} --pp-size {pp_size} --pp-schedule "
+                                 "1F1B,Interleaved1F1B,ZBVZeroBubble --microbatches ...`")  # fmt: skip
         targets = [t.strip() for t in target.split(",") if t.strip()]
         if len(targets) > 1 or ray_address is not None:
             with user_errors():

@@ -3,6 +3,7 @@ with each stage's traced programs (:mod:`commsched.pipeline.job`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -15,6 +16,7 @@ from commsched.cli.options import (
     emit_json,
     given_options,
     json_option,
+    out_file,
     zoo_step_options,
 )
 from commsched.cli.predict import ASYNC_TP_HELP, COMPILE_HELP, OPTIMIZER_HELP
@@ -53,6 +55,8 @@ def register(app: typer.Typer) -> None:
         async_tp: bool = typer.Option(False, "--async-tp/--no-async-tp", help=ASYNC_TP_HELP),
         hardware: HardwareOption = "h100-sxm",
         json_out: str = json_option("the pipeline step"),
+        html_out: Path = out_file("--html", help="write an HTML report: one timeline panel per pipeline rank"),
+        trace_out: Path = out_file("--trace", help="write a Perfetto / Chrome trace: one process per pipeline rank"),
     ) -> None:
         """Simulate one training step of PRESET with pipeline parallelism: the layers split over P x V stages as
         torchtitan splits them, each distinct stage's forward and backward (and the zero-bubble schedules' input-
@@ -80,12 +84,26 @@ def register(app: typer.Typer) -> None:
                 shapes = len({(s.shape, resolved.policies(s)) for s in resolved.stages})
                 stages.stage("trace and simulate", f"{shapes} distinct stage(s), {resolved.program.num_stages} stages")
                 step = simulate_job(resolved, hardware)
-        written = emit_json(step.as_dict(), json_out) if json_out else None
-        if json_out and written is None:
+        written = [emit_json(step.as_dict(), json_out) if json_out else None, *_write_views(step, html_out, trace_out)]
+        if json_out and written[0] is None:
             return
         _print(step)
-        if written is not None:
-            console.print(f"wrote [bold]{written}[/]")
+        for path in filter(None, written):
+            console.print(f"wrote [bold]{path}[/]")
+
+
+def _write_views(step: Any, html_out: Path | None, trace_out: Path | None) -> list[Path]:
+    """``--html`` and ``--trace``: the step's report and trace, written atomically."""
+    written = []
+    if html_out is not None:
+        from commsched.report.pipeline_html import write_pipeline_html
+
+        written.append(write_pipeline_html(step.result, html_out, step=step))
+    if trace_out is not None:
+        from commsched.report.pipeline_trace import write_pipeline_trace
+
+        written.append(write_pipeline_trace(step.result, trace_out, summary=step.as_dict()))
+    return written
 
 
 def _job(preset: str, zoo: ZooStep, given: set[str], **pipeline: Any) -> Any:
@@ -112,6 +130,7 @@ def _print(step: Any) -> None:
     """The per-rank table and the step's numbers."""
     from rich.table import Table
 
+    from commsched.report.pipeline_view import RANK_COLUMNS, rank_rows
     from commsched.report.rates import fmt_mfu, fmt_rate
     from commsched.report.units import fmt_bytes
 
@@ -123,13 +142,10 @@ def _print(step: Any) -> None:
              f"{job.inner.seq_len}{_options_phrase(job.job.options())} on {step.hardware.name}")  # fmt: skip
     console.print(title, soft_wrap=True)
     table = Table()
-    for col in ("rank", "stages", "layers", "busy", "bubble", "exposed comm", "peak memory"):
+    for col in RANK_COLUMNS:
         table.add_column(col, justify="left" if col in ("stages", "layers") else "right")
-    for r in res.per_rank:
-        mine = [s for s in job.stages if int(p.stage_to_rank[s.index]) == r.rank]
-        table.add_row(str(r.rank), ", ".join(str(s.index) for s in mine),
-                      ", ".join(_layers(s) for s in mine), f"{r.busy_s * 1e3:.2f} ms", f"{r.bubble_s * 1e3:.2f} ms",
-                      f"{r.exposed_comm_s * 1e3:.2f} ms", fmt_bytes(r.peak_memory_bytes))  # fmt: skip
+    for row in rank_rows(res, job.stages):
+        table.add_row(*row)
     console.print(table)
     console.print(f"step [bold]{step.step_s * 1e3:.2f} ms[/]  bubble {100 * res.bubble_fraction:.1f} %  "
                   f"tokens/s per GPU {fmt_rate(step.tokens_per_s_per_gpu)}  MFU {fmt_mfu(step.mfu)}  "
@@ -150,9 +166,3 @@ def _options_phrase(options: dict[str, Any]) -> str:
         if name in ("optimizer", "max_norm") or (value, type(value)) != (defaults[name], type(defaults[name]))
     ]
     return "".join(f" / {part}" for part in parts)
-
-
-def _layers(stage: Any) -> str:
-    """A stage's contents: ``emb+0-3``, ``4-7+out``."""
-    span = f"{stage.layers[0]}-{stage.layers[-1]}" if len(stage.layers) > 1 else "".join(map(str, stage.layers))
-    return "+".join(part for part in ("emb" if stage.first else "", span, "out" if stage.last else "") if part)

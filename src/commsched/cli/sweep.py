@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -27,6 +28,7 @@ from commsched.cli.options import (
     preset_layers,
     zoo_step_options,
 )
+from commsched.cli.pipeline import SCHEDULE_HELP
 
 
 def parse_list(text: str, what: str, *, as_int: bool = False) -> list:
@@ -43,6 +45,15 @@ def parse_list(text: str, what: str, *, as_int: bool = False) -> list:
         except ValueError:
             raise ValueError(f"{what}: {s!r} is not an integer (expected e.g. 8,64,512)") from None
     return out
+
+
+PP_HELP = {
+    "pp_size": "pipeline ranks P (comma-separated): sweep torch's pipeline schedules (PP outermost), each row the "
+    "step `commsched pipeline` simulates",
+    "pp_schedule": "with --pp-size, comma-separated (default 1F1B): " + SCHEDULE_HELP,
+    "microbatches": "with --pp-size: micro-batch counts M, comma-separated (unset: P x V)",
+    "stages_per_rank": "with --pp-size: stages per rank V, comma-separated (unset: 1 for GPipe / 1F1B, else 2)",
+}
 
 
 def register(app: typer.Typer) -> None:
@@ -62,6 +73,10 @@ def register(app: typer.Typer) -> None:
         no_cache: bool = typer.Option(False, "--no-cache", help="trace everything (neither read nor fill the cache)"),
         out: Path = out_file("--out", "-o", help="write a PNG plot of step time and peak memory"),
         json_path: str = json_option("the rows", stdout_replaces="the table"),
+        pp_size: str = typer.Option(None, "--pp-size", help=PP_HELP["pp_size"]),
+        pp_schedule: str = typer.Option(None, "--pp-schedule", help=PP_HELP["pp_schedule"]),
+        microbatches: str = typer.Option(None, "--microbatches", "-M", help=PP_HELP["microbatches"]),
+        stages_per_rank: str = typer.Option(None, "--stages-per-rank", "-V", help=PP_HELP["stages_per_rank"]),
     ) -> None:
         """Trace PRESET at every (parallelism, world size), simulate it on every hardware profile in the traced
         order and in the order SCHEDULE chooses, and print step time, exposed communication, overlap and peak
@@ -71,8 +86,15 @@ def register(app: typer.Typer) -> None:
         command resumes; the same sweep run again takes its stored rows (--no-cache computes them). A
         configuration that fails is reported as an error row. Exits 2 when none succeeds.
 
+        With --pp-size, the rows are pipeline schedules instead: one per (parallel, world size, P, schedule, M, V,
+        hardware), each the step `commsched pipeline` simulates, with its tokens/s per GPU and bubble; a
+        combination torch refuses is an error row.
+
         Example: commsched sweep llama3-8b --parallel fsdp --world-size 8,64,512 --hardware h100-sxm,b200
         --layers 4 --out sweep.png --json rows.json --jobs 2
+
+        Example: commsched sweep llama3-8b -p fsdp+tp -w 64 --tp-size 8 --pp-size 4 --pp-schedule
+        1F1B,Interleaved1F1B,ZBVZeroBubble --microbatches 8,16,32 -H h100-sxm
         """
         from commsched.execute import ExecutorError
         from commsched.experiments.sweep import default_processes, run_sweep, sweep_to_dict
@@ -86,6 +108,7 @@ def register(app: typer.Typer) -> None:
             buckets = parse_list(zoo.fsdp_bucket, "--fsdp-bucket")
             optimizing = _on_off(optimize)
             check_layers(preset, layers)
+            pipeline = _pipeline(pp_size, pp_schedule, microbatches, stages_per_rank, out, schedule, mode)
             # only what was given: the trace cache's keys and an interrupted sweep's stored rows stay the same
             options = {"seq_len": zoo.seq_len, "batch": zoo.batch, "tp_size": zoo.tp_size, "ep_size": zoo.ep_size,
                        "kv_len": zoo.kv_len, "dtype": None if zoo.dtype == "bfloat16" else zoo.dtype,
@@ -113,7 +136,7 @@ def register(app: typer.Typer) -> None:
                         ray_address=ray_address,
                         cache=not no_cache,
                         gpus_per_node=gpus_per_node,
-                        mode=mode,
+                        **({"mode": mode} if pipeline is None else {"pipeline": pipeline}),
                         progress=True,
                         console=err_console,
                         on_rows=computed.extend,
@@ -130,9 +153,9 @@ def register(app: typer.Typer) -> None:
                     "preset": preset,
                     "layers": layers or preset_layers(preset),  # traced in every row
                     "preset_layers": preset_layers(preset),
-                    "schedule": schedule,
+                    "schedule": schedule if pipeline is None else None,
                     "mode": mode,
-                    "jobs": min(jobs or default_processes(), len(parallels) * len(worlds) * len(buckets)),
+                    "jobs": min(jobs or default_processes(), len(rows) // (len(profiles) * len(optimizing))),
                     "ray_address": ray_address,
                     "wall_s": wall_s,
                 }
@@ -151,13 +174,40 @@ def register(app: typer.Typer) -> None:
                 error_line("no configuration succeeded")
                 raise typer.Exit(2)
             return
-        title = f"{preset} ({layers_phrase(preset, layers)}, {mode}), schedule {schedule}"
+        title = f"{preset} ({layers_phrase(preset, layers)}, {mode}), " + (
+            f"schedule {schedule}" if pipeline is None else "pipeline schedules"
+        )
         print_sweep(rows, console, title=title, wall_s=wall_s)
         for p in ((written,) if json_path else ()) + ((out,) if out and ok else ()):
             console.print(f"wrote [bold]{p}[/]")
         if not ok:
             error_line("no configuration succeeded")
             raise typer.Exit(2)
+
+
+def _pipeline(pp_size: str | None, schedules: str | None, microbatches: str | None, stages: str | None,
+              out: Path | None, schedule: str, mode: str) -> Any:  # fmt: skip
+    """The pipeline dimensions (:class:`commsched.experiments.sweep_pipeline.PipelineSweep`) when --pp-size is
+    given, else None; a pipeline option without it, or an option a pipeline sweep does not take, is a one-line
+    ValueError naming it."""
+    from commsched.experiments.sweep_pipeline import PipelineSweep
+
+    if pp_size is None:
+        given = [name for name, v in (("--pp-schedule", schedules), ("--microbatches", microbatches),
+                                      ("--stages-per-rank", stages)) if v is not None]  # fmt: skip
+        if given:
+            raise ValueError(f"{given[0]}: a pipeline option; give --pp-size too")
+        return None
+    for name, bad in (("--out", out is not None), ("--schedule", schedule != "default"), ("--mode", mode != "train")):
+        if bad:
+            raise ValueError(f"{name}: not taken with --pp-size (a pipeline sweep simulates torch's schedules of a "
+                             "training step; --json has every row)")  # fmt: skip
+    return PipelineSweep(
+        pp_sizes=tuple(parse_list(pp_size, "--pp-size", as_int=True)),
+        schedules=tuple(parse_list(schedules or "1F1B", "--pp-schedule")),
+        microbatches=tuple(parse_list(microbatches, "--microbatches", as_int=True)) if microbatches else (None,),
+        stages_per_rank=tuple(parse_list(stages, "--stages-per-rank", as_int=True)) if stages else (None,),
+    )
 
 
 def _on_off(text: str) -> list[bool]:

@@ -25,16 +25,20 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from commsched.experiments import sweep_pipeline
+from commsched.experiments.sweep_pipeline import PipelineSweep
 from commsched.experiments.sweep_row import RUN_FIELDS, SweepRow
 from commsched.experiments.sweep_task import build_options, error_rows, warm_imports
 
 SWEEP_FORMAT = "commsched.sweep"
-SWEEP_VERSION = 2  # 2: optimize, fsdp_bucket, optimize_kept, trace_cached, host and the versions in every row
+SWEEP_VERSION = 3  # 3: the pipeline fields (pp_size ... mfu); 2: optimize, fsdp_bucket, optimize_kept, trace_cached,
+# host and the versions in every row
 TASK_FN = "commsched.experiments.sweep_task:run_task"
-__all__ = ["RUN_FIELDS", "SweepRow", "build_options", "default_processes", "run_sweep", "sweep_to_dict"]
+__all__ = ["RUN_FIELDS", "PipelineSweep", "SweepRow", "build_options", "default_processes", "run_sweep",
+           "sweep_to_dict"]  # fmt: skip
 
 
-def _check_workload(preset: str, parallels: Sequence[str]) -> None:
+def _check_workload(preset: str, parallels: Sequence[str], pipeline: bool) -> None:
     """Reject a preset or parallelism that would fail every configuration (imports torch: seconds)."""
     from commsched.workloads import PARALLELISMS, get_preset
 
@@ -42,6 +46,22 @@ def _check_workload(preset: str, parallels: Sequence[str]) -> None:
     for p in parallels:
         if p not in PARALLELISMS:
             raise ValueError(f"parallel {p!r}: expected one of {', '.join(PARALLELISMS)}")
+    if pipeline:
+        sweep_pipeline.check_parallel(parallels)
+
+
+def _checked_pipeline(pipeline: PipelineSweep | None, dims: dict[str, list],
+                      build_kw: dict[str, Any]) -> PipelineSweep | None:  # fmt: skip
+    """``pipeline`` checked, and the sweep's dimensions and options a pipeline sweep does not take refused (one
+    line each)."""
+    if pipeline is None:
+        return None
+    sweep_pipeline.check_options(build_kw)
+    if dims["optimize"] != [False]:
+        raise ValueError("optimize: a pipeline sweep simulates the schedules as torch runs them; expected off")
+    if dims["fsdp_bucket"] != ["param"]:
+        raise ValueError("fsdp_bucket: a pipeline times FSDP2's per-block collectives already; expected param")
+    return pipeline.checked()
 
 
 def _all_cached(tasks: list[dict[str, Any]]) -> bool:
@@ -160,6 +180,7 @@ def run_sweep(
     progress: bool = False,
     console: Any = None,
     on_rows: Callable[[list[SweepRow]], None] | None = None,
+    pipeline: PipelineSweep | None = None,
     **build_kw: Any,
 ) -> list[SweepRow]:
     """Simulate ``preset`` for every (parallel, world_size, fsdp_bucket, hardware, optimize), rows in that nested
@@ -177,6 +198,8 @@ def run_sweep(
     ``build_kw`` go to :func:`commsched.workloads.build` (``seq_len``, ``batch``, ``mode``, ``tp_size``, ...);
     ``tp_size`` / ``ep_size`` only to parallelisms with a tp / ep dimension. ``progress`` shows one rich progress
     bar on ``console`` (default: stderr); ``on_rows`` receives each task's rows, in this process, as they finish.
+    ``pipeline``: sweep pipeline schedules instead (:mod:`commsched.experiments.sweep_pipeline`): one row per
+    (parallel, world size, P, schedule, M, V, hardware), ``schedule`` / ``optimize`` / ``fsdp_bucket`` unused.
     Raises ValueError for names that fail everywhere; a failing configuration is a row with ``error`` set.
     """
     from commsched.execute.cache import RowStore
@@ -185,24 +208,31 @@ def run_sweep(
     for name, value in (("processes", processes), ("gpus_per_node", gpus_per_node)):
         if value is not None and value < 1:
             raise ValueError(f"{name}={value}: expected >= 1")
+    pipeline = _checked_pipeline(pipeline, dims, build_kw)
     names = _as_list(hardware, "hardware")
     profiles = _profiles(names)
-    tasks = _tasks(preset, dims, profiles, layers, schedule, gpus_per_node, cache, build_kw)
+    if pipeline is None:
+        tasks, task_fn = _tasks(preset, dims, profiles, layers, schedule, gpus_per_node, cache, build_kw), TASK_FN
+    else:
+        tasks = sweep_pipeline.pipeline_tasks(preset, dims["parallel"], dims["world_sizes"], pipeline, profiles,
+                                              layers, gpus_per_node, build_kw)  # fmt: skip
+        task_fn = sweep_pipeline.TASK_FN
     store = RowStore(_store_key(tasks)) if resume else None
     results = store.load() if store is not None else {}
     todo = [t for t in tasks if t["index"] not in results]
-    all_cached = bool(todo) and _all_cached(todo)
+    all_cached = bool(todo) and pipeline is None and _all_cached(todo)
     if todo and not all_cached and ray_address is None and executor is None and _forks():
         warm_imports()  # what checking the names and tracing import (torch, numba): once, the collector paused
-    if todo:
+    if todo and pipeline is None:
         _check_schedule(schedule)
     if not todo or (all_cached and ray_address is None and executor is None):
         processes = 1  # nothing to trace: estimating and simulating here beats starting workers (and torch)
     elif ray_address is None and executor is None:
         # local workers start (import torch, warm up) while this process checks the names, importing torch too
-        executor = _early_pool(processes, in_process, len(todo), lambda: _check_workload(preset, dims["parallel"]))
+        executor = _early_pool(processes, in_process, len(todo),
+                               lambda: _check_workload(preset, dims["parallel"], pipeline is not None))  # fmt: skip
     else:
-        _check_workload(preset, dims["parallel"])
+        _check_workload(preset, dims["parallel"], pipeline is not None)
     own = executor is not None and getattr(executor, "_sweep_owned", False)
     bar = _Progress(len(tasks) * len(names) * len(dims["optimize"]), console) if progress else None
     if own:
@@ -227,7 +257,7 @@ def run_sweep(
 
     try:
         if todo:
-            _execute(todo, fail, finish, bar, executor, processes, in_process, ray_address)
+            _execute(task_fn, todo, fail, finish, bar, executor, processes, in_process, ray_address)
     finally:
         if own:
             executor.close()
@@ -260,9 +290,9 @@ def _early_pool(processes: int | None, in_process: bool, n_tasks: int, check: Ca
     return pool
 
 
-def _execute(todo: list, fail: Callable, finish: Callable, bar: Any, executor: Any, processes: int | None,
+def _execute(task_fn: str, todo: list, fail: Callable, finish: Callable, bar: Any, executor: Any, processes: int | None,
              in_process: bool, ray_address: str | None) -> None:  # fmt: skip
-    """Run ``todo`` on ``executor``, or on one made here (and closed, also after Ctrl-C)."""
+    """Run ``todo`` (tasks of ``task_fn``) on ``executor``, or on one made here (and closed, also after Ctrl-C)."""
     from commsched.execute.factory import make_executor
     from commsched.execute.local import LocalExecutor
 
@@ -273,7 +303,7 @@ def _execute(todo: list, fail: Callable, finish: Callable, bar: Any, executor: A
         else:
             executor = make_executor(jobs=processes, ray_address=ray_address, progress=bar)
     try:
-        executor.map(TASK_FN, todo, fail=fail, on_result=finish)
+        executor.map(task_fn, todo, fail=fail, on_result=finish)
     finally:
         if own:
             executor.close()

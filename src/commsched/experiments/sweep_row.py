@@ -17,7 +17,8 @@ class SweepRow:
     """One configuration of a sweep. ``*_input_*`` fields are the traced (program) order; the others the order the
     ``schedule`` passes chose (the same as the input order when ``schedule`` is None). ``error`` is set, and the
     metrics are NaN / -1, when the configuration failed; ``trace_wall_s`` is shared by the rows of one trace;
-    ``*_version`` are those of the process that computed the row."""
+    ``*_version`` are those of the process that computed the row. A pipeline row (``pp_size`` > 1) has one order:
+    both step times are the simulated pipeline step, exposed communication and peak memory the worst rank's."""
 
     preset: str
     parallel: str
@@ -46,6 +47,13 @@ class SweepRow:
     schedule_wall_s: float = math.nan
     simulate_wall_s: float = math.nan
     optimize_kept: str | None = None  # the variant optimize kept
+    pp_size: int = 1  # pipeline ranks (P); 1: no pipeline (the other pipeline fields are unset)
+    pp_schedule: str | None = None  # torch's pipeline schedule
+    microbatches: int = -1  # M
+    stages_per_rank: int = -1  # V
+    bubble_fraction: float = math.nan  # idle compute over the step, mean over the pipeline ranks
+    tokens_per_s_per_gpu: float = math.nan  # a pipeline row's (torchtitan's tps)
+    mfu: float = math.nan  # a pipeline row's model FLOPs utilisation
     trace_cached: bool = False  # the graph came from the trace cache
     pid: int = -1  # the process that traced and simulated this configuration
     host: str = ""

@@ -20,7 +20,8 @@ from commsched.execute.base import error_text, versions
 
 TaskSpec = dict[str, Any]
 """``index, preset, parallel, world_size, layers, schedule, gpus_per_node, build_kw (dict), hardware ([(name,
-Hardware)]), optimize ([bool]), cache (bool)``"""
+Hardware)]), optimize ([bool]), cache (bool)``; a pipeline sweep's tasks also ``pipeline``, the row fields it fixes
+(:mod:`commsched.experiments.sweep_pipeline`)"""
 
 _MEMORY: collections.OrderedDict[str, Any] = collections.OrderedDict()  # trace key -> Graph, this process's last few
 _MEMORY_SIZE = 4
@@ -57,12 +58,13 @@ def build_options(parallel: str, build_kw: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in build_kw.items() if k not in _DEGREE_OPTIONS or _DEGREE_OPTIONS[k] in dims}
 
 
-def _head(spec: TaskSpec, hardware: str, optimize: bool) -> dict[str, Any]:
+def row_head(spec: TaskSpec, hardware: str, optimize: bool) -> dict[str, Any]:
+    """The fields every row of ``spec`` on ``hardware`` starts with (a pipeline task's P, schedule, M and V too)."""
     return {
         "preset": spec["preset"], "parallel": spec["parallel"], "world_size": spec["world_size"],
         "hardware": hardware, "schedule": spec["schedule"], "optimize": optimize,
         "fsdp_bucket": spec["build_kw"].get("fsdp_bucket", "param"),
-        "pid": os.getpid(), "host": socket.gethostname(), **versions(),
+        "pid": os.getpid(), "host": socket.gethostname(), **versions(), **spec.get("pipeline", {}),
     }  # fmt: skip
 
 
@@ -73,7 +75,7 @@ def error_rows(spec: TaskSpec, error: str, **fields: Any) -> list[dict[str, Any]
     out = []
     for name, _ in spec["hardware"]:
         for opt in spec["optimize"]:
-            head = {**_head(spec, name, opt), "pid": -1, "host": ""}
+            head = {**row_head(spec, name, opt), "pid": -1, "host": ""}
             out.append(SweepRow(**{**head, **fields}, error=error).to_dict())
     return out
 
@@ -131,7 +133,7 @@ def _evaluate(spec: TaskSpec, g: Any, gm: Any, name: str, profile: Any, optimize
 
     meta = g.meta
     common = {
-        **_head(spec, name, optimize),
+        **row_head(spec, name, optimize),
         "layers": int(meta.get("layers", -1)),
         "num_graph_nodes": len(g),
         "tokens_per_step": int(meta.get("tokens_per_step", -1)),

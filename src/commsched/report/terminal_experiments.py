@@ -91,10 +91,13 @@ def sweep_table(rows: Sequence[SweepRow], title: str) -> Table:
 
 def print_sweep(rows: Sequence[SweepRow], console: Console, *, title: str, wall_s: float) -> None:
     """The sweep's table, then why each failed configuration failed, then how many succeeded in how long."""
-    console.print(sweep_table(rows, title))
+    from commsched.report import pipeline_sweep
+
+    pipelined = any(r.pp_size > 1 for r in rows)  # a pipeline sweep (commsched sweep --pp-size)
+    console.print(pipeline_sweep.pipeline_sweep_table(rows, title) if pipelined else sweep_table(rows, title))
     for r in rows:
         if not r.ok:
-            where = f"{r.parallel} world {r.world_size} on {r.hardware}"
+            where = pipeline_sweep.where(r) if pipelined else f"{r.parallel} world {r.world_size} on {r.hardware}"
             console.print(f"[red]error[/] {escape(where)}: {escape(r.error or '')}", highlight=False)
     ok = sum(1 for r in rows if r.ok)
     console.print(f"{ok}/{len(rows)} configurations in {wall_s:.1f} s")

@@ -38,7 +38,8 @@ _NCCL_NAMES = {
 }
 
 
-def _us(ns: int) -> float:
+def ns_to_us(ns: int) -> float:
+    """Nanoseconds as a Chrome trace timestamp: microseconds with nanosecond decimals, as Kineto writes them."""
     return round(ns / 1000.0, 3)
 
 
@@ -79,8 +80,8 @@ def to_chrome_trace(res: SimResult, *, device_name: str = "simulated GPU", world
                     "name": g.targets[i],
                     "pid": GPU_PID,
                     "tid": node_tid[i],
-                    "ts": _us(start[i]),
-                    "dur": _us(end[i] - start[i]),
+                    "ts": ns_to_us(start[i]),
+                    "dur": ns_to_us(end[i] - start[i]),
                     "args": _kernel_args(i, node_tid[i], node=g.names[i], flops=float(g.flops[i])),
                 }
             )
@@ -93,8 +94,8 @@ def to_chrome_trace(res: SimResult, *, device_name: str = "simulated GPU", world
                     "name": _NCCL_NAMES[ctype],
                     "pid": GPU_PID,
                     "tid": node_tid[i],
-                    "ts": _us(start[i]),
-                    "dur": _us(end[i] - start[i]),
+                    "ts": ns_to_us(start[i]),
+                    "dur": ns_to_us(end[i] - start[i]),
                     "args": _kernel_args(
                         i,
                         node_tid[i],
@@ -103,8 +104,8 @@ def to_chrome_trace(res: SimResult, *, device_name: str = "simulated GPU", world
                         group=g.groups[coll_group[i]].name,
                         group_size=g.groups[coll_group[i]].size,
                         bytes=comm_bytes[i],
-                        issued_us=_us(int(res.issue_ns[i])),
-                        exposed_us=_us(int(res.exposed_ns_per_collective[i])),
+                        issued_us=ns_to_us(int(res.issue_ns[i])),
+                        exposed_us=ns_to_us(int(res.exposed_ns_per_collective[i])),
                     ),
                 }
             )
@@ -118,9 +119,9 @@ def to_chrome_trace(res: SimResult, *, device_name: str = "simulated GPU", world
                     "name": f"wait {g.names[c]}",
                     "pid": GPU_PID,
                     "tid": issue_tid[i],
-                    "ts": _us(start[i] - blocked),
-                    "dur": _us(blocked),
-                    "args": {"node": g.names[i], "blocked_us": _us(blocked)},
+                    "ts": ns_to_us(start[i] - blocked),
+                    "dur": ns_to_us(blocked),
+                    "args": {"node": g.names[i], "blocked_us": ns_to_us(blocked)},
                 }
             )
             # flow from the producer to the consumer, forward in time (Perfetto draws it from "s" to "f"; HTA's
@@ -129,9 +130,9 @@ def to_chrome_trace(res: SimResult, *, device_name: str = "simulated GPU", world
             # collective does (plus sync), so that instant exists.
             flow_ts = max(start[c], end[c] - 1)
             common = {"cat": "comm_wait", "name": "collective -> wait", "id": i, "pid": GPU_PID}
-            events.append({**common, "ph": "s", "tid": node_tid[c], "ts": _us(flow_ts)})
+            events.append({**common, "ph": "s", "tid": node_tid[c], "ts": ns_to_us(flow_ts)})
             finish_ts = min(max(flow_ts, start[i] - blocked), start[i])
-            events.append({**common, "ph": "f", "bp": "e", "tid": issue_tid[i], "ts": _us(finish_ts)})
+            events.append({**common, "ph": "f", "bp": "e", "tid": issue_tid[i], "ts": ns_to_us(finish_ts)})
     events.extend(_memory_counter(res))
     # the host side: one ProfilerStep annotation over the step, as the profiler's schedule writes it
     events += [
@@ -144,7 +145,7 @@ def to_chrome_trace(res: SimResult, *, device_name: str = "simulated GPU", world
             "pid": HOST_PID,
             "tid": HOST_PID,
             "ts": 0.0,
-            "dur": _us(res.makespan_ns),
+            "dur": ns_to_us(res.makespan_ns),
             "args": {"External id": 0},
         },
     ]
@@ -171,7 +172,14 @@ def _memory_counter(res: SimResult) -> list[dict[str, Any]]:
     for t, v in zip(*(a.tolist() for a in res.memory_over_time()), strict=True):
         if v != last:
             out.append(
-                {"ph": "C", "name": "Memory", "pid": GPU_PID, "tid": 0, "ts": _us(t), "args": {"allocated_bytes": v}}
+                {
+                    "ph": "C",
+                    "name": "Memory",
+                    "pid": GPU_PID,
+                    "tid": 0,
+                    "ts": ns_to_us(t),
+                    "args": {"allocated_bytes": v},
+                }
             )
             last = v
     return out
