@@ -5,14 +5,22 @@ Usage: python benchmarks/bench_published.py [--layers-scale K | --full] [--only 
        [--check-extrapolation RUN_ID] [--list]
 
 Each run of ``benchmarks/data/published_runs.toml`` is mapped to a :class:`commsched.experiments.predict.StepConfig`
-and a hardware profile (:func:`plan_run`), or listed with the reason it cannot be predicted yet (pipeline / context
-parallelism, gradient accumulation, a model not in the zoo, Megatron-Core's program: ``predict`` models torch's
-FSDP2 / DDP step). Nothing is fitted here: the cost model and the profiles are what they are, the errors are reported.
+and a hardware profile (:func:`plan_run`), or listed with the reason it cannot be predicted yet (context parallelism,
+gradient accumulation, a model not in the zoo, Megatron-Core's program: ``predict`` models torch's FSDP2 / DDP step,
+an option the pipeline path does not take yet). Nothing is fitted here: the cost model and the profiles are what they
+are, the errors are reported.
+
+Pipeline-parallel runs (``pp`` > 1) are predicted as ``predict --pp-size`` predicts them
+(:func:`commsched.experiments.predict_pipeline.predict_pipeline`: torch's schedule simulated rank by rank, each
+distinct stage traced once), with the schedule, V and micro-batch size the source states or :data:`ASSUMED` says.
 
 Speed: a step of L layers is, to first order, embedding + L x block + head, so by default each run is traced with K
 and 2K layers and its step extrapolated linearly to the model's depth, ``step(L) = step(K) + (L - K) / K x (step(2K)
 - step(K))`` (:func:`extrapolate`; the model FLOPs per token and the peak memory likewise), K = ``--layers-scale``
-(2); ``--full`` traces every layer. The table says which.
+(2); ``--full`` traces every layer. The table says which. A pipeline run is always traced at its full depth: each
+distinct stage (at most four shapes: first, middle, a middle one layer longer, last) is traced once and holds only
+layers / (P x V) blocks, so the whole model costs about what K = layers / (P x V) does without PP, and a K-layer model
+could not be split over the P x V stages (torchtitan's split needs layers + 2 >= P x V).
 
 Groups: the torchtitan docs numbers (docs/performance.md at 3faaa1a, Aug 2024; never torchtitan's ``benchmarks/``,
 which is held out) are a group of their own, reported apart so that they can be counted or left out; the statistics
@@ -89,6 +97,9 @@ class Assumption:
     compile: bool | None = None
     ac: str | None = None
     reliable: bool = True
+    pp_schedule: str | None = None  # torch's schedule of a pipeline run
+    stages_per_rank: int | None = None  # its V
+    micro_batch: int | None = None  # its sequences per micro-batch
 
 
 ASSUMED: dict[str, Assumption] = {
@@ -111,6 +122,21 @@ ASSUMED: dict[str, Assumption] = {
         ac="full",
         reliable=False,
     ),
+    **{
+        f"llama3paper-405b-h100-{gpus}": Assumption(
+            "Meta's stack, not torch's pipelining: traced as torchtitan runs FSDP + TP/SP + PP; the paper's "
+            "'interleaved schedule' as torch's Interleaved1F1B with V = 2 (torchtitan's default; V not stated), "
+            "micro-batches of 1 sequence (not stated), no AC (not stated for this table; the paper trains 8K "
+            "sequences without activation checkpointing, recalled, not checked in the corpora), eager",
+            compile=False,
+            ac="none",
+            reliable=False,
+            pp_schedule="Interleaved1F1B",
+            stages_per_rank=2,
+            micro_batch=1,
+        )
+        for gpus in ("8192-tp8-pp16-dp64", "16384-tp8-pp16-dp128", "16384-tp8-cp16-pp16-dp8-128k")
+    },
 }
 
 VARIANTS = {"torchao-llama3-8b-h100": "h100-sxm-96g"}
@@ -196,8 +222,8 @@ def unsupported_reasons(run: dict[str, Any], assumed: Assumption | None) -> list
     r: list[str] = []
     if run["framework"].startswith("Megatron"):
         r.append("Megatron-Core program (TE kernels, distributed optimizer / Megatron-FSDP), not torch's FSDP2 step")
-    if run["pp"] > 1:
-        r.append(f"pipeline parallelism (PP {run['pp']}" + (f", VP {run['vp']})" if run.get("vp") else ")"))
+    if run["pp"] > 1 and schedule_of(run, assumed) is None:
+        r.append(f"pipeline schedule not stated (PP {run['pp']})")
     if run["ep"] > 1:
         r.append(f"MoE expert parallelism with PP (EP {run['ep']})")
     if preset_of(run) is None:
@@ -248,8 +274,46 @@ def plan_run(run: dict[str, Any]) -> Plan:
         extra=(("cp_size", run["cp"]),) if run["cp"] > 1 else (),
         source=run["id"],
     )
+    if run["pp"] > 1:
+        config = dataclasses.replace(config, **pipeline_fields(run, assumed))
+        refusal = pipeline_refusal(config)
+        if refusal:
+            return Plan(run, group, source, reasons=(refusal,), reliable=reliable)
     return Plan(run, group, source, config=config, profile=profile_of(run), notes=tuple(notes),
                 reliable=reliable and not (assumed and not assumed.reliable))  # fmt: skip
+
+
+def _given(run: dict[str, Any], key: str, assumed: Assumption | None, attr: str) -> Any:
+    """``run[key]`` if the TOML states it, else the assumed ``attr`` (None: neither)."""
+    return run.get(key) or (getattr(assumed, attr) if assumed else None)
+
+
+def schedule_of(run: dict[str, Any], assumed: Assumption | None) -> str | None:
+    """A PP run's schedule: the TOML's ``pp_schedule``, else interleaved 1F1B where it states a VP > 1 (Megatron's
+    virtual pipeline is its interleaved schedule), else :data:`ASSUMED`'s (None: not stated)."""
+    if run.get("pp_schedule"):
+        return run["pp_schedule"]
+    return "Interleaved1F1B" if (run.get("vp") or 1) > 1 else _given(run, "pp_schedule", assumed, "pp_schedule")
+
+
+def pipeline_fields(run: dict[str, Any], assumed: Assumption | None) -> dict[str, Any]:
+    """The StepConfig's pipeline fields of a PP run: its schedule, V (the source's ``vp``) and M = local_batch /
+    micro_batch, each from the TOML or else :data:`ASSUMED`."""
+    micro = _given(run, "micro_batch", assumed, "micro_batch") or 1
+    return {"pp_size": run["pp"], "pp_schedule": schedule_of(run, assumed),
+            "stages_per_rank": _given(run, "vp", assumed, "stages_per_rank"),
+            "microbatches": run["local_batch"] // micro}  # fmt: skip
+
+
+def pipeline_refusal(config: StepConfig) -> str | None:
+    """Why the pipeline path cannot take ``config`` yet (its one-line error, checked without tracing), or None."""
+    from commsched.experiments.predict_pipeline import pipeline_job
+
+    try:
+        pipeline_job(config)[0].resolve()
+    except ValueError as exc:
+        return f"under PP {config.pp_size}: {exc}"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------- prediction
@@ -308,6 +372,8 @@ class Predictor:
 
         t0 = time.perf_counter()
         depth = depth or get_preset(config.preset).n_layers
+        if config.pp_size > 1:  # every stage traced once at full depth (the module docstring says why)
+            return self.pipeline(config, profile, depth, t0)
         k = scale
         if k is not None and config.ac.startswith("selective-layer:"):
             n = int(config.ac.partition(":")[2])
@@ -332,6 +398,22 @@ class Predictor:
             warns.append(f"peak memory {peak / 1e9:.0f} GB over the {hbm / 1e9:.0f} GB of HBM")
         tps = p.tokens_per_replica / step / (p.tp * p.cp)
         return Estimate(step, tps, flops, peak, exposed, hbm, how, warns, time.perf_counter() - t0)
+
+    def pipeline(self, config: StepConfig, profile: str, depth: int, t0: float) -> Estimate:
+        """A pipeline run at ``depth`` layers: :func:`predict_pipeline`, each distinct stage traced once."""
+        from commsched.experiments.predict_pipeline import predict_pipeline
+
+        p = predict_pipeline(dataclasses.replace(config, layers=depth), profile)
+        self.log(f"  {config.source} on {profile}, PP {config.pp_size} {config.pp_schedule}: step {p.step_s:.4f} s "
+                 f"({time.perf_counter() - t0:.1f} s)")  # fmt: skip
+        exposed = max(r.exposed_comm_s for r in p.step.result.per_rank)
+        how = f"all {depth} layers (PP: each distinct stage traced once), bubble {100 * p.bubble_fraction:.0f} %"
+        warns = [short(w) for w in p.warnings if "HBM" not in w] + list(p.notes)
+        hbm = float(p.hardware.compute.hbm_capacity_bytes)
+        if p.peak_memory_bytes > hbm:
+            warns.append(f"peak memory {p.peak_memory_bytes / 1e9:.0f} GB over the {hbm / 1e9:.0f} GB of HBM")
+        return Estimate(p.step_s, p.tokens_per_s_per_gpu, p.model_flops_per_token, float(p.peak_memory_bytes),
+                        exposed, hbm, how, warns, time.perf_counter() - t0)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------- comparison
@@ -385,6 +467,8 @@ def compare(plan: Plan, e: Estimate) -> Row:
 
 def configuration(c: StepConfig) -> str:
     mesh = f"{c.parallel} {c.world_size}" + (f" (tp {c.tp_size})" if c.tp_size else "")
+    if c.pp_size > 1:
+        mesh += f", pp {c.pp_size} {c.pp_schedule} M{c.microbatches} V{c.stages_per_rank}"
     parts = [c.preset, mesh, f"b{c.batch}x{c.seq_len}", f"ac {c.ac}"]
     if c.float8 != "none":
         parts.append(f"fp8 {c.float8}" + (" (fp8 AG)" if c.float8_all_gather else ""))

@@ -198,7 +198,7 @@ def test_bad_and_unsupported_configs_are_one_line_errors(tmp_path):
             'context_parallel_degree = 2\ncontext_parallel_load_balancer = "ptrr"',
             ["context_parallel_load_balancer", "'ptrr'", "headtail"],
         ),
-        ("pipeline_parallel_degree = 1", "pipeline_parallel_degree = 2", ["pipeline_parallel_degree", "not yet"]),
+        ("pipeline_parallel_degree = 1", "pipeline_parallel_degree = 3", ["data_parallel_shard_degree", "x pp 3"]),
         ('name = "AdamW"', 'name = "Adam"', ["[optimizer] name", "'Adam'", "not yet supported"]),
         ("eps = 1e-8", 'eps = 1e-8\nimplementation = "for-loop"', ["[optimizer] implementation", "for-loop"]),
         ("eps = 1e-8", "eps = 1e-8\nfused = 1", ["[optimizer] fused", "expected true or false"]),

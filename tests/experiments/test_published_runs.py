@@ -9,6 +9,7 @@ import pytest
 
 from benchmark_modules import benchmark
 from commsched.experiments.predict import StepConfig
+from commsched.experiments.predict_pipeline import pipeline_job
 
 bench = benchmark("bench_published")
 RUNS = bench.load_runs()
@@ -31,6 +32,11 @@ def test_supported_runs_resolve_and_the_others_say_why():
     assert supported and len(supported) < len(PLANS)
     for p in supported:
         assert isinstance(p.config, StepConfig) and not p.reasons, p.id
+        if p.run["pp"] > 1:  # no tracing: every option checked, torch's schedule lowered, the stages split
+            job = pipeline_job(p.config)[0].resolve()
+            assert job.job.world_size == p.run["num_gpus"] and job.program.pp_size == p.run["pp"], p.id
+            assert job.batch == p.run["local_batch"] and job.inner.seq_len == p.run["seq_len"], p.id
+            continue
         spec = p.config.resolve()  # no tracing: every dimension checked, the mesh planned
         assert spec.plan.world_size == p.run["num_gpus"], p.id
         assert spec.batch == p.run["local_batch"] and spec.seq_len == p.run["seq_len"], p.id
@@ -75,3 +81,26 @@ def test_extrapolated_step_matches_a_traced_one():
     assert est.model_flops_per_token == pytest.approx(traced.model_flops_per_token, rel=1e-9)  # linear in layers
     full = pr.estimate(dataclasses.replace(config, source="another run"), "h100-sxm", None, depth=4)  # trace shared
     assert full.how == "all 4 layers" and full.step_s == traced.step_s
+
+
+def test_pipeline_runs_map_to_the_pipeline_path_or_say_why():
+    """PP rows: the schedule, V and M = local_batch / micro_batch from the TOML or the assumption; Megatron's VP is
+    its interleaved schedule; an option the pipeline path lacks is the one-line refusal; a llama-tiny PP step is
+    predict_pipeline's at full depth whatever --layers-scale says."""
+    by_id = {p.id: p for p in PLANS}
+    c = by_id["llama3paper-405b-h100-8192-tp8-pp16-dp64"].config
+    assert (c.pp_size, c.pp_schedule, c.microbatches, c.stages_per_rank, c.ac) == (16, "Interleaved1F1B", 32, 2, "none")
+    cp = by_id["llama3paper-405b-h100-16384-tp8-cp16-pp16-dp8-128k"]
+    assert not cp.supported and "context_parallel_degree" in cp.reasons[0]
+    nemo = next(r for r in RUNS if r["id"].startswith("nemo260401-llama3-70b"))
+    assert (
+        bench.schedule_of(nemo, None) == "Interleaved1F1B" and bench.pipeline_fields(nemo, None)["microbatches"] == 128
+    )
+    from commsched.experiments.predict_pipeline import predict_pipeline
+
+    config = StepConfig(preset="llama-tiny", parallel="fsdp", world_size=4, pp_size=2, microbatches=2, batch=2,
+                        optimizer="none", max_norm=None)  # fmt: skip
+    est = bench.Predictor(log=lambda msg: None).estimate(config, "h100-sxm", 1)
+    p = predict_pipeline(config, "h100-sxm")
+    assert est.step_s == p.step_s and est.tokens_per_s_per_gpu == p.tokens_per_s_per_gpu
+    assert est.how.startswith("all 2 layers (PP") and f"bubble {100 * p.bubble_fraction:.0f} %" in est.how

@@ -159,7 +159,9 @@ def test_the_step_never_shrinks_when_a_cost_grows(case, data):
 
 def test_a_p2p_transfer_is_the_collective_model_s_sendrecv_and_shows_as_exposed():
     """GPipe on 2 ranks, one micro-batch: F0 -> activation over the wire -> F1 B1 -> gradient back -> B0; with
-    pipeline ranks 8 global ranks apart on 8-GPU H100 nodes, each transfer crosses the network."""
+    pipeline ranks 8 global ranks apart on 8-GPU H100 nodes, each transfer crosses the network. GPipe's runtime
+    waits for its forward sends before its first backward and for its backward sends at the end
+    (``_step_microbatches``), so each rank is exposed to both transfers: one it receives, one it sends."""
     nbytes, fwd, bwd = 64 << 20, 1e-3, 2e-3
     costs = StageCosts(forward_s=fwd, backward_s=bwd, send_bytes=nbytes)
     for ranks_between in (1, 8):
@@ -167,7 +169,7 @@ def test_a_p2p_transfer_is_the_collective_model_s_sendrecv_and_shows_as_exposed(
         wire = plan_collective("sendrecv", nbytes, 2, hw, stride=ranks_between)
         res = simulate_pipeline("GPipe", 2, 1, None, costs, "h100-sxm", ranks_between_stages=ranks_between)
         assert res.step_s == pytest.approx(2 * fwd + 2 * bwd + 2 * wire.time_s, abs=2e-9)
-        assert [r.exposed_comm_s for r in res.per_rank] == pytest.approx([wire.time_s] * 2, abs=2e-9)
+        assert [r.exposed_comm_s for r in res.per_rank] == pytest.approx([2 * wire.time_s] * 2, abs=2e-9)
         assert (wire.nodes > 1) == (ranks_between == 8)
 
 
@@ -218,12 +220,18 @@ def custom(orders: dict[int, str]):
 
 def test_a_program_whose_ranks_wait_on_each_other_is_a_deadlock():
     rank0 = "0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B0 0B0 0RECV_B1 0B1"
-    good = custom({0: rank0, 1: "1RECV_F0 1F0 1B0 1SEND_B0 1RECV_F1 1F1 1B1 1SEND_B1"})
+    good = custom({0: rank0, 1: "1RECV_F0 1F0 1RECV_F1 1F1 1B0 1SEND_B0 1B1 1SEND_B1"})
     simulate_program(good, StageCosts(forward_s=1, backward_s=1), free_comm=True)
     # rank 1 receives micro-batch 1 first: NCCL matches a pair's P2P in order, so it waits behind micro-batch 0
     swapped = custom({0: rank0, 1: "1RECV_F1 1F1 1B1 1SEND_B1 1RECV_F0 1F0 1B0 1SEND_B0"})
     with pytest.raises(DeadlockError, match="deadlocks: rank 0 at 0B0; rank 1 at 1F1"):
         simulate_program(swapped, StageCosts(forward_s=1, backward_s=1), free_comm=True)
+    # rank 1 sends B0 before it receives F1, rank 0 sends F1 before it receives B0: both directions of a peer pair
+    # share one NCCL stream on each rank (ProcessGroupNCCL's two-rank communicator), so each send waits for a
+    # receive queued behind the other
+    crossed = custom({0: rank0, 1: "1RECV_F0 1F0 1B0 1SEND_B0 1RECV_F1 1F1 1B1 1SEND_B1"})
+    with pytest.raises(DeadlockError, match="deadlocks: rank 0 at 0B0; rank 1 at 1F1"):
+        simulate_program(crossed, StageCosts(forward_s=1, backward_s=1), free_comm=True)
     backwards_first = custom({0: "0RECV_B0 0B0 " + rank0, 1: "1RECV_F0 1F0 1B0 1SEND_B0 1RECV_F1 1F1 1B1 1SEND_B1"})
     with pytest.raises(DeadlockError, match="0B0: an input it needs from its own rank runs later"):
         simulate_program(backwards_first, StageCosts(forward_s=1, backward_s=1), free_comm=True)

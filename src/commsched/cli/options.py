@@ -273,6 +273,26 @@ def _zoo_parameters(world_size: int, dtype: str, lists: bool, optimizer: str = "
             for name, kind, info in specs]  # fmt: skip
 
 
+# ---------------------------------------------------------------- pipeline parallelism (pipeline, predict)
+PP_SCHEDULE_HELP = ("torch's schedule (torch.distributed.pipelining): GPipe, 1F1B, Interleaved1F1B, LoopedBFS, "
+                    "InterleavedZeroBubble, ZBVZeroBubble, DualPipeV")  # fmt: skip
+
+
+def pipeline_options(when: str = "") -> tuple[Any, Any, Any]:
+    """``--pp-schedule``, ``--microbatches`` / ``-M`` and ``--stages-per-rank`` / ``-V`` (their one definition);
+    ``when``: added to each help (e.g. ``", with --pp-size > 1"``)."""
+    schedule = typer.Option("1F1B", "--pp-schedule", help=PP_SCHEDULE_HELP + when,
+                            callback=checked_by("commsched.pipeline.actions:parse_schedule"))  # fmt: skip
+    microbatches = typer.Option(None, "--microbatches", "-M", min=1,
+                                help=f"micro-batches per step (M{when}; unset: P x V)")  # fmt: skip
+    stages = typer.Option(None, "--stages-per-rank", "-V", min=1,
+                          help=f"stages per pipeline rank (V{when}; unset: 1 for GPipe / 1F1B, else 2)")  # fmt: skip
+    return schedule, microbatches, stages
+
+
+PP_SCHEDULE, PP_MICROBATCHES, PP_STAGES_PER_RANK = pipeline_options()
+"""the options as ``commsched pipeline`` takes them"""
+
 ZOO_STEP_OPTIONS = tuple(p.name for p in _zoo_parameters(8, "bfloat16", False))
 """the parameter names :func:`zoo_step_options` adds, in order"""
 

@@ -10,9 +10,11 @@ import typer
 
 from commsched.cli.common import HardwareOption, Stages, console, user_errors
 from commsched.cli.options import (
+    PP_MICROBATCHES,
+    PP_SCHEDULE,
+    PP_STAGES_PER_RANK,
     ZooStep,
     check_layers,
-    checked_by,
     emit_json,
     given_options,
     json_option,
@@ -20,11 +22,6 @@ from commsched.cli.options import (
     zoo_step_options,
 )
 from commsched.cli.predict import ASYNC_TP_HELP, COMPILE_HELP, OPTIMIZER_HELP
-
-PARALLEL_HELP = ("the plan inside each pipeline rank (PP is the outermost mesh dimension): none, fsdp, ddp, tp, "
-                 "tp+sp, fsdp+tp, fsdp+tp+sp, ep, fsdp+ep")  # fmt: skip
-SCHEDULE_HELP = ("torch's schedule (torch.distributed.pipelining): GPipe, 1F1B, Interleaved1F1B, LoopedBFS, "
-                 "InterleavedZeroBubble, ZBVZeroBubble, DualPipeV")  # fmt: skip
 
 
 def register(app: typer.Typer) -> None:
@@ -35,22 +32,9 @@ def register(app: typer.Typer) -> None:
         preset: str = typer.Argument(..., help="a zoo preset, e.g. llama3-8b"),
         zoo: ZooStep = None,  # type: ignore[assignment]  (predict's zoo-step options: zoo_step_options)
         pp_size: int = typer.Option(2, "--pp-size", min=2, help="pipeline ranks (P)"),
-        pp_schedule: str = typer.Option(
-            "1F1B",
-            "--pp-schedule",
-            help=SCHEDULE_HELP,
-            callback=checked_by("commsched.pipeline.actions:parse_schedule"),
-        ),
-        microbatches: int = typer.Option(
-            None, "--microbatches", "-M", min=1, help="micro-batches per step (M; unset: P x V)"
-        ),
-        stages_per_rank: int = typer.Option(
-            None,
-            "--stages-per-rank",
-            "-V",
-            min=1,
-            help="stages per pipeline rank (V; unset: 1 for GPipe / 1F1B, else 2)",
-        ),
+        pp_schedule: str = PP_SCHEDULE,
+        microbatches: int = PP_MICROBATCHES,
+        stages_per_rank: int = PP_STAGES_PER_RANK,
         compile_: bool = typer.Option(False, "--compile/--no-compile", help=COMPILE_HELP),
         async_tp: bool = typer.Option(False, "--async-tp/--no-async-tp", help=ASYNC_TP_HELP),
         hardware: HardwareOption = "h100-sxm",

@@ -19,6 +19,7 @@ from commsched.cli.common import (
     user_errors,
 )
 from commsched.cli.options import (
+    PP_SCHEDULE_HELP,
     ZooStep,
     check_layers,
     emit_json,
@@ -28,7 +29,6 @@ from commsched.cli.options import (
     preset_layers,
     zoo_step_options,
 )
-from commsched.cli.pipeline import SCHEDULE_HELP
 
 
 def parse_list(text: str, what: str, *, as_int: bool = False) -> list:
@@ -50,7 +50,7 @@ def parse_list(text: str, what: str, *, as_int: bool = False) -> list:
 PP_HELP = {
     "pp_size": "pipeline ranks P (comma-separated): sweep torch's pipeline schedules (PP outermost), each row the "
     "step `commsched pipeline` simulates",
-    "pp_schedule": "with --pp-size, comma-separated (default 1F1B): " + SCHEDULE_HELP,
+    "pp_schedule": "with --pp-size, comma-separated (default 1F1B): " + PP_SCHEDULE_HELP,
     "microbatches": "with --pp-size: micro-batch counts M, comma-separated (unset: P x V)",
     "stages_per_rank": "with --pp-size: stages per rank V, comma-separated (unset: 1 for GPipe / 1F1B, else 2)",
 }

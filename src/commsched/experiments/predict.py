@@ -60,6 +60,10 @@ class StepConfig:
     dp_replicate: int = 1  # HSDP: FSDP's shards replicated over this many groups (torchtitan's replicate degree)
     optimizer: str = "adamw-fused"  # the step's optimizer (torchtitan's default AdamW, fused); "none": no step
     max_norm: float | None = 1.0  # gradient clipping (torchtitan's training.max_norm default); None: not clipped
+    pp_size: int = 1  # pipeline ranks (PP, the outermost mesh dimension); > 1: experiments/predict_pipeline.py
+    pp_schedule: str = "1F1B"  # torch's schedule (torchtitan's pipeline_parallel_schedule default)
+    microbatches: int | None = None  # M per step under PP; None: P x V (commsched pipeline's default)
+    stages_per_rank: int | None = None  # V under PP; None: 1 for GPipe / 1F1B, else 2 (torchtitan's default)
     extra: tuple[tuple[str, Any], ...] = ()
     source: str = "options"
     notes: tuple[str, ...] = field(default=(), compare=False)
@@ -103,6 +107,8 @@ class StepConfig:
         from commsched.workloads import resolve
 
         self.check()
+        if self.pp_size > 1:  # the pipeline ranks' specs: commsched.experiments.predict_pipeline.pipeline_job
+            raise ValueError(f"pp_size={self.pp_size}: resolve the step with predict_pipeline.pipeline_job")
         kw = self.build_kwargs()
         return resolve(self.preset, parallel=kw.pop("parallel"), world_size=kw.pop("world_size"), **kw)
 
@@ -121,6 +127,9 @@ def trace(config: StepConfig, progress: Callable[[str], None] | None = None) -> 
     from commsched.workloads import build
 
     config.check()
+    if config.pp_size > 1:  # one step per pipeline rank, not one program: predict_pipeline traces its stages
+        raise ValueError(f"pp_size={config.pp_size}: a pipeline step is predicted by "
+                         "commsched.experiments.predict_pipeline.predict_pipeline")  # fmt: skip
     return build(config.preset, **{**config.build_kwargs(), "fsdp_bucket": "block"}, progress=progress)
 
 

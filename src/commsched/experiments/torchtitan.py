@@ -12,9 +12,16 @@ last with TOML train configs (``tests/data/torchtitan/SOURCE.txt``); the older n
   ``tensor_parallel_degree`` is TP with sequence parallelism (torchtitan's llama3 plan),
   ``context_parallel_degree`` is the zoo's ``cp_size`` (FSDP then shards over dp_shard x cp, as torchtitan's
   ``fsdp`` mesh dimension does) with ``context_parallel_rotate_method`` (default ``"allgather"``) and the
-  ``"headtail"`` load balancer (the only one the zoo models); pipeline parallelism (> 1) is refused;
+  ``"headtail"`` load balancer (the only one the zoo models);
   ``enable_async_tensor_parallel`` is async TP (symmetric memory; with TP and ``[compile]`` only, as torchtitan
   requires: :func:`commsched.experiments.predict.async_tp_step`);
+* pipeline parallelism (``pipeline_parallel_degree`` > 1, the outermost mesh dimension): ``pipeline_parallel_schedule``
+  (default ``"1F1B"``), M = ``local_batch_size / pipeline_parallel_microbatch_size`` (default 1) micro-batches
+  (the 2024 ``[experimental] pipeline_parallel_microbatches``: M itself), V from
+  ``pipeline_parallel_layers_per_stage`` as torchtitan's ``pipeline_llm`` derives it (unset: 1 for GPipe / 1F1B,
+  else 2), predicted by :mod:`commsched.experiments.predict_pipeline`; a custom split
+  (``module_fqns_per_model_part``, ``*_stage_less_layers`` other than 1, the 2024 ``split_points``) or a CSV
+  schedule is refused;
 * ``[training] local_batch_size`` (sequences per data-parallel rank), ``seq_len``, ``mixed_precision_param``,
   ``max_norm`` (gradient clipping, default 1.0);
   ``global_batch_size`` other than the data-parallel batch (gradient accumulation) is refused;
@@ -116,6 +123,10 @@ TYPES: dict[str, str] = {
        ("data_parallel_replicate_degree", "data_parallel_shard_degree", "data_parallel_degree",
         "tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree", "expert_parallel_degree")},
     **{f"{s}.enable_async_tensor_parallel": _BOOL for s in ("parallelism", "experimental")},
+    **{f"{s}.pipeline_parallel_{k}": kind for s in ("parallelism", "experimental") for k, kind in
+       (("schedule", _STR), ("schedule_csv", _STR), ("microbatches", _INT))},
+    **{f"parallelism.pipeline_parallel_{k}": _INT for k in ("microbatch_size", "layers_per_stage",
+                                                            "first_stage_less_layers", "last_stage_less_layers")},
 }  # fmt: skip
 """dotted key -> the type it must have (the keys read; ``selective_ac_option`` is a string or an integer)"""
 
@@ -241,11 +252,9 @@ def _degrees(cfg: _Config) -> Degrees:
 
 def _plan(cfg: _Config, d: Degrees, world_size: int | None) -> tuple[str, int, int | None, int]:
     """(zoo parallelism, world size, tp_size, dp_replicate) of the degrees; one-line errors for what the zoo lacks."""
-    for name, value, what in (("pipeline_parallel_degree", d.pp, "pipeline parallelism"),
-                              ("expert_parallel_degree", d.ep, "expert parallelism (llama3 is dense)")):  # fmt: skip
-        if value > 1:
-            key = cfg.given(f"parallelism.{name}", f"experimental.{name}") or f"parallelism.{name}"
-            raise cfg.error(key, f"{value}: {what} is not yet supported by the zoo")
+    if d.ep > 1:
+        raise cfg.error("parallelism.expert_parallel_degree", f"{d.ep}: expert parallelism (llama3 is dense) is not "
+                        "yet supported by the zoo")  # fmt: skip
     fixed = d.world()
     if world_size is None and fixed is None:
         raise cfg.error("parallelism.data_parallel_shard_degree", "-1 (the rest of the world) needs the world size, "
@@ -344,17 +353,89 @@ def _context_parallel(cfg: _Config, cp: int) -> tuple[tuple[str, Any], ...]:
     return (("cp_rotate", rotate), ("cp_size", cp))
 
 
-def _batch(cfg: _Config, world: int, tp: int | None, cp: int = 1) -> int:
+def _batch(cfg: _Config, world: int, tp: int | None, cp: int = 1, pp: int = 1) -> int:
     batch = cfg.get("training.local_batch_size", "training.batch_size", default=8)
     key = cfg.given("training.local_batch_size", "training.batch_size") or "training.local_batch_size"
     if batch < 1:
         raise cfg.error(key, f"{batch}: expected >= 1")
     global_batch = cfg.get("training.global_batch_size", default=-1)
-    dp = world // ((tp or 1) * cp)
+    dp = world // ((tp or 1) * cp * pp)
     if global_batch not in (-1, batch * dp):
         raise cfg.error("training.global_batch_size", f"{global_batch} is not local_batch_size {batch} x the data-"
                         f"parallel degree {dp} = {batch * dp}: gradient accumulation is not yet supported")  # fmt: skip
     return batch
+
+
+def _pp_key(cfg: _Config, name: str) -> str:
+    """The dotted key ``pipeline_parallel_<name>`` the file sets ([parallelism], else the 2024 [experimental])."""
+    keys = (f"parallelism.pipeline_parallel_{name}", f"experimental.pipeline_parallel_{name}")
+    return cfg.given(*keys) or keys[0]
+
+
+def _pipeline(cfg: _Config, pp: int, batch: int, preset: str) -> dict[str, Any]:
+    """The StepConfig's pipeline fields of the config (none when ``pp`` is 1), checked as torchtitan's
+    ``pipeline_llm`` and ``build_pipeline_schedule`` check them (at 4a950ea), each error naming the key."""
+    from commsched.pipeline.actions import SINGLE_STAGE, parse_schedule
+    from commsched.workloads import get_preset
+
+    if pp == 1:
+        return {}
+    for name, off in (("schedule_csv", ""), ("split_points", None), ("first_stage_less_layers", 1),
+                      ("last_stage_less_layers", 1)):  # fmt: skip
+        if cfg.get(_pp_key(cfg, name)) not in (None, off):
+            raise cfg.error(_pp_key(cfg, name), f"{cfg.get(_pp_key(cfg, name))!r}: only torchtitan's default split "
+                            "and torch's schedules are modelled (not yet supported)")  # fmt: skip
+    if cfg.get("parallelism.module_fqns_per_model_part") is not None:
+        raise cfg.error("parallelism.module_fqns_per_model_part", "a custom split is not yet supported")
+    key = _pp_key(cfg, "schedule")
+    name = cfg.get(key, default="1F1B")
+    try:
+        schedule = parse_schedule(name)
+    except ValueError as exc:  # its text after "schedule=...: " names torch's schedules
+        raise cfg.error(key, f"{name!r}: {str(exc).partition(': ')[2]}") from None
+    single = schedule in SINGLE_STAGE
+    return {
+        "pp_size": pp,
+        "pp_schedule": schedule,
+        "microbatches": _microbatches(cfg, batch),
+        "stages_per_rank": _stages_per_rank(cfg, pp, single, get_preset(preset).n_layers),
+    }
+
+
+def _microbatches(cfg: _Config, batch: int) -> int:
+    """M: ``local_batch_size / pipeline_parallel_microbatch_size`` (torchtitan's ``build_pipeline_schedule``); the
+    2024 configs' ``pipeline_parallel_microbatches`` is M itself."""
+    if cfg.get(_pp_key(cfg, "microbatches")) is not None:
+        m = cfg.get(_pp_key(cfg, "microbatches"))
+        if m < 1 or batch % m:
+            raise cfg.error(_pp_key(cfg, "microbatches"), f"{m}: expected a divisor of local_batch_size {batch}")
+        return m
+    size = cfg.get("parallelism.pipeline_parallel_microbatch_size", default=1)
+    if size < 1 or batch % size:
+        raise cfg.error("parallelism.pipeline_parallel_microbatch_size", f"{size}: local_batch_size {batch} must be "
+                        "divisible by it (torchtitan refuses it)")  # fmt: skip
+    return batch // size
+
+
+def _stages_per_rank(cfg: _Config, pp: int, single: bool, layers: int) -> int:
+    """V: from ``pipeline_parallel_layers_per_stage`` as torchtitan's ``pipeline_llm`` derives it (stages =
+    ceil((layers + 2) / it), the embedding and the output counted as a layer each; a multiple of the PP degree; 1 for
+    GPipe / 1F1B, >= 2 for the others), else its default (1 for GPipe / 1F1B, else 2)."""
+    key = "parallelism.pipeline_parallel_layers_per_stage"
+    per_stage = cfg.get(key)
+    if per_stage is None:
+        return 1 if single else 2
+    if per_stage < 1:
+        raise cfg.error(key, f"{per_stage}: expected >= 1")
+    stages = -(-(layers + 2) // per_stage)
+    if stages % pp:
+        raise cfg.error(key, f"{per_stage}: {layers} layers + 2 make {stages} stages, not a multiple of "
+                        f"pipeline_parallel_degree {pp} (torchtitan refuses it)")  # fmt: skip
+    v = stages // pp
+    if single != (v == 1):
+        need = "exactly 1 stage per rank" if single else "at least 2 stages per rank"
+        raise cfg.error(key, f"{per_stage}: {v} stage(s) per rank; the schedule needs {need} (torchtitan refuses it)")
+    return v
 
 
 def to_step_config(cfg: _Config, *, world_size: int | None = None) -> StepConfig:
@@ -380,12 +461,14 @@ def to_step_config(cfg: _Config, *, world_size: int | None = None) -> StepConfig
     notes = ()
     if async_tp and tp is None:  # torchtitan enables it only where TP is applied (parallelize_llama)
         async_tp, notes = False, ("enable_async_tensor_parallel without TP: nothing to micro-pipeline",)
+    batch = _batch(cfg, world, tp, degrees.cp, degrees.pp)
     step = StepConfig(
         preset=preset, parallel=parallel, world_size=world, seq_len=cfg.get("training.seq_len", default=2048),
-        batch=_batch(cfg, world, tp, degrees.cp), dtype=cfg.get("training.mixed_precision_param", default="bfloat16"),
+        batch=batch, dtype=cfg.get("training.mixed_precision_param", default="bfloat16"),
         tp_size=tp, ac=_ac(cfg), compile=compile_, float8=float8, float8_all_gather=float8_all_gather,
         async_tp=async_tp, extra=_context_parallel(cfg, degrees.cp), source=cfg.path.name, notes=notes,
         dp_replicate=replicate, optimizer=_optimizer(cfg), max_norm=_max_norm(cfg),
+        **_pipeline(cfg, degrees.pp, batch, preset),
     )  # fmt: skip
     try:
         step.check()  # float8, until the zoo has it; async TP without compile
@@ -412,6 +495,9 @@ CONFIG_KEYS = {
     "dp_replicate": "[parallelism] data_parallel_replicate_degree", "optimizer": "[optimizer] name / implementation",
     "max_norm": "[training] max_norm",
     "async_tp": "[parallelism] enable_async_tensor_parallel",
+    "pp_size": "[parallelism] pipeline_parallel_degree", "pp_schedule": "[parallelism] pipeline_parallel_schedule",
+    "microbatches": "[training] local_batch_size / [parallelism] pipeline_parallel_microbatch_size",
+    "stages_per_rank": "[parallelism] pipeline_parallel_layers_per_stage",
 }  # fmt: skip
 """StepConfig field -> where a torchtitan config says it (for a conflict with a command-line option)"""
 

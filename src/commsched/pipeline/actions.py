@@ -8,9 +8,14 @@ as early as the senders allow, or ``defer_recv``: just before their consumer, ``
 that on stand-in stage objects (torch's ``get_schedule_ops`` does the same for its visualiser), so every list here
 is torch's: nothing of a schedule is derived by hand.
 
+GPipe and 1F1B have no action list in torch: their ``_step_microbatches`` loops issue the P2P themselves, so we
+record what that loop runs (its computes, each ``_batch_p2p`` call and each ``_wait_batch_p2p``), with the stage's
+FSDP actions placed as torch's lowering places them.
+
 The result is a :class:`PipelineProgram`: per rank an int32 array with one row per action, columns
 :data:`COLUMNS`; an OVERLAP_F_B row carries its forward sub-action in ``stage`` / ``microbatch`` and its backward
-sub-action in ``stage2`` / ``microbatch2`` / ``kind2``.
+sub-action in ``stage2`` / ``microbatch2`` / ``kind2``; a SEND / RECV row carries in ``stage2`` the batch (one
+``_batch_p2p`` call) that posted it, or -1 when it was posted alone; a WAIT row the batch it waits for.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from enum import IntEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -45,13 +50,17 @@ class ActionKind(IntEnum):
     RECV_B = 8  # post the receive of an output gradient; the B / I that consumes it waits for the transfer
     UNSHARD = 9  # FSDP all_gather of a stage's parameters (not timed yet)
     RESHARD = 10  # FSDP free of the gathered parameters (no communication)
-    REDUCE_GRAD = 11  # the stage's gradient reduction after its last backward (not timed yet)
+    REDUCE_GRAD = 11  # the stage's gradient reduction after its last backward
+    WAIT = 12  # not torch's: the compute stream waits for a batch of P2P ops (``_wait_batch_p2p``; GPipe / 1F1B)
 
 
 COMPUTE_KINDS = (ActionKind.FORWARD, ActionKind.FULL_BACKWARD, ActionKind.BACKWARD_INPUT,
                  ActionKind.BACKWARD_WEIGHT, ActionKind.OVERLAP_F_B)  # fmt: skip
 COLUMNS = ("kind", "stage", "microbatch", "kind2", "stage2", "microbatch2")
-"""the columns of a rank's action array; -1 where a field does not apply"""
+"""the columns of a rank's action array; -1 where a field does not apply (``stage2`` of a SEND / RECV / WAIT: its
+P2P batch)"""
+P2P_KINDS = (ActionKind.SEND_F, ActionKind.RECV_F, ActionKind.SEND_B, ActionKind.RECV_B)
+SENDS = (ActionKind.SEND_F, ActionKind.SEND_B)
 _TORCH_NAME = {"F": ActionKind.FORWARD, "B": ActionKind.FULL_BACKWARD, "I": ActionKind.BACKWARD_INPUT,
                "W": ActionKind.BACKWARD_WEIGHT, "OVERLAP_F_B": ActionKind.OVERLAP_F_B, "SEND_F": ActionKind.SEND_F,
                "RECV_F": ActionKind.RECV_F, "SEND_B": ActionKind.SEND_B, "RECV_B": ActionKind.RECV_B,
@@ -83,11 +92,21 @@ class PipelineProgram:
         kind, stage, mb, kind2, stage2, mb2 = (int(x) for x in self.actions[rank][index])
         if kind == ActionKind.OVERLAP_F_B:
             return f"({stage}F{mb};{stage2}{_LETTER[ActionKind(kind2)]}{mb2})OVERLAP_F_B"
+        if kind == ActionKind.WAIT:
+            return f"WAIT{stage2}"
         return f"{stage}{_LETTER[ActionKind(kind)]}{'' if mb < 0 else mb}"
 
     def rank_strs(self, rank: int) -> list[str]:
-        """Rank ``rank``'s actions as torch prints them, in order."""
+        """Rank ``rank``'s actions as torch prints them, in order (a WAIT as ``WAIT<batch>``)."""
         return [self.action_str(rank, i) for i in range(len(self.actions[rank]))]
+
+
+def coalesced(kinds: list[int]) -> bool:
+    """Whether one ``_batch_p2p`` call of these P2P kinds runs as one coalesced NCCL group: torch's ``_batch_p2p``
+    issues a batch of only sends or only receives as single ops (no head-of-line blocking) and a mixed one through
+    ``batch_isend_irecv`` (deadlock avoidance)."""
+    sends = sum(int(k) in SENDS for k in kinds)
+    return 0 < sends < len(kinds)
 
 
 def parse_schedule(schedule: str) -> str:
@@ -123,7 +142,9 @@ def lower_schedule(
     schedule: str, pp_size: int, microbatches: int, stages_per_rank: int | None = None, *, defer_recv: bool = False
 ) -> PipelineProgram:
     """torch's ``schedule`` for ``pp_size`` ranks, ``microbatches`` micro-batches and ``stages_per_rank`` stages per
-    rank (1 for GPipe / 1F1B, default 2 otherwise), lowered by torch with its communication actions.
+    rank (1 for GPipe / 1F1B, default 2 otherwise), lowered by torch with its communication actions (GPipe's and
+    1F1B's: what their runtime loop posts and waits for; ``defer_recv``, torch's ``defer_pp_recv``, only moves the
+    receives of the action-list schedules).
 
     Requires torch. Raises ValueError naming the option when torch refuses the combination (e.g. Interleaved1F1B
     needs M to be a multiple of its rounds, DualPipeV M >= 2P). Cached: the arrays are read-only. Cost: torch's
@@ -140,14 +161,18 @@ def _lower_cached(name: str, pp_size: int, microbatches: int, v: int, defer_recv
     stages = [_stand_in_stage(pp_size, pp_size * v)] * v
     try:
         if name in SINGLE_STAGE:  # torch runs these without an action list: lower what their runtime runs
+            recorded = _single_stage_runtime(name, pp_size, microbatches)
             lowered = _PipelineScheduleRuntime(stages, microbatches, defer_pp_recv=defer_recv)
-            lowered._prepare_schedule_with_comms(_single_stage_order(name, pp_size, microbatches))
+            lowered._prepare_schedule_with_comms({r: _computes(rows) for r, rows in recorded.items()})
         else:  # a _PipelineScheduleRuntime lowers its own order when it is built
             lowered = get_schedule_class(name)(stages, microbatches, defer_pp_recv=defer_recv)
     except (AssertionError, ValueError) as exc:
         raise ValueError(f"{where}: torch refuses it: {exc}") from None
-    return program_from_torch(name, pp_size, microbatches, v, lowered.stage_index_to_group_rank,
-                              lowered.pipeline_order_with_comms)  # fmt: skip
+    program = program_from_torch(name, pp_size, microbatches, v, lowered.stage_index_to_group_rank,
+                                 lowered.pipeline_order_with_comms)  # fmt: skip
+    if name in SINGLE_STAGE:
+        program = _with_runtime_p2p(program, recorded)
+    return program
 
 
 def program_from_torch(
@@ -201,25 +226,57 @@ def _stand_in_stage(pp_size: int, num_stages: int) -> Any:
     return stage
 
 
+class _P2POp(NamedTuple):
+    """A P2P op as a single-stage schedule's stage returns it (``get_fwd_recv_ops`` ...): only what we record."""
+
+    kind: ActionKind
+    stage: int
+    microbatch: int
+    peer: int  # read by torch's ``_sorted_batch_p2p``
+
+
 class _RecordingStage:
-    """The one stage of a rank under a ``PipelineScheduleSingle``: it records the forwards and backwards torch's
-    ``_step_microbatches`` runs, in order, and has no P2P ops (those are lowered like every other schedule's)."""
+    """The one stage of a rank under a ``PipelineScheduleSingle``: ``rows`` records, in order, the forwards and
+    backwards torch's ``_step_microbatches`` runs and the P2P ops it posts (with the batch, one ``_batch_p2p``
+    call, that posts them) and waits for (WAIT rows), as :data:`COLUMNS` rows."""
 
     def __init__(self, rank: int, pp_size: int) -> None:
         self.stage_index, self.num_stages, self.group_rank, self.group_size = rank, pp_size, rank, pp_size
         self.is_first, self.is_last, self.has_backward, self.submod = rank == 0, rank == pp_size - 1, False, None
-        self.order: list[tuple[str, int]] = []
+        self.rows: list[tuple[int, ...]] = []
+        self.batches = 0
 
     def forward_one_chunk(self, mb: int, *args: Any, **kwargs: Any) -> None:
-        self.order.append(("F", mb))
+        self.rows.append((int(ActionKind.FORWARD), self.stage_index, mb, -1, -1, -1))
 
     def backward_one_chunk(self, mb: int, **kwargs: Any) -> None:
-        self.order.append(("B", mb))
+        self.rows.append((int(ActionKind.FULL_BACKWARD), self.stage_index, mb, -1, -1, -1))
 
-    def _no_ops(self, mb: int) -> list:
-        return []
+    def _ops(self, kind: ActionKind, mb: int, skip: bool, peer: int) -> list[_P2POp]:
+        return [] if skip else [_P2POp(kind, self.stage_index, mb, peer)]
 
-    get_fwd_recv_ops = get_fwd_send_ops = get_bwd_recv_ops = get_bwd_send_ops = _no_ops
+    def get_fwd_recv_ops(self, mb: int) -> list[_P2POp]:
+        return self._ops(ActionKind.RECV_F, mb, self.is_first, self.stage_index - 1)
+
+    def get_fwd_send_ops(self, mb: int) -> list[_P2POp]:
+        return self._ops(ActionKind.SEND_F, mb, self.is_last, self.stage_index + 1)
+
+    def get_bwd_recv_ops(self, mb: int) -> list[_P2POp]:
+        return self._ops(ActionKind.RECV_B, mb, self.is_last, self.stage_index + 1)
+
+    def get_bwd_send_ops(self, mb: int) -> list[_P2POp]:
+        return self._ops(ActionKind.SEND_B, mb, self.is_first, self.stage_index - 1)
+
+    def batch_p2p(self, ops: list[_P2POp], desc: str | None = None) -> list[int]:
+        """torch's ``_batch_p2p``, recorded: the ops posted as one batch; its "works" are the batch's id."""
+        if not ops:
+            return []
+        batch, self.batches = self.batches, self.batches + 1
+        self.rows += [(int(op.kind), op.stage, op.microbatch, -1, batch, -1) for op in ops]
+        return [batch]
+
+    def wait_batch_p2p(self, works: list[int]) -> None:
+        self.rows += [(int(ActionKind.WAIT), -1, -1, -1, batch, -1) for batch in works]
 
     def clear_runtime_states(self) -> None:
         pass
@@ -228,17 +285,47 @@ class _RecordingStage:
         pass
 
 
-def _single_stage_order(name: str, pp_size: int, microbatches: int) -> dict[int, list[Any]]:
-    """What a ``PipelineScheduleSingle``'s ``_step_microbatches`` runs on each rank, in order (its
-    ``pipeline_order`` is only drawn, and torch 2.13's 1F1B one starts the last rank at F1: the runtime runs F0)."""
-    from torch.distributed.pipelining.schedules import _Action, _ComputationType, get_schedule_class
+def _single_stage_runtime(name: str, pp_size: int, microbatches: int) -> dict[int, list[tuple[int, ...]]]:
+    """What a ``PipelineScheduleSingle``'s ``_step_microbatches`` runs on each rank, in order: its computes, P2P
+    batches and waits (its ``pipeline_order`` is only drawn, and torch 2.13's 1F1B one starts the last rank at F1:
+    the runtime runs F0). ValueError where torch refuses the options."""
+    from unittest import mock
 
-    kinds = {"F": _ComputationType.FORWARD, "B": _ComputationType.FULL_BACKWARD}
-    order = {}
+    from torch.distributed.pipelining import schedules
+
+    out = {}
     for rank in range(pp_size):
         stage = _RecordingStage(rank, pp_size)
-        runner = get_schedule_class(name)(stage, microbatches)
+        runner = schedules.get_schedule_class(name)(stage, microbatches)
         runner._stage_forward_initialized = True  # no metadata to infer: the stand-in has no tensors
-        runner._step_microbatches()
-        order[rank] = [_Action(rank, kinds[k], mb) for k, mb in stage.order]
-    return order
+        with mock.patch.object(schedules, "_batch_p2p", stage.batch_p2p), \
+                mock.patch.object(schedules, "_wait_batch_p2p", stage.wait_batch_p2p):  # fmt: skip
+            runner._step_microbatches()
+        out[rank] = stage.rows
+    return out
+
+
+def _computes(rows: list[tuple[int, ...]]) -> list[Any]:
+    """The compute rows of a recorded runtime as torch ``_Action`` s (for torch's FSDP lowering)."""
+    from torch.distributed.pipelining.schedules import _Action, _ComputationType
+
+    kinds = {int(ActionKind.FORWARD): _ComputationType.FORWARD, int(ActionKind.FULL_BACKWARD):
+             _ComputationType.FULL_BACKWARD}  # fmt: skip
+    return [_Action(row[1], kinds[row[0]], row[2]) for row in rows if row[0] in kinds]
+
+
+def _with_runtime_p2p(program: PipelineProgram, recorded: dict[int, list[tuple[int, ...]]]) -> PipelineProgram:
+    """``program`` (torch's lowering of the recorded computes) with its P2P rows replaced by what the runtime loop
+    posts and waits for; its FSDP rows (UNSHARD first, REDUCE_GRAD and RESHARD last) kept where torch put them."""
+    actions = []
+    for rank, acts in enumerate(program.actions):
+        compute = np.flatnonzero(np.isin(acts[:, 0], COMPUTE_KINDS))
+        p2p = np.isin(acts[:, 0], P2P_KINDS)
+        inside = ~p2p[compute[0] : compute[-1] + 1] & ~np.isin(acts[compute[0] : compute[-1] + 1, 0], COMPUTE_KINDS)
+        if inside.any():
+            raise ValueError(f"{program.schedule}: rank {rank} has FSDP actions between its computes")
+        before, after = acts[: compute[0]][~p2p[: compute[0]]], acts[compute[-1] + 1 :][~p2p[compute[-1] + 1 :]]
+        rows = np.concatenate([before, np.asarray(recorded[rank], np.int32).reshape(-1, len(COLUMNS)), after])
+        rows.flags.writeable = False
+        actions.append(rows)
+    return dataclasses.replace(program, actions=tuple(actions))

@@ -46,6 +46,9 @@ class StageCosts:
     """what stage s holds per micro-batch from the start of its forward to the end of its backward (B or W)"""
     static_bytes: Any = 0
     """what stage s holds all step: parameters, gradients, optimizer state"""
+    backward_peak_bytes: Any = 0
+    """what stage s's backward allocates beyond the activations it holds, at its peak, while a B or an I of it runs
+    (the gradients of its activations; :func:`commsched.pipeline.stage_memory.backward_peak_bytes` measures it)"""
     unshard_s: Any = 0
     """UNSHARD: FSDP's all_gather of stage s's parameters, once per step (a number or (stages,) seconds)"""
     reduce_grad_s: Any = 0
@@ -64,6 +67,7 @@ class StageTimes:
     send_bytes: np.ndarray  # (stages,)
     activation_bytes: np.ndarray  # (stages,)
     static_bytes: np.ndarray  # (stages,)
+    backward_peak_bytes: np.ndarray  # (stages,)
     unshard_ns: np.ndarray  # (stages,)
     reduce_grad_ns: np.ndarray  # (stages,)
 
@@ -117,6 +121,7 @@ def stage_times(costs: StageCosts, program: PipelineProgram) -> StageTimes:
     return StageTimes(fwd, bwd, b_in, b_w, pair, _bytes_vector("send_bytes", costs.send_bytes, shape[0]),
                       _bytes_vector("activation_bytes", costs.activation_bytes, shape[0]),
                       _bytes_vector("static_bytes", costs.static_bytes, shape[0]),
+                      _bytes_vector("backward_peak_bytes", costs.backward_peak_bytes, shape[0]),
                       _seconds_table("unshard_s", costs.unshard_s, shape[:1]),
                       _seconds_table("reduce_grad_s", costs.reduce_grad_s, shape[:1]))  # fmt: skip
 
@@ -139,7 +144,11 @@ def p2p_times_ns(
         raise ValueError("hardware: needed to time the P2P transfers of send_bytes > 0 (or pass free_comm=True)")
     hw = for_graph(hardware, world_size=program.pp_size * ranks_between)
     for s in crossing:
-        distance = abs(int(program.stage_to_rank[s + 1]) - int(program.stage_to_rank[s])) * ranks_between
-        plan = plan_collective("sendrecv", int(send_bytes[s]), 2, hw, stride=distance)
+        a, b = (int(program.stage_to_rank[s + i]) * ranks_between for i in (0, 1))
+        # the collective model places a group contiguously from rank 0; a pair is on NVLink iff both ranks sit in
+        # one node (the V's and the loop's wrap-around pairs too), else on the network
+        same_node = a // hw.gpus_per_node == b // hw.gpus_per_node
+        stride = 1 if same_node else max(abs(b - a), hw.gpus_per_node)
+        plan = plan_collective("sendrecv", int(send_bytes[s]), 2, hw, stride=stride)
         out[s] = seconds_to_ns(plan.time_s)
     return out

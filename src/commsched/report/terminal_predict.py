@@ -14,6 +14,7 @@ from commsched.report.units import fmt_bytes, fmt_seconds
 
 if TYPE_CHECKING:
     from commsched.experiments.predict import Prediction
+    from commsched.experiments.predict_pipeline import PipelinePrediction
 
 
 def prediction_table(p: Prediction, title: str) -> Table:
@@ -51,5 +52,36 @@ def print_prediction(p: Prediction, console: Console, title: str) -> None:
         "this is the step as the framework runs it, to compare with the job's logs; commsched optimize searches a "
         "faster one",
     ]
+    for line in lines:
+        console.print(line, highlight=False, soft_wrap=True)
+
+
+def print_pipeline_prediction(p: PipelinePrediction, console: Console, title: str) -> None:
+    """predict under pipeline parallelism: the same rows (the peak is the worst pipeline rank's), the bubble, each
+    rank's busy / bubble / exposed-communication time and peak, then the configuration, notes and what bounds it."""
+    t = Table(title=title, show_header=False, show_edge=False, pad_edge=False, min_width=title_width(title))
+    for name, style in (("metric", "bold"), ("value", None), ("how", "dim")):
+        t.add_column(name, style=style, justify="right" if name == "value" else "left")
+    job = p.step.job
+    t.add_row("step time", fmt_seconds(p.step_s), f"torch's {job.program.schedule}, simulated rank by rank")
+    t.add_row("tokens/s per GPU", fmt_rate(p.tokens_per_s_per_gpu),
+              f"{job.batch * job.inner.seq_len} tokens per data-parallel replica / step / (TP {job.inner.plan.tp} x "
+              f"PP {job.job.pp_size})")  # fmt: skip
+    dtype = str(job.inner.dtype).removeprefix("torch.")
+    t.add_row(f"MFU ({dtype})", fmt_mfu(p.mfu), "model FLOPs, as torchtitan logs it")
+    t.add_row("peak memory per GPU", fmt_bytes(p.peak_memory_bytes), "the worst pipeline rank")
+    t.add_row("bubble", f"{100 * p.bubble_fraction:.1f} %", "idle compute over the step, mean over pipeline ranks")
+    console.print(t)
+    ranks = Table(show_edge=False, pad_edge=False)
+    for col in ("pipeline rank", "busy", "bubble", "exposed comm", "peak memory"):
+        ranks.add_column(col, justify="right")
+    for r in p.step.result.per_rank:
+        ranks.add_row(str(r.rank), fmt_seconds(r.busy_s), fmt_seconds(r.bubble_s), fmt_seconds(r.exposed_comm_s),
+                      fmt_bytes(r.peak_memory_bytes))  # fmt: skip
+    console.print(ranks)
+    bound = p.to_dict()["bound"]
+    lines = [f"configuration: {p.configuration_line()}", *(f"note: {n}" for n in (*p.config.notes, *p.notes)),
+             f"what bounds the step: {bound['what_bounds_the_step']}; to move it: {bound['what_would_move_it']}",
+             "this is the step as torch's pipelining runs it, to compare with the job's logs"]  # fmt: skip
     for line in lines:
         console.print(line, highlight=False, soft_wrap=True)

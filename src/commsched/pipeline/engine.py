@@ -1,0 +1,373 @@
+"""The pipeline simulator's event loop (the rules are :mod:`commsched.pipeline.simulate`'s docstring).
+
+A heap of events keyed by (time ns, kind, issue number), so the run is deterministic: a communication that ends
+(a P2P transfer, an FSDP collective) comes before a compute that ends at the same ns. Between events each rank runs
+its program as far as it can: it posts P2P batches and FSDP collectives on their streams, passes WAITs whose batch
+has ended, and starts its next compute once its inputs are there; a compute then runs until its end event. Every
+stream is a FIFO of items (a single P2P op, a coalesced batch, an FSDP collective); its head starts when it is
+posted and the item before it has ended; a P2P transfer starts once the items of both its ends have started.
+O(actions log actions).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+import numpy as np
+
+from commsched.pipeline.actions import COMPUTE_KINDS, P2P_KINDS, ActionKind, PipelineProgram, coalesced
+from commsched.pipeline.costs import StageTimes
+from commsched.sim.model import StreamModel
+
+_COMPUTE = frozenset(int(k) for k in COMPUTE_KINDS)
+_P2P = frozenset(int(k) for k in P2P_KINDS)
+_FSDP = frozenset((int(ActionKind.UNSHARD), int(ActionKind.REDUCE_GRAD)))
+FWD, BWD = 0, 1  # a transfer's direction: a forward activation to stage s, an output gradient to stage s
+_COMM_DONE, _COMPUTE_DONE = 0, 1  # event kinds, in their order at equal times
+_GROUP = -1  # the stream key of coalesced batches (the pipeline group's own communicator); else the peer rank
+
+
+class DeadlockError(ValueError):
+    """No rank can move: each waits for a transfer whose send or receive is never posted, or is queued behind one
+    that cannot start."""
+
+
+class _Item:
+    """One entry of a stream: a single P2P op, a coalesced batch of them, or an FSDP collective (no keys)."""
+
+    __slots__ = ("duration_ns", "end_ns", "keys", "pending", "rank", "rows", "start_ns", "stream")
+
+    def __init__(self, rank: int, stream: int, keys: list, rows: list[int], duration_ns: int = 0) -> None:
+        self.rank, self.stream, self.keys, self.rows, self.duration_ns = rank, stream, keys, rows, duration_ns
+        self.start_ns = self.end_ns = -1
+        self.pending = max(len(keys), 1)  # transfers (or the collective) not yet ended
+
+
+class _Running:
+    """A rank's compute in progress: its row, start, work left (ns at full rate) and when that was last updated."""
+
+    __slots__ = ("index", "last_ns", "start_ns", "version", "work_ns")
+
+    def __init__(self, index: int, start_ns: int, work_ns: float, version: int) -> None:
+        self.index, self.start_ns, self.work_ns, self.version = index, start_ns, work_ns, version
+        self.last_ns = start_ns
+
+
+class Engine:
+    """One simulation's state; :meth:`run` plays it to the end."""
+
+    def __init__(self, program: PipelineProgram, times: StageTimes, xfer_ns: np.ndarray, model: StreamModel) -> None:
+        p = program.pp_size
+        self.p, self.model, self.xfer_ns = program, model, [int(x) for x in xfer_ns]
+        self.s2r = [int(r) for r in program.stage_to_rank]
+        self.rows = [acts.tolist() for acts in program.actions]  # plain ints: the loop touches each row once
+        self.table = {ActionKind.FORWARD: times.forward_ns.tolist(),
+                      ActionKind.FULL_BACKWARD: times.backward_ns.tolist(),
+                      ActionKind.BACKWARD_INPUT: times.backward_input_ns.tolist(),
+                      ActionKind.BACKWARD_WEIGHT: times.backward_weight_ns.tolist(),
+                      ActionKind.UNSHARD: times.unshard_ns.tolist(),
+                      ActionKind.REDUCE_GRAD: times.reduce_grad_ns.tolist()}  # fmt: skip
+        self.pair = None if times.overlap_f_b_ns is None else times.overlap_f_b_ns.tolist()
+        self.held = [int(b) for b in times.activation_bytes]
+        self.transient = [int(b) for b in times.backward_peak_bytes]
+        self.pos, self.cursor, self.busy, self.exposed = [0] * p, [0] * p, [0] * p, [0] * p
+        self.act, self.peak, self.in_flight = [0] * p, [0] * p, [0] * p
+        self.running: list[_Running | None] = [None] * p
+        self.blocker: list[object] = [None] * p  # what a blocked rank waits for: a transfer key or an item
+        self.version = 0
+        self.fwd_end: dict[tuple[int, int], int] = {}  # (stage, mb) -> end of its forward
+        self.bwd_end: dict[tuple[int, int], int] = {}  # (stage, mb) -> end of the B or I that made its input gradient
+        self.sides: dict[tuple, list] = {}  # transfer (direction, stage, mb) -> [send item, receive item]
+        self.where: dict[tuple, list] = {}  # transfer -> [(rank, row) of its send, of its receive]
+        self.x_start: dict[tuple, int] = {}
+        self.x_end: dict[tuple, int] = {}
+        self.streams: dict[tuple[int, int], deque] = {}  # (rank, peer or _GROUP or FSDP kind) -> FIFO of items
+        self.batches: dict[tuple[int, int], list[_Item]] = {}  # (rank, batch) -> its items
+        self.unshard: dict[int, _Item] = {}  # stage -> its UNSHARD
+        self.start = [np.full(len(a), -1, np.int64) for a in program.actions]
+        self.end = [np.full(len(a), -1, np.int64) for a in program.actions]
+        self.heap: list[tuple] = []
+        self.seq, self.now = 0, 0
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> None:
+        for rank in range(self.p.pp_size):
+            self.advance(rank)
+        while self.heap:
+            self.now, kind, _, payload = heapq.heappop(self.heap)
+            if kind == _COMM_DONE:
+                self.comm_done(payload)
+            else:
+                self.compute_done(*payload)
+        stuck = [r for r in range(self.p.pp_size) if self.pos[r] < len(self.rows[r])]
+        if stuck:
+            where = "; ".join(f"rank {r} at {self.p.action_str(r, self.pos[r])}" for r in stuck[:4])
+            raise DeadlockError(f"pipeline {self.p.schedule} deadlocks: {where} (each waits for a transfer whose "
+                                "send or receive is never posted, or is queued behind one that cannot "
+                                "start)")  # fmt: skip
+
+    def push(self, t_ns: int, kind: int, payload: object) -> None:
+        heapq.heappush(self.heap, (t_ns, kind, self.seq, payload))
+        self.seq += 1
+
+    def advance(self, rank: int) -> None:
+        """Run rank's program from its position until a row must wait or a compute is running."""
+        rows = self.rows[rank]
+        while self.running[rank] is None and self.pos[rank] < len(rows):
+            i = self.pos[rank]
+            row = rows[i]
+            kind = row[0]
+            if kind in _P2P:
+                self.pos[rank] = self.post_batch(rank, i)
+                continue
+            if kind in _FSDP:
+                self.post_fsdp(rank, i, kind, row[1])
+            blocked = (kind == ActionKind.WAIT and not self.wait(rank, i, row[4])) or (
+                kind in _COMPUTE and not self.start_compute(rank, i, row))  # fmt: skip
+            if blocked:
+                return  # the event that ends its blocker wakes it
+            if self.running[rank] is None:
+                self.pos[rank] = i + 1
+
+    # ------------------------------------------------------------------ streams
+    def post_batch(self, rank: int, i: int) -> int:
+        """Post the P2P rows of one batch (one row if posted alone) at rank's cursor; returns the next row."""
+        rows, batch = self.rows[rank], self.rows[rank][i][4]
+        j = i + 1
+        while batch >= 0 and j < len(rows) and rows[j][0] in _P2P and rows[j][4] == batch:
+            j += 1
+        ops = [(k, *self.transfer(rows[k])) for k in range(i, j)]  # (row, key, peer, side)
+        if j - i > 1 and coalesced([rows[k][0] for k in range(i, j)]):  # one NCCL group on the group's communicator
+            group = _Item(rank, _GROUP, [op[1] for op in ops], list(range(i, j)))
+            items = [(group, op) for op in ops]
+        else:  # single ops, each on the two-rank communicator of its peer pair
+            items = [(_Item(rank, op[2], [op[1]], [op[0]]), op) for op in ops]
+        for item, (k, key, _, side) in items:
+            self.add_side(rank, item, key, k, side)
+        unique = list(dict.fromkeys(item for item, _ in items))
+        if batch >= 0:
+            self.batches.setdefault((rank, batch), []).extend(unique)
+        for item in unique:
+            self.enqueue(item)
+        return j
+
+    def transfer(self, row: list[int]) -> tuple[tuple, int, int]:
+        """(transfer key, peer rank, side: 0 send / 1 receive) of a SEND / RECV row."""
+        kind, stage, mb = row[0], row[1], row[2]
+        if kind == ActionKind.SEND_F:
+            return (FWD, stage + 1, mb), self.s2r[stage + 1], 0
+        if kind == ActionKind.SEND_B:
+            return (BWD, stage - 1, mb), self.s2r[stage - 1], 0
+        if kind == ActionKind.RECV_F:
+            return (FWD, stage, mb), self.s2r[stage - 1], 1
+        return (BWD, stage, mb), self.s2r[stage + 1], 1
+
+    def add_side(self, rank: int, item: _Item, key: tuple, row: int, side: int) -> None:
+        sides = self.sides.get(key)
+        if sides is None:
+            sides = self.sides[key] = [None, None]
+            self.where[key] = [None, None]
+        if sides[side] is not None:
+            raise DeadlockError(f"rank {rank} action {self.p.action_str(rank, row)}: posted twice")
+        sides[side] = item
+        self.where[key][side] = (rank, row)
+        other = sides[1 - side]
+        if other is not None and (other.stream == _GROUP) != (item.stream == _GROUP):
+            raise DeadlockError(f"rank {rank} action {self.p.action_str(rank, row)}: one end is in a coalesced "
+                                "batch and the other alone; NCCL matches P2P only within one communicator")  # fmt: skip
+
+    def post_fsdp(self, rank: int, i: int, kind: int, stage: int) -> None:
+        """An UNSHARD / REDUCE_GRAD at rank's cursor, on its own FIFO stream (FSDP2's all_gather / reduce-scatter)."""
+        item = _Item(rank, -2 - kind, [], [i], self.table[kind][stage])
+        if kind == ActionKind.UNSHARD:
+            self.unshard[stage] = item
+        self.enqueue(item)
+
+    def enqueue(self, item: _Item) -> None:
+        queue = self.streams.setdefault((item.rank, item.stream), deque())
+        queue.append(item)
+        if len(queue) == 1:
+            self.start_item(item)
+
+    def start_item(self, item: _Item) -> None:
+        """The head of its stream starts now: an FSDP collective runs; a P2P op's transfer starts once the other
+        end has started too."""
+        item.start_ns = self.now
+        if not item.keys:
+            for i in item.rows:
+                self.start[item.rank][i] = self.now
+            self.push(self.now + item.duration_ns, _COMM_DONE, item)
+            self.flight(item.rank, +1 if item.duration_ns else 0)
+            return
+        for key in item.keys:
+            sides = self.sides[key]
+            if sides[0] is not None and sides[1] is not None and sides[0].start_ns >= 0 and sides[1].start_ns >= 0:
+                self.start_transfer(key)
+
+    def start_transfer(self, key: tuple) -> None:
+        duration = self.xfer_ns[key[1] - 1 if key[0] == FWD else key[1]]
+        self.x_start[key] = self.now
+        for rank, i in self.where[key]:
+            self.start[rank][i] = self.now
+            self.flight(rank, +1 if duration else 0)
+        self.push(self.now + duration, _COMM_DONE, key)
+
+    def comm_done(self, payload: _Item | tuple) -> None:
+        if isinstance(payload, _Item):  # an FSDP collective
+            self.flight(payload.rank, -1 if payload.duration_ns else 0)
+            for i in payload.rows:
+                self.end[payload.rank][i] = self.now
+            self.finish_item(payload)
+            self.wake(payload.rank, payload)
+            return
+        key = payload
+        self.x_end[key] = self.now
+        moved = self.now > self.x_start[key]
+        for rank, i in self.where[key]:
+            self.end[rank][i] = self.now
+            self.flight(rank, -1 if moved else 0)
+        for item in self.sides[key]:
+            item.pending -= 1
+            if item.pending == 0:
+                self.finish_item(item)
+        for (rank, _), item in zip(self.where[key], self.sides[key], strict=True):
+            self.wake(rank, key, item if item.end_ns >= 0 else None)
+
+    def wake(self, rank: int, *ended: object) -> None:
+        """Advance ``rank`` if what it waits for is among ``ended`` (a transfer key, or an item that has ended)."""
+        blocker = self.blocker[rank]
+        if blocker is not None and any(blocker is x or blocker == x for x in ended):
+            self.blocker[rank] = None
+            self.advance(rank)
+
+    def finish_item(self, item: _Item) -> None:
+        item.end_ns = self.now
+        queue = self.streams[item.rank, item.stream]
+        queue.popleft()  # only a stream's head runs, so the item that ends is its head
+        if queue:
+            self.start_item(queue[0])
+
+    def wait(self, rank: int, i: int, batch: int) -> bool:
+        """A WAIT: the compute stream waits until every op of ``batch`` has ended."""
+        items = self.batches.get((rank, batch))
+        if items is None:
+            raise DeadlockError(f"rank {rank} action {self.p.action_str(rank, i)}: no batch {batch} posted before it")
+        for item in items:
+            if item.end_ns < 0:
+                self.blocker[rank] = item
+                return False
+        cursor = self.cursor[rank]
+        done = max(cursor, *(item.end_ns for item in items))
+        # exposed: the rank idles while a transfer of the batch is on the wire (not while its peer has yet to post)
+        wire = [min(self.x_start[key] for key in it.keys) if it.keys else it.start_ns for it in items]
+        self.exposed[rank] += max(0, *(min(it.end_ns, done) - max(cursor, x) for it, x in zip(items, wire)))
+        self.cursor[rank] = done
+        return True
+
+    def flight(self, rank: int, delta: int) -> None:
+        """One more (or fewer) collective in flight on ``rank``: its running compute's rate follows the stream
+        model's interference rule (every NCCL kernel takes SMs, ``commsched.sim.model.takes_sms``)."""
+        if not delta:
+            return
+        before = self.in_flight[rank] > 0
+        self.in_flight[rank] += delta
+        run = self.running[rank]
+        if run is None or not self.model.kernels_see_comm or before == (self.in_flight[rank] > 0):
+            return
+        run.work_ns -= self.model.kernel_work_ns(self.now - run.last_ns, before)
+        run.last_ns = self.now
+        self.version += 1
+        run.version = self.version
+        end = self.model.kernel_end_ns(self.now, max(run.work_ns, 0.0), not before)
+        self.push(end, _COMPUTE_DONE, (rank, run.version))
+
+    # ------------------------------------------------------------------ compute
+    def inputs(self, rank: int, kind: int, stage: int, mb: int) -> list[tuple[int, int, object]]:
+        """(ready ns or -1, in-flight start ns or -1, the communication that brings it or None) of each input of
+        one compute: the stage's parameters gathered by its UNSHARD, the activation or gradient it reads."""
+        gathered = self.unshard.get(stage)
+        own: list[tuple[int, int, object]] = [] if gathered is None else [(gathered.end_ns, gathered.start_ns,
+                                                                            gathered)]  # fmt: skip
+        last = self.p.num_stages - 1
+        if kind == ActionKind.FORWARD:
+            if stage == 0:
+                return own
+            if self.s2r[stage - 1] == rank:
+                return [*own, (self.fwd_end.get((stage - 1, mb), -1), -1, None)]
+            key = (FWD, stage, mb)
+            return [*own, (self.x_end.get(key, -1), self.x_start.get(key, -1), key)]
+        if kind == ActionKind.BACKWARD_WEIGHT:
+            return [*own, (self.bwd_end.get((stage, mb), -1), -1, None)]
+        own.append((self.fwd_end.get((stage, mb), -1), -1, None))
+        if stage == last:
+            return own
+        if self.s2r[stage + 1] == rank:
+            return [*own, (self.bwd_end.get((stage + 1, mb), -1), -1, None)]
+        key = (BWD, stage, mb)
+        return [*own, (self.x_end.get(key, -1), self.x_start.get(key, -1), key)]
+
+    @staticmethod
+    def parts(row: list[int]) -> tuple[tuple[int, int, int], ...]:
+        if row[0] != ActionKind.OVERLAP_F_B:
+            return ((row[0], row[1], row[2]),)
+        return ((int(ActionKind.FORWARD), row[1], row[2]), (row[3], row[4], row[5]))
+
+    def duration(self, row: list[int]) -> int:
+        kind, stage, mb, kind2, stage2, mb2 = row
+        if kind != ActionKind.OVERLAP_F_B:
+            return self.table[kind][stage][mb]
+        if self.pair is not None:
+            return self.pair[stage][stage2]
+        return self.table[ActionKind.FORWARD][stage][mb] + self.table[kind2][stage2][mb2]
+
+    def start_compute(self, rank: int, i: int, row: list[int]) -> bool:
+        """Start one compute now, or return False while an input is missing (the rank is woken when it comes)."""
+        if row[0] == ActionKind.OVERLAP_F_B:
+            deps = [d for k, s, m in self.parts(row) for d in self.inputs(rank, k, s, m)]
+        else:
+            deps = self.inputs(rank, row[0], row[1], row[2])
+        cursor = start = self.cursor[rank]
+        exposed = 0
+        for ready, wire, comm in deps:
+            if ready < 0:
+                if comm is None:
+                    raise DeadlockError(f"rank {rank} action {self.p.action_str(rank, i)}: an input it needs from "
+                                        "its own rank runs later in its order")  # fmt: skip
+                self.blocker[rank] = comm
+                return False
+            start = max(start, ready)
+            if comm is not None:  # the rank idled while this input was on the wire
+                exposed = max(exposed, ready - max(cursor, wire))
+        self.exposed[rank] += exposed
+        work = self.duration(row)
+        self.version += 1
+        self.running[rank] = _Running(i, start, float(work), self.version)
+        end = self.model.kernel_end_ns(start, work, self.in_flight[rank] > 0) if self.model.kernels_see_comm else (
+            start + work)  # fmt: skip
+        self.push(end, _COMPUTE_DONE, (rank, self.version))
+        for kind, stage, _ in self.parts(row):  # memory: a forward takes its activations, a backward its transient
+            if kind == ActionKind.FORWARD:
+                self.act[rank] += self.held[stage]
+            transient = self.transient[stage] if kind in (ActionKind.FULL_BACKWARD, ActionKind.BACKWARD_INPUT) else 0
+            self.peak[rank] = max(self.peak[rank], self.act[rank] + transient)
+        return True
+
+    def compute_done(self, rank: int, version: int) -> None:
+        run = self.running[rank]
+        if run is None or run.version != version:
+            return  # superseded: its rate changed since this end was computed
+        i, end = run.index, self.now
+        self.start[rank][i], self.end[rank][i] = run.start_ns, end
+        self.busy[rank] += end - run.start_ns
+        self.cursor[rank] = end
+        for kind, stage, mb in self.parts(self.rows[rank][i]):
+            if kind == ActionKind.FORWARD:
+                self.fwd_end[stage, mb] = end
+            elif kind in (ActionKind.FULL_BACKWARD, ActionKind.BACKWARD_INPUT):
+                self.bwd_end[stage, mb] = end
+            if kind in (ActionKind.FULL_BACKWARD, ActionKind.BACKWARD_WEIGHT):
+                self.act[rank] -= self.held[stage]
+        self.running[rank] = None
+        self.pos[rank] = i + 1
+        self.advance(rank)
