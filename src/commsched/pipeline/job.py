@@ -21,7 +21,7 @@ from typing import Any
 from commsched.pipeline.actions import PipelineProgram, lower_schedule
 from commsched.pipeline.costs import StageCosts
 from commsched.pipeline.per_step import NORM_BYTES, TailSeconds, float8_gathered, sync_seconds, tail_seconds
-from commsched.pipeline.simulate import PipelineResult, RankResult, simulate_program
+from commsched.pipeline.simulate import PipelineResult, simulate_program
 from commsched.pipeline.split import Stage, stages_of
 from commsched.pipeline.stages import async_tp_stage, param_bytes, stage_seconds, trace_stage
 from commsched.sim.model import seconds_to_ns
@@ -308,7 +308,6 @@ def with_optimizer(result: PipelineResult, tails: tuple[TailSeconds, ...], pp_no
     per_rank = []
     for r, rank in enumerate(result.per_rank):
         busy = rank.busy_s + (norms_ns[r] + afters_ns[r]) * 1e-9
-        per_rank.append(RankResult(rank=rank.rank, busy_s=busy, bubble_s=step_ns * 1e-9 - busy,
-                                   exposed_comm_s=rank.exposed_comm_s + waits[r] * 1e-9,
-                                   peak_memory_bytes=rank.peak_memory_bytes))  # fmt: skip
+        per_rank.append(dataclasses.replace(rank, busy_s=busy, bubble_s=step_ns * 1e-9 - busy,
+                                            exposed_comm_s=rank.exposed_comm_s + waits[r] * 1e-9))  # fmt: skip
     return dataclasses.replace(result, step_s=step_ns * 1e-9, per_rank=tuple(per_rank))
