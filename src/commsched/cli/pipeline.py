@@ -23,6 +23,9 @@ from commsched.cli.options import (
 )
 from commsched.cli.predict import ASYNC_TP_HELP, COMPILE_HELP, OPTIMIZER_HELP
 
+OPTIMIZE_HELP = ("search torch's schedules, M and V under the memory budget and keep the fastest; also our overlap "
+                 "pass inside each stage and in DualPipeV's F&B pairs (commsched.pipeline.optimize)")  # fmt: skip
+
 
 def register(app: typer.Typer) -> None:
     @app.command()
@@ -41,6 +44,10 @@ def register(app: typer.Typer) -> None:
         json_out: str = json_option("the pipeline step"),
         html_out: Path = out_file("--html", help="write an HTML report: one timeline panel per pipeline rank"),
         trace_out: Path = out_file("--trace", help="write a Perfetto / Chrome trace: one process per pipeline rank"),
+        optimize: bool = typer.Option(False, "--optimize", help=OPTIMIZE_HELP),
+        memory_budget: float = typer.Option(
+            None, "--memory-budget", min=0.001, help="GB per rank for --optimize (unset: the profile's HBM)"
+        ),
     ) -> None:
         """Simulate one training step of PRESET with pipeline parallelism: the layers split over P x V stages as
         torchtitan splits them, each distinct stage's forward and backward (and the zero-bubble schedules' input-
@@ -64,6 +71,11 @@ def register(app: typer.Typer) -> None:
                        schedule=pp_schedule, microbatches=microbatches or pp_size * v, stages_per_rank=stages_per_rank,
                        compile=compile_, async_tp=async_tp)  # fmt: skip
             resolved = job.resolve()  # every option checked before any tracing
+            if optimize:
+                from commsched.cli.pipeline_optimize import optimize_command
+
+                optimize_command(job, hardware, memory_budget, json_out)
+                return
             with Stages(("trace and simulate",), enabled=not json_out) as stages:
                 shapes = len({(s.shape, resolved.policies(s)) for s in resolved.stages})
                 stages.stage("trace and simulate", f"{shapes} distinct stage(s), {resolved.program.num_stages} stages")

@@ -155,6 +155,12 @@ def lower_schedule(
 
 @functools.lru_cache(maxsize=64)
 def _lower_cached(name: str, pp_size: int, microbatches: int, v: int, defer_recv: bool) -> PipelineProgram:
+    from commsched.pipeline.cache import cached_program  # on disk: a warm run skips torch's pipelining import
+
+    return cached_program(name, pp_size, microbatches, v, defer_recv, _lower_torch, PipelineProgram)
+
+
+def _lower_torch(name: str, pp_size: int, microbatches: int, v: int, defer_recv: bool) -> PipelineProgram:
     from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime, get_schedule_class
 
     where = f"schedule={name}, pp_size={pp_size}, microbatches={microbatches}, stages_per_rank={v}"

@@ -19,6 +19,7 @@ import dataclasses
 from typing import Any
 
 from commsched.pipeline.actions import PipelineProgram, lower_schedule
+from commsched.pipeline.cache import StageRecord, stage_record
 from commsched.pipeline.costs import StageCosts
 from commsched.pipeline.per_step import NORM_BYTES, TailSeconds, float8_gathered, sync_seconds, tail_seconds
 from commsched.pipeline.simulate import PipelineResult, simulate_program
@@ -239,8 +240,8 @@ def stage_costs(job: ResolvedJob, hardware: Any) -> StageCosts:
     fields: dict[str, list] = {name: [] for name in _STAGE_FIELDS}
     whole = for_graph(hardware, world_size=job.job.world_size)
     for stage in job.stages:
-        traced = job.trace(stage, hardware)
-        secs = stage_seconds(traced, hardware, fusion=job.job.compile)
+        traced = _stage_record(job, stage, hardware)
+        secs = traced.times
         for name, value in dataclasses.asdict(secs).items():
             fields[name].append(value)
         fields["send_bytes"].append(traced.send_bytes)
@@ -250,6 +251,16 @@ def stage_costs(job: ResolvedJob, hardware: Any) -> StageCosts:
         fields["unshard_s"].append(unshard_s)
         fields["reduce_grad_s"].append(reduce_s)
     return StageCosts(**fields)
+
+
+def _stage_record(job: ResolvedJob, stage: Stage, hardware: Any) -> StageRecord:
+    """The stage's costs per micro-batch: from the stage cache (``pipeline/cache.py``: traced once per machine, a long
+    stage scaled from two short traces), or, with async TP (a rewrite of the traced graph), traced and timed here."""
+    if not job.job.async_tp:
+        return stage_record(job.compute, stage.shape, hardware, policies=job.policies(stage), fusion=job.job.compile)
+    traced = job.trace(stage, hardware)
+    times = stage_seconds(traced, hardware, fusion=job.job.compile)
+    return StageRecord(times, traced.activation_bytes, traced.send_bytes, (len(stage.layers),))
 
 
 def _static_bytes(job: ResolvedJob, stage: Stage) -> int:
