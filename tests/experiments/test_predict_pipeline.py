@@ -128,14 +128,7 @@ def test_bad_pipeline_keys_and_options_are_one_line_errors(tmp_path):
         (_pp_line("pipeline_parallel_first_stage_less_layers = 2"), ["first_stage_less_layers", "not yet"]),
         (_pp_line("pipeline_parallel_microbatch_size = true"), ["pipeline_parallel_microbatch_size", "an integer"]),
         (("max_norm = 1.0", "max_norm = 1.0\nglobal_batch_size = 32"), ["global_batch_size", "degree 4 = 16"]),
-        (
-            (
-                "data_parallel_replicate_degree = 1\ndata_parallel_shard_degree = -1",
-                "data_parallel_replicate_degree = 4\ndata_parallel_shard_degree = 1",
-            ),
-            ["parallel='ddp'", "pipeline"],
-        ),
-    ]
+    ]  # DDP under PP (data_parallel_replicate_degree alone, -p ddp) runs since h-ppopts
     for edit, words in bad:
         path = _config(tmp_path, edit)
         _one_error_line(["--torchtitan-config", path, "-w", "8", "-l", "2"], path, *words)  # -l 2: quick if not
@@ -145,7 +138,6 @@ def test_bad_pipeline_keys_and_options_are_one_line_errors(tmp_path):
     _one_error_line(["llama3-8b", "--pp-schedule", "ZBV"], "--pp-schedule", "ZBVZeroBubble")
     _one_error_line([*PP_OPTIONS[:-2], "-M", "3"], "microbatches=3", "batch=4")
     _one_error_line(["llama3-8b", "-l", "2", "--pp-size", "2", "-V", "2"], "stages_per_rank=2", "1F1B runs one")
-    _one_error_line(["llama3-8b", "-p", "ddp", "-w", "8", "--pp-size", "2", "-l", "2"], "parallel='ddp'")
 
 
 def _job_fields() -> set[str]:
@@ -198,5 +190,5 @@ def test_the_terminal_output_has_predicts_rows_the_bubble_and_each_rank():
     res = runner.invoke(app, [*args, "-H", "h100-sxm"])
     assert res.exit_code == 0, res.output
     for words in ("step time", "tokens/s per GPU", "MFU (bfloat16)", "peak memory per GPU", "bubble", "pipeline rank",
-                  "1F1B M=4 V=1", "what bounds the step", "not counted under pipeline parallelism yet"):  # fmt: skip
+                  "1F1B M=4 V=1", "what bounds the step"):  # fmt: skip
         assert words in res.stdout, words

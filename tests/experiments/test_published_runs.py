@@ -91,7 +91,7 @@ def test_pipeline_runs_map_to_the_pipeline_path_or_say_why():
     c = by_id["llama3paper-405b-h100-8192-tp8-pp16-dp64"].config
     assert (c.pp_size, c.pp_schedule, c.microbatches, c.stages_per_rank, c.ac) == (16, "Interleaved1F1B", 32, 2, "none")
     cp = by_id["llama3paper-405b-h100-16384-tp8-cp16-pp16-dp8-128k"]
-    assert not cp.supported and "context_parallel_degree" in cp.reasons[0]
+    assert cp.supported and dict(cp.config.extra)["cp_size"] == 16  # CP under PP: h-ppopts
     nemo = next(r for r in RUNS if r["id"].startswith("nemo260401-llama3-70b"))
     assert (
         bench.schedule_of(nemo, None) == "Interleaved1F1B" and bench.pipeline_fields(nemo, None)["microbatches"] == 128

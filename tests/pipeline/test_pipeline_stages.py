@@ -187,7 +187,7 @@ def test_the_command_s_json_has_the_issue_s_fields(memory_by_m):
      ["layers=2", "8 pipeline stages"]),
     (["--pp-schedule", "DualPipeV", "--microbatches", "2"], ["DualPipeV", "microbatches", "torch refuses"]),
     (["--pp-size", "3"], ["pp_size=3", "world_size=8"]),
-    (["--parallel", "ep"], ["parallel='ep'", "fsdp+tp"]),
+    (["--parallel", "ep"], ["parallel='ep'", "mixture-of-experts"]),
     (["--pp-schedule", "1F1B", "-V", "2"], ["stages_per_rank=2", "1F1B"]),
     (["--batch", "3", "--microbatches", "2"], ["batch=3", "microbatches=2"]),
 ])  # fmt: skip

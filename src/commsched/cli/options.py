@@ -142,6 +142,13 @@ class ZooStep:
         return f"{preset} / {self.parallel} / {self.mode} at world {self.world_size}, {layers}"
 
 
+def given_options(ctx: typer.Context, names: tuple[str, ...]) -> set[str]:
+    """The parameters among ``names`` that the command line set (not their defaults). By the source's name: typer
+    may run its own copy of click, whose ``ParameterSource`` is another enum."""
+    sources = {n: ctx.get_parameter_source(n) for n in names}
+    return {n for n, src in sources.items() if getattr(src, "name", None) in ("COMMANDLINE", "ENVIRONMENT")}
+
+
 def preset_layers(preset: str) -> int | None:
     """The layer count of a zoo preset (None: not a preset name)."""
     from commsched.workloads import PRESETS

@@ -29,7 +29,9 @@ OFF: dict[str, Any] = {"ac": "none", "compile": False, "float8": "none", "float8
 """StepConfig field -> its value with the feature off (a PipelineJob without the field runs it so)"""
 NOT_COUNTED = {"optimizer": "the optimizer step ({value})", "max_norm": "gradient clipping (max_norm {value})"}
 """features predict turns on by default that a PipelineJob without the field leaves out of the step (noted)"""
-_NOT_OPTIONS = ("extra", "source", "notes")
+_NOT_OPTIONS = ("extra", "source", "notes", "float8_all_gather")
+"""StepConfig fields that are no option of their own: float8_all_gather is the zoo's rule (tensorwise under FSDP,
+which ``StepConfig.check`` enforces), and PipelineJob applies the same rule"""
 _CONFIG_WORDS = {"float8": "[model] converters (float8)", "float8_all_gather": "enable_fsdp_float8_all_gather",
                  "cp_size": "[parallelism] context_parallel_degree", "ep_size": "[parallelism] expert_parallel_degree",
                  "cp_rotate": "[parallelism] context_parallel_rotate_method"}  # fmt: skip

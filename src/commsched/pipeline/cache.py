@@ -52,11 +52,14 @@ class StageRecord:
     traced_layers: tuple[int, ...]
 
 
-def stage_key(spec: Any, first: bool, layers: int, last: bool) -> str:
-    """The trace-cache key of one stage program (see the module docstring)."""
+def stage_key(spec: Any, first: bool, layers: int, last: bool, policies: tuple[str, ...] | None = None) -> str:
+    """The trace-cache key of one stage program (see the module docstring); ``policies``: its blocks' AC policies
+    (None: none checkpointed)."""
     from commsched.execute.cache import trace_key
 
     options = {"spec": _spec_digest(spec), "first": bool(first), "last": bool(last)}
+    if policies is not None:
+        options["ac"] = list(policies)
     return trace_key(f"pipeline-stage:{spec.model.name}", spec.plan.parallel, spec.plan.world_size, layers, options)
 
 
@@ -66,16 +69,17 @@ def _spec_digest(spec: Any) -> str:
     return hashlib.sha256(repr(spec).encode()).hexdigest()[:32]
 
 
-def cached_trace(spec: Any, first: bool, layers: int, last: bool, *, disk: bool = True) -> TracedStage:
+def cached_trace(spec: Any, first: bool, layers: int, last: bool, *, disk: bool = True,
+                 policies: tuple[str, ...] | None = None) -> TracedStage:  # fmt: skip
     """:func:`trace_stage`, from memory, else from the disk cache (``disk``), else traced (and stored)."""
     from commsched.execute.cache import load_trace, store_trace
 
-    key = stage_key(spec, first, layers, last)
+    key = stage_key(spec, first, layers, last, policies)
     hit = _TRACED.get(key)
     if hit is None and disk:
         hit = _from_graph(load_trace(key))
     if hit is None:
-        hit = trace_stage(spec, first, layers, last)
+        hit = trace_stage(spec, first, layers, last, policies)
         if disk:
             store_trace(key, _to_graph(hit))
     _TRACED[key] = hit
@@ -109,20 +113,23 @@ def _from_graph(graph: Any) -> TracedStage | None:
 
 
 def stage_record(
-    spec: Any, shape: tuple[bool, int, bool], hardware: Any, *, scale: bool = True, disk: bool = True
-) -> StageRecord:
+    spec: Any, shape: tuple[bool, int, bool], hardware: Any, *, scale: bool = True, disk: bool = True,
+    policies: tuple[str, ...] | None = None, fusion: bool = True,
+) -> StageRecord:  # fmt: skip
     """The costs of the stage ``shape`` = (first, layers, last) of ``spec`` on ``hardware``, from memory, else the
     disk cache (``disk``: under a key of the stage's trace key, the hardware's content and the cost data), else
     traced and simulated; with ``scale`` a stage of more than K + 1 layers (:data:`SCALE_LAYERS`) from traces of K
-    and K + 1 layers."""
+    and K + 1 layers (its blocks under one AC policy: ``policies`` None or all equal). ``fusion``: the kernels
+    fused as a compiled block's (:func:`commsched.pipeline.stages.stage_seconds`)."""
     first, layers, last = shape
-    mem_key = (spec, tuple(shape), _hardware_key(hardware), scale)
+    scale = scale and (policies is None or len(set(policies)) == 1)
+    mem_key = (spec, tuple(shape), _hardware_key(hardware), scale, policies, fusion)
     hit = _RECORDS.get(mem_key)
-    path = _record_path(spec, shape, hardware, scale) if disk else None
+    path = _record_path(spec, shape, hardware, scale, policies, fusion) if disk else None
     if hit is None and path is not None:
         hit = _record_from_json(_read_json(path))
     if hit is None:
-        hit = _record(spec, first, layers, last, hardware, scale, disk)
+        hit = _record(spec, first, layers, last, hardware, scale, disk, policies, fusion)
         if path is not None:
             _write_json(path, {**dataclasses.asdict(hit.times), "activation_bytes": hit.activation_bytes,
                                "send_bytes": hit.send_bytes, "traced_layers": list(hit.traced_layers)})  # fmt: skip
@@ -130,13 +137,15 @@ def stage_record(
     return hit
 
 
-def _record(spec: Any, first: bool, layers: int, last: bool, hardware: Any, scale: bool, disk: bool) -> StageRecord:
+def _record(spec: Any, first: bool, layers: int, last: bool, hardware: Any, scale: bool, disk: bool,
+            policies: tuple[str, ...] | None, fusion: bool) -> StageRecord:  # fmt: skip
     k = SCALE_LAYERS
     counts = (k, k + 1) if scale and layers > k + 1 else (layers,)
     parts = []
     for count in counts:
-        traced = cached_trace(spec, first, count, last, disk=disk)
-        secs = stage_seconds(traced, hardware)
+        mine = None if policies is None else (policies if count == layers else (policies[0],) * count)
+        traced = cached_trace(spec, first, count, last, disk=disk, policies=mine)
+        secs = stage_seconds(traced, hardware, fusion=fusion)
         parts.append((*_ns(secs), traced.activation_bytes, traced.send_bytes))
     values = parts[0] if len(parts) == 1 else extrapolate(parts[0], parts[1], k, layers)
     return StageRecord(StageTimesS(*(v * 1e-9 for v in values[:4])), int(values[4]), int(values[5]), counts)
@@ -151,13 +160,15 @@ def _record_from_json(data: Any) -> StageRecord | None:
         return None
 
 
-def _record_path(spec: Any, shape: tuple[bool, int, bool], hardware: Any, scale: bool) -> Path:
+def _record_path(spec: Any, shape: tuple[bool, int, bool], hardware: Any, scale: bool,
+                 policies: tuple[str, ...] | None = None, fusion: bool = True) -> Path:  # fmt: skip
     from commsched.hardware import for_graph
 
     hw = for_graph(hardware, world_size=spec.plan.world_size)
     table = _file_digest(Path(hw.table_path)) if hw.table_path else ""
-    key = _digest({"stage": stage_key(spec, *shape), "hardware": repr(hw), "table": table, "scale": scale,
-                   "scale_layers": SCALE_LAYERS, "cost_data": _cost_data_digest()})  # fmt: skip
+    key = _digest({"stage": stage_key(spec, *shape, policies), "hardware": repr(hw), "table": table, "scale": scale,
+                   "scale_layers": SCALE_LAYERS, "cost_data": _cost_data_digest(),
+                   **({} if fusion else {"fusion": False})})  # fmt: skip
     return _root() / "records" / f"{key}.json"
 
 
