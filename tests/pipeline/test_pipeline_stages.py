@@ -121,6 +121,22 @@ def test_gpipe_s_memory_grows_with_m_and_1f1b_s_does_not(memory_by_m):
     assert gpipe[2] - gpipe[1] == 4 * max(act)  # four more micro-batches held by the worst rank (here stage 1's)
 
 
+def test_a_zoo_job_holds_each_stage_s_backward_transient_at_its_peak(memory_by_m):
+    """simulate_job fills ``backward_peak_bytes`` from each traced stage (stage_memory): positive, the stage trace's
+    own value, and inside the peak (the peak with it is above the peak with the field zeroed)."""
+    from commsched.pipeline.stage_memory import backward_peak_bytes
+
+    step = memory_by_m["1F1B", 4]
+    job = step.job
+    for st in job.stages:
+        traced = trace_stage(job.compute, *st.shape)
+        assert step.costs.backward_peak_bytes[st.index] == backward_peak_bytes(traced) > 0
+    without = dataclasses.replace(step.costs, backward_peak_bytes=0)
+    hw = step.hardware
+    bare = simulate_program(job.program, without, hw, ranks_between_stages=job.ranks_between_stages)
+    assert step.result.peak_memory_bytes > bare.peak_memory_bytes
+
+
 def test_fsdp_s_collectives_run_once_per_step_and_the_rates_follow_the_step(memory_by_m):
     step = memory_by_m["1F1B", 4]
     costs = step.costs

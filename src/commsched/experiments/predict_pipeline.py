@@ -6,8 +6,9 @@ memory per GPU, what bounds the step) and the bubble.
 :func:`job_kwargs` is the one place a StepConfig becomes PipelineJob keywords: a field PipelineJob has (same name,
 or renamed in :data:`RENAMED`) is passed through, so each field PipelineJob gains is taken with no change here; a
 field it lacks is accepted only when the feature is off (:data:`OFF`), and refused otherwise in one line naming the
-option (or the torchtitan config key), except the optimizer step and gradient clipping at predict's defaults, which
-are accepted with a note saying the step leaves them out (refusing them would refuse every torchtitan config).
+option (or the torchtitan config key), except a feature predict turns on by default (:data:`NOT_COUNTED`), which is
+accepted with a note saying the step leaves it out (refusing it would refuse every torchtitan config; PipelineJob
+takes the optimizer step and clipping, so no such note is written today).
 """
 
 from __future__ import annotations

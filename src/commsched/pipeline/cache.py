@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from commsched.pipeline.stage_memory import backward_peak_bytes
 from commsched.pipeline.stages import StageTimesS, TracedStage, stage_seconds, trace_stage
 
 SCALE_LAYERS = 2
@@ -50,6 +51,7 @@ class StageRecord:
     activation_bytes: int
     send_bytes: int
     traced_layers: tuple[int, ...]
+    backward_peak_bytes: int = 0  # the backward's transient (:func:`commsched.pipeline.stage_memory.backward_peak_bytes`)
 
 
 def stage_key(spec: Any, first: bool, layers: int, last: bool, policies: tuple[str, ...] | None = None) -> str:
@@ -132,7 +134,8 @@ def stage_record(
         hit = _record(spec, first, layers, last, hardware, scale, disk, policies, fusion)
         if path is not None:
             _write_json(path, {**dataclasses.asdict(hit.times), "activation_bytes": hit.activation_bytes,
-                               "send_bytes": hit.send_bytes, "traced_layers": list(hit.traced_layers)})  # fmt: skip
+                               "send_bytes": hit.send_bytes, "traced_layers": list(hit.traced_layers),
+                               "backward_peak_bytes": hit.backward_peak_bytes})  # fmt: skip
     _RECORDS[mem_key] = hit
     return hit
 
@@ -146,16 +149,17 @@ def _record(spec: Any, first: bool, layers: int, last: bool, hardware: Any, scal
         mine = None if policies is None else (policies if count == layers else (policies[0],) * count)
         traced = cached_trace(spec, first, count, last, disk=disk, policies=mine)
         secs = stage_seconds(traced, hardware, fusion=fusion)
-        parts.append((*_ns(secs), traced.activation_bytes, traced.send_bytes))
+        parts.append((*_ns(secs), traced.activation_bytes, traced.send_bytes, backward_peak_bytes(traced)))
     values = parts[0] if len(parts) == 1 else extrapolate(parts[0], parts[1], k, layers)
-    return StageRecord(StageTimesS(*(v * 1e-9 for v in values[:4])), int(values[4]), int(values[5]), counts)
+    return StageRecord(StageTimesS(*(v * 1e-9 for v in values[:4])), int(values[4]), int(values[5]), counts,
+                       max(int(values[6]), 0))  # fmt: skip
 
 
 def _record_from_json(data: Any) -> StageRecord | None:
     try:
         times = StageTimesS(*(float(data[f.name]) for f in dataclasses.fields(StageTimesS)))
         return StageRecord(times, int(data["activation_bytes"]), int(data["send_bytes"]),
-                           tuple(int(x) for x in data["traced_layers"]))  # fmt: skip
+                           tuple(int(x) for x in data["traced_layers"]), int(data["backward_peak_bytes"]))  # fmt: skip
     except (KeyError, TypeError, ValueError):
         return None
 

@@ -24,6 +24,7 @@ from commsched.pipeline.costs import StageCosts
 from commsched.pipeline.per_step import NORM_BYTES, TailSeconds, float8_gathered, sync_seconds, tail_seconds
 from commsched.pipeline.simulate import PipelineResult, simulate_program
 from commsched.pipeline.split import Stage, stages_of
+from commsched.pipeline.stage_memory import backward_peak_bytes
 from commsched.pipeline.stages import async_tp_stage, param_bytes, stage_seconds, trace_stage
 from commsched.sim.model import seconds_to_ns
 from commsched.workloads.ac import block_policy
@@ -223,7 +224,7 @@ class PipelineStep:
 
 
 _STAGE_FIELDS = ("forward_s", "backward_s", "backward_input_s", "backward_weight_s", "send_bytes", "activation_bytes",
-                 "static_bytes", "unshard_s", "reduce_grad_s")  # fmt: skip
+                 "static_bytes", "unshard_s", "reduce_grad_s", "backward_peak_bytes")  # fmt: skip
 
 
 def _at(values: Any, stage: int) -> Any:
@@ -246,6 +247,7 @@ def stage_costs(job: ResolvedJob, hardware: Any) -> StageCosts:
             fields[name].append(value)
         fields["send_bytes"].append(traced.send_bytes)
         fields["activation_bytes"].append(traced.activation_bytes)
+        fields["backward_peak_bytes"].append(traced.backward_peak_bytes)
         fields["static_bytes"].append(_static_bytes(job, stage))
         unshard_s, reduce_s = sync_seconds(job.inner, stage, whole)
         fields["unshard_s"].append(unshard_s)
@@ -260,7 +262,8 @@ def _stage_record(job: ResolvedJob, stage: Stage, hardware: Any) -> StageRecord:
         return stage_record(job.compute, stage.shape, hardware, policies=job.policies(stage), fusion=job.job.compile)
     traced = job.trace(stage, hardware)
     times = stage_seconds(traced, hardware, fusion=job.job.compile)
-    return StageRecord(times, traced.activation_bytes, traced.send_bytes, (len(stage.layers),))
+    return StageRecord(times, traced.activation_bytes, traced.send_bytes, (len(stage.layers),),
+                       backward_peak_bytes(traced))  # fmt: skip
 
 
 def _static_bytes(job: ResolvedJob, stage: Stage) -> int:
