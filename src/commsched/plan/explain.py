@@ -4,7 +4,8 @@ per GPU.
 
 The changes tried are one step each from the layout: more replicas (HSDP) instead of a wider shard group, a larger
 micro-batch (without PP: twice the local batch, so twice the global batch; with PP: half the micro-batches), half
-the TP degree (its ranks moved to the shard group), every other AC policy, float8 on or off. A change is kept only
+the TP degree (its ranks moved to the shard group), twice or half the EP degree (MoE presets), every other AC
+policy, float8 on or off. A change is kept only
 if plan itself would enumerate it (:func:`commsched.plan.enumerate.enumerate_layouts`: degrees dividing the GPUs,
 heads, batch); one that does not fit the HBM when simulated is listed as such, never ranked above one that fits.
 """
@@ -111,6 +112,9 @@ def candidate_changes(req: PlanRequest, layout: Layout, float8_ok: bool) -> list
         lay = dataclasses.replace(layout, tp=layout.tp // 2, sp=layout.sp and layout.tp > 2,
                                   dp_shard=layout.dp_shard * 2)  # fmt: skip
         out.append((f"TP {layout.tp} -> {lay.tp}, FSDP {layout.dp_shard} -> {lay.dp_shard}", req, lay))
+    if req.model().n_experts:
+        for ep in sorted({layout.ep * 2, layout.ep // 2} - {0, layout.ep}):
+            out.append((f"EP {layout.ep} -> {ep}", req, dataclasses.replace(layout, ep=ep)))
     for ac in AC_POLICIES:
         if ac != layout.ac:
             out.append((f"AC {layout.ac} -> {ac}", req, dataclasses.replace(layout, ac=ac)))
