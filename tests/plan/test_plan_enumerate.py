@@ -38,8 +38,8 @@ def assert_valid_layout(req: PlanRequest, layout: Layout, gpus_per_node: int) ->
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.sampled_from(["llama3-8b", "llama3-70b", "llama-tiny", "mixtral-8x7b"]), st.integers(0, 9), st.sampled_from([4, 8]),
-       st.sampled_from([None, 1, 2, 4]))  # fmt: skip
+@given(st.sampled_from(["llama3-8b", "llama3-70b", "llama-tiny", "mixtral-8x7b"]), st.integers(0, 9),
+       st.sampled_from([4, 8]), st.sampled_from([None, 1, 2, 4]))  # fmt: skip
 def test_every_layout_is_valid_and_distinct(preset: str, log_gpus: int, gpus_per_node: int, batch_per_gpu) -> None:
     gpus = 1 << log_gpus
     if gpus > gpus_per_node and gpus % gpus_per_node:
