@@ -6,16 +6,19 @@ in torchtitan's order (``pp``, ``dp_replicate``, ``dp_shard``, ``cp``, ``tp``; d
 block with torchtitan's plan names (``attention.wq`` ... ``feed_forward.w3``, SP around the norms), activation
 checkpointing with torch's ``checkpoint_wrapper``, torch.compile per block, ``fully_shard`` per block with
 ``reshard_after_forward`` (torchtitan's default: True without PP, False under PP) and on the root, torch's pipeline
-schedule class over the rank's stages. It names a torchtitan-style Llama (``model.layers``, ``tok_embeddings``,
-``norm``, ``output``); it is a template to read and adapt, compiled but not run by the tests.
+schedule class over the rank's stages. It names a torchtitan-style Llama (``model.layers`` and :data:`OUTER`); the
+tests compile it and run its ``build`` under the fake process group; EP is a comment (torchtitan's MoE calls).
 """
 
 from __future__ import annotations
 
+from commsched.pipeline.split import EMBED_FQN, NORM_FQN, OUTPUT_FQN
 from commsched.plan.layout import Layout, PlanRequest, local_batch
 
 MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 """torchtitan's mesh dimensions, outermost first (``ParallelDims``); ``ep`` borrows from ``dp_shard x cp``"""
+OUTER = (EMBED_FQN, NORM_FQN, OUTPUT_FQN)
+"""the model's modules outside the blocks, as torchtitan's pipeline split names them"""
 _TP_SP = """\
     "attention_norm": SequenceParallel(),
     "attention": PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
@@ -64,7 +67,7 @@ def _header(req: PlanRequest, layout: Layout) -> list[str]:
     lines = [f'"""commsched plan: {req.preset} on {req.gpus} x {req.hardware}: {layout.label()}.',
              "",
              "FSDP2 / torch.distributed.pipelining calls of this layout (torchtitan's parallelize_llama, condensed);",
-             'run under torchrun with a torchtitan-style Llama (model.layers, tok_embeddings, norm, output)."""',
+             f'run under torchrun with a torchtitan-style Llama (model.layers, {", ".join(OUTER)})."""',
              "import copy", "", "import torch",
              "from torch.distributed.device_mesh import init_device_mesh",
              "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard",
@@ -78,7 +81,14 @@ def _header(req: PlanRequest, layout: Layout) -> list[str]:
              f"EP = {layout.ep}  # expert parallel degree (borrows from dp_shard x cp)",
              f"LOCAL_BATCH = {local_batch(req, layout)}  # sequences per data-parallel replica per step",
              f"SEQ_LEN = {req.seq}", f"AC = {layout.ac!r}", f"FLOAT8 = {layout.float8!r}",
-             f"COMPILE = {req.compile}", ""]  # fmt: skip
+             f"COMPILE = {req.compile}", f"OUTER = {OUTER!r}  # the modules outside the blocks",
+             ""]  # fmt: skip
+    if layout.ep > 1:
+        lines += [
+            "# EP: the experts of each block over an 'ep' mesh of EP ranks taken from dp_shard (torchtitan's",
+            "# apply_moe_ep_tp with ExpertParallel, experts' FSDP over dp_shard / EP): not written out here",
+            "",
+        ]
     if layout.pp > 1:
         from commsched.pipeline.split import stage_fqns
 
@@ -112,7 +122,7 @@ def parallelize(model, mesh, reshard_after_forward):
         config = Float8LinearConfig.from_recipe_name(FLOAT8)
         if FLOAT8 == "tensorwise" and DEGREES["dp_shard"] * DEGREES["cp"] > 1:
             config = Float8LinearConfig(enable_fsdp_float8_all_gather=True)
-        convert_to_float8_training(model, config=config, module_filter_fn=lambda mod, fqn: fqn != "output")
+        convert_to_float8_training(model, config=config, module_filter_fn=lambda mod, fqn: fqn != OUTER[2])
     for i, (name, block) in enumerate(list(model.layers.named_children())):
         if AC == "full" or AC == "selective-op" or (AC.startswith("selective-layer") and i % AC_EVERY == 0):
             block = _wrap(block)
@@ -152,7 +162,7 @@ _PIPELINED = """    pp_rank = mesh["pp"].get_local_rank()
         for name in list(part.layers.keys()):
             if f"layers.{{name}}" not in keep:
                 del part.layers[name]
-        for name in {outer!r}:  # torchtitan's names of the parts outside the blocks
+        for name in OUTER:
             if name not in keep:
                 setattr(part, name, None)
         part = parallelize(part, mesh, reshard_after_forward=False)  # torchtitan: no reshard under PP
@@ -170,11 +180,8 @@ def fsdp2_python(req: PlanRequest, layout: Layout) -> str:
     if layout.pp == 1:
         return text + _FLAT
     stages = "stages" if layout.stages_per_rank > 1 else "stages[0]"
-    from commsched.pipeline.split import EMBED_FQN, NORM_FQN, OUTPUT_FQN
-
     return text + _PIPELINED.format(
         stage_ids=_stage_ids(layout),
         schedule=layout.pp_schedule,
         stages=stages,
-        outer=(EMBED_FQN, NORM_FQN, OUTPUT_FQN),
     )
