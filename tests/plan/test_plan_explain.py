@@ -127,21 +127,43 @@ def test_python_snippet_compiles_and_names_the_degrees(layout: Layout) -> None:
         assert ("SequenceParallel()" in source.split("TP_PLAN = ")[1].split("}")[0]) == layout.sp
 
 
-def test_plan_html_has_the_ranked_table_and_the_winners_breakdown() -> None:
-    from commsched.report.plan_text import plan_html
+def _result() -> PlanResult:
+    """A hand-made two-row result (the page and the CLI's writers read nothing else)."""
 
     def judged(layout: Layout, step_s: float, framework_s: float) -> Judged:
         return Judged(layout, step_s, framework_s, 1e9, 0.1 * step_s, 0.2, 0.0, 1.0 / step_s, 0.4, "all layers",
                       "optimized", 1.0)  # fmt: skip
 
-    rows = [judged(Layout(dp_shard=8), 1.0, 1.2), judged(Layout(dp_shard=4, tp=2, sp=True), 1.1, 1.1)]
-    result = PlanResult(REQ, plan_hardware(REQ), rows, 5, 1, 0, 2, 0, [], 3.0)
+    rows = [judged(Layout(dp_shard=2), 1.0, 1.2), judged(Layout(dp_shard=1, tp=2, sp=True), 1.1, 1.1)]
+    return PlanResult(REQ, plan_hardware(REQ), rows, 5, 1, 0, 2, 0, [], 3.0)
+
+
+def test_plan_html_has_the_ranked_table_and_the_winners_breakdown() -> None:
+    from commsched.report.plan_text import plan_html
+
+    result = _result()
     page = plan_html(result, 5)
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
     assert page.count("<table>") == 2
-    for j in rows:
+    for j in result.ranked:
         assert j.layout.label() in page
     assert "best without overlap optimisation" in page and "runner-up" in page
+
+
+def test_cli_plan_writes_html_python_and_toml(tmp_path, monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    from commsched.cli import app
+
+    result = _result()
+    monkeypatch.setattr("commsched.plan.plan", lambda *a, **k: result)
+    html, py, toml = tmp_path / "plan.html", tmp_path / "best.py", tmp_path / "best.toml"
+    args = ["plan", "llama-tiny", "--gpus", "2", "--html", str(html), "--python", str(py), "--toml", str(toml)]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert result.winner.layout.label() in html.read_text()
+    assert _degrees(py.read_text()) == {name: getattr(result.winner.layout, name) for name in MESH_ORDER}
+    assert "data_parallel_shard_degree = 2" in toml.read_text()
 
 
 def test_cli_explain_writes_json_and_the_python(explained, tmp_path, monkeypatch) -> None:
