@@ -88,6 +88,11 @@ def test_explain_judges_the_layout_and_sorts_its_changes(explained) -> None:
         assert c.gain(base) == pytest.approx(c.tokens_per_s_per_gpu / base.tokens_per_s_per_gpu - 1)
     none = next(c for c in explained.changes if c.what == "AC full -> none")
     assert none.recompute_s < base.recompute_s  # full AC recomputes each block; none recomputes nothing
+    from commsched.report.plan_text import explain_lines
+
+    lines = explain_lines(explained)
+    assert len(lines) == 1 + len(explained.changes) and GIVEN.label() in lines[0]
+    assert all(c.what in line for c, line in zip(explained.changes, lines[1:], strict=True))
     data = json.loads(json.dumps(explained.as_dict(), allow_nan=False))
     assert data["changes"][0]["gain"] == pytest.approx(explained.changes[0].gain(base))
 

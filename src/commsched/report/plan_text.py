@@ -69,10 +69,10 @@ def explain_lines(explained: Any) -> list[str]:
     b = explained.base
     if b.error is not None:
         return [f"{b.layout.label()}: could not be judged: {b.error}"]
-    lines = [
-        f"{b.layout.label()}: step {_ms(b.step_s)}, {fmt_rate(b.tokens_per_s_per_gpu)} tokens/s/GPU, peak "
-        f"{fmt_bytes(b.peak_memory_bytes)}; " + ", ".join(f"{k} {_ms(v)}" for k, v in _spent(b).items())
-    ]
+    over = "" if b.fits else " (over the HBM)"
+    spent = ", ".join(f"{k} {_ms(v)}" for k, v in _spent(b).items())
+    lines = [f"{b.layout.label()}: step {_ms(b.step_s)}, {fmt_rate(b.tokens_per_s_per_gpu)} tokens/s/GPU, peak "
+             f"{fmt_bytes(b.peak_memory_bytes)}{over}; {spent}"]  # fmt: skip
     for c in explained.changes:
         if c.error is not None:
             lines.append(f"  {c.what}: could not be judged: {c.error}")
