@@ -107,18 +107,19 @@ def plan_hardware(req: PlanRequest) -> Any:
 
 
 def plan(req: PlanRequest, *, executor: Any = None, jobs: int | None = None, ray_address: str | None = None,
-         cache: bool = True, resume: bool = True, verify: bool = False,
-         progress: Callable[[str], None] | None = None) -> PlanResult:  # fmt: skip
+         cache: bool = True, resume: bool = True, verify: bool = False, progress: Callable[[str], None] | None = None,
+         only: Callable[[Layout], bool] | None = None) -> PlanResult:  # fmt: skip
     """The ranked layouts of ``req`` (see the module docstring). ValueError (one line) when no layout exists or
     none fits, naming the smallest memory any layout needs. ``verify``: judge the winner again at every layer
-    (``PlanResult.verified``)."""
+    (``PlanResult.verified``). ``only``: judge just the enumerated layouts it accepts (a benchmark's sample)."""
     from commsched.execute.factory import make_executor
 
     t0 = time.perf_counter()
     hw = plan_hardware(req)
     hbm = hw.compute.hbm_capacity_bytes
     peaks = dict(hw.compute.peak_flops)
-    layouts = list(enumerate_layouts(req, hw.gpus_per_node, "float8_e4m3fn" in peaks))
+    layouts = [lay for lay in enumerate_layouts(req, hw.gpus_per_node, "float8_e4m3fn" in peaks)
+               if only is None or only(lay)]  # fmt: skip
     if not layouts:
         raise ValueError(f"{req.preset} on {req.gpus} GPUs: no layout divides the GPUs, heads, layers and "
                          f"global batch {req.batch}")  # fmt: skip
