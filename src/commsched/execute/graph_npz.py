@@ -3,7 +3,8 @@
 Internal to the cache (the user-facing file format stays the JSON of :mod:`commsched.frontends.json_io`): a
 reader of the same commsched version (the cache key holds it) gets back an equal Graph. Reading is a few array
 loads instead of parsing and validating a JSON node by node (llama3-70b at 4 layers on 512 GPUs: ~20x faster).
-Lists of strings are numpy unicode arrays; shapes are one flat int64 array with a per-buffer rank; the reduce ops,
+Lists of strings are one UTF-8 byte array each, NUL-separated (a fixed-width unicode array would pad every name
+to the longest); shapes are a table of the distinct ones and an index per buffer; the reduce ops,
 process groups and meta are one JSON string.
 """
 
@@ -32,17 +33,15 @@ STRINGS = ("names", "targets", "buf_dtype")
 
 def graph_to_npz_bytes(g: Graph) -> bytes:
     """``g`` as the bytes of an ``.npz`` (see the module docstring). GraphError if its meta is not JSON."""
-    ranks = np.fromiter((len(s) for s in g.buf_shape), np.int64, count=len(g.buf_shape))
-    dims = np.fromiter((d for s in g.buf_shape for d in s), np.int64, count=int(ranks.sum()))
     try:
         rest = json.dumps({"format": FORMAT, "meta": g.meta, "reduce_ops": sorted(g.coll_reduce_op.items()),
                            "groups": [[p.name, p.size, p.stride] for p in g.groups]}, allow_nan=False)  # fmt: skip
     except (TypeError, ValueError) as exc:
         raise GraphError(f"graph metadata is not JSON-serialisable: {exc}") from None
     arrays = {name: getattr(g, name) for name in ARRAYS}
-    arrays.update({name: np.array(getattr(g, name), dtype=str) for name in STRINGS})
+    arrays.update({name: _joined(getattr(g, name), name) for name in STRINGS})
     out = io.BytesIO()
-    np.savez(out, shape_rank=ranks, shape_dims=dims, rest=np.array(rest), **arrays)
+    np.savez(out, rest=np.array(rest), **_shape_table(g.buf_shape), **arrays)
     return out.getvalue()
 
 
@@ -61,13 +60,49 @@ def load_graph_npz(path: str | os.PathLike[str]) -> Graph:
             if rest.get("format") != FORMAT:
                 raise GraphError(f"{path}: format {rest.get('format')!r}, expected {FORMAT!r}")
             fields: dict[str, Any] = {name: data[name] for name in ARRAYS}
-            fields.update({name: data[name].tolist() for name in STRINGS})
-            ranks, dims = data["shape_rank"], data["shape_dims"].tolist()
+            fields["buf_shape"] = _shapes(data["shape_rank"], data["shape_dims"], data["shape_id"])
+            counts = {
+                "names": len(fields["kinds"]),
+                "targets": len(fields["kinds"]),
+                "buf_dtype": len(fields["buf_shape"]),
+            }
+            fields.update({name: _split(data[name], counts[name]) for name in STRINGS})
     except (KeyError, ValueError, AttributeError, EOFError, zipfile.BadZipFile) as exc:
         raise GraphError(f"{path}: not a commsched graph npz ({type(exc).__name__}: {exc})") from None
-    ends = np.cumsum(ranks).tolist()
-    starts = [0, *ends[:-1]]
-    fields["buf_shape"] = [tuple(dims[a:b]) for a, b in zip(starts, ends, strict=True)]
     fields["coll_reduce_op"] = {int(i): op for i, op in rest["reduce_ops"]}
     fields["groups"] = [ProcessGroup(name, size, stride) for name, size, stride in rest["groups"]]
     return Graph(**fields, meta=rest["meta"])
+
+
+def _shape_table(shapes: list[tuple[int, ...]]) -> dict[str, np.ndarray]:
+    """Each distinct shape once (ranks, dims end to end) and each buffer's index into them (a step's buffers repeat
+    a few shapes: building a tuple per buffer would take most of a load)."""
+    index: dict[tuple[int, ...], int] = {}
+    ids = np.fromiter((index.setdefault(s, len(index)) for s in shapes), np.int32, count=len(shapes))
+    ranks = np.fromiter(map(len, index), np.int64, count=len(index))
+    dims = np.fromiter((d for s in index for d in s), np.int64, count=int(ranks.sum()))
+    return {"shape_rank": ranks, "shape_dims": dims, "shape_id": ids}
+
+
+def _shapes(ranks: np.ndarray, dims: np.ndarray, ids: np.ndarray) -> list[tuple[int, ...]]:
+    """The buffers' shapes :func:`_shape_table` stored (one tuple per distinct shape, shared)."""
+    ends = np.cumsum(ranks).tolist()
+    flat = dims.tolist()
+    table = [tuple(flat[end - rank : end]) for rank, end in zip(ranks.tolist(), ends, strict=True)]
+    return list(map(table.__getitem__, ids.tolist()))
+
+
+def _joined(strings: list[str], name: str) -> np.ndarray:
+    """``strings`` as NUL-separated UTF-8 bytes (uint8). GraphError if one holds a NUL itself."""
+    text = "\0".join(strings)
+    if text.count("\0") != max(len(strings) - 1, 0):
+        raise GraphError(f"field {name!r}: a string holds a NUL character, which the cache format cannot store")
+    return np.frombuffer(text.encode("utf-8"), np.uint8)
+
+
+def _split(data: np.ndarray, count: int) -> list[str]:
+    """The ``count`` strings :func:`_joined` wrote; ValueError if there are not that many."""
+    strings = data.tobytes().decode("utf-8").split("\0") if count else []
+    if len(strings) != count:
+        raise ValueError(f"expected {count} strings, got {len(strings)}")
+    return strings
