@@ -185,6 +185,8 @@ def _judge_rounds(req: PlanRequest, hw: Any, layouts: list[Layout], executor: An
     rows = [r for r in first[0] if r.get("error") is None]
     ordered = sorted((r for r in rows if r["layout"]["pp"] == 1 and _fits(r, hw)), key=lambda r: r["step_s"])
     again = _tasks(req, hw, [Layout.from_dict(r["layout"]) for r in ordered], cache, True)
+    for spec, r in zip(again, ordered, strict=True):  # one layout a task: its framework step is judged already
+        spec["framework_points"] = [r["points"]]
     bound = {Layout.from_dict(r["layout"]): r["lower_bound_s"] for r in ordered}
     second = _rounds(req, hw, again, executor, resume, progress,
                      lambda spec, best: bound[Layout.from_dict(spec["layouts"][0])] >= best,
