@@ -1,4 +1,4 @@
-"""The trace cache (versioned JSON graphs under a key of everything that decides a trace) and the row store (an
+"""The trace cache (binary graphs, .npz, under a key of everything that decides a trace) and the row store (an
 interrupted sweep resumes)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from commsched.execute import base, cache
+from commsched.execute.graph_npz import load_graph_npz as load_graph
 from commsched.experiments import sweep_task
 from commsched.experiments.sweep import run_sweep
-from commsched.frontends.json_io import load_graph
 
 KW = {"parallel": ["fsdp", "ddp"], "world_sizes": [8], "hardware": ["h100-sxm", "b200"], "layers": 1, "processes": 1}
 
@@ -55,10 +55,8 @@ def test_a_rerun_traces_nothing_and_gives_the_same_rows():
     assert not any(r.trace_cached for r in first) and all(r.trace_cached for r in second)
     assert [r.result_dict() for r in first] == [r.result_dict() for r in second]
     assert all(r.trace_wall_s < 0.5 for r in second)
-    files = sorted((cache.cache_dir() / "traces").glob("*.json"))
+    files = sorted((cache.cache_dir() / "traces").glob("*.npz"))
     assert len(files) == 2  # one per trace, not per hardware profile
-    head = json.loads(files[0].read_text())
-    assert (head["format"], head["version"]) == ("commsched.graph", 1)  # the project's graph format, not pickle
     assert {len(load_graph(f)) for f in files} == {r.num_graph_nodes for r in first}
     assert len(list((cache.cache_dir() / "sweeps").glob("*.json"))) == 1  # the finished sweep's rows, kept
 
@@ -89,8 +87,8 @@ def test_no_cache_neither_reads_nor_writes():
 
 def test_an_unreadable_entry_is_a_miss_and_is_rewritten():
     (row,) = run_sweep("llama-tiny", **{**KW, "parallel": "fsdp", "hardware": "h100-sxm"})
-    (path,) = (cache.cache_dir() / "traces").glob("*.json")
-    path.write_text('{"format": "commsched.graph", "version": 1, "nod')  # a torn or foreign file
+    (path,) = (cache.cache_dir() / "traces").glob("*.npz")
+    path.write_bytes(path.read_bytes()[:100])  # a torn file
     sweep_task._MEMORY.clear()  # as a fresh process would start
     (again,) = run_sweep("llama-tiny", **{**KW, "parallel": "fsdp", "hardware": "h100-sxm"}, resume=False)
     assert not again.trace_cached and again.result_dict() == row.result_dict()

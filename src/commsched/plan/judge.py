@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
+import types
 from typing import Any
 
 from commsched.execute.base import error_text
@@ -43,16 +44,20 @@ def warm_imports() -> None:
 
 def judge_task(spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Rows of ``spec["layouts"]`` (dicts) for ``spec["request"]`` on ``spec["hardware"]`` (a Hardware), each with
-    the layout, its numbers at full depth and ``error`` (None, or why it could not be judged)."""
+    the layout, its numbers at full depth, ``points`` (its numbers at each depth judged) and ``error`` (None, or why
+    it could not be judged). ``spec["framework_points"]`` (optional, one per layout): the ``points`` an earlier task
+    judged for the framework's order, which this one then takes instead of simulating that order again."""
     req = PlanRequest(**spec["request"])
     rows = []
-    for data in spec["layouts"]:
+    earlier = spec.get("framework_points") or [None] * len(spec["layouts"])
+    for data, framework in zip(spec["layouts"], earlier, strict=True):
         layout = Layout.from_dict(data)
         t0 = time.perf_counter()
         counts = spec.get("layers") or layer_counts(req, layout)
         try:
-            points = [_judge_at(req, layout, spec["hardware"], n, spec) for n in counts]
-            row = _scaled(points, counts, req.model().n_layers)
+            points = [_judge_at(req, layout, spec["hardware"], n, spec, framework and framework[i])
+                      for i, n in enumerate(counts)]  # fmt: skip
+            row = {**_scaled(points, counts, req.model().n_layers), "points": points}
         except Exception as exc:  # one layout that cannot run must not sink the plan
             row = {"error": error_text("judge", exc)}
         how = "all layers" if counts == (None,) or counts == [None] else f"{counts[0]} and {counts[1]} layers scaled"
@@ -76,10 +81,11 @@ def _kept(row: dict[str, Any]) -> dict[str, Any]:
             "exposed_comm_s": row[f"{which}_exposed_s"], "kept": row[f"{which}_label"], "error": None}  # fmt: skip
 
 
-def _judge_at(req: PlanRequest, layout: Layout, hardware: Any, layers: int | None, spec: dict[str, Any]) -> dict:
+def _judge_at(req: PlanRequest, layout: Layout, hardware: Any, layers: int | None, spec: dict[str, Any],
+              framework: dict[str, Any] | None) -> dict:  # fmt: skip
     if layout.pp > 1:
         return _pipelined(req, layout, hardware, layers)
-    return _step(req, layout, hardware, layers, spec.get("cache", True), spec.get("optimize", True))
+    return _step(req, layout, hardware, layers, spec.get("cache", True), spec.get("optimize", True), framework)
 
 
 def _pipelined(req: PlanRequest, layout: Layout, hardware: Any, layers: int | None) -> dict[str, Any]:
@@ -95,28 +101,36 @@ def _pipelined(req: PlanRequest, layout: Layout, hardware: Any, layers: int | No
 
 
 def _step(req: PlanRequest, layout: Layout, hardware: Any, layers: int | None, cache: bool,
-          optimize_it: bool) -> dict[str, Any]:  # fmt: skip
-    """The framework's step and, with ``optimize_it``, the optimised one, on the (cached) trace."""
-    from commsched.cost import estimate_costs
-    from commsched.experiments.predict import predict_workload
-    from commsched.report.summary import compute_shares
-
+          optimize_it: bool, framework: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """The framework's step (or ``framework``, this depth's point an earlier task judged) and, with
+    ``optimize_it``, the optimised one, on the (cached) trace."""
     config = step_config(req, layout, layers)
     graph = _traced(config, cache)
-    p = predict_workload(GraphOnly(graph), config, hardware, gpus_per_node=req.gpus_per_node)
-    costs = estimate_costs(graph, p.hardware, fusion=config.compile)  # cached: the one predict used
-    recompute_s = compute_shares(graph, costs)["recompute"]["time_s"] or 0.0
-    row = {"framework_step_s": p.step_s, "framework_peak_bytes": p.peak_memory_bytes,
-           "framework_exposed_s": p.sim.exposed_comm_s, "framework_label": p.order, "optimized_step_s": None,
-           "optimized_peak_bytes": None, "optimized_exposed_s": None, "optimized_label": "",
-           "recompute_s": recompute_s, "lower_bound_s": p.sim.lower_bound_s, "bubble_fraction": 0.0}  # fmt: skip
+    row = dict(framework) if framework is not None else _framework_point(req, config, graph, hardware)
     if optimize_it:
+        from commsched.hardware import for_graph
         from commsched.optimize import optimize
 
-        o = optimize(graph, p.hardware, memory_budget=1.05)
+        hw = for_graph(hardware, graph, gpus_per_node=req.gpus_per_node)  # as predict_workload sizes it
+        o = optimize(graph, hw, memory_budget=1.05)
         row.update(optimized_step_s=o.after.makespan_s, optimized_exposed_s=o.after.exposed_comm_s,
                    optimized_peak_bytes=o.after.peak_memory_bytes, optimized_label=o.label)  # fmt: skip
     return row
+
+
+def _framework_point(req: PlanRequest, config: Any, graph: Any, hardware: Any) -> dict[str, Any]:
+    """The step as the framework orders it (:func:`predict_workload`) at one depth, as a row's fields."""
+    from commsched.experiments.predict import predict_workload
+    from commsched.report.summary import compute_shares
+
+    p = predict_workload(GraphOnly(graph), config, hardware, gpus_per_node=req.gpus_per_node)
+    # the kernels' times as the simulation charged them (ns): costing the graph again took a quarter of a judge
+    charged = types.SimpleNamespace(node_s=p.sim.standalone_ns * 1e-9)
+    recompute_s = compute_shares(graph, charged)["recompute"]["time_s"] or 0.0
+    return {"framework_step_s": p.step_s, "framework_peak_bytes": p.peak_memory_bytes,
+            "framework_exposed_s": p.sim.exposed_comm_s, "framework_label": p.order, "optimized_step_s": None,
+            "optimized_peak_bytes": None, "optimized_exposed_s": None, "optimized_label": "",
+            "recompute_s": recompute_s, "lower_bound_s": p.sim.lower_bound_s, "bubble_fraction": 0.0}  # fmt: skip
 
 
 def _traced(config: Any, cache: bool) -> Any:

@@ -107,18 +107,19 @@ def plan_hardware(req: PlanRequest) -> Any:
 
 
 def plan(req: PlanRequest, *, executor: Any = None, jobs: int | None = None, ray_address: str | None = None,
-         cache: bool = True, resume: bool = True, verify: bool = False,
-         progress: Callable[[str], None] | None = None) -> PlanResult:  # fmt: skip
+         cache: bool = True, resume: bool = True, verify: bool = False, progress: Callable[[str], None] | None = None,
+         only: Callable[[Layout], bool] | None = None) -> PlanResult:  # fmt: skip
     """The ranked layouts of ``req`` (see the module docstring). ValueError (one line) when no layout exists or
     none fits, naming the smallest memory any layout needs. ``verify``: judge the winner again at every layer
-    (``PlanResult.verified``)."""
+    (``PlanResult.verified``). ``only``: judge just the enumerated layouts it accepts (a benchmark's sample)."""
     from commsched.execute.factory import make_executor
 
     t0 = time.perf_counter()
     hw = plan_hardware(req)
     hbm = hw.compute.hbm_capacity_bytes
     peaks = dict(hw.compute.peak_flops)
-    layouts = list(enumerate_layouts(req, hw.gpus_per_node, "float8_e4m3fn" in peaks))
+    layouts = [lay for lay in enumerate_layouts(req, hw.gpus_per_node, "float8_e4m3fn" in peaks)
+               if only is None or only(lay)]  # fmt: skip
     if not layouts:
         raise ValueError(f"{req.preset} on {req.gpus} GPUs: no layout divides the GPUs, heads, layers and "
                          f"global batch {req.batch}")  # fmt: skip
@@ -184,6 +185,8 @@ def _judge_rounds(req: PlanRequest, hw: Any, layouts: list[Layout], executor: An
     rows = [r for r in first[0] if r.get("error") is None]
     ordered = sorted((r for r in rows if r["layout"]["pp"] == 1 and _fits(r, hw)), key=lambda r: r["step_s"])
     again = _tasks(req, hw, [Layout.from_dict(r["layout"]) for r in ordered], cache, True)
+    for spec, r in zip(again, ordered, strict=True):  # one layout a task: its framework step is judged already
+        spec["framework_points"] = [r["points"]]
     bound = {Layout.from_dict(r["layout"]): r["lower_bound_s"] for r in ordered}
     second = _rounds(req, hw, again, executor, resume, progress,
                      lambda spec, best: bound[Layout.from_dict(spec["layouts"][0])] >= best,

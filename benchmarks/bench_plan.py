@@ -1,0 +1,114 @@
+"""``commsched plan``'s speed (issue 40's acceptance: >= 500 candidates judged in 60 s on 2 cores, llama3-70b on
+512 GPUs, warm cache; a cold run's time reported).
+
+Usage: python benchmarks/bench_plan.py [--sample N] [--jobs J] [--cache-dir DIR] [--warm-only] [--profile]
+
+A sample of ``--sample`` layouts without PP (evenly spaced over the step lower bound's order of those that pass the
+memory bound, so every degree mix and AC policy is in it) of ``plan llama3-70b --gpus 512 -H h100-sxm --seq-len
+8192`` is planned twice in this process with ``--jobs`` workers: cold (``--cache-dir`` empty: every layout traced at
+2 and 4 layers) and warm (the same folder: traces read back; ``resume=False``, so no stored row is taken). Each run
+prints wall and CPU seconds (this process and its finished workers), candidates judged and judged per second, and
+the warm ranking is checked equal to the cold one. ``--profile`` runs the warm judging in this process under
+cProfile instead (one worker's view of where a candidate's time goes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import platform
+import pstats
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+REQUEST = dict(preset="llama3-70b", gpus=512, hardware="h100-sxm", seq_len=8192)
+TARGET = 500  # candidates judged in 60 s (the issue's acceptance)
+
+
+def _cpu_s() -> float:
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def sample_layouts(req, n: int) -> list:
+    """``n`` layouts without PP, evenly spaced over the step bound's order of those the memory bound keeps."""
+    from commsched.plan.enumerate import enumerate_layouts
+    from commsched.plan.prune import memory_lower_bound_bytes, step_lower_bound_s
+    from commsched.plan.search import plan_hardware
+
+    hw = plan_hardware(req)
+    peaks = dict(hw.compute.peak_flops)
+    peak = max(peaks.get("float8_e4m3fn", 0.0), peaks.get(req.dtype, 0.0))
+    fits = [lay for lay in enumerate_layouts(req, hw.gpus_per_node, "float8_e4m3fn" in peaks)
+            if lay.pp == 1 and memory_lower_bound_bytes(req, lay) <= hw.compute.hbm_capacity_bytes]  # fmt: skip
+    fits.sort(key=lambda lay: step_lower_bound_s(req, lay, peak))
+    step = max(1, len(fits) // n)
+    return fits[::step][:n]
+
+
+def timed_plan(req, chosen: set, jobs: int) -> tuple[object, float, float]:
+    """(the PlanResult of ``req`` over ``chosen``, wall seconds, CPU seconds with the workers')."""
+    from commsched.plan import plan
+
+    cpu0, t0 = _cpu_s(), time.perf_counter()
+    result = plan(req, jobs=jobs, resume=False, only=chosen.__contains__)
+    return result, time.perf_counter() - t0, _cpu_s() - cpu0
+
+
+def _line(name: str, result, wall_s: float, cpu_s: float) -> None:
+    judged = result.candidates_judged
+    print(f"{name}: {judged} judged (+{result.pruned_bound} pruned by the step bound), wall {wall_s:.1f} s, "
+          f"CPU {cpu_s:.1f} s, {judged / wall_s:.2f} judged/s wall, {judged / cpu_s:.2f} judged/CPU-s; "
+          f"{TARGET} at this rate: {TARGET * wall_s / judged:.0f} s wall")  # fmt: skip
+
+
+def _table(result) -> list:
+    return [(j.layout, j.step_s, j.framework_step_s, j.peak_memory_bytes) for j in result.ranked]
+
+
+def main() -> None:
+    from commsched.plan import PlanRequest
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sample", type=int, default=12)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--cache-dir", default=None, help="kept between runs (default: a temporary folder)")
+    ap.add_argument("--warm-only", action="store_true", help="the cache folder is warm already: skip the cold run")
+    ap.add_argument("--profile", action="store_true", help="the warm run in this process under cProfile")
+    args = ap.parse_args()
+    cache = args.cache_dir or tempfile.mkdtemp(prefix="bench_plan_")
+    os.environ["COMMSCHED_CACHE_DIR"] = cache
+    req = PlanRequest(**REQUEST)
+    chosen = set(sample_layouts(req, args.sample))
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}, "
+          f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
+    print(f"command: plan({REQUEST}, jobs={args.jobs}, resume=False) over {len(chosen)} sampled layouts; cache {cache}")
+    cold = None
+    if not args.warm_only:
+        cold, wall, cpu = timed_plan(req, chosen, args.jobs)
+        _line("cold", cold, wall, cpu)
+    if args.profile:
+        profiler = cProfile.Profile()
+        profiler.enable()
+        warm, wall, cpu = timed_plan(req, chosen, 1)
+        profiler.disable()
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
+    else:
+        warm, wall, cpu = timed_plan(req, chosen, args.jobs)
+    _line("warm", warm, wall, cpu)
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+    if cold is not None:
+        print(f"warm ranking equal to the cold one: {_table(cold) == _table(warm)}")
+    for j in warm.ranked[:3]:
+        print(f"  {j.layout.label():55s} step {j.step_s:.3f} s  {j.tokens_per_s_per_gpu:,.0f} tokens/s/GPU")
+
+
+if __name__ == "__main__":
+    main()
