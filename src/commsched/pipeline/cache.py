@@ -1,7 +1,7 @@
 """Pipeline stages traced once per machine, and a long stage costed from two short traces.
 
 **Trace cache.** A stage's traced program (:func:`commsched.pipeline.stages.trace_stage`) is kept on disk with the
-project's trace cache (:mod:`commsched.execute.cache`: the versioned JSON graph format under ``traces/``, a key of
+project's trace cache (:mod:`commsched.execute.cache`: the graph's arrays under ``traces/``, a key of
 everything that changes the trace plus commsched's source fingerprint and torch's version) and in memory. The key
 holds the whole micro-batch spec (model, TP plan, micro-batch size, sequence, dtypes, AC, float8, ...: its ``repr``,
 hashed) and the stage's shape (first, layers, last); the forward / weight-gradient masks and the byte counts travel
