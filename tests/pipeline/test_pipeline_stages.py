@@ -128,9 +128,9 @@ def test_a_zoo_job_holds_each_stage_s_backward_transient_at_its_peak(memory_by_m
 
     step = memory_by_m["1F1B", 4]
     job = step.job
-    for st in job.stages:
-        traced = trace_stage(job.compute, *st.shape)
-        assert step.costs.backward_peak_bytes[st.index] == backward_peak_bytes(traced) > 0
+    for stage in job.stages:
+        traced = trace_stage(job.compute, *stage.shape)
+        assert step.costs.backward_peak_bytes[stage.index] == backward_peak_bytes(traced) > 0
     without = dataclasses.replace(step.costs, backward_peak_bytes=0)
     hw = step.hardware
     bare = simulate_program(job.program, without, hw, ranks_between_stages=job.ranks_between_stages)

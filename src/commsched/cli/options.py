@@ -349,10 +349,3 @@ def _trace_progress(stages: Any, message: str) -> None:
         stages.stage("import", message.removeprefix("importing ").strip())
     else:
         stages.detail(message.removeprefix("tracing: "))
-
-
-def given_options(ctx: typer.Context, names: tuple[str, ...]) -> set[str]:
-    """The parameters among ``names`` that the command line set (not their defaults). By the source's name: typer
-    may run its own copy of click, whose ``ParameterSource`` is another enum."""
-    sources = {n: ctx.get_parameter_source(n) for n in names}
-    return {n for n, src in sources.items() if getattr(src, "name", None) in ("COMMANDLINE", "ENVIRONMENT")}

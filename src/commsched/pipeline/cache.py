@@ -51,7 +51,8 @@ class StageRecord:
     activation_bytes: int
     send_bytes: int
     traced_layers: tuple[int, ...]
-    backward_peak_bytes: int = 0  # the backward's transient (:func:`commsched.pipeline.stage_memory.backward_peak_bytes`)
+    backward_peak_bytes: int = 0
+    """the backward's transient (:func:`commsched.pipeline.stage_memory.backward_peak_bytes`)"""
 
 
 def stage_key(spec: Any, first: bool, layers: int, last: bool, policies: tuple[str, ...] | None = None) -> str:
@@ -124,7 +125,7 @@ def stage_record(
     and K + 1 layers (its blocks under one AC policy: ``policies`` None or all equal). ``fusion``: the kernels
     fused as a compiled block's (:func:`commsched.pipeline.stages.stage_seconds`)."""
     first, layers, last = shape
-    scale = scale and (policies is None or len(set(policies)) == 1)
+    scale = scale and scalable(policies)
     mem_key = (spec, tuple(shape), _hardware_key(hardware), scale, policies, fusion)
     hit = _RECORDS.get(mem_key)
     path = _record_path(spec, shape, hardware, scale, policies, fusion) if disk else None
@@ -140,14 +141,26 @@ def stage_record(
     return hit
 
 
+def scalable(policies: tuple[str, ...] | None) -> bool:
+    """Whether a stage whose blocks run ``policies`` may be costed from shorter traces: all blocks alike."""
+    return policies is None or len(set(policies)) == 1
+
+
+def policies_at(policies: tuple[str, ...] | None, count: int, layers: int) -> tuple[str, ...] | None:
+    """The AC policies of a ``count``-layer trace standing for a ``layers``-layer stage whose blocks run
+    ``policies``: its own at full length, else the (shared) policy of a :func:`scalable` stage, ``count`` times."""
+    if policies is None or count == layers:
+        return policies
+    return (policies[0],) * count
+
+
 def _record(spec: Any, first: bool, layers: int, last: bool, hardware: Any, scale: bool, disk: bool,
             policies: tuple[str, ...] | None, fusion: bool) -> StageRecord:  # fmt: skip
     k = SCALE_LAYERS
     counts = (k, k + 1) if scale and layers > k + 1 else (layers,)
     parts = []
     for count in counts:
-        mine = None if policies is None else (policies if count == layers else (policies[0],) * count)
-        traced = cached_trace(spec, first, count, last, disk=disk, policies=mine)
+        traced = cached_trace(spec, first, count, last, disk=disk, policies=policies_at(policies, count, layers))
         secs = stage_seconds(traced, hardware, fusion=fusion)
         parts.append((*_ns(secs), traced.activation_bytes, traced.send_bytes, backward_peak_bytes(traced)))
     values = parts[0] if len(parts) == 1 else extrapolate(parts[0], parts[1], k, layers)

@@ -238,7 +238,8 @@ def with_stage_overlap(step: Any, hardware: Any) -> Any:
     f, b, i = (list(np.broadcast_to(np.asarray(v, float), (len(job.stages),)))
                for v in (costs.forward_s, costs.backward_s, costs.backward_input_s))  # fmt: skip
     for s, stage in enumerate(job.stages):
-        save_f, save_b = stage_savings(job.compute, stage.shape, hardware)
+        save_f, save_b = stage_savings(job.compute, stage.shape, hardware, policies=job.policies(stage),
+                                       fusion=job.job.compile)  # fmt: skip
         f[s], b[s], i[s] = f[s] - save_f, b[s] - save_b, max(i[s] - save_b, 0.0)
     costs = dataclasses.replace(costs, forward_s=f, backward_s=b, backward_input_s=i)
     result = simulate_program(job.program, costs, step.hardware, ranks_between_stages=job.ranks_between_stages)
