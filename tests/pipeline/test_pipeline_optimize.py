@@ -20,13 +20,7 @@ from commsched.pipeline.stages import stage_seconds, trace_stage
 runner = CliRunner()
 
 
-@pytest.fixture(autouse=True)
-def _own_cache(tmp_path, monkeypatch):
-    """Every test its own disk cache, and nothing in memory from an earlier test (a cold process)."""
-    monkeypatch.setenv("COMMSCHED_CACHE_DIR", str(tmp_path / "cache"))
-    stage_cache.clear_memory()
-    yield
-    stage_cache.clear_memory()
+pytestmark = pytest.mark.usefixtures("own_stage_cache")  # each test a cold process (conftest)
 
 
 def _spec(parallel: str = "tp+sp", layers: int = 4, preset: str = "llama-tiny"):
@@ -239,3 +233,20 @@ def test_the_command_searches_ac_only_with_optimize(monkeypatch):
     data = json.loads(out.output)
     assert {t["ac"] for t in data["tried"]} == {"none", "selective-op", "full"}
     assert data["baseline"]["label"] == "1F1B M=2 V=1 ac=none"
+
+
+def test_the_optimizer_step_is_traced_once_for_every_batch_and_ac_policy():
+    """tail_seconds is memoised across M and AC (the search's tries): the optimizer step of a spec with another
+    batch and AC policy, traced afresh, takes exactly the seconds of the shared one."""
+    from commsched.hardware import for_graph
+    from commsched.pipeline import per_step
+
+    job = PipelineJob(preset="llama-tiny", parallel="fsdp+tp", world_size=8, tp_size=2, pp_size=2, schedule="1F1B",
+                      microbatches=2, batch=4, layers=2, seq_len=256, ac="full").resolve()  # fmt: skip
+    hw = for_graph("h100-sxm", world_size=8)
+    units = job.rank_units(0)
+    shared = per_step.tail_seconds(job.inner, units, hw, False)
+    assert shared.total_s > 0 and job.inner.batch == 2 and job.inner.ac == "full"
+    per_step._tail_seconds.cache_clear()
+    own = per_step._tail_seconds(job.inner, units, hw, False)  # this spec's own trace, not normalised
+    assert own == shared

@@ -16,12 +16,7 @@ from commsched.pipeline.stages import stage_seconds
 HW = "h100-sxm"
 
 
-@pytest.fixture(autouse=True)
-def _own_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("COMMSCHED_CACHE_DIR", str(tmp_path / "cache"))
-    stage_cache.clear_memory()
-    yield
-    stage_cache.clear_memory()
+pytestmark = pytest.mark.usefixtures("own_stage_cache")  # each test a cold process (conftest)
 
 
 def _overlapping(res, colls: np.ndarray, computes: np.ndarray) -> list[int]:

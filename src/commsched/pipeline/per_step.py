@@ -152,12 +152,18 @@ class _TailStep:
         return out + grads
 
 
-@functools.lru_cache(maxsize=64)
 def tail_seconds(spec: WorkloadSpec, units: tuple[str, ...], hardware: Any, fusion: bool) -> TailSeconds:
     """The optimizer step (clipping included) of the parameters of ``units`` under ``spec`` (a pipeline rank's plan)
-    on ``hardware``, traced on fake tensors and simulated as traced (``fusion``: predict's ``compile``)."""
+    on ``hardware``, traced on fake tensors and simulated as traced (``fusion``: predict's ``compile``). Memoised
+    per process, once for every batch and AC policy (it reads the parameters, gradients and states alone), so a
+    search over M and AC traces each rank's step once."""
     if spec.optimizer == "none" and spec.max_norm is None:
         return TailSeconds(0.0, 0.0)
+    return _tail_seconds(dataclasses.replace(spec, batch=1, ac="none"), units, hardware, fusion)
+
+
+@functools.lru_cache(maxsize=64)
+def _tail_seconds(spec: WorkloadSpec, units: tuple[str, ...], hardware: Any, fusion: bool) -> TailSeconds:
     from commsched.cost import estimate_costs
     from commsched.frontends.fake_pg import fake_process_group
     from commsched.frontends.fx import from_fx
