@@ -235,9 +235,10 @@ def test_the_command_searches_ac_only_with_optimize(monkeypatch):
     assert data["baseline"]["label"] == "1F1B M=2 V=1 ac=none"
 
 
-def test_the_optimizer_step_is_traced_once_for_every_batch_and_ac_policy():
-    """tail_seconds is memoised across M and AC (the search's tries): the optimizer step of a spec with another
-    batch and AC policy, traced afresh, takes exactly the seconds of the shared one."""
+def test_the_optimizer_step_is_traced_once_for_every_batch_and_ac_policy(monkeypatch):
+    """tail_seconds is memoised across M and AC (the search's tries) and on disk: the optimizer step of a spec with
+    another batch and AC policy, traced afresh, takes exactly the seconds of the shared one, and a fresh process
+    reads it back."""
     from commsched.hardware import for_graph
     from commsched.pipeline import per_step
 
@@ -250,3 +251,7 @@ def test_the_optimizer_step_is_traced_once_for_every_batch_and_ac_policy():
     per_step._tail_seconds.cache_clear()
     own = per_step._tail_seconds(job.inner, units, hw, False)  # this spec's own trace, not normalised
     assert own == shared
+    # a fresh process (memory cleared) reads the shared one from the disk cache, tracing nothing
+    per_step._tail_seconds.cache_clear()
+    monkeypatch.setattr(per_step, "_traced_tail", lambda *a: pytest.fail("traced again"))
+    assert per_step.tail_seconds(job.inner, units, hw, False) == shared

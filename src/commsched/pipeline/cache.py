@@ -16,6 +16,10 @@ layers is traced at K and K + 1 layers (:data:`SCALE_LAYERS`) and extrapolated, 
 steps), which ``tests/pipeline/test_pipeline_optimize.py`` checks against full traces to 1e-6 and
 ``benchmarks/bench_pipeline.py`` on the 405B stages. Every layer count then shares the same few traces: one
 (first, K, last) and (first, K + 1, last) per kind of stage and micro-batch size.
+
+**Records.** Each stage's costs per hardware (``records/``), torch's lowered schedules (``programs/``) and each
+pipeline rank's optimizer-step seconds (``tails/``, :func:`cached_seconds`) are kept as small JSON files, so a warm
+process neither traces nor imports torch's pipelining.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +192,23 @@ def _record_path(spec: Any, shape: tuple[bool, int, bool], hardware: Any, scale:
                    "scale_layers": SCALE_LAYERS, "cost_data": _cost_data_digest(),
                    **({} if fusion else {"fusion": False})})  # fmt: skip
     return _root() / "records" / f"{key}.json"
+
+
+def cached_seconds(kind: str, spec: Any, key: dict[str, Any], hardware: Any,
+                   compute: Callable[[], tuple[float, ...]]) -> tuple[float, ...]:  # fmt: skip
+    """``compute()`` (a few seconds values of ``spec`` on ``hardware``, a Hardware) from the disk cache under
+    ``kind`` / ``key`` (with the spec, the hardware's content, the cost data and the versions), else computed and
+    stored: what a warm run would otherwise trace again (each rank's optimizer step)."""
+    table = _file_digest(Path(hardware.table_path)) if hardware.table_path else ""
+    whole = {**key, "spec": _spec_digest(spec), "hardware": repr(hardware), "table": table,
+             "cost_data": _cost_data_digest()}  # fmt: skip
+    path = _root() / kind / f"{_digest(whole)}.json"
+    data = _read_json(path)
+    if isinstance(data, list) and data and all(isinstance(x, int | float) for x in data):
+        return tuple(float(x) for x in data)
+    out = tuple(compute())
+    _write_json(path, list(out))
+    return out
 
 
 def cached_program(name: str, pp_size: int, microbatches: int, v: int, defer_recv: bool, lower: Any, make: Any) -> Any:

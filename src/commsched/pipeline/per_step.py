@@ -164,6 +164,16 @@ def tail_seconds(spec: WorkloadSpec, units: tuple[str, ...], hardware: Any, fusi
 
 @functools.lru_cache(maxsize=64)
 def _tail_seconds(spec: WorkloadSpec, units: tuple[str, ...], hardware: Any, fusion: bool) -> TailSeconds:
+    """:func:`tail_seconds` from the stage cache's disk (``tails``: a warm process traces nothing), else traced;
+    ``hardware`` a Hardware."""
+    from commsched.pipeline.cache import cached_seconds
+
+    key = {"units": list(units), "fusion": fusion}
+    traced = lambda: _traced_tail(spec, units, hardware, fusion)  # noqa: E731
+    return TailSeconds(*cached_seconds("tails", spec, key, hardware, traced))
+
+
+def _traced_tail(spec: WorkloadSpec, units: tuple[str, ...], hardware: Any, fusion: bool) -> tuple[float, float]:
     from commsched.cost import estimate_costs
     from commsched.frontends.fake_pg import fake_process_group
     from commsched.frontends.fx import from_fx
@@ -183,4 +193,4 @@ def _tail_seconds(spec: WorkloadSpec, units: tuple[str, ...], hardware: Any, fus
         graph = from_fx(gm, meta=meta)
     res = simulate_costs(graph, estimate_costs(graph, for_graph(hardware, graph), fusion=fusion))
     norm_ns = 0 if norm is None else int(res.end_ns[ancestors(graph, graph.names.index(norm))].max())
-    return TailSeconds(norm_ns * 1e-9, max(int(res.makespan_ns) - norm_ns, 0) * 1e-9)
+    return norm_ns * 1e-9, max(int(res.makespan_ns) - norm_ns, 0) * 1e-9
