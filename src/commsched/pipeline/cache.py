@@ -305,7 +305,8 @@ def _hardware_key(hardware: Any) -> Any:
 
 
 def clear_memory() -> None:
-    """Forget the in-process traces and records (the disk cache stays): what a new process starts with."""
+    """Forget the in-process traces and records (the disk cache stays): what a new process starts with, but for
+    the optimizer steps (:func:`commsched.pipeline.per_step.clear_tails`)."""
     from commsched.pipeline import stages
 
     _TRACED.clear()

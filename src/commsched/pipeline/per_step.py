@@ -173,6 +173,11 @@ def _tail_seconds(spec: WorkloadSpec, units: tuple[str, ...], hardware: Any, fus
     return TailSeconds(*cached_seconds("tails", spec, key, hardware, traced))
 
 
+def clear_tails() -> None:
+    """Forget the in-process optimizer steps (the disk cache stays)."""
+    _tail_seconds.cache_clear()
+
+
 def _traced_tail(spec: WorkloadSpec, units: tuple[str, ...], hardware: Any, fusion: bool) -> tuple[float, float]:
     from commsched.cost import estimate_costs
     from commsched.frontends.fake_pg import fake_process_group
