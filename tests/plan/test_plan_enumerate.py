@@ -32,11 +32,14 @@ def assert_valid_layout(req: PlanRequest, layout: Layout, gpus_per_node: int) ->
         assert layout.pp_schedule is None and layout.microbatches == 1
     if layout.dp_replicate > 1 and layout.fsdp == 1:
         assert layout.tp == 1 and layout.pp == 1  # DDP
+    if layout.ep > 1:  # the zoo's fsdp+ep: EP borrows from FSDP's shard group, nothing else beside it
+        assert model.n_experts % layout.ep == 0 and layout.dp_shard % layout.ep == 0
+        assert layout.tp == layout.pp == layout.cp == layout.dp_replicate == 1 and layout.parallel() == "fsdp+ep"
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.sampled_from(["llama3-8b", "llama3-70b", "llama-tiny"]), st.integers(0, 9), st.sampled_from([4, 8]),
-       st.sampled_from([None, 1, 2, 4]))  # fmt: skip
+@given(st.sampled_from(["llama3-8b", "llama3-70b", "llama-tiny", "mixtral-8x7b"]), st.integers(0, 9),
+       st.sampled_from([4, 8]), st.sampled_from([None, 1, 2, 4]))  # fmt: skip
 def test_every_layout_is_valid_and_distinct(preset: str, log_gpus: int, gpus_per_node: int, batch_per_gpu) -> None:
     gpus = 1 << log_gpus
     if gpus > gpus_per_node and gpus % gpus_per_node:
@@ -49,6 +52,17 @@ def test_every_layout_is_valid_and_distinct(preset: str, log_gpus: int, gpus_per
     for layout in layouts:
         assert_valid_layout(req, layout, gpus_per_node)
     assert Layout(dp_shard=gpus, ac="none") in layouts or gpus == 1
+
+
+@pytest.mark.parametrize("gpus", [8, 16, 64])
+def test_moe_presets_get_every_ep_degree_dividing_experts_and_world(gpus: int) -> None:
+    req = PlanRequest(preset="mixtral-8x7b", gpus=gpus, ac_policies=("full",), float8_recipes=("none",), max_pp=1)
+    layouts = list(enumerate_layouts(req, 8, float8_ok=True))
+    experts = req.model().n_experts
+    assert {lay.ep for lay in layouts if lay.ep > 1} == {e for e in range(2, experts + 1) if experts % e == 0
+                                                          and gpus % e == 0}  # fmt: skip
+    dense = PlanRequest(preset="llama3-8b", gpus=gpus, ac_policies=("full",), float8_recipes=("none",), max_pp=1)
+    assert all(lay.ep == 1 for lay in enumerate_layouts(dense, 8, float8_ok=True))
 
 
 def test_without_float8_tensor_cores_no_float8_layout() -> None:

@@ -4,6 +4,7 @@ torchtitan job config."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -39,6 +40,14 @@ def register(app: typer.Typer) -> None:
         top: int = typer.Option(5, "--top", "-k", min=1, help="rows to print and write"),
         verify: bool = typer.Option(False, "--verify", help="judge the winner again at every layer"),
         toml: Path = out_file("--toml", help="write the winner as a torchtitan job config (TOML)"),
+        python: Path = out_file("--python", help="write the winner as FSDP2 / torch.distributed.pipelining calls"),
+        html_out: Path = out_file("--html", help="write the ranked table and the winner's breakdown as HTML"),
+        explain: bool = typer.Option(False, "--explain", help="judge --layout and its cheapest one-step changes"),
+        layout: str = typer.Option(
+            None,
+            "--layout",
+            help="the layout --explain judges, e.g. 'dp_shard=32,tp=8,sp=true,ac=full' (the keys of --json's layout)",
+        ),
         jobs: int = typer.Option(None, "--jobs", "-j", min=1, help="processes judging at once (default: per CPU)"),
         ray_address: str = typer.Option(None, "--ray-address", help="judge on Ray: 'local' or a head's HOST:PORT"),
         no_cache: bool = typer.Option(False, "--no-cache", help="neither read nor fill the trace cache"),
@@ -48,33 +57,80 @@ def register(app: typer.Typer) -> None:
         PP (torch's schedules, M, V), CP degree with each AC policy and float8 recipe, pruned by memory and step
         lower bounds, each left judged by the simulator on its traced program (K and 2K layers, scaled) in the
         framework's order and optimised, ranked by tokens/s per GPU. Prints the winner, the runner-up and the best
-        layout without overlap optimisation, and what makes the winner win; --toml writes it for torchtitan.
+        layout without overlap optimisation, and what makes the winner win; --toml writes it for torchtitan,
+        --python as FSDP2 / pipelining calls. With --explain --layout L: L judged, and each one-step change (HSDP,
+        a larger micro-batch, a smaller TP, another AC, float8) with its simulated gain, best first.
 
         Example: commsched plan llama3-8b --gpus 8 -H h100-sxm --seq-len 8192 --max-pp 1 --toml best.toml
         """
         from commsched.plan import PlanRequest
         from commsched.plan import plan as run_plan
-        from commsched.plan.toml_out import torchtitan_toml
         from commsched.report.plan_text import plan_table, why_lines
 
         with user_errors():
+            if (layout is None) == explain:
+                raise ValueError("--explain and --layout: expected both (judge one layout's changes) or neither")
             req = PlanRequest(preset=preset, gpus=gpus, hardware=hardware, gpus_per_node=gpus_per_node, hbm_gib=hbm,
                               seq_len=seq_len, global_batch=global_batch, ac_policies=_choices(ac, "--ac"),
                               float8_recipes=_choices(float8, "--float8"),
                               pp_schedules=_choices(pp_schedules, "--pp-schedules"), max_pp=max_pp,
                               compile=compile_, layers_scale=layers_scale)  # fmt: skip
+            if explain:
+                _explain(req, layout, jobs, ray_address, not no_cache, json_out, toml, python)
+                return
             result = run_plan(req, jobs=jobs, ray_address=ray_address, cache=not no_cache, verify=verify,
                               progress=None if json_out else (lambda m: err_console.print(m)))  # fmt: skip
-        if toml:
+        _write_answers(req, result.winner.layout, toml, python)
+        if html_out:
             from commsched.io import atomic_write_text
+            from commsched.report.plan_text import plan_html
 
-            atomic_write_text(toml, torchtitan_toml(req, result.winner.layout))
+            atomic_write_text(html_out, plan_html(result, top))
         written = emit_json(result.as_dict(top), json_out) if json_out else None
         if json_out and written is None:
             return
         console.print(plan_table(result, top))
         for line in why_lines(result):
             console.print(line, soft_wrap=True, highlight=False)
-        for path in (written, toml):
+        for path in (written, toml, python, html_out):
             if path:
                 console.print(f"wrote [bold]{path}[/]")
+
+
+def _write_answers(req: Any, layout: Any, toml: Path | None, python: Path | None) -> None:
+    """The layout as a torchtitan TOML (``--toml``) and as FSDP2 / pipelining calls (``--python``)."""
+    from commsched.io import atomic_write_text
+    from commsched.plan.python_out import fsdp2_python
+    from commsched.plan.toml_out import torchtitan_toml
+
+    if toml:
+        atomic_write_text(toml, torchtitan_toml(req, layout))
+    if python:
+        atomic_write_text(python, fsdp2_python(req, layout))
+
+
+def _explain(
+    req: Any,
+    text: str,
+    jobs: int | None,
+    ray_address: str | None,
+    cache: bool,
+    json_out: str | None,
+    toml: Path | None,
+    python: Path | None,
+) -> None:
+    """``plan --explain``: the given layout and its one-step changes, judged; --toml / --python write the layout."""
+    from commsched.plan.explain import explain, parse_layout
+    from commsched.report.plan_text import explain_lines
+
+    given = parse_layout(text)
+    explained = explain(req, given, jobs=jobs, ray_address=ray_address, cache=cache)
+    _write_answers(req, given, toml, python)
+    written = emit_json(explained.as_dict(), json_out) if json_out else None
+    if json_out and written is None:
+        return
+    for line in explain_lines(explained):
+        console.print(line, soft_wrap=True, highlight=False)
+    for path in (written, toml, python):
+        if path:
+            console.print(f"wrote [bold]{path}[/]")

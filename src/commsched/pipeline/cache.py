@@ -56,8 +56,7 @@ class StageRecord:
     activation_bytes: int
     send_bytes: int
     traced_layers: tuple[int, ...]
-    backward_peak_bytes: int = 0
-    """the backward's transient (:func:`commsched.pipeline.stage_memory.backward_peak_bytes`)"""
+    backward_peak_bytes: int = 0  # the backward's transient (stage_memory.backward_peak_bytes)
 
 
 def stage_key(spec: Any, first: bool, layers: int, last: bool, policies: tuple[str, ...] | None = None) -> str:

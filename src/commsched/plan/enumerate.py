@@ -1,7 +1,8 @@
 """Every layout of a :class:`~commsched.plan.layout.PlanRequest` that torchtitan and the zoo can run.
 
 Degrees divide the GPU count; TP stays inside a node and divides the heads, the KV heads and the MLP width; CP
-needs sequences that split into ``2 x cp`` head-tail chunks; PP stages run at least two blocks each; the global batch
+needs sequences that split into ``2 x cp`` head-tail chunks; EP (mixture-of-experts presets) divides the experts and
+FSDP's shard group; PP stages run at least two blocks each; the global batch
 splits evenly over the data-parallel replicas and, under PP, into ``M`` equal micro-batches. Options a pipeline
 job cannot take yet (``PipelineJob``'s fields decide: :func:`pipeline_options`) are not enumerated under PP.
 """
@@ -72,7 +73,8 @@ def _inner(req: PlanRequest, base: Layout, float8s: list[str]) -> Iterator[Layou
                 continue
             for ac in req.ac_policies if not under_pp or "ac" in allowed else ("none",):
                 for f8 in float8s if not under_pp or "float8" in allowed else ("none",):
-                    yield from _pipelined(req, dataclasses.replace(layout, ac=ac, float8=f8))
+                    for lay in _expert_parallel(req, dataclasses.replace(layout, ac=ac, float8=f8)):
+                        yield from _pipelined(req, lay)
 
 
 def _data_parallel_ok(req: PlanRequest, layout: Layout, allowed: frozenset[str]) -> bool:
@@ -84,6 +86,17 @@ def _data_parallel_ok(req: PlanRequest, layout: Layout, allowed: frozenset[str])
             return layout.tp == 1 and layout.pp == 1  # DDP
         return layout.pp == 1 or "dp_replicate" in allowed
     return True
+
+
+def _expert_parallel(req: PlanRequest, layout: Layout) -> Iterator[Layout]:
+    """``layout`` and, for a mixture-of-experts model under plain FSDP (the zoo's ``fsdp+ep``: no TP, CP, PP or
+    HSDP beside it), each EP degree >= 2 dividing both the shard group and the experts (EP borrows its ranks from
+    ``dp_shard``, as torchtitan's ``ParallelDims`` does)."""
+    yield layout
+    experts = req.model().n_experts
+    if experts and layout.tp == layout.pp == layout.cp == layout.dp_replicate == 1:
+        for ep in divisors(math.gcd(layout.dp_shard, experts))[1:]:
+            yield dataclasses.replace(layout, ep=ep)
 
 
 def _pipelined(req: PlanRequest, layout: Layout) -> Iterator[Layout]:

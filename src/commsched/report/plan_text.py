@@ -61,3 +61,50 @@ def why_lines(result: Any) -> list[str]:
     elif v is not None:
         lines.append(f"winner at every layer: failed: {v['error']}")
     return lines
+
+
+def explain_lines(explained: Any) -> list[str]:
+    """``plan --explain``: the given layout's step and what it spends, then each change with its simulated gain in
+    tokens/s per GPU, best first (those over the HBM and those that failed said so)."""
+    b = explained.base
+    if b.error is not None:
+        return [f"{b.layout.label()}: could not be judged: {b.error}"]
+    over = "" if b.fits else " (over the HBM)"
+    spent = ", ".join(f"{k} {_ms(v)}" for k, v in _spent(b).items())
+    lines = [f"{b.layout.label()}: step {_ms(b.step_s)}, {fmt_rate(b.tokens_per_s_per_gpu)} tokens/s/GPU, peak "
+             f"{fmt_bytes(b.peak_memory_bytes)}{over}; {spent}"]  # fmt: skip
+    for c in explained.changes:
+        if c.error is not None:
+            lines.append(f"  {c.what}: could not be judged: {c.error}")
+            continue
+        spent = ", ".join(f"{k} {1e3 * (v - _spent(b)[k]):+.1f} ms" for k, v in _spent(c).items())
+        over = "" if c.fits else f" (over the HBM: {fmt_bytes(c.peak_memory_bytes)})"
+        lines.append(f"  {100 * c.gain(b):+6.1f} %  {c.what}: step {_ms(c.step_s)}, peak "
+                     f"{fmt_bytes(c.peak_memory_bytes)}{over}; {spent}")  # fmt: skip
+    return lines
+
+
+def plan_html(result: Any, top: int) -> str:
+    """``plan --html``: the ranked table and, for the winner, the breakdown against the runner-up and the best layout
+    without overlap optimisation (a self-contained page)."""
+    import html
+
+    from commsched.report.html import html_table, page_head
+
+    req, hw = result.request, result.hardware
+    rows = [[rank, j.layout.label(), _ms(j.step_s), fmt_rate(j.tokens_per_s_per_gpu), fmt_mfu(j.mfu),
+             fmt_bytes(j.peak_memory_bytes), _ms(j.exposed_comm_s), f"{100 * j.bubble_fraction:.1f} %",
+             _ms(j.recompute_s), _ms(j.framework_step_s)] for rank, j in enumerate(result.ranked[:top], 1)]  # fmt: skip
+    named = [("winner", result.winner), ("runner-up", result.runner_up),
+             ("best without overlap optimisation", result.best_without_optimisation)]  # fmt: skip
+    breakdown = [[name, j.layout.label(), _ms(j.step_s), *(_ms(v) for v in _spent(j).values()), j.kept, j.how]
+                 for name, j in named if j is not None]  # fmt: skip
+    context = {"GPUs": req.gpus, "hardware": hw.name, "global batch": req.batch, "seq": req.seq,
+               "judged": result.candidates_judged, "enumerated": result.enumerated}  # fmt: skip
+    parts = page_head(f"commsched plan: {req.preset}", context)
+    parts += ["<h2>Ranked layouts</h2>", html_table(list(COLUMNS), rows, numeric_from=2)]
+    parts += ["<h2>What makes the winner win</h2>",
+              html_table(["", "layout", "step", *_spent(result.winner), "kept", "judged at"], breakdown,
+                         numeric_from=2, text=("kept", "judged at"))]  # fmt: skip
+    parts += [f"<p>{html.escape(line)}</p>" for line in why_lines(result)]
+    return "\n".join([*parts, "</body></html>"])
