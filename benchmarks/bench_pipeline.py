@@ -8,16 +8,19 @@ traced, torch's schedule lowered) and warm (the same folder again: the stage cos
 back). Wall seconds of the whole process (imports included), each the median of ``--repeats``. ``--check-scaling``
 also traces each distinct stage in full and reports the layer-scaled costs' largest relative difference.
 
-``optimize``: :func:`commsched.pipeline.optimize.optimize_pipeline` on the same model with torchtitan's 405B recipe's
-batch (``tests/data/torchtitan/llama3_405b.toml``: local_batch_size 2 on 512 / TP 8 = 64 data-parallel ranks at
-PP 1, so 128 sequences a step; at PP 8 the 8 FSDP replicas take 16 each), 80 GB per GPU, against 1F1B at M = P
-(torchtitan's old default). Prints every try and the verdicts as markdown.
+``optimize``: :func:`commsched.pipeline.optimize.optimize_pipeline` on the same model with torchtitan's 405B recipe
+(``tests/data/torchtitan/llama3_405b.toml``): its batch (local_batch_size 2 on 512 / TP 8 = 64 data-parallel ranks
+at PP 1, so 128 sequences a step; at PP 8 the 8 FSDP replicas take 16 each), its TP as torchtitan applies it (with
+sequence parallelism: ``parallelize_llama``'s ``SequenceParallel`` norms), its ``[activation_checkpoint] mode =
+"full"`` and its compile; each schedule, M and V also tried under AC none and selective-op (``ac_policies``),
+80 GB per GPU, against 1F1B at M = P (torchtitan's old default) with the recipe's AC. The recipe's float8 and async
+TP are left out (float8's one-byte gathered weights would only lower the peaks). Prints every try and the verdicts
+as markdown.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import platform
 import resource
@@ -34,6 +37,7 @@ sys.path.insert(0, str(ROOT / "src"))
 JOB = dict(preset="llama3-405b", parallel="fsdp+tp", world_size=512, tp_size=8, pp_size=8, seq_len=8192)
 SPEED = dict(schedule="Interleaved1F1B", microbatches=32, stages_per_rank=2)
 RECIPE_BATCH = 16  # sequences per FSDP replica per step (module docstring)
+RECIPE = dict(parallel="fsdp+tp+sp", ac="full", compile=True)  # the recipe's TP (with SP), AC and compile
 HARDWARE = "h100-sxm"
 _ONE_STEP = f"""
 import time; t = time.perf_counter()
@@ -98,17 +102,16 @@ def _check_scaling() -> None:
           f"difference {worst:.2e}")  # fmt: skip
 
 
-def optimize(budget_gb: float) -> None:
+def optimize(budget_gb: float, ac_search: bool) -> None:
     from commsched.pipeline.job import PipelineJob
-    from commsched.pipeline.optimize import optimize_pipeline
+    from commsched.pipeline.optimize import AC_POLICIES, optimize_pipeline
 
-    recipe = _recipe_options(PipelineJob)
-    if not recipe:
-        print("PipelineJob takes no activation checkpointing yet: the recipe's AC (mode = full) is left out")
-    job = PipelineJob(**JOB, schedule="1F1B", microbatches=8, batch=RECIPE_BATCH, **recipe)
+    job = PipelineJob(**{**JOB, **RECIPE}, schedule="1F1B", microbatches=8, batch=RECIPE_BATCH)
+    acs = AC_POLICIES if ac_search else ()
     t0 = time.perf_counter()
-    plan = optimize_pipeline(job, HARDWARE, int(budget_gb * 1e9))
-    print(f"optimize_pipeline({job}, {HARDWARE!r}, {budget_gb} GB): {time.perf_counter() - t0:.0f} s\n")
+    plan = optimize_pipeline(job, HARDWARE, int(budget_gb * 1e9), ac_policies=acs)
+    print(f"optimize_pipeline({job}, {HARDWARE!r}, {budget_gb} GB, ac_policies={acs}): "
+          f"{time.perf_counter() - t0:.0f} s\n")  # fmt: skip
     print("| plan | step | peak | verdict |\n|---|---:|---:|---|")
     for t in plan.tried:
         step = "-" if t.step_s is None else f"{t.step_s * 1e3:.1f} ms"
@@ -117,22 +120,18 @@ def optimize(budget_gb: float) -> None:
     print(f"\n{plan.summary()}")
 
 
-def _recipe_options(job_cls: type) -> dict[str, str]:
-    """The recipe's activation checkpointing (``[activation_checkpoint] mode = "full"``) where the job takes it."""
-    return {"ac": "full"} if "ac" in {f.name for f in dataclasses.fields(job_cls)} else {}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("parts", nargs="*", default=["speed", "optimize"], choices=["speed", "optimize"])
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--check-scaling", action="store_true")
     ap.add_argument("--memory-budget", type=float, default=80.0, metavar="GB")
+    ap.add_argument("--no-ac-search", dest="ac_search", action="store_false", help="only the recipe's AC")
     args = ap.parse_args()
     if "speed" in args.parts:
         speed(args.repeats, args.check_scaling)
     if "optimize" in args.parts:
-        optimize(args.memory_budget)
+        optimize(args.memory_budget, args.ac_search)
 
 
 if __name__ == "__main__":

@@ -20,13 +20,7 @@ from commsched.pipeline.stages import stage_seconds, trace_stage
 runner = CliRunner()
 
 
-@pytest.fixture(autouse=True)
-def _own_cache(tmp_path, monkeypatch):
-    """Every test its own disk cache, and nothing in memory from an earlier test (a cold process)."""
-    monkeypatch.setenv("COMMSCHED_CACHE_DIR", str(tmp_path / "cache"))
-    stage_cache.clear_memory()
-    yield
-    stage_cache.clear_memory()
+pytestmark = pytest.mark.usefixtures("own_stage_cache")  # each test a cold process (conftest)
 
 
 def _spec(parallel: str = "tp+sp", layers: int = 4, preset: str = "llama-tiny"):
@@ -194,3 +188,70 @@ def test_the_command_optimizes_and_prints_json():
     assert data["speedup"] >= 1.0 and len(data["tried"]) == len(candidates(2))
     bad = runner.invoke(app, [*args[:-3], "--optimize", "--memory-budget", "0"])
     assert bad.exit_code == 2 and "--memory-budget" in bad.output
+
+
+# ---------------------------------------------------------------- AC as an option of the search
+def test_the_ac_policies_are_searched_and_decide_under_a_tight_budget():
+    """With ``ac_policies`` every (schedule, M, V) is tried under each AC policy (the job's own first, so the input
+    stays the first try); AC trades held activations for recompute, so without a budget the fastest try runs no
+    AC, and under a budget below every no-AC try's peak the kept plan checkpoints and fits."""
+    from commsched.pipeline.optimize import AC_POLICIES
+
+    job = PipelineJob(preset="llama-tiny", parallel="fsdp+tp", world_size=8, tp_size=2, pp_size=2, schedule="1F1B",
+                      microbatches=2, batch=4, layers=2, seq_len=256, ac="full")  # fmt: skip
+    kw = dict(schedules=("1F1B", "ZBVZeroBubble"), stage_overlap=False, ac_policies=AC_POLICIES)
+    free = optimize_pipeline(job, "h100-sxm", 10**15, **kw)
+    assert free.tried[0].label == "1F1B M=2 V=1 ac=full"
+    grid = {(t.schedule, t.microbatches, t.stages_per_rank) for t in free.tried}
+    assert {(*g, t.ac) for g in grid for t in free.tried} >= {(*g, ac) for g in grid for ac in AC_POLICIES}
+    assert len(free.tried) == len(grid) * len(AC_POLICIES)
+    ran = [t for t in free.tried if t.step_s is not None]
+    by_ac = {ac: [t for t in ran if t.ac == ac] for ac in AC_POLICIES}
+    assert min(t.peak_memory_bytes for t in by_ac["full"]) < min(t.peak_memory_bytes for t in by_ac["none"])
+    assert free.kept.ac == "none"  # no budget: recompute only costs time
+    budget = min(t.peak_memory_bytes for t in by_ac["none"]) - 1
+    tight = optimize_pipeline(job, "h100-sxm", budget, **kw)
+    assert tight.kept is not None and tight.kept.ac != "none" and tight.kept.peak_memory_bytes <= budget
+    fits = [t for t in tight.tried if t.step_s is not None and t.peak_memory_bytes <= budget]
+    assert tight.kept.step_s == min(t.step_s for t in fits)
+    assert all(t.verdict.startswith("over budget") for t in tight.tried if t.ac == "none" and t.step_s is not None)
+
+
+def test_the_command_searches_ac_only_with_optimize(monkeypatch):
+    """--optimize-ac passes the AC policies to the search (here over 1F1B alone, to stay fast); without --optimize
+    it is a one-line error."""
+    from commsched.pipeline import optimize
+
+    real = optimize.optimize_pipeline
+    monkeypatch.setattr(optimize, "optimize_pipeline", lambda *a, **kw: real(*a, **kw, schedules=("1F1B",)))
+    args = ["pipeline", "llama-tiny", "--parallel", "fsdp+tp", "--world-size", "8", "--tp-size", "2", "--pp-size",
+            "2", "--layers", "2", "--seq-len", "64", "--microbatches", "2", "--pp-schedule", "1F1B"]  # fmt: skip
+    bad = runner.invoke(app, [*args, "--optimize-ac"])
+    assert bad.exit_code == 2 and "--optimize-ac" in bad.output
+    out = runner.invoke(app, [*args, "--optimize", "--optimize-ac", "--json", "-"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert {t["ac"] for t in data["tried"]} == {"none", "selective-op", "full"}
+    assert data["baseline"]["label"] == "1F1B M=2 V=1 ac=none"
+
+
+def test_the_optimizer_step_is_traced_once_for_every_batch_and_ac_policy(monkeypatch):
+    """tail_seconds is memoised across M and AC (the search's tries) and on disk: the optimizer step of a spec with
+    another batch and AC policy, traced afresh, takes exactly the seconds of the shared one, and a fresh process
+    reads it back."""
+    from commsched.hardware import for_graph
+    from commsched.pipeline import per_step
+
+    job = PipelineJob(preset="llama-tiny", parallel="fsdp+tp", world_size=8, tp_size=2, pp_size=2, schedule="1F1B",
+                      microbatches=2, batch=4, layers=2, seq_len=256, ac="full").resolve()  # fmt: skip
+    hw = for_graph("h100-sxm", world_size=8)
+    units = job.rank_units(0)
+    shared = per_step.tail_seconds(job.inner, units, hw, False)
+    assert shared.total_s > 0 and job.inner.batch == 2 and job.inner.ac == "full"
+    per_step._tail_seconds.cache_clear()
+    own = per_step._tail_seconds(job.inner, units, hw, False)  # this spec's own trace, not normalised
+    assert own == shared
+    # a fresh process (memory cleared) reads the shared one from the disk cache, tracing nothing
+    per_step._tail_seconds.cache_clear()
+    monkeypatch.setattr(per_step, "_traced_tail", lambda *a: pytest.fail("traced again"))
+    assert per_step.tail_seconds(job.inner, units, hw, False) == shared

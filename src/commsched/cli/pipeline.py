@@ -26,6 +26,9 @@ from commsched.cli.predict import ASYNC_TP_HELP, COMPILE_HELP, OPTIMIZER_HELP
 OPTIMIZE_HELP = ("search torch's schedules, M and V under the memory budget and keep the fastest; also our overlap "
                  "pass inside each stage and in DualPipeV's F&B pairs (commsched.pipeline.optimize)")  # fmt: skip
 
+OPTIMIZE_AC_HELP = ("with --optimize: also try each schedule, M and V under activation checkpointing none, "
+                    "selective-op and full (the simulator weighs recompute against memory freed)")  # fmt: skip
+
 
 def register(app: typer.Typer) -> None:
     @app.command()
@@ -48,6 +51,7 @@ def register(app: typer.Typer) -> None:
         memory_budget: float = typer.Option(
             None, "--memory-budget", min=0.001, help="GB per rank for --optimize (unset: the profile's HBM)"
         ),
+        optimize_ac: bool = typer.Option(False, "--optimize-ac", help=OPTIMIZE_AC_HELP),
     ) -> None:
         """Simulate one training step of PRESET with pipeline parallelism: the layers split over P x V stages as
         torchtitan splits them, each distinct stage's forward and backward (and the zero-bubble schedules' input-
@@ -71,10 +75,13 @@ def register(app: typer.Typer) -> None:
                        schedule=pp_schedule, microbatches=microbatches or pp_size * v, stages_per_rank=stages_per_rank,
                        compile=compile_, async_tp=async_tp)  # fmt: skip
             resolved = job.resolve()  # every option checked before any tracing
+            if optimize_ac and not optimize:
+                raise ValueError("--optimize-ac: only with --optimize (it widens the search)")
             if optimize:
                 from commsched.cli.pipeline_optimize import optimize_command
+                from commsched.pipeline.optimize import AC_POLICIES
 
-                optimize_command(job, hardware, memory_budget, json_out)
+                optimize_command(job, hardware, memory_budget, json_out, AC_POLICIES if optimize_ac else ())
                 return
             with Stages(("trace and simulate",), enabled=not json_out) as stages:
                 shapes = len({(s.shape, resolved.policies(s)) for s in resolved.stages})

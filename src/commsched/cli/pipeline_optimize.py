@@ -12,12 +12,14 @@ GB = 10**9
 """``--memory-budget`` is in GB, as HBM is sold (an H100's 80 GB is 80e9 bytes)"""
 
 
-def optimize_command(job: Any, hardware: Any, memory_budget_gb: float | None, json_out: str | None) -> Any:
-    """Search, then print the tries and the kept step (or emit ``--json``); returns the plan."""
+def optimize_command(job: Any, hardware: Any, memory_budget_gb: float | None, json_out: str | None,
+                     ac_policies: tuple[str, ...] = ()) -> Any:  # fmt: skip
+    """Search (also over ``ac_policies``), then print the tries and the kept step (or emit ``--json``); returns the
+    plan."""
     from commsched.pipeline.optimize import optimize_pipeline
 
     budget = None if memory_budget_gb is None else int(memory_budget_gb * GB)
-    plan = optimize_pipeline(job, hardware, budget)
+    plan = optimize_pipeline(job, hardware, budget, ac_policies=ac_policies)
     written = emit_json(plan.as_dict(), json_out) if json_out else None
     if json_out and written is None:
         return plan

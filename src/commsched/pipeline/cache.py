@@ -16,6 +16,10 @@ layers is traced at K and K + 1 layers (:data:`SCALE_LAYERS`) and extrapolated, 
 steps), which ``tests/pipeline/test_pipeline_optimize.py`` checks against full traces to 1e-6 and
 ``benchmarks/bench_pipeline.py`` on the 405B stages. Every layer count then shares the same few traces: one
 (first, K, last) and (first, K + 1, last) per kind of stage and micro-batch size.
+
+**Records.** Each stage's costs per hardware (``records/``), torch's lowered schedules (``programs/``) and each
+pipeline rank's optimizer-step seconds (``tails/``, :func:`cached_seconds`) are kept as small JSON files, so a warm
+process neither traces nor imports torch's pipelining.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +129,7 @@ def stage_record(
     and K + 1 layers (its blocks under one AC policy: ``policies`` None or all equal). ``fusion``: the kernels
     fused as a compiled block's (:func:`commsched.pipeline.stages.stage_seconds`)."""
     first, layers, last = shape
-    scale = scale and (policies is None or len(set(policies)) == 1)
+    scale = scale and scalable(policies)
     mem_key = (spec, tuple(shape), _hardware_key(hardware), scale, policies, fusion)
     hit = _RECORDS.get(mem_key)
     path = _record_path(spec, shape, hardware, scale, policies, fusion) if disk else None
@@ -140,14 +145,26 @@ def stage_record(
     return hit
 
 
+def scalable(policies: tuple[str, ...] | None) -> bool:
+    """Whether a stage whose blocks run ``policies`` may be costed from shorter traces: all blocks alike."""
+    return policies is None or len(set(policies)) == 1
+
+
+def policies_at(policies: tuple[str, ...] | None, count: int, layers: int) -> tuple[str, ...] | None:
+    """The AC policies of a ``count``-layer trace standing for a ``layers``-layer stage whose blocks run
+    ``policies``: its own at full length, else the (shared) policy of a :func:`scalable` stage, ``count`` times."""
+    if policies is None or count == layers:
+        return policies
+    return (policies[0],) * count
+
+
 def _record(spec: Any, first: bool, layers: int, last: bool, hardware: Any, scale: bool, disk: bool,
             policies: tuple[str, ...] | None, fusion: bool) -> StageRecord:  # fmt: skip
     k = SCALE_LAYERS
     counts = (k, k + 1) if scale and layers > k + 1 else (layers,)
     parts = []
     for count in counts:
-        mine = None if policies is None else (policies if count == layers else (policies[0],) * count)
-        traced = cached_trace(spec, first, count, last, disk=disk, policies=mine)
+        traced = cached_trace(spec, first, count, last, disk=disk, policies=policies_at(policies, count, layers))
         secs = stage_seconds(traced, hardware, fusion=fusion)
         parts.append((*_ns(secs), traced.activation_bytes, traced.send_bytes, backward_peak_bytes(traced)))
     values = parts[0] if len(parts) == 1 else extrapolate(parts[0], parts[1], k, layers)
@@ -174,6 +191,23 @@ def _record_path(spec: Any, shape: tuple[bool, int, bool], hardware: Any, scale:
                    "scale_layers": SCALE_LAYERS, "cost_data": _cost_data_digest(),
                    **({} if fusion else {"fusion": False})})  # fmt: skip
     return _root() / "records" / f"{key}.json"
+
+
+def cached_seconds(kind: str, spec: Any, key: dict[str, Any], hardware: Any,
+                   compute: Callable[[], tuple[float, ...]]) -> tuple[float, ...]:  # fmt: skip
+    """``compute()`` (a few seconds values of ``spec`` on ``hardware``, a Hardware) from the disk cache under
+    ``kind`` / ``key`` (with the spec, the hardware's content, the cost data and the versions), else computed and
+    stored: what a warm run would otherwise trace again (each rank's optimizer step)."""
+    table = _file_digest(Path(hardware.table_path)) if hardware.table_path else ""
+    whole = {**key, "spec": _spec_digest(spec), "hardware": repr(hardware), "table": table,
+             "cost_data": _cost_data_digest()}  # fmt: skip
+    path = _root() / kind / f"{_digest(whole)}.json"
+    data = _read_json(path)
+    if isinstance(data, list) and data and all(isinstance(x, int | float) for x in data):
+        return tuple(float(x) for x in data)
+    out = tuple(compute())
+    _write_json(path, list(out))
+    return out
 
 
 def cached_program(name: str, pp_size: int, microbatches: int, v: int, defer_recv: bool, lower: Any, make: Any) -> Any:
@@ -270,7 +304,8 @@ def _hardware_key(hardware: Any) -> Any:
 
 
 def clear_memory() -> None:
-    """Forget the in-process traces and records (the disk cache stays): what a new process starts with."""
+    """Forget the in-process traces and records (the disk cache stays): what a new process starts with, but for
+    the optimizer steps (:func:`commsched.pipeline.per_step.clear_tails`)."""
     from commsched.pipeline import stages
 
     _TRACED.clear()

@@ -29,11 +29,15 @@ PAIRED = ("DualPipeV",)
 """the schedules whose OVERLAP_F_B actions run a forward and a backward as one pair"""
 STAGES_PER_RANK = (2, 4)
 """the V the looped schedules (Interleaved1F1B, LoopedBFS, InterleavedZeroBubble) are tried at"""
+AC_POLICIES = ("none", "selective-op", "full")
+"""the activation checkpointing policies ``ac_policies=AC_POLICIES`` tries (torchtitan's modes: none, selective by op,
+full); each trades a stage's held activations for its backward's recompute, so under a tight budget it decides which
+M and V fit"""
 
 
 @dataclasses.dataclass(frozen=True)
 class PipelineTry:
-    """One (schedule, M, V) tried: its simulated step and worst rank's peak, or why it could not run."""
+    """One (schedule, M, V[, AC]) tried: its simulated step and worst rank's peak, or why it could not run."""
 
     schedule: str
     microbatches: int
@@ -44,10 +48,12 @@ class PipelineTry:
     """torch's (or torchtitan's split's) one-line reason it cannot run; empty when it ran"""
     verdict: str = ""
     """'kept', or why it lost: 'slower by x ms', 'over budget by y GiB', 'torch refuses: ...'"""
+    ac: str = ""
+    """the AC policy tried (empty: the job's, not searched)"""
 
     @property
     def label(self) -> str:
-        return f"{self.schedule} M={self.microbatches} V={self.stages_per_rank}"
+        return f"{self.schedule} M={self.microbatches} V={self.stages_per_rank}" + (f" ac={self.ac}" if self.ac else "")
 
     def as_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "label": self.label}
@@ -126,13 +132,15 @@ def optimize_pipeline(
     stages_per_rank: tuple[int, ...] = STAGES_PER_RANK,
     pair_overlap: bool = True,
     stage_overlap: bool = True,
+    ac_policies: tuple[str, ...] = (),
 ) -> PipelinePlan:
     """The fastest (schedule, M, V) of ``job`` on ``hardware`` whose worst rank's peak fits
     ``memory_budget_bytes`` (default: the profile's HBM), with every try's verdict. The batch stays the job's
-    (default: one sequence per micro-batch of the input). With ``pair_overlap`` DualPipeV's OVERLAP_F_B pairs are
-    timed as the ``overlap`` pass orders them (:func:`with_pairs`); with ``stage_overlap`` the kept plan's stages
-    are ordered by it too (:func:`with_stage_overlap`), kept if faster. Raises ValueError if the input job itself is
-    malformed (before any tracing)."""
+    (default: one sequence per micro-batch of the input). ``ac_policies`` (e.g. :data:`AC_POLICIES`): each
+    (schedule, M, V) is also tried under each of these AC policies besides the job's own. With ``pair_overlap``
+    DualPipeV's OVERLAP_F_B pairs are timed as the ``overlap`` pass orders them (:func:`with_pairs`); with
+    ``stage_overlap`` the kept plan's stages are ordered by it too (:func:`with_stage_overlap`), kept if faster.
+    Raises ValueError if the input job itself is malformed (before any tracing)."""
     from commsched.hardware import for_graph
 
     resolved = job.resolve()  # the input's own errors are the user's, not a verdict
@@ -140,20 +148,25 @@ def optimize_pipeline(
     if memory_budget_bytes is None:
         memory_budget_bytes = for_graph(hardware, world_size=job.world_size).compute.hbm_capacity_bytes
     base = (resolved.program.schedule, job.microbatches, resolved.program.stages_per_rank)
+    grid = candidates(batch, schedules, stages_per_rank)
+    acs = tuple(dict.fromkeys((job.ac, *ac_policies))) if ac_policies else ()
+    if acs:  # the job's own policy first, so the input is still the first try
+        base, grid = (*base, job.ac), [(*c, ac) for c in grid for ac in acs]
 
-    def run(cand: tuple[str, int, int]) -> tuple[PipelineTry, Any]:
-        name, m, v = cand
-        variant = dataclasses.replace(job, schedule=name, microbatches=m, stages_per_rank=v, batch=batch)
+    def run(cand: tuple) -> tuple[PipelineTry, Any]:
+        name, m, v, *ac = cand
+        variant = dataclasses.replace(job, schedule=name, microbatches=m, stages_per_rank=v, batch=batch,
+                                      ac=ac[0] if ac else job.ac)  # fmt: skip
+        mine = dict(schedule=name, microbatches=m, stages_per_rank=v, ac=ac[0] if ac else "")
         try:
             resolved = variant.resolve()
         except ValueError as exc:
-            return PipelineTry(name, m, v, refused=str(exc)), None
+            return PipelineTry(**mine, refused=str(exc)), None
         step = simulate_job(resolved, hardware)
         if pair_overlap and name in PAIRED:
             step = with_pairs(step, hardware)
-        return PipelineTry(name, m, v, step.step_s, step.result.peak_memory_bytes), step
+        return PipelineTry(**mine, step_s=step.step_s, peak_memory_bytes=step.result.peak_memory_bytes), step
 
-    grid = candidates(batch, schedules, stages_per_rank)
     plan = search(base, grid, run, memory_budget_bytes)
     if plan.step is None:
         return plan
@@ -238,14 +251,15 @@ def with_stage_overlap(step: Any, hardware: Any) -> Any:
     f, b, i = (list(np.broadcast_to(np.asarray(v, float), (len(job.stages),)))
                for v in (costs.forward_s, costs.backward_s, costs.backward_input_s))  # fmt: skip
     for s, stage in enumerate(job.stages):
-        save_f, save_b = stage_savings(job.compute, stage.shape, hardware)
+        save_f, save_b = stage_savings(job.compute, stage.shape, hardware, policies=job.policies(stage),
+                                       fusion=job.job.compile)  # fmt: skip
         f[s], b[s], i[s] = f[s] - save_f, b[s] - save_b, max(i[s] - save_b, 0.0)
     costs = dataclasses.replace(costs, forward_s=f, backward_s=b, backward_input_s=i)
     result = simulate_program(job.program, costs, step.hardware, ranks_between_stages=job.ranks_between_stages)
     return dataclasses.replace(step, result=result, costs=costs)
 
 
-def search(base: tuple[str, int, int], grid: list[tuple[str, int, int]], run: Callable, budget: int) -> PipelinePlan:
+def search(base: tuple, grid: list[tuple], run: Callable, budget: int) -> PipelinePlan:
     """Run ``base`` (the input) and every other plan of ``grid`` with ``run(plan) -> (PipelineTry, step)``; keep
     the fastest within ``budget`` bytes (ties: the earlier, so the input wins a tie), judge the others."""
     if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:

@@ -110,25 +110,28 @@ def _collective(b: GraphBuilder, g: Graph, i: int, nid: int, new_id: dict[int, i
         b.set_wait(nid, new_id[int(g.wait_of[i])])
 
 
-def pair_seconds(fwd: TracedStage, bwd: TracedStage, hardware: Any) -> PairTimes:
+def pair_seconds(fwd: TracedStage, bwd: TracedStage, hardware: Any, *, fusion: bool = True) -> PairTimes:
     """``fwd`` 's forward and ``bwd`` 's backward as one OVERLAP_F_B program, simulated on ``hardware`` in turn and
-    as the ``overlap`` pass (with ``reorder_collectives``) orders it (module docstring)."""
+    as the ``overlap`` pass (with ``reorder_collectives``) orders it (module docstring); ``fusion``: the kernels
+    fused as a compiled block's, else eager."""
     g, fwd_mask = pair_graph(fwd, bwd)
-    in_turn, overlapped = ordered_twice(g, hardware)
+    in_turn, overlapped = ordered_twice(g, hardware, fusion=fusion)
     on_compute = (g.kinds == OpKind.COMPUTE) | (g.kinds == OpKind.OTHER)
     alone = in_turn.standalone_ns
     compute = (int(alone[on_compute & fwd_mask].sum()) * 1e-9, int(alone[on_compute & ~fwd_mask].sum()) * 1e-9)
     return PairTimes(int(in_turn.makespan_ns) * 1e-9, int(overlapped.makespan_ns) * 1e-9, compute)
 
 
-def ordered_twice(g: Graph, hardware: Any) -> tuple[Any, Any]:
+def ordered_twice(g: Graph, hardware: Any, *, fusion: bool = True) -> tuple[Any, Any]:
     """``g`` simulated in its own order and in the order the ``overlap`` pass gives it with ``reorder_collectives``
-    (the collectives of two parts share their groups' streams): the two SimResults."""
-    from commsched.cost import resolve_costs
+    (the collectives of two parts share their groups' streams): the two SimResults. ``fusion``: costed as
+    :func:`commsched.pipeline.stages.stage_seconds` costs a stage (compiled, else eager)."""
+    from commsched.cost import estimate_costs
+    from commsched.hardware import for_graph
     from commsched.passes import schedule
     from commsched.sim import simulate_costs
 
-    costs = resolve_costs(g, hardware)
+    costs = estimate_costs(g, for_graph(hardware, g), fusion=fusion)
     sched = schedule(g, costs, overlap={"reorder_collectives": True})
     return simulate_costs(g, costs), simulate_costs(g, costs, sched.order)
 
@@ -146,52 +149,74 @@ def with_overlap_f_b(job: Any, costs: Any, hardware: Any) -> Any:
     pairs = {(int(row[1]), int(row[4])) for acts in job.program.actions for row in acts
              if row[0] == ActionKind.OVERLAP_F_B}  # fmt: skip
     for f, b in sorted(pairs):
-        saving = _saving(job.compute, job.stages[f].shape, job.stages[b].shape, hardware)
+        fwd, bwd = job.stages[f], job.stages[b]
+        saving = _saving(job.compute, (fwd.shape, job.policies(fwd)), (bwd.shape, job.policies(bwd)), hardware,
+                         job.job.compile)  # fmt: skip
         table[f, b] -= min(saving, table[f, b] - max(forward_s[f], backward_s[b]))
     return dataclasses.replace(costs, overlap_f_b_s=table)
 
 
 _SAVINGS: dict[tuple, tuple[float, ...]] = {}
 
+Policies = tuple[str, ...] | None
 
-def _saving(spec: Any, sf: tuple, sb: tuple, hardware: Any) -> float:
-    """Seconds the pair saves over F + B in turn, from the two stages' traces; for long stages at K and K + 1
-    layers each, extrapolated to the shorter stage's layers. Memoised per process."""
-    from commsched.pipeline.cache import cached_trace
+
+def _saving(spec: Any, fwd: tuple[tuple, Policies], bwd: tuple[tuple, Policies], hardware: Any, fusion: bool) -> float:
+    """Seconds the pair saves over F + B in turn, from the two stages' traces (each a (shape, AC policies) pair, its
+    kernels fused with ``fusion``); for long stages at K and K + 1 layers each, extrapolated to the shorter stage's
+    layers. Memoised per process."""
+    (sf, pf), (sb, pb) = fwd, bwd
 
     def at(c: int | None) -> tuple[float]:
-        fs, bs = (sf, sb) if c is None else ((sf[0], c, sf[2]), (sb[0], c, sb[2]))
-        t = pair_seconds(cached_trace(spec, *fs), cached_trace(spec, *bs), hardware)
+        ft, bt = (_trace(spec, s, p, c) for s, p in ((sf, pf), (sb, pb)))
+        t = pair_seconds(ft, bt, hardware, fusion=fusion)
         return (t.in_turn_s - t.pair_s,)
 
-    return _memo(("pair", spec, sf, sb), hardware, at, min(sf[1], sb[1]))[0]
+    key = ("pair", spec, sf, sb, pf, pb, fusion)
+    return _memo(key, hardware, at, min(sf[1], sb[1]), _scalable(pf, pb))[0]
 
 
-def stage_savings(spec: Any, shape: tuple[bool, int, bool], hardware: Any) -> tuple[float, float]:
+def stage_savings(spec: Any, shape: tuple[bool, int, bool], hardware: Any, *, policies: Policies = None,
+                  fusion: bool = True) -> tuple[float, float]:  # fmt: skip
     """(forward, backward) seconds the ``overlap`` pass saves on the stage's own forward and backward programs
     (each ordered alone, its TP collectives reordered; 0 where the simulator says the order is not faster), from
-    the stage's layer-scaled traces. Memoised per process."""
-    from commsched.pipeline.cache import cached_trace
+    the stage's layer-scaled traces, its blocks under ``policies`` (AC) and its kernels fused with ``fusion``, as
+    the job costs the stage. Memoised per process."""
 
     def at(c: int | None) -> tuple[float, float]:
-        t = cached_trace(spec, shape[0], shape[1] if c is None else c, shape[2])
+        t = _trace(spec, shape, policies, c)
         out = []
         for mask in (t.forward & (t.graph.kinds != OpKind.OUTPUT), ~t.forward):
-            own, ordered = ordered_twice(part_graph([(t, mask, "")])[0], hardware)
+            own, ordered = ordered_twice(part_graph([(t, mask, "")])[0], hardware, fusion=fusion)
             out.append(max(int(own.makespan_ns) - int(ordered.makespan_ns), 0) * 1e-9)
         return tuple(out)
 
-    return _memo(("stage", spec, shape), hardware, at, shape[1])
+    return _memo(("stage", spec, shape, policies, fusion), hardware, at, shape[1], _scalable(policies))
 
 
-def _memo(key: tuple, hardware: Any, at: Any, layers: int) -> tuple[float, ...]:
-    """``at(None)`` (the stage as it is), or for more than K + 1 layers ``at(K)`` and ``at(K + 1)`` extrapolated to
-    ``layers`` (never below 0); memoised under ``key`` and the hardware."""
+def _trace(spec: Any, shape: tuple[bool, int, bool], policies: Policies, count: int | None) -> TracedStage:
+    """The stage's trace at its own length (``count`` None) or at ``count`` layers, its blocks' policies with it."""
+    from commsched.pipeline.cache import cached_trace, policies_at
+
+    first, layers, last = shape
+    count = layers if count is None else count
+    return cached_trace(spec, first, count, last, policies=policies_at(policies, count, layers))
+
+
+def _scalable(*policies: Policies) -> bool:
+    from commsched.pipeline.cache import scalable
+
+    return all(scalable(p) for p in policies)
+
+
+def _memo(key: tuple, hardware: Any, at: Any, layers: int, scale: bool) -> tuple[float, ...]:
+    """``at(None)`` (the stage as it is), or, where ``scale`` and for more than K + 1 layers, ``at(K)`` and
+    ``at(K + 1)`` extrapolated to ``layers`` (never below 0); memoised under ``key`` and the hardware."""
     from commsched.pipeline.cache import SCALE_LAYERS as k
 
     key = (*key, hardware if isinstance(hardware, str) else repr(hardware))
     if key not in _SAVINGS:
-        if layers <= k + 1:
+        if layers <= k + 1 or not scale:
             _SAVINGS[key] = at(None)
         else:
             lo, hi = at(k), at(k + 1)

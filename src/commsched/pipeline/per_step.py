@@ -152,12 +152,33 @@ class _TailStep:
         return out + grads
 
 
-@functools.lru_cache(maxsize=64)
 def tail_seconds(spec: WorkloadSpec, units: tuple[str, ...], hardware: Any, fusion: bool) -> TailSeconds:
     """The optimizer step (clipping included) of the parameters of ``units`` under ``spec`` (a pipeline rank's plan)
-    on ``hardware``, traced on fake tensors and simulated as traced (``fusion``: predict's ``compile``)."""
+    on ``hardware``, traced on fake tensors and simulated as traced (``fusion``: predict's ``compile``). Memoised
+    per process, once for every batch and AC policy (it reads the parameters, gradients and states alone), so a
+    search over M and AC traces each rank's step once."""
     if spec.optimizer == "none" and spec.max_norm is None:
         return TailSeconds(0.0, 0.0)
+    return _tail_seconds(dataclasses.replace(spec, batch=1, ac="none"), units, hardware, fusion)
+
+
+@functools.lru_cache(maxsize=64)
+def _tail_seconds(spec: WorkloadSpec, units: tuple[str, ...], hardware: Any, fusion: bool) -> TailSeconds:
+    """:func:`tail_seconds` from the stage cache's disk (``tails``: a warm process traces nothing), else traced;
+    ``hardware`` a Hardware."""
+    from commsched.pipeline.cache import cached_seconds
+
+    key = {"units": list(units), "fusion": fusion}
+    traced = lambda: _traced_tail(spec, units, hardware, fusion)  # noqa: E731
+    return TailSeconds(*cached_seconds("tails", spec, key, hardware, traced))
+
+
+def clear_tails() -> None:
+    """Forget the in-process optimizer steps (the disk cache stays)."""
+    _tail_seconds.cache_clear()
+
+
+def _traced_tail(spec: WorkloadSpec, units: tuple[str, ...], hardware: Any, fusion: bool) -> tuple[float, float]:
     from commsched.cost import estimate_costs
     from commsched.frontends.fake_pg import fake_process_group
     from commsched.frontends.fx import from_fx
@@ -177,4 +198,4 @@ def tail_seconds(spec: WorkloadSpec, units: tuple[str, ...], hardware: Any, fusi
         graph = from_fx(gm, meta=meta)
     res = simulate_costs(graph, estimate_costs(graph, for_graph(hardware, graph), fusion=fusion))
     norm_ns = 0 if norm is None else int(res.end_ns[ancestors(graph, graph.names.index(norm))].max())
-    return TailSeconds(norm_ns * 1e-9, max(int(res.makespan_ns) - norm_ns, 0) * 1e-9)
+    return norm_ns * 1e-9, max(int(res.makespan_ns) - norm_ns, 0) * 1e-9
