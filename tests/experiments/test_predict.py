@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from cli_errors import one_error_line
 from commsched.cli import app
 from commsched.experiments.predict import StepConfig, predict_workload
 from commsched.experiments.torchtitan import from_torchtitan_config
@@ -32,11 +33,7 @@ def _predict_json(*args: str) -> dict:
 
 
 def _one_error_line(args: list[str], *words: str) -> str:
-    res = runner.invoke(app, ["predict", *args])
-    lines = [line for line in res.stderr.splitlines() if line.strip()]
-    assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (res.exit_code, res.output)
-    assert all(w in lines[0] for w in words), (words, lines[0])
-    return lines[0]
+    return one_error_line(["predict", *args], *words)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from cli_errors import one_error_line
 from commsched.cli import app
 from commsched.experiments.predict import StepConfig
 from commsched.experiments.predict_pipeline import NOT_COUNTED, RENAMED, job_kwargs, pipeline_job
@@ -43,11 +44,7 @@ def _config(tmp_path: Path, *edits: tuple[str, str], name: str = "pp.toml") -> s
 
 
 def _one_error_line(args: list[str], *words: str) -> str:
-    res = runner.invoke(app, ["predict", *args])
-    lines = [line for line in res.stderr.splitlines() if line.strip()]
-    assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (res.exit_code, res.output)
-    assert all(w in lines[0] for w in words), (words, lines[0])
-    return lines[0]
+    return one_error_line(["predict", *args], *words)
 
 
 @pytest.fixture(scope="module")
