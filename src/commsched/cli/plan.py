@@ -37,7 +37,7 @@ def register(app: typer.Typer) -> None:
         max_pp: int = typer.Option(None, "--max-pp", min=1, help="largest pipeline degree tried (1: no PP)"),
         compile_: bool = typer.Option(True, "--compile/--no-compile", help="judge torch.compile'd blocks"),
         layers_scale: int = typer.Option(2, "--layers-scale", min=0, help="trace K and 2K layers, scale (0: all)"),
-        top: int = typer.Option(5, "--top", "-k", min=1, help="rows to print and write"),
+        top: int = typer.Option(5, "--top", min=1, help="rows to print and write"),
         verify: bool = typer.Option(False, "--verify", help="judge the winner again at every layer"),
         toml: Path = out_file("--toml", help="write the winner as a torchtitan job config (TOML)"),
         python: Path = out_file("--python", help="write the winner as FSDP2 / torch.distributed.pipelining calls"),
