@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -178,6 +179,12 @@ def one_rank_at_a_time(fn: Callable[[], Any]) -> Any:
             out = fn()
         dist.barrier()
     return out
+
+
+def available_cores() -> int:
+    """The CPUs this process may run on (its affinity mask; ``os.cpu_count()`` where the platform has none)."""
+    getaffinity = getattr(os, "sched_getaffinity", None)
+    return len(getaffinity(0)) if getaffinity is not None else (os.cpu_count() or 1)
 
 
 def cpu_share_round(timers: list[StageTimer], alone_s: list[tuple[float, float]]) -> float:

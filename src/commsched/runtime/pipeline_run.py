@@ -40,6 +40,7 @@ from commsched.runtime.pipeline_calibrate import (
     ScheduleRun,
     StageCost,
     StageTimer,
+    available_cores,
     cpu_share_round,
     medians,
     one_rank_at_a_time,
@@ -318,7 +319,8 @@ def _report(cfg: PipelineRunConfig, built: dict[str, _Built], every: list[_RankS
     costs = _stage_costs(cfg, built, every)
     p2p = P2PCalibration.fit(cfg.send_bytes, *every[1].p2p_medians_s)  # the receiver's clock
     slowdown = statistics.median(r.slowdown for r in every)
-    cores = min(max(cfg.pp_size / max(slowdown, 1e-9), 1.0), float(cfg.pp_size))
+    # never more cores than the machine lets this run use: the probe's stages, short, overlap only in part
+    cores = min(max(cfg.pp_size / max(slowdown, 1e-9), 1.0), float(cfg.pp_size), float(available_cores()))
     runs = {}
     for name, b in built.items():
         steps = [max(ts) for ts in zip(*(r.steps_s[name] for r in every), strict=True)]  # the slowest rank ends it
