@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd import Function
 
+from commsched.workloads.chunk_item import chunk_item
 from commsched.workloads.collectives import Group
 
 c10d = torch.ops._c10d_functional
@@ -81,7 +82,7 @@ class _Rotater:
         if not self.waited:
             self.buffer, self.waited = c10d.wait_tensor(self.buffer), self.method == "allgather"
         if self.method == "allgather":
-            return self.buffer.chunk(self.group.size)[self.group.rank - self.steps]
+            return chunk_item(self.buffer, self.group.size, self.group.rank - self.steps)
         return self.buffer
 
 
