@@ -24,7 +24,7 @@ _SPLIT = torch.ops.aten.split.Tensor
 
 
 def chunk_item(t: torch.Tensor, chunks: int, index: int) -> torch.Tensor:
-    """``t.chunk(chunks)[index]`` (dim 0; ``index`` may be negative), each unused chunk left untracked by ``make_fx``."""
+    """``t.chunk(chunks)[index]`` (dim 0; ``index`` may be negative), the unused chunks untracked by ``make_fx``."""
     tracer = _tracer()
     if tracer is None or t.dim() == 0 or t.shape[0] == 0:
         return t.chunk(chunks)[index]
