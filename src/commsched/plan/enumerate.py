@@ -50,6 +50,7 @@ def tp_degrees(req: PlanRequest, gpus_per_node: int) -> list[int]:
     return [t for t in divisors(req.gpus) if gpus_per_node % t == 0 and common % t == 0]
 
 
+@functools.cache
 def async_tp_runs(req: PlanRequest, gpus_per_node: int, tp: int) -> bool:
     """Whether ``req``'s hardware runs async TP's symmetric-memory copies for a TP group of ``tp`` ranks (TP is
     innermost: consecutive ranks)."""
