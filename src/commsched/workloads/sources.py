@@ -14,7 +14,9 @@ all-reduced over the replicate group and divided by its size, as FSDP2's ``forea
 then ``all_reduce`` of ``reduce_output`` on the replicate group; FSDP2 averages with ``ReduceOp.AVG``, the zoo sums
 and divides, as for every reduction). The release is made real with saved-tensor hooks: autograd saves a token
 instead of the gathered weight, and the backward reads the re-gathered copy, so the traced graph's data dependencies
-are those of FSDP2.
+are those of FSDP2. With ``reshard_after_forward=False`` (:func:`reshard_policy`) no unit is re-gathered: each unit's
+gathered parameters are held until its backward ends (FSDP2's ``post_backward``), and a checkpointed block's
+recompute reads them.
 
 Float8 training (:mod:`commsched.workloads.float8`): the weights of the float8 linears reach the model as
 :class:`~commsched.workloads.float8.Float8Weight`; with FSDP's float8 all_gather (``float8_all_gather``) each such
