@@ -19,7 +19,7 @@ from commsched.plan import Layout, PlanRequest
 from commsched.plan.enumerate import enumerate_layouts
 from commsched.plan.explain import candidate_changes, parse_layout
 from commsched.plan.judge import judge_task
-from commsched.plan.layout import step_config
+from commsched.plan.layout import pipeline_job, step_config
 from commsched.plan.prune import memory_lower_bound_bytes
 from commsched.plan.python_out import fsdp2_python
 from commsched.plan.search import plan_hardware
@@ -143,6 +143,18 @@ def test_judged_numbers_move_the_right_way(tmp_path, monkeypatch) -> None:
 
 
 REQ = PlanRequest(preset="llama3-8b", gpus=16, seq_len=8192, global_batch=32)
+
+
+def test_a_pipeline_job_takes_every_option_of_its_layout() -> None:
+    """Under PP the options the enumeration gives reach the pipeline job (none is dropped); reshard-after-forward
+    is no choice there (the stages keep their weights, torchtitan's default)."""
+    layout = Layout(dp_shard=2, dp_replicate=2, cp=2, tp=2, sp=True, pp=2, pp_schedule="1F1B", microbatches=2,
+                    async_tp=True, ac="full")  # fmt: skip
+    job = pipeline_job(REQ, layout, 4)
+    assert (job.cp_size, job.dp_replicate, job.async_tp, job.compile, job.ac) == (2, 2, True, REQ.compile, "full")
+    assert job.world_size == layout.world_size and job.tp_size == 2
+    with pytest.raises(ValueError, match="reshard_after_forward=False is a choice without PP only"):
+        pipeline_job(REQ, dataclasses.replace(layout, reshard_after_forward=False), 4)
 
 
 @pytest.mark.parametrize("layout", [
