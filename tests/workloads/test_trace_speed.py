@@ -8,6 +8,7 @@ from __future__ import annotations
 import operator
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -66,8 +67,9 @@ def test_chunk_item_traces_the_graph_make_fx_traces(rows, chunks, data):
     assert torch.equal(chunk_item(x, chunks, index), x.chunk(chunks)[index])
 
 
-def test_a_ring_attention_step_is_the_same_graph_with_chunk_item(monkeypatch):
-    options = dict(parallel="fsdp", world_size=8, cp_size=4, layers=1, ac="full")
+@pytest.mark.parametrize("ac", ["full", "selective-op"])  # the recompute traced again; torch's caching mode on top
+def test_a_ring_attention_step_is_the_same_graph_with_chunk_item(monkeypatch, ac):
+    options = dict(parallel="fsdp", world_size=8, cp_size=4, layers=1, ac=ac)
     fast = build("llama-tiny", **options)
     monkeypatch.setattr(context_parallel, "chunk_item", _plain)
     plain = build("llama-tiny", **options)
