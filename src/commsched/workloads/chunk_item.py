@@ -4,7 +4,8 @@
 for each of its ``n`` outputs, a ``getitem`` node with its own FakeTensor snapshot, tensor metadata and proxy slot;
 :func:`commsched.workloads.trace.tidy_traced` later erases the ``n - 1`` getitems nothing reads. Ring attention's
 all-gather rotation (``_AllGatherRotater.next_buffer``: ``buffer.chunk(cp)[i]`` at each of its ``cp`` steps) pays
-this ``cp`` times per layer and pass: ``cp ** 2`` getitems, ~85 % of the nodes ``make_fx`` made at ``cp = 128``.
+this ``cp`` times per layer and pass: ``cp ** 2`` getitems, ~85 % of the nodes ``make_fx`` made at ``cp = 128``;
+the head / tail halves of its load-balanced sequence (``x.chunk(2, dim=2)[i]``) one more per use.
 
 Under ``make_fx`` this records what ``make_fx`` records (the split node with every output's snapshot in its
 ``meta['val']``, then the getitem of output ``i`` with its ``val`` and ``tensor_meta``) and only reserves the names of
@@ -23,23 +24,24 @@ import torch
 _SPLIT = torch.ops.aten.split.Tensor
 
 
-def chunk_item(t: torch.Tensor, chunks: int, index: int) -> torch.Tensor:
-    """``t.chunk(chunks)[index]`` (dim 0; ``index`` may be negative), the unused chunks untracked by ``make_fx``."""
+def chunk_item(t: torch.Tensor, chunks: int, index: int, dim: int = 0) -> torch.Tensor:
+    """``t.chunk(chunks, dim)[index]`` (``index`` may be negative; ``dim`` not), the unused chunks untracked by
+    ``make_fx``."""
     tracer = _tracer()
-    if tracer is None or t.dim() == 0 or t.shape[0] == 0:
-        return t.chunk(chunks)[index]
+    if tracer is None or not 0 <= dim < t.dim() or t.shape[dim] == 0:
+        return t.chunk(chunks, dim)[index]
     from torch.fx.experimental import proxy_tensor as pt
 
-    split_size = -(-t.shape[0] // chunks)  # aten.chunk's split size: ceil(dim / chunks)
+    split_size = -(-t.shape[dim] // chunks)  # aten.chunk's split size: ceil(size / chunks)
     slot = pt.get_proxy_slot(t, tracer, None)
     if slot is None:  # a tensor the trace does not know (a constant): make_fx's own path
-        return t.chunk(chunks)[index]
-    source = slot.proxy
+        return t.chunk(chunks, dim)[index]
+    tail = () if dim == 0 else (dim,)  # make_fx records the arguments as given, a default dim left out
     # as proxy_call: the node first, then the op on the fake tensors (the proxy mode off, the fake mode on)
-    node = tracer.create_proxy("call_function", _SPLIT, (source, split_size), {},
+    node = tracer.create_proxy("call_function", _SPLIT, (slot.proxy, split_size, *tail), {},
                                name=tracer.graph._target_to_str(_SPLIT.overloadpacket.__name__))  # fmt: skip
     with pt.disable_proxy_modes_tracing():
-        parts = _SPLIT(t, split_size)
+        parts = _SPLIT(t, split_size, *tail)
     pt.set_meta(node, parts)
     k = index % len(parts)
     names = tracer.graph._graph_namespace
@@ -48,7 +50,8 @@ def chunk_item(t: torch.Tensor, chunks: int, index: int) -> torch.Tensor:
         names.create_name(getitem, None)
     item = node[k]
     pt.track_tensor(parts[k], item, constant=None, tracer=tracer)
-    pt.set_meta(item, parts[k])
+    with pt.disable_proxy_modes_tracing():  # make_fx's metadata is taken before autograd gives the output history
+        pt.set_meta(item, parts[k].detach())
     for _ in range(k + 1, len(parts)):
         names.create_name(getitem, None)
     return parts[k]
