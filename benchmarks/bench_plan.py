@@ -53,6 +53,37 @@ def sample_layouts(req, n: int) -> list:
     return fits[::step][:n]
 
 
+KINDS = {  # one layout of each kind (the first in the step bound's order): degree mixes, AC policies, float8, PP
+    "fsdp": lambda lay: lay.fsdp == lay.world_size and lay.ac == "full" and lay.float8 == "none",
+    "hsdp": lambda lay: lay.dp_replicate > 1 and lay.tp == 1 and lay.cp == 1 and lay.pp == 1,
+    "tp+sp": lambda lay: lay.tp == 8 and lay.sp and lay.cp == 1 and lay.dp_replicate == 1 and lay.pp == 1,
+    "tp": lambda lay: lay.tp == 4 and not lay.sp and lay.pp == 1,
+    "cp": lambda lay: lay.cp > 1 and lay.pp == 1,
+    "float8": lambda lay: lay.float8 != "none" and lay.tp == 2 and lay.pp == 1,
+    "ac selective-op": lambda lay: lay.ac == "selective-op" and lay.tp == 1 and lay.pp == 1,
+    "pp 1F1B": lambda lay: lay.pp_schedule == "1F1B" and lay.ac == "full",
+    "pp interleaved": lambda lay: lay.pp_schedule == "Interleaved1F1B" and lay.ac == "full",
+}
+
+
+def kind_layouts(req, kinds: list[str]) -> dict:
+    """The first layout of each of ``kinds`` (``KINDS``) in the step bound's order of those the memory bound keeps."""
+    from commsched.plan.enumerate import enumerate_layouts
+    from commsched.plan.prune import memory_lower_bound_bytes, step_lower_bound_s
+    from commsched.plan.search import plan_hardware
+
+    hw = plan_hardware(req)
+    peaks = dict(hw.compute.peak_flops)
+    peak = max(peaks.get("float8_e4m3fn", 0.0), peaks.get(req.dtype, 0.0))
+    fits = [lay for lay in enumerate_layouts(req, hw.gpus_per_node, "float8_e4m3fn" in peaks)
+            if memory_lower_bound_bytes(req, lay) <= hw.compute.hbm_capacity_bytes]  # fmt: skip
+    fits.sort(key=lambda lay: step_lower_bound_s(req, lay, peak))
+    chosen: dict = {}
+    for kind in kinds:
+        chosen[kind] = next(lay for lay in fits if KINDS[kind](lay) and lay not in chosen.values())
+    return chosen
+
+
 def timed_plan(req, chosen: set, jobs: int) -> tuple[object, float, float]:
     """(the PlanResult of ``req`` over ``chosen``, wall seconds, CPU seconds with the workers')."""
     from commsched.plan import plan
@@ -82,11 +113,27 @@ def main() -> None:
     ap.add_argument("--cache-dir", default=None, help="kept between runs (default: a temporary folder)")
     ap.add_argument("--warm-only", action="store_true", help="the cache folder is warm already: skip the cold run")
     ap.add_argument("--profile", action="store_true", help="the warm run in this process under cProfile")
+    ap.add_argument("--kinds", default=None, help=f"comma-separated, instead of --sample: {', '.join(KINDS)}")
+    ap.add_argument(
+        "--pin-fingerprint",
+        action="store_true",
+        help="cache keys without the source fingerprint (a cache filled once serves every edit)",
+    )
     args = ap.parse_args()
+    if args.pin_fingerprint:
+        from commsched.execute import base
+
+        base.source_fingerprint = lambda: "dev"  # before versions() is first called (it is cached)
     cache = args.cache_dir or tempfile.mkdtemp(prefix="bench_plan_")
     os.environ["COMMSCHED_CACHE_DIR"] = cache
     req = PlanRequest(**REQUEST)
-    chosen = set(sample_layouts(req, args.sample))
+    if args.kinds:
+        kinds = kind_layouts(req, args.kinds.split(","))
+        for kind, lay in kinds.items():
+            print(f"  {kind:16s} {lay.label()}")
+        chosen = set(kinds.values())
+    else:
+        chosen = set(sample_layouts(req, args.sample))
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}, "
           f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
     print(f"command: plan({REQUEST}, jobs={args.jobs}, resume=False) over {len(chosen)} sampled layouts; cache {cache}")
@@ -106,6 +153,8 @@ def main() -> None:
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     if cold is not None:
         print(f"warm ranking equal to the cold one: {_table(cold) == _table(warm)}")
+    for j in sorted(warm.ranked, key=lambda j: -j.wall_s):
+        print(f"  {j.layout.label():55s} {j.wall_s:.2f} s in its task(s), {j.how}, kept {j.kept}")
     for j in warm.ranked[:3]:
         print(f"  {j.layout.label():55s} step {j.step_s:.3f} s  {j.tokens_per_s_per_gpu:,.0f} tokens/s/GPU")
 

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from commsched.ir.graph import Graph, OpKind
+from commsched.sim.jit import ENABLED as JIT_ENABLED
 
 
 @dataclass(frozen=True)
@@ -91,10 +92,21 @@ def _node_rules(g: Graph) -> tuple[list[int], list[int], list[bool]]:
     return g.kinds.tolist(), g.wait_of.tolist(), issue_only.tolist()
 
 
+def _node_arrays(g: Graph, dur_ns: np.ndarray) -> tuple[np.ndarray, ...]:
+    """:func:`_node_rules` as the compiled loops take them, with the durations and the wait kind."""
+    issue_only = (g.kinds == OpKind.COLLECTIVE) & ~g.coll_sync
+    dur = np.asarray(dur_ns, np.int64)
+    return dur, g.kinds.astype(np.int64), g.wait_of.astype(np.int64), issue_only, int(OpKind.WAIT)
+
+
 def heads(g: Graph, dur_ns: np.ndarray) -> list[int]:
     """Per node: its earliest start under the simulator's availability rules (successors may use an async
     collective from its issue on, its wait only after its duration; everything else from its end). O(N + E)."""
     ptr, idx = g.predecessors_csr()
+    if JIT_ENABLED:
+        from commsched.sim.bounds_jit import heads_ns
+
+        return heads_ns(ptr, idx, *_node_arrays(g, dur_ns)).tolist()
     ptr_l, idx_l = ptr.tolist(), idx.tolist()
     dur = dur_ns.tolist()
     kinds, wait_of, issue_only = _node_rules(g)
@@ -127,6 +139,10 @@ def heads_and_tails(g: Graph, dur_ns: np.ndarray) -> tuple[list[int], list[int]]
     n = len(g)
     head = heads(g, dur_ns)
     sptr, sidx = g.successors_csr()
+    if JIT_ENABLED:
+        from commsched.sim.bounds_jit import tails_ns
+
+        return head, tails_ns(sptr, sidx, *_node_arrays(g, dur_ns)).tolist()
     sptr_l, sidx_l = sptr.tolist(), sidx.tolist()
     dur = dur_ns.tolist()
     kinds, wait_of, issue_only = _node_rules(g)

@@ -58,3 +58,41 @@ def bound_compute_ns(p_ptr, p_idx, s_ptr, s_idx, coll_index, done_coll, work_ns,
                     m >>= one
                     b += 1
     return out
+
+
+@njit
+def heads_ns(ptr, idx, dur, kinds, wait_of, issue_only, wait_kind):
+    """:func:`commsched.sim.bounds.heads` compiled (the same integer rule; ``ptr`` / ``idx``: predecessor CSR)."""
+    n = len(dur)
+    head = np.zeros(n, np.int64)
+    avail = np.zeros(n, np.int64)
+    for i in range(n):
+        m = 0
+        for e in range(ptr[i], ptr[i + 1]):
+            a = avail[idx[e]]
+            if a > m:
+                m = a
+        if kinds[i] == wait_kind:
+            c = wait_of[i]
+            m = max(m, head[c] + dur[c])
+        head[i] = m
+        avail[i] = m if issue_only[i] else m + dur[i]
+    return head
+
+
+@njit
+def tails_ns(ptr, idx, dur, kinds, wait_of, issue_only, wait_kind):
+    """The tails of :func:`commsched.sim.bounds.heads_and_tails` compiled (``ptr`` / ``idx``: successor CSR)."""
+    n = len(dur)
+    tail = np.zeros(n, np.int64)
+    for i in range(n - 1, -1, -1):
+        best = 0
+        for e in range(ptr[i], ptr[i + 1]):
+            s = idx[e]
+            via = tail[s] if issue_only[s] else dur[s] + tail[s]
+            if issue_only[i] and kinds[s] == wait_kind and wait_of[s] == i:
+                via = dur[i] + tail[s]
+            if via > best:
+                best = via
+        tail[i] = best
+    return tail
