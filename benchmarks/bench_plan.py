@@ -93,6 +93,44 @@ def timed_plan(req, chosen: set, jobs: int) -> tuple[object, float, float]:
     return result, time.perf_counter() - t0, _cpu_s() - cpu0
 
 
+def per_layout_cpu(req, kinds: dict) -> list[tuple[str, float, float]]:
+    """(kind, CPU-s of the framework round, CPU-s of the optimize round) of each layout judged alone in this
+    process, as a worker judges it (its traces read from the cache, nothing kept from the layout before)."""
+    from commsched.plan import judge
+    from commsched.plan.search import _tasks, plan_hardware
+
+    hw = plan_hardware(req)
+    judge.warm_imports()
+    out = []
+    for kind, lay in kinds.items():
+        judge._MEMORY.clear()
+        judge._JOBS.clear()
+        spec = _tasks(req, hw, [lay], True, False)[0]
+        t0 = time.process_time()
+        first = judge.judge_task(spec)[0]
+        t1 = time.process_time()
+        if lay.pp == 1:
+            judge.judge_task({**spec, "optimize": True, "framework_points": [first["points"]]})
+        out.append((kind, t1 - t0, time.process_time() - t1))
+    return out
+
+
+def setup_cpu(req) -> float:
+    """CPU-s a plan spends before judging: enumerating every layout and bounding each (memory, then step)."""
+    from commsched.plan.enumerate import enumerate_layouts
+    from commsched.plan.prune import memory_lower_bound_bytes, step_lower_bound_s
+    from commsched.plan.search import plan_hardware
+
+    t0 = time.process_time()
+    hw = plan_hardware(req)
+    layouts = list(enumerate_layouts(req, hw.gpus_per_node, True))
+    fits = [lay for lay in layouts if memory_lower_bound_bytes(req, lay) <= hw.compute.hbm_capacity_bytes]
+    fits.sort(key=lambda lay: step_lower_bound_s(req, lay, 1.0))
+    print(f"setup: {len(layouts)} layouts enumerated, {len(fits)} fit the memory bound "
+          f"({sum(lay.pp > 1 for lay in fits)} with PP)")  # fmt: skip
+    return time.process_time() - t0
+
+
 def _line(name: str, result, wall_s: float, cpu_s: float) -> None:
     judged = result.candidates_judged
     print(f"{name}: {judged} judged (+{result.pruned_bound} pruned by the step bound), wall {wall_s:.1f} s, "
@@ -113,6 +151,9 @@ def main() -> None:
     ap.add_argument("--cache-dir", default=None, help="kept between runs (default: a temporary folder)")
     ap.add_argument("--warm-only", action="store_true", help="the cache folder is warm already: skip the cold run")
     ap.add_argument("--profile", action="store_true", help="the warm run in this process under cProfile")
+    ap.add_argument(
+        "--per-layout", action="store_true", help="CPU-s of each layout judged alone (warm cache), then stop"
+    )
     ap.add_argument("--kinds", default=None, help=f"comma-separated, instead of --sample: {', '.join(KINDS)}")
     ap.add_argument(
         "--pin-fingerprint",
@@ -134,6 +175,11 @@ def main() -> None:
         chosen = set(kinds.values())
     else:
         chosen = set(sample_layouts(req, args.sample))
+    if args.per_layout:
+        print(f"setup CPU: {setup_cpu(req):.2f} s")
+        for kind, fw_s, opt_s in per_layout_cpu(req, kinds if args.kinds else {lay.label(): lay for lay in chosen}):
+            print(f"  {kind:16s} framework round {fw_s:.3f} CPU-s, optimize round {opt_s:.3f} CPU-s")
+        return
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}, "
           f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
     print(f"command: plan({REQUEST}, jobs={args.jobs}, resume=False) over {len(chosen)} sampled layouts; cache {cache}")
