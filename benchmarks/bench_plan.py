@@ -59,6 +59,8 @@ KINDS = {  # one layout of each kind (the first in the step bound's order): degr
     "tp+sp": lambda lay: lay.tp == 8 and lay.sp and lay.cp == 1 and lay.dp_replicate == 1 and lay.pp == 1,
     "tp": lambda lay: lay.tp == 4 and not lay.sp and lay.pp == 1,
     "cp": lambda lay: lay.cp > 1 and lay.pp == 1,
+    "cp 8": lambda lay: lay.cp == 8 and lay.tp == 1 and lay.dp_replicate == 1 and lay.float8 == "none",
+    "cp 32": lambda lay: lay.cp == 32 and lay.tp == 1 and lay.dp_replicate == 1 and lay.float8 == "none",
     "float8": lambda lay: lay.float8 != "none" and lay.tp == 2 and lay.pp == 1,
     "ac selective-op": lambda lay: lay.ac == "selective-op" and lay.tp == 1 and lay.pp == 1,
     "pp 1F1B": lambda lay: lay.pp_schedule == "1F1B" and lay.ac == "full",
@@ -133,7 +135,8 @@ def setup_cpu(req) -> float:
 
 def _line(name: str, result, wall_s: float, cpu_s: float) -> None:
     judged = result.candidates_judged
-    print(f"{name}: {judged} judged (+{result.pruned_bound} pruned by the step bound), wall {wall_s:.1f} s, "
+    print(f"{name}: {judged} judged (+{result.pruned_bound} pruned by the step bound; {judged - result.not_optimised} "
+          f"reached the optimize round), wall {wall_s:.1f} s, "
           f"CPU {cpu_s:.1f} s, {judged / wall_s:.2f} judged/s wall, {judged / cpu_s:.2f} judged/CPU-s; "
           f"{TARGET} at this rate: {TARGET * wall_s / judged:.0f} s wall")  # fmt: skip
 
