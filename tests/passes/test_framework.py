@@ -130,7 +130,7 @@ def check_fsdp_and_ddp_roles(g, ddp_too, rnd) -> None:
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(*ROLES_ARGS)
 def test_the_compiled_key_loop_orders_as_the_python_one(g, ddp_too, rnd):
-    """``order_by_moves``' compiled loop (plan's judge runs it per layout) gives the Python loop's order."""
+    """``order_by_moves``' compiled loop (plan's judge runs it per layout) gives its Python source's order."""
     from commsched.ir.order import positions as pos_of
     from commsched.passes.baselines import framework as fw
 

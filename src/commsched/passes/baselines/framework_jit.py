@@ -1,6 +1,6 @@
 """The compiled loop behind :func:`commsched.passes.baselines.framework.order_by_moves` (:mod:`commsched.sim.jit`):
 the move keys pushed forward along edges (max over predecessors) then pulled backward (min over successors). Keys
-are float64 and only compared, so the result is the pure-Python loop's, bit for bit."""
+are float64 and only compared: compiled or run as Python (``py_func``, the compiled loops off), the same keys."""
 
 from __future__ import annotations
 
