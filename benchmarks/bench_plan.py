@@ -135,8 +135,9 @@ def setup_cpu(req) -> float:
 
 def _line(name: str, result, wall_s: float, cpu_s: float) -> None:
     judged = result.candidates_judged
-    print(f"{name}: {judged} judged (+{result.pruned_bound} pruned by the step bound; {judged - result.not_optimised} "
-          f"reached the optimize round), wall {wall_s:.1f} s, "
+    fits = sum(j.layout.pp == 1 for j in result.ranked)  # without PP, within the HBM: the optimize round's
+    print(f"{name}: {judged} judged (+{result.pruned_bound} pruned by the step bound; {result.over_memory} over the "
+          f"HBM; {fits - result.not_optimised} of {fits} fitting without PP optimised), wall {wall_s:.1f} s, "
           f"CPU {cpu_s:.1f} s, {judged / wall_s:.2f} judged/s wall, {judged / cpu_s:.2f} judged/CPU-s; "
           f"{TARGET} at this rate: {TARGET * wall_s / judged:.0f} s wall")  # fmt: skip
 
