@@ -1,7 +1,8 @@
 """``commsched plan``'s speed (issue 40's acceptance: >= 500 candidates judged in 60 s on 2 cores, llama3-70b on
 512 GPUs, warm cache; a cold run's time reported).
 
-Usage: python benchmarks/bench_plan.py [--sample N] [--jobs J] [--cache-dir DIR] [--warm-only] [--profile]
+Usage: python benchmarks/bench_plan.py [--sample N | --kinds K,...] [--jobs J] [--cache-dir DIR] [--warm-only]
+       [--profile] [--per-layout] [--pin-fingerprint]
 
 A sample of ``--sample`` layouts without PP (evenly spaced over the step lower bound's order of those that pass the
 memory bound, so every degree mix and AC policy is in it) of ``plan llama3-70b --gpus 512 -H h100-sxm --seq-len
@@ -9,7 +10,11 @@ memory bound, so every degree mix and AC policy is in it) of ``plan llama3-70b -
 2 and 4 layers) and warm (the same folder: traces read back; ``resume=False``, so no stored row is taken). Each run
 prints wall and CPU seconds (this process and its finished workers), candidates judged and judged per second, and
 the warm ranking is checked equal to the cold one. ``--profile`` runs the warm judging in this process under
-cProfile instead (one worker's view of where a candidate's time goes).
+cProfile instead (one worker's view of where a candidate's time goes). ``--kinds`` takes one layout of each named
+kind (``KINDS``: degree mixes, AC, float8, PP) instead of the even sample; ``--per-layout`` prints the plan's setup
+CPU and each layout's CPU-s judged alone (framework round, optimize round) and stops; ``--pin-fingerprint`` keys the
+trace cache without the source fingerprint, so one cold fill serves every later edit of the code (measurements only:
+a pinned cache may hold traces of older code).
 """
 
 from __future__ import annotations
@@ -98,8 +103,10 @@ def timed_plan(req, chosen: set, jobs: int) -> tuple[object, float, float]:
 def per_layout_cpu(req, kinds: dict) -> list[tuple[str, float, float]]:
     """(kind, CPU-s of the framework round, CPU-s of the optimize round) of each layout judged alone in this
     process, as a worker judges it (its traces read from the cache, nothing kept from the layout before)."""
+    import dataclasses
+
     from commsched.plan import judge
-    from commsched.plan.search import _tasks, plan_hardware
+    from commsched.plan.search import plan_hardware
 
     hw = plan_hardware(req)
     judge.warm_imports()
@@ -107,7 +114,8 @@ def per_layout_cpu(req, kinds: dict) -> list[tuple[str, float, float]]:
     for kind, lay in kinds.items():
         judge._MEMORY.clear()
         judge._JOBS.clear()
-        spec = _tasks(req, hw, [lay], True, False)[0]
+        spec = {"request": dataclasses.asdict(req), "hardware": hw, "cache": True, "optimize": False,
+                "layouts": [lay.to_dict()]}  # fmt: skip
         t0 = time.process_time()
         first = judge.judge_task(spec)[0]
         t1 = time.process_time()
