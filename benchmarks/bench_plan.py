@@ -105,14 +105,14 @@ def per_layout_cpu(req, kinds: dict) -> list[tuple[str, float, float]]:
     process, as a worker judges it (its traces read from the cache, nothing kept from the layout before)."""
     import dataclasses
 
-    from commsched.plan import judge
+    from commsched.plan import judge, traced
     from commsched.plan.search import plan_hardware
 
     hw = plan_hardware(req)
     judge.warm_imports()
     out = []
     for kind, lay in kinds.items():
-        judge._MEMORY.clear()
+        traced._MEMORY.clear()
         judge._JOBS.clear()
         spec = {"request": dataclasses.asdict(req), "hardware": hw, "cache": True, "optimize": False,
                 "layouts": [lay.to_dict()]}  # fmt: skip

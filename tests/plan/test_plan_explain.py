@@ -216,6 +216,7 @@ def _tiny_torchtitan_llama(dim: int = 16, layers: int = 4, vocab: int = 32) -> A
     (Layout(dp_shard=2, dp_replicate=2, tp=2, sp=True, ac="full"), "FSDPModule"),
     (Layout(dp_shard=2, cp=2, tp=2, ac="selective-op"), "FSDPModule"),
     (Layout(dp_shard=1, dp_replicate=8), "DDP"),
+    (Layout(dp_shard=4, reshard_after_forward=False), "FSDPModule"),
     (Layout(dp_shard=4, pp=2, pp_schedule="1F1B", microbatches=2), "Schedule1F1B"),
 ], ids=lambda v: v.label() if isinstance(v, Layout) else v)  # fmt: skip
 def test_python_snippet_builds_its_mesh_under_a_fake_process_group(layout: Layout, built: str) -> None:
@@ -236,3 +237,6 @@ def test_python_snippet_builds_its_mesh_under_a_fake_process_group(layout: Layou
         if layout.tp > 1:
             weight = model.layers["0"].attention.wq.weight
             assert isinstance(weight, DTensor) and "tp" in weight.device_mesh.mesh_dim_names
+        if layout.fsdp > 1 and layout.pp == 1:  # FSDP2 reshards after forward unless the layout keeps the weights
+            group = model.layers["0"]._get_fsdp_state()._fsdp_param_group
+            assert (group.post_forward_mesh_info is not None) == layout.reshard_after_forward

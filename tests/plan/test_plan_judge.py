@@ -14,7 +14,8 @@ from commsched.plan.prune import memory_lower_bound_bytes
 from commsched.plan.search import plan_hardware
 
 REQ = PlanRequest(preset="llama-tiny", gpus=2, ac_policies=("none",), float8_recipes=("none",), max_pp=1,
-                  layers_scale=0)  # fmt: skip
+                  layers_scale=0, reshard_after_forward=(True,), async_tp=(False,))  # fmt: skip
+# (reshard-after-forward and async TP, which would double some layouts here: tests/plan/test_plan_options.py)
 JSON_LAYOUT = {"dp_shard", "dp_replicate", "tp", "pp", "pp_schedule", "microbatches", "stages_per_rank", "ep", "cp",
                "ac", "float8"}  # fmt: skip
 
@@ -71,6 +72,7 @@ def test_cli_prints_the_winner_and_writes_json_and_toml(planned, cache_dir, tmp_
     out, toml = tmp_path / "plan.json", tmp_path / "best.toml"
     res = CliRunner().invoke(app, ["plan", "llama-tiny", "--gpus", "2", "--ac", "none", "--float8", "none",
                                    "--max-pp", "1", "--layers-scale", "0", "-j", "1", "--top", "2",
+                                   "--reshard-after-forward", "true", "--async-tp", "false",
                                    "--json", str(out), "--toml", str(toml)])  # fmt: skip
     assert res.exit_code == 0, res.output
     assert "winner: " + planned.winner.layout.label() in res.output

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from commsched.plan import Layout, PlanRequest, judge, plan
+from commsched.plan import Layout, PlanRequest, judge, plan, traced
 from commsched.plan.search import plan_hardware
 
 REQ = PlanRequest(preset="llama-tiny", gpus=2, ac_policies=("none",), float8_recipes=("none",), max_pp=1,
@@ -28,7 +28,7 @@ def _no_tracing(monkeypatch) -> None:
     def refuse(*args, **kwargs):
         raise AssertionError("a warm plan traced a program")
 
-    monkeypatch.setattr(judge, "_MEMORY", collections.OrderedDict())
+    monkeypatch.setattr(traced, "_MEMORY", collections.OrderedDict())
     monkeypatch.setattr(judge, "_JOBS", collections.OrderedDict())
     monkeypatch.setattr(predict, "trace", refuse)
     monkeypatch.setattr(stage_cache, "trace_stage", refuse)
@@ -43,7 +43,7 @@ def uncached():
 
 def test_the_ranking_is_the_same_with_the_cache_cold_warm_and_off(uncached, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("COMMSCHED_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(judge, "_MEMORY", collections.OrderedDict())
+    monkeypatch.setattr(traced, "_MEMORY", collections.OrderedDict())
     cold = plan(REQ, jobs=1, resume=False)
     assert len(list((tmp_path / "traces").glob("*.npz"))) == cold.candidates_judged  # one trace per layout
     _no_tracing(monkeypatch)

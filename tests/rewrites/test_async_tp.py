@@ -225,11 +225,11 @@ def test_copy_engine_transfers_do_not_slow_compute():
 # ---------------------------------------------------------------- the zoo step through predict
 @functools.cache
 def _predicted(parallel: str, tp_size: int, async_tp: bool, hardware: str = "h100-sxm", float8: str = "none",
-               layers: int = 1):  # fmt: skip
+               layers: int = 1, ac: str = "none"):  # fmt: skip
     from commsched.experiments.predict import StepConfig, predict_workload
 
     cfg = StepConfig(preset="llama3-8b", parallel=parallel, world_size=8, layers=layers, seq_len=8192, batch=1,
-                     tp_size=tp_size, compile=True, async_tp=async_tp, float8=float8)  # fmt: skip
+                     tp_size=tp_size, compile=True, async_tp=async_tp, float8=float8, ac=ac)  # fmt: skip
     plain = dataclasses.replace(cfg, async_tp=False)
     return predict_workload(_traced(plain), cfg, hardware)
 
@@ -304,3 +304,17 @@ def test_cli_async_tp_option_and_its_refusals():
         res = runner.invoke(app, args)
         lines = [line for line in res.stderr.splitlines() if line.strip()]
         assert res.exit_code == 2 and len(lines) == 1 and all(w in lines[0] for w in words), (args, res.output)
+
+
+def test_a_recompute_s_matmuls_split_by_async_tp_keep_their_tag():
+    """llama3-8b TP 8 + SP, one block, full AC, compiled: the recompute's gathers and reduce-scatters are fused too,
+    and the matmuls they split into keep the recompute tag, so the step's recompute flops are the plain step's."""
+    from commsched.report.summary import compute_shares
+
+    plain = _predicted("tp+sp", 8, False, ac="full")
+    fused = _predicted("tp+sp", 8, True, ac="full")
+    before = compute_shares(plain.sim.graph)["recompute"]
+    after = compute_shares(fused.sim.graph)["recompute"]
+    assert before["flops"] > 0
+    assert after["nodes"] > before["nodes"]  # split matmuls, each a node of its own
+    assert after["flops"] == pytest.approx(before["flops"], rel=1e-9)

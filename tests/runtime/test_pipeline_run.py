@@ -66,27 +66,35 @@ def test_the_p2p_link_is_timed_as_measured():
     assert flat.latency_s == 1.5e-3 and flat.bytes_per_s == float("inf")
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(
     schedule=st.sampled_from(["GPipe", "1F1B", "Interleaved1F1B"]),
     pp_size=st.integers(2, 4),
     forward_ms=st.lists(st.floats(0.1, 5.0), min_size=8, max_size=8),
     cores=st.floats(0.5, 5.0),
 )
-def test_sharing_cores_stretches_the_step_between_the_bounds(schedule, pp_size, forward_ms, cores):
-    """The step on shared cores is the simulated one when no more ranks compute at once than there are cores, never
-    shorter, never longer than with every busy moment P / cores times slower, and never shorter with fewer cores."""
+def test_ranks_sharing_cores_share_them_as_processor_sharing(schedule, pp_size, forward_ms, cores):
+    """The stream model's shared-cores rule in the pipeline engine (free communication): with at least a core per
+    rank the step is the simulated one exactly; with fewer it is never shorter, never longer than with every
+    compute P / cores times slower, never shorter with fewer cores; on one core the step is all the ranks' work
+    done one after another (the core is never idle while a rank can compute)."""
     from commsched.pipeline import StageCosts, simulate_pipeline
-    from commsched.runtime.pipeline_calibrate import shared_cpu_step_s
 
     stages = pp_size * (2 if schedule == "Interleaved1F1B" else 1)
-    f_s = [x * 1e-3 for x in forward_ms[:stages]]
-    res = simulate_pipeline(schedule, pp_size, 2 * pp_size, None, StageCosts(forward_s=f_s,
-                            backward_s=[2 * f for f in f_s]), free_comm=True)  # fmt: skip
-    shared = shared_cpu_step_s(res, cores)
-    assert shared_cpu_step_s(res, pp_size) == pytest.approx(res.step_s, rel=1e-12)
-    assert res.step_s * (1 - 1e-12) <= shared <= res.step_s * max(1.0, pp_size / cores) * (1 + 1e-12)
-    assert shared_cpu_step_s(res, cores / 2) >= shared * (1 - 1e-12)
+    f_s = [round(x, 3) * 1e-3 for x in forward_ms[:stages]]  # whole microseconds: exact ns
+    costs = StageCosts(forward_s=f_s, backward_s=[2 * f for f in f_s])
+    m = 2 * pp_size
+
+    def step_s(host_cores: float) -> float:
+        return simulate_pipeline(schedule, pp_size, m, None, costs, free_comm=True, host_cores=host_cores).step_s
+
+    alone = step_s(float("inf"))
+    shared = step_s(cores)
+    assert step_s(float(pp_size)) == alone
+    assert alone * (1 - 1e-9) <= shared <= alone * max(1.0, pp_size / cores) * (1 + 1e-9)
+    assert step_s(cores / 2) >= shared * (1 - 1e-9)
+    work_s = m * sum(3 * f for f in f_s)
+    assert step_s(1.0) == pytest.approx(work_s, rel=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,15 @@ def _choices(text: str, what: str) -> tuple[str, ...]:
     return items
 
 
+def _bools(text: str, what: str) -> tuple[bool, ...]:
+    values = {"true": True, "false": False}
+    items = _choices(text, what)
+    for item in items:
+        if item.lower() not in values:
+            raise ValueError(f"{what}: {item!r}: expected true or false (comma-separated)")
+    return tuple(dict.fromkeys(values[item.lower()] for item in items))
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def plan(
@@ -33,6 +42,12 @@ def register(app: typer.Typer) -> None:
         float8: str = typer.Option("none,tensorwise", "--float8", help="float8 recipes to try (comma-separated)"),
         pp_schedules: str = typer.Option(
             "1F1B,Interleaved1F1B,ZBVZeroBubble", "--pp-schedules", help="torch pipeline schedules to try"
+        ),
+        reshard: str = typer.Option(
+            "true,false", "--reshard-after-forward", help="FSDP reshard_after_forward values to try (FSDP / HSDP)"
+        ),
+        async_tp: str = typer.Option(
+            "false,true", "--async-tp", help="async TP values to try (TP + SP, compiled, on NVLink profiles)"
         ),
         max_pp: int = typer.Option(None, "--max-pp", min=1, help="largest pipeline degree tried (1: no PP)"),
         compile_: bool = typer.Option(True, "--compile/--no-compile", help="judge torch.compile'd blocks"),
@@ -54,12 +69,14 @@ def register(app: typer.Typer) -> None:
         json_out: str = json_option("the ranked layouts"),
     ) -> None:
         """Find the fastest layout of PRESET on --gpus GPUs: every FSDP / HSDP / DDP, TP (with and without SP),
-        PP (torch's schedules, M, V), CP degree with each AC policy and float8 recipe, pruned by memory and step
+        PP (torch's schedules, M, V), CP degree with each AC policy and float8 recipe (and FSDP's
+        reshard-after-forward, async TP where they apply), pruned by memory and step
         lower bounds, each left judged by the simulator on its traced program (K and 2K layers, scaled) in the
         framework's order and optimised, ranked by tokens/s per GPU. Prints the winner, the runner-up and the best
         layout without overlap optimisation, and what makes the winner win; --toml writes it for torchtitan,
         --python as FSDP2 / pipelining calls. With --explain --layout L: L judged, and each one-step change (HSDP,
-        a larger micro-batch, a smaller TP, another AC, float8) with its simulated gain, best first.
+        a larger micro-batch, a smaller TP, another AC, float8, reshard-after-forward, async TP) with its simulated
+        gain, best first.
 
         Example: commsched plan llama3-8b --gpus 8 -H h100-sxm --seq-len 8192 --max-pp 1 --toml best.toml
         """
@@ -74,6 +91,8 @@ def register(app: typer.Typer) -> None:
                               seq_len=seq_len, global_batch=global_batch, ac_policies=_choices(ac, "--ac"),
                               float8_recipes=_choices(float8, "--float8"),
                               pp_schedules=_choices(pp_schedules, "--pp-schedules"), max_pp=max_pp,
+                              reshard_after_forward=_bools(reshard, "--reshard-after-forward"),
+                              async_tp=_bools(async_tp, "--async-tp"),
                               compile=compile_, layers_scale=layers_scale)  # fmt: skip
             if explain:
                 _explain(req, layout, jobs, ray_address, not no_cache, json_out, toml, python)

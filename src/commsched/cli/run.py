@@ -223,5 +223,5 @@ def _print_pipeline_report(report) -> None:
     console.print(table)
     p2p = report.p2p
     console.print(f"P2P (rank 0 -> 1, {p2p.send_bytes} B): {p2p.transfer_s * ms:.2f} ms, of which "
-                  f"{p2p.latency_s * ms:.2f} ms fixed; the ranks shared {report.cores:.2f} cores (predicted: the "
-                  "simulated step stretched where more ranks computed at once); stage costs in --json")  # fmt: skip
+                  f"{p2p.latency_s * ms:.2f} ms fixed; the ranks shared {report.cores:.2f} cores (predicted: their "
+                  "compute sharing them in the simulation); stage costs in --json")  # fmt: skip

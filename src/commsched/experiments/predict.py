@@ -57,6 +57,7 @@ class StepConfig:
     float8: str = "none"  # torchtitan's float8 recipe ("tensorwise", "rowwise", ...); "none": bf16 linears
     float8_all_gather: bool = False  # FSDP2 all-gathers float8 weights (torchtitan's tensorwise recipe)
     async_tp: bool = False  # torchtitan's enable_async_tensor_parallel (symmetric memory; compiled TP steps)
+    reshard_after_forward: bool = True  # FSDP2's; False: gathered parameters held to the backward (more memory)
     dp_replicate: int = 1  # HSDP: FSDP's shards replicated over this many groups (torchtitan's replicate degree)
     optimizer: str = "adamw-fused"  # the step's optimizer (torchtitan's default AdamW, fused); "none": no step
     max_norm: float | None = 1.0  # gradient clipping (torchtitan's training.max_norm default); None: not clipped
@@ -99,6 +100,8 @@ class StepConfig:
             given["optimizer"] = self.optimizer
         if self.max_norm is not None:
             given["max_norm"] = self.max_norm
+        if not self.reshard_after_forward:  # only when off: the default's trace-cache keys stay as they were
+            given["reshard_after_forward"] = False
         return {k: v for k, v in given.items() if v is not None}
 
     def resolve(self) -> WorkloadSpec:

@@ -438,6 +438,23 @@ def _stages_per_rank(cfg: _Config, pp: int, single: bool, layers: int) -> int:
     return v
 
 
+RESHARD_AFTER_FORWARD = ("default", "always", "never")
+"""torchtitan's ``fsdp_reshard_after_forward`` values (``default``: True without PP, False under PP)"""
+
+
+def _reshard_after_forward(cfg: _Config, pp: int) -> bool:
+    """FSDP2's ``reshard_after_forward`` as torchtitan's ``parallelize_llama`` derives it from the config. Under PP
+    the pipeline's stages are modelled without reshard (torchtitan's default there): ``always`` is refused."""
+    key = cfg.given("parallelism.fsdp_reshard_after_forward", "training.fsdp_reshard_after_forward")
+    value = cfg.get(key) if key else "default"
+    if value not in RESHARD_AFTER_FORWARD:
+        raise cfg.error(str(key), f"{value!r}: expected one of {', '.join(RESHARD_AFTER_FORWARD)}")
+    if pp > 1 and value == "always":
+        raise cfg.error(str(key), "'always' under pipeline parallelism is not yet supported (the stages are "
+                        "modelled without reshard, torchtitan's default)")  # fmt: skip
+    return value != "never" or pp > 1
+
+
 def to_step_config(cfg: _Config, *, world_size: int | None = None) -> StepConfig:
     """The step a validated config trains at ``world_size`` ranks (None: the degrees' product); one-line errors for
     what the zoo cannot trace yet."""
@@ -449,10 +466,10 @@ def to_step_config(cfg: _Config, *, world_size: int | None = None) -> StepConfig
                         f"{name} {flavor!r}: no zoo preset for it ({known})")  # fmt: skip
     if cfg.get("training.enable_cpu_offload", default=False):
         raise cfg.error("training.enable_cpu_offload", "true: CPU offload is not yet supported")
-    if cfg.get("parallelism.fsdp_reshard_after_forward", "training.fsdp_reshard_after_forward") == "never":
-        raise cfg.error("parallelism.fsdp_reshard_after_forward", "'never' is not yet supported (default, always)")
     degrees = _degrees(cfg)
     parallel, world, tp, replicate = _plan(cfg, degrees, world_size)
+    # torchtitan passes it to fully_shard only: without FSDP there is nothing to reshard
+    reshard = _reshard_after_forward(cfg, degrees.pp) or "fsdp" not in parallel.split("+")
     components = cfg.get("compile.components", default=["model", "loss"])
     compile_ = bool(cfg.get("compile.enable", "training.compile", default=False)) and "model" in components
     float8, float8_all_gather = _float8(cfg)
@@ -466,7 +483,8 @@ def to_step_config(cfg: _Config, *, world_size: int | None = None) -> StepConfig
         preset=preset, parallel=parallel, world_size=world, seq_len=cfg.get("training.seq_len", default=2048),
         batch=batch, dtype=cfg.get("training.mixed_precision_param", default="bfloat16"),
         tp_size=tp, ac=_ac(cfg), compile=compile_, float8=float8, float8_all_gather=float8_all_gather,
-        async_tp=async_tp, extra=_context_parallel(cfg, degrees.cp), source=cfg.path.name, notes=notes,
+        async_tp=async_tp, reshard_after_forward=reshard, extra=_context_parallel(cfg, degrees.cp),
+        source=cfg.path.name, notes=notes,
         dp_replicate=replicate, optimizer=_optimizer(cfg), max_norm=_max_norm(cfg),
         **_pipeline(cfg, degrees.pp, batch, preset),
     )  # fmt: skip
@@ -495,6 +513,7 @@ CONFIG_KEYS = {
     "dp_replicate": "[parallelism] data_parallel_replicate_degree", "optimizer": "[optimizer] name / implementation",
     "max_norm": "[training] max_norm",
     "async_tp": "[parallelism] enable_async_tensor_parallel",
+    "reshard_after_forward": "[parallelism] fsdp_reshard_after_forward",
     "pp_size": "[parallelism] pipeline_parallel_degree", "pp_schedule": "[parallelism] pipeline_parallel_schedule",
     "microbatches": "[training] local_batch_size / [parallelism] pipeline_parallel_microbatch_size",
     "stages_per_rank": "[parallelism] pipeline_parallel_layers_per_stage",

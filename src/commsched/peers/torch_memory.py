@@ -3,8 +3,9 @@
 :func:`torch_fsdp_peak` builds the zoo's model as ``nn.Module`` units (embedding, each block, final norm + output:
 the zoo's own functions in :mod:`commsched.workloads.model`, the zoo's parameter shapes), shards each unit with
 FSDP2's ``fully_shard`` as the zoo's FSDP source does (bf16 parameters, fp32 gradient reduction, the final unit kept
-unsharded after the forward), checkpoints the blocks with the zoo's activation checkpointing
-(:func:`commsched.workloads.ac.block_checkpoint`: torchtitan's full and selective policies), and runs two training
+unsharded after the forward; every unit so when the spec's ``reshard_after_forward`` is False), checkpoints the
+blocks with the zoo's activation checkpointing (:func:`commsched.workloads.ac.block_checkpoint`: torchtitan's full
+and selective policies), and runs two training
 iterations (forward, backward, AdamW, ``zero_grad``), the second one's forward and backward under torch's
 ``FSDPMemTracker`` (``torch.distributed._tools.fsdp2_mem_tracker``), on fake tensors with the fake process group, so
 any world size runs on a CPU. It returns the tracker's peak and its breakdown at that peak (sharded / unsharded
@@ -155,7 +156,7 @@ def torch_fsdp_peak(spec: WorkloadSpec, optimizer: str = "adamw") -> TorchMemory
             net = _Llama(spec)
             policy = MixedPrecisionPolicy(param_dtype=spec.dtype, reduce_dtype=spec.reduce_dtype)
             for unit in (net.embed, *net.layers):
-                fully_shard(unit, mesh=mesh, mp_policy=policy)
+                fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=spec.reshard_after_forward)
             fully_shard(net.final, mesh=mesh, mp_policy=policy, reshard_after_forward=False)  # as the zoo's source
             fully_shard(net, mesh=mesh, mp_policy=policy)
             opt = torch.optim.AdamW(net.parameters(), lr=1e-4) if optimizer == "adamw" else None

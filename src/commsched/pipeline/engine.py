@@ -12,13 +12,14 @@ O(actions log actions).
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 
 import numpy as np
 
 from commsched.pipeline.actions import COMPUTE_KINDS, P2P_KINDS, ActionKind, PipelineProgram, coalesced
 from commsched.pipeline.costs import StageTimes
-from commsched.sim.model import StreamModel
+from commsched.sim.model import StreamModel, kernel_end_rule
 
 _COMPUTE = frozenset(int(k) for k in COMPUTE_KINDS)
 _P2P = frozenset(int(k) for k in P2P_KINDS)
@@ -45,13 +46,14 @@ class _Item:
 
 
 class _Running:
-    """A rank's compute in progress: its row, start, work left (ns at full rate) and when that was last updated."""
+    """A rank's compute in progress: its row, start, work left (ns at full rate), when that was last updated and the
+    wall time per unit of work since then."""
 
-    __slots__ = ("index", "last_ns", "start_ns", "version", "work_ns")
+    __slots__ = ("factor", "index", "last_ns", "start_ns", "version", "work_ns")
 
-    def __init__(self, index: int, start_ns: int, work_ns: float, version: int) -> None:
+    def __init__(self, index: int, start_ns: int, work_ns: float, version: int, factor: float) -> None:
         self.index, self.start_ns, self.work_ns, self.version = index, start_ns, work_ns, version
-        self.last_ns = start_ns
+        self.last_ns, self.factor = start_ns, factor
 
 
 class Engine:
@@ -74,6 +76,8 @@ class Engine:
         self.pos, self.cursor, self.busy, self.exposed = [0] * p, [0] * p, [0] * p, [0] * p
         self.act, self.peak, self.in_flight = [0] * p, [0] * p, [0] * p
         self.running: list[_Running | None] = [None] * p
+        self.computing = 0  # ranks with a compute running (they share the host's cores, StreamModel.host_cores)
+        self.shared = math.isfinite(model.host_cores)
         self.blocker: list[object] = [None] * p  # what a blocked rank waits for: a transfer key or an item
         self.version = 0
         self.fwd_end: dict[tuple[int, int], int] = {}  # (stage, mb) -> end of its forward
@@ -268,19 +272,32 @@ class Engine:
     def flight(self, rank: int, delta: int) -> None:
         """One more (or fewer) collective in flight on ``rank``: its running compute's rate follows the stream
         model's interference rule (every NCCL kernel takes SMs, ``commsched.sim.model.takes_sms``)."""
-        if not delta:
+        if delta:
+            self.in_flight[rank] += delta
+            if self.running[rank] is not None:
+                self.rerate(rank)
+
+    def factor(self, rank: int) -> float:
+        """Wall time per unit of work of ``rank``'s compute now (:meth:`StreamModel.kernel_factor`)."""
+        return self.model.kernel_factor(self.in_flight[rank] > 0 and self.model.kernels_see_comm, self.computing)
+
+    def rerate(self, rank: int) -> None:
+        """``rank``'s running compute continues at the rate of now: its work so far is booked and its end pushed
+        again (the earlier end event is superseded by the version)."""
+        run, factor = self.running[rank], self.factor(rank)
+        if factor == run.factor:
             return
-        before = self.in_flight[rank] > 0
-        self.in_flight[rank] += delta
-        run = self.running[rank]
-        if run is None or not self.model.kernels_see_comm or before == (self.in_flight[rank] > 0):
-            return
-        run.work_ns -= self.model.kernel_work_ns(self.now - run.last_ns, before)
-        run.last_ns = self.now
+        run.work_ns -= (self.now - run.last_ns) / run.factor
+        run.last_ns, run.factor = self.now, factor
         self.version += 1
         run.version = self.version
-        end = self.model.kernel_end_ns(self.now, max(run.work_ns, 0.0), not before)
-        self.push(end, _COMPUTE_DONE, (rank, run.version))
+        self.push(kernel_end_rule(self.now, max(run.work_ns, 0.0) * factor), _COMPUTE_DONE, (rank, run.version))
+
+    def rerate_all(self) -> None:
+        """Every running compute at the rate of now (the number of ranks computing changed)."""
+        for rank, run in enumerate(self.running):
+            if run is not None:
+                self.rerate(rank)
 
     # ------------------------------------------------------------------ compute
     def inputs(self, rank: int, kind: int, stage: int, mb: int) -> list[tuple[int, int, object]]:
@@ -342,10 +359,12 @@ class Engine:
         self.exposed[rank] += exposed
         work = self.duration(row)
         self.version += 1
-        self.running[rank] = _Running(i, start, float(work), self.version)
-        end = self.model.kernel_end_ns(start, work, self.in_flight[rank] > 0) if self.model.kernels_see_comm else (
-            start + work)  # fmt: skip
-        self.push(end, _COMPUTE_DONE, (rank, self.version))
+        self.computing += 1
+        factor = self.factor(rank)
+        self.running[rank] = _Running(i, start, float(work), self.version, factor)
+        self.push(kernel_end_rule(start, work * factor), _COMPUTE_DONE, (rank, self.version))
+        if self.shared:
+            self.rerate_all()
         for kind, stage, _ in self.parts(row):  # memory: a forward takes its activations, a backward its transient
             if kind == ActionKind.FORWARD:
                 self.act[rank] += self.held[stage]
@@ -369,5 +388,8 @@ class Engine:
             if kind in (ActionKind.FULL_BACKWARD, ActionKind.BACKWARD_WEIGHT):
                 self.act[rank] -= self.held[stage]
         self.running[rank] = None
+        self.computing -= 1
         self.pos[rank] = i + 1
         self.advance(rank)
+        if self.shared:
+            self.rerate_all()

@@ -35,6 +35,7 @@ An event loop over every action (:mod:`commsched.pipeline.engine`): O(actions lo
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -96,19 +97,21 @@ def simulate_program(
     *,
     ranks_between_stages: int = 1,
     free_comm: bool = False,
+    host_cores: float = math.inf,
 ) -> PipelineResult:
     """Simulate ``program`` with ``stage_costs``; P2P transfers timed on ``hardware`` (pipeline rank r is global
     rank ``r * ranks_between_stages``), or free with ``free_comm`` (no transfer time and no slowdown of compute by
-    communication). Raises ValueError naming a malformed cost field, :class:`DeadlockError` when the program cannot
-    finish. O(actions log actions)."""
+    communication); ``host_cores``: the processors the ranks' compute shares (a CPU harness, the stream model's
+    shared-cores rule; infinite: one per rank). Raises ValueError naming a malformed cost field,
+    :class:`DeadlockError` when the program cannot finish. O(actions log actions)."""
     times = stage_times(stage_costs, program)
     xfer = np.zeros(max(program.num_stages - 1, 0), np.int64)
-    model = StreamModel()
+    model = StreamModel(host_cores=host_cores)
     if not free_comm:
         xfer = p2p_times_ns(program, times.send_bytes, hardware, ranks_between_stages)
         if hardware is not None:
             hw = for_graph(hardware, world_size=program.pp_size * ranks_between_stages)
-            model = StreamModel(compute_slowdown=float(hw.compute_slowdown))
+            model = StreamModel(compute_slowdown=float(hw.compute_slowdown), host_cores=host_cores)
     run = Engine(program, times, xfer, model)
     run.run()
     return _result(run, times)
@@ -146,10 +149,11 @@ def simulate_pipeline(
     ranks_between_stages: int = 1,
     free_comm: bool = False,
     defer_recv: bool = False,
+    host_cores: float = math.inf,
 ) -> PipelineResult:
     """torch's ``schedule`` (:func:`commsched.pipeline.lower_schedule`) for ``pp_size`` ranks, ``microbatches``
     micro-batches and ``stages_per_rank`` stages per rank, simulated with ``stage_costs`` on ``hardware``
     (see :func:`simulate_program`)."""
     program = lower_schedule(schedule, pp_size, microbatches, stages_per_rank, defer_recv=defer_recv)
     return simulate_program(program, stage_costs, hardware, ranks_between_stages=ranks_between_stages,
-                            free_comm=free_comm)  # fmt: skip
+                            free_comm=free_comm, host_cores=host_cores)  # fmt: skip

@@ -3,8 +3,11 @@
 Degrees divide the GPU count; TP stays inside a node and divides the heads, the KV heads and the MLP width; CP
 needs sequences that split into ``2 x cp`` head-tail chunks; EP (mixture-of-experts presets) divides the experts and
 FSDP's shard group; PP stages run at least two blocks each; the global batch
-splits evenly over the data-parallel replicas and, under PP, into ``M`` equal micro-batches. Options a pipeline
-job cannot take yet (``PipelineJob``'s fields decide: :func:`pipeline_options`) are not enumerated under PP.
+splits evenly over the data-parallel replicas and, under PP, into ``M`` equal micro-batches. FSDP's
+``reshard_after_forward=False`` is a choice of FSDP / HSDP layouts without PP (under PP the stages never reshard,
+torchtitan's default); async TP one of TP + SP layouts, compiled, on hardware that runs symmetric-memory copies
+(:func:`commsched.cost.symm_mem.copy_engine_refusal`). Options a pipeline job cannot take yet (``PipelineJob``'s
+fields decide: :func:`pipeline_options`) are not enumerated under PP.
 """
 
 from __future__ import annotations
@@ -47,19 +50,43 @@ def tp_degrees(req: PlanRequest, gpus_per_node: int) -> list[int]:
     return [t for t in divisors(req.gpus) if gpus_per_node % t == 0 and common % t == 0]
 
 
+@functools.cache
+def async_tp_runs(req: PlanRequest, gpus_per_node: int, tp: int) -> bool:
+    """Whether ``req``'s hardware runs async TP's symmetric-memory copies for a TP group of ``tp`` ranks (TP is
+    innermost: consecutive ranks)."""
+    from commsched.cost.symm_mem import copy_engine_refusal
+    from commsched.hardware import get, nodes_for_world
+
+    hw = get(req.hardware)
+    return copy_engine_refusal(hw.with_nodes(nodes_for_world(req.gpus, gpus_per_node), gpus_per_node), tp) is None
+
+
 def enumerate_layouts(req: PlanRequest, gpus_per_node: int, float8_ok: bool) -> Iterator[Layout]:
     """Every layout of ``req`` (unpruned), in a fixed order. ``float8_ok``: the hardware has float8 tensor cores."""
     model = req.model()
     float8s = [f for f in req.float8_recipes if f == "none" or float8_ok]
     for tp in tp_degrees(req, gpus_per_node):
+        async_ok = tp > 1 and req.compile and True in req.async_tp and async_tp_runs(req, gpus_per_node, tp)
         for sp in (True, False) if tp > 1 else (False,):
             for pp in divisors(req.gpus // tp):
                 if pp > 1 and (pp * MIN_LAYERS_PER_STAGE > model.n_layers or (req.max_pp or pp) < pp):
                     continue
-                yield from _inner(req, Layout(dp_shard=1, tp=tp, sp=sp, pp=pp), float8s)
+                base = Layout(dp_shard=1, tp=tp, sp=sp, pp=pp)
+                yield from _inner(req, base, float8s, async_ok and sp)
 
 
-def _inner(req: PlanRequest, base: Layout, float8s: list[str]) -> Iterator[Layout]:
+def _fsdp_options(req: PlanRequest, layout: Layout, async_ok: bool) -> Iterator[Layout]:
+    """``layout`` with each FSDP reshard-after-forward value (FSDP / HSDP without PP) and each async TP value
+    (``async_ok``: TP + SP that the hardware micro-pipelines; under PP once ``PipelineJob`` takes it) asked for;
+    a layout an option does not apply to takes its default."""
+    reshards = req.reshard_after_forward if layout.fsdp > 1 and layout.pp == 1 else (True,)
+    asyncs = req.async_tp if async_ok and (layout.pp == 1 or "async_tp" in pipeline_options()) else (False,)
+    for reshard in reshards:
+        for async_tp in asyncs:
+            yield dataclasses.replace(layout, reshard_after_forward=reshard, async_tp=async_tp)
+
+
+def _inner(req: PlanRequest, base: Layout, float8s: list[str], async_ok: bool) -> Iterator[Layout]:
     """The data-parallel and context-parallel splits of what TP x PP leave, with every step option."""
     under_pp = base.pp > 1
     allowed = pipeline_options()
@@ -74,7 +101,8 @@ def _inner(req: PlanRequest, base: Layout, float8s: list[str]) -> Iterator[Layou
             for ac in req.ac_policies if not under_pp or "ac" in allowed else ("none",):
                 for f8 in float8s if not under_pp or "float8" in allowed else ("none",):
                     for lay in _expert_parallel(req, dataclasses.replace(layout, ac=ac, float8=f8)):
-                        yield from _pipelined(req, lay)
+                        for opt in _fsdp_options(req, lay, async_ok):
+                            yield from _pipelined(req, opt)
 
 
 def _data_parallel_ok(req: PlanRequest, layout: Layout, allowed: frozenset[str]) -> bool:

@@ -5,7 +5,8 @@ per GPU.
 The changes tried are one step each from the layout: more replicas (HSDP) instead of a wider shard group, a larger
 micro-batch (without PP: twice the local batch, so twice the global batch; with PP: half the micro-batches), half
 the TP degree (its ranks moved to the shard group), twice or half the EP degree (MoE presets), every other AC
-policy, float8 on or off. A change is kept only
+policy, float8 on or off, FSDP's reshard-after-forward off or on (FSDP / HSDP without PP), async TP on or off (TP
+with SP, where the hardware runs it). A change is kept only
 if plan itself would enumerate it (:func:`commsched.plan.enumerate.enumerate_layouts`: degrees dividing the GPUs,
 heads, batch); one that does not fit the HBM when simulated is listed as such, never ranked above one that fits.
 """
@@ -23,6 +24,7 @@ AC_POLICIES = ("none", "selective-op", "full")
 MAX_HSDP_CHOICES = 3
 """replica counts tried for HSDP: the smallest few (a wider shard group's all-gathers cross fewer nodes first)"""
 _INT_FIELDS = {f.name for f in dataclasses.fields(Layout) if f.type == "int"}
+_BOOL_FIELDS = {f.name for f in dataclasses.fields(Layout) if f.type == "bool"}
 
 
 def parse_layout(text: str) -> Layout:
@@ -37,9 +39,9 @@ def parse_layout(text: str) -> Layout:
             if not value.isdigit() or int(value) < 1:
                 raise ValueError(f"--layout {key}={value!r}: expected an integer >= 1")
             values[key] = int(value)
-        elif key == "sp":
+        elif key in _BOOL_FIELDS:
             if value.lower() not in ("true", "false", "1", "0"):
-                raise ValueError(f"--layout sp={value!r}: expected true or false")
+                raise ValueError(f"--layout {key}={value!r}: expected true or false")
             values[key] = value.lower() in ("true", "1")
         else:
             values[key] = value
@@ -91,7 +93,8 @@ class Explained:
 
 def _valid(req: PlanRequest, gpus_per_node: int) -> set[Layout]:
     """Every layout plan enumerates for ``req`` with every AC policy and float8 recipe."""
-    wide = dataclasses.replace(req, ac_policies=AC_POLICIES, float8_recipes=("none", "tensorwise"), max_pp=None)
+    wide = dataclasses.replace(req, ac_policies=AC_POLICIES, float8_recipes=("none", "tensorwise"), max_pp=None,
+                               reshard_after_forward=(True, False), async_tp=(False, True))  # fmt: skip
     return set(enumerate_layouts(wide, gpus_per_node, float8_ok=True))
 
 
@@ -122,6 +125,11 @@ def candidate_changes(req: PlanRequest, layout: Layout, float8_ok: bool) -> list
         out.append((f"float8 {layout.float8} -> none (bf16)", req, dataclasses.replace(layout, float8="none")))
     elif float8_ok:
         out.append(("float8 tensorwise", req, dataclasses.replace(layout, float8="tensorwise")))
+    reshard = not layout.reshard_after_forward
+    out.append(("FSDP reshard after forward" if reshard else "FSDP keeps gathered weights (no reshard after forward)",
+                req, dataclasses.replace(layout, reshard_after_forward=reshard)))  # fmt: skip
+    out.append(("async TP off" if layout.async_tp else "async TP", req,
+                dataclasses.replace(layout, async_tp=not layout.async_tp)))  # fmt: skip
     return out
 
 

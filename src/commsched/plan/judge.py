@@ -11,7 +11,6 @@ measured at the depths :func:`commsched.plan.scale.layer_counts` gives and extra
 from __future__ import annotations
 
 import collections
-import dataclasses
 import time
 import types
 from typing import Any
@@ -19,22 +18,14 @@ from typing import Any
 from commsched.execute.base import error_text
 from commsched.plan.layout import Layout, PlanRequest, pipeline_job, step_config
 from commsched.plan.scale import extrapolate, layer_counts
+from commsched.plan.traced import GraphOnly, as_traced, traced
 
-_MEMORY: collections.OrderedDict[str, Any] = collections.OrderedDict()  # trace key -> Graph, this process's last few
-_MEMORY_SIZE = 8
 _JOBS: collections.OrderedDict[tuple[Any, Any], dict[str, Any]] = collections.OrderedDict()  # (job, hw) -> point
 _JOBS_SIZE = 256
 SCALED = ("framework_step_s", "framework_peak_bytes", "framework_exposed_s", "optimized_step_s", "optimized_peak_bytes",
           "optimized_exposed_s", "recompute_s", "lower_bound_s")  # fmt: skip
 """the row fields extrapolated in the layer count (the framework's order and the optimised one apart: which one a
 row keeps is decided at full depth, :func:`_kept`)"""
-
-
-@dataclasses.dataclass(frozen=True)
-class GraphOnly:
-    """A traced step's IR alone (what :func:`predict_workload` reads of a Workload), as the trace cache keeps it."""
-
-    graph: Any
 
 
 def warm_imports() -> None:
@@ -121,7 +112,8 @@ def _step(req: PlanRequest, layout: Layout, hardware: Any, layers: int | None, c
     """The framework's step (or ``framework``, this depth's point an earlier task judged) and, with
     ``optimize_it``, the optimised one, on the (cached) trace."""
     config = step_config(req, layout, layers)
-    graph = _traced(config, cache)
+    graph = traced(config, cache, hardware, req.gpus_per_node)
+    config = as_traced(config)  # async TP is in the graph already
     row = dict(framework) if framework is not None else _framework_point(req, config, graph, hardware)
     if optimize_it:
         from commsched.hardware import for_graph
@@ -147,25 +139,3 @@ def _framework_point(req: PlanRequest, config: Any, graph: Any, hardware: Any) -
             "framework_exposed_s": p.sim.exposed_comm_s, "framework_label": p.order, "optimized_step_s": None,
             "optimized_peak_bytes": None, "optimized_exposed_s": None, "optimized_label": "",
             "recompute_s": recompute_s, "lower_bound_s": p.sim.lower_bound_s, "bubble_fraction": 0.0}  # fmt: skip
-
-
-def _traced(config: Any, cache: bool) -> Any:
-    """The graph of ``config``'s step as the framework runs it, from this process's memory, the trace cache, or
-    traced (and cached)."""
-    from commsched.execute import cache as trace_cache
-    from commsched.experiments.predict import trace
-
-    kw = {**config.build_kwargs(), "fsdp_bucket": "block"}
-    key = trace_cache.trace_key(config.preset, kw.pop("parallel"), kw.pop("world_size"), kw.pop("layers", None), kw)
-    graph = _MEMORY.get(key)
-    if graph is None and cache:
-        graph = trace_cache.load_trace(key)
-    if graph is None:
-        graph = trace(config).graph
-        if cache:
-            trace_cache.store_trace(key, graph)
-    _MEMORY[key] = graph
-    _MEMORY.move_to_end(key)
-    while len(_MEMORY) > _MEMORY_SIZE:
-        _MEMORY.popitem(last=False)
-    return graph

@@ -12,8 +12,8 @@ import dataclasses
 from typing import Any
 
 LAYOUT_FIELDS = ("dp_shard", "dp_replicate", "tp", "sp", "pp", "pp_schedule", "microbatches", "stages_per_rank",
-                 "ep", "cp", "ac", "float8")  # fmt: skip
-"""the ``layout`` keys of ``plan --json`` (the issue's, plus ``sp``)"""
+                 "ep", "cp", "ac", "float8", "reshard_after_forward", "async_tp")  # fmt: skip
+"""the ``layout`` keys of ``plan --json`` (the issue's, plus ``sp``, ``reshard_after_forward`` and ``async_tp``)"""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -32,6 +32,8 @@ class Layout:
     cp: int = 1
     ac: str = "none"
     float8: str = "none"
+    reshard_after_forward: bool = True  # FSDP2's; False: each block's gathered weights held to its backward
+    async_tp: bool = False  # torchtitan's enable_async_tensor_parallel (TP with SP, compiled, NVLink symmetric memory)
 
     @property
     def world_size(self) -> int:
@@ -70,6 +72,10 @@ class Layout:
         parts.append(f"ac {self.ac}")
         if self.float8 != "none":
             parts.append(f"float8 {self.float8}")
+        if not self.reshard_after_forward:
+            parts.append("no reshard")
+        if self.async_tp:
+            parts.append("async tp")
         return " / ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -84,7 +90,8 @@ class Layout:
 class PlanRequest:
     """What ``commsched plan`` is asked: a preset on ``gpus`` GPUs of ``hardware`` (None: the profile's HBM and
     GPUs per node), sequences of ``seq_len`` tokens, ``global_batch`` sequences per step (None: one per GPU), the AC
-    policies, float8 recipes and pipeline schedules to try, torch.compile on or off."""
+    policies, float8 recipes, pipeline schedules, FSDP reshard-after-forward and async TP values to try,
+    torch.compile on or off."""
 
     preset: str
     gpus: int
@@ -99,6 +106,8 @@ class PlanRequest:
     max_pp: int | None = None  # the largest pipeline degree tried (None: any that divides)
     layers: int | None = None  # the model's depth (None: the preset's; fewer for quick checks)
     compile: bool = True
+    reshard_after_forward: tuple[bool, ...] = (True, False)  # FSDP2's reshard_after_forward values tried (FSDP / HSDP)
+    async_tp: tuple[bool, ...] = (False, True)  # async TP tried on TP + SP layouts where the hardware runs it
     layers_scale: int = 2  # trace K and 2K layers and extrapolate (0: every layer)
     dtype: str = "bfloat16"
 
@@ -126,6 +135,10 @@ class PlanRequest:
             for value in values:
                 if parse(value) != value:
                     raise ValueError(f"{name}: {value!r}: expected the canonical spelling {parse(value)!r}")
+        for name in ("reshard_after_forward", "async_tp"):
+            values = getattr(self, name)
+            if not values or not all(isinstance(v, bool) for v in values):
+                raise ValueError(f"{name}={values!r}: expected at least one of true, false")
         self.model().validate()
 
     def model(self) -> Any:
@@ -167,6 +180,7 @@ def step_config(req: PlanRequest, layout: Layout, layers: int | None) -> Any:
                       tp_size=layout.tp if layout.tp > 1 else None, ac=layout.ac, compile=req.compile,
                       float8=layout.float8, float8_all_gather=layout.float8 == "tensorwise" and fsdp,
                       dp_replicate=layout.dp_replicate if fsdp else 1, extra=tuple(extra),
+                      reshard_after_forward=layout.reshard_after_forward, async_tp=layout.async_tp,
                       source="plan")  # fmt: skip
 
 
@@ -176,11 +190,19 @@ def pipeline_job(req: PlanRequest, layout: Layout, layers: int | None) -> Any:
     from commsched.pipeline.job import PipelineJob
 
     layers = layers or req.layers
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = {"compile": req.compile}
     if layout.ac != "none":
         options["ac"] = layout.ac
     if layout.float8 != "none":
         options["float8"] = layout.float8
+    if layout.cp > 1:
+        options["cp_size"] = layout.cp
+    if layout.dp_replicate > 1 and layout.fsdp > 1:
+        options["dp_replicate"] = layout.dp_replicate
+    if layout.async_tp:
+        options["async_tp"] = True
+    if not layout.reshard_after_forward:  # the pipeline's stages already keep their gathered weights (torchtitan)
+        raise ValueError(f"layout {layout.label()}: reshard_after_forward=False is a choice without PP only")
     return PipelineJob(preset=req.preset, parallel=layout.parallel(), world_size=layout.world_size, pp_size=layout.pp,
                        schedule=str(layout.pp_schedule), microbatches=layout.microbatches,
                        stages_per_rank=layout.stages_per_rank, tp_size=layout.tp if layout.tp > 1 else None,

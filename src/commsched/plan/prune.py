@@ -9,9 +9,9 @@ activations a rank keeps: per layer and token at least the block input under ful
 attention output under selective AC (every matmul output is saved), and the inputs of the seven linears without AC
 (``4 x dim + 3 x ffn`` elements; halved for float8, whose linears may save float8 casts), split over TP and CP, for
 every micro-batch a pipeline rank holds at once (at least ``min(P, M)`` on the first rank), plus the bf16 logits of
-the local batch (without PP). The step is at least the model FLOPs of the rank's tokens (recompute and non-model
-work left out) at the dtype's peak, plus the published bubble ``(P - 1) / (V x M)`` of it for GPipe / 1F1B /
-interleaved schedules.
+the local batch (without PP), plus, under FSDP without reshard-after-forward, every gathered weight (split over
+TP). The step is at least the model FLOPs of the rank's tokens (recompute and non-model work left out) at the
+dtype's peak, plus the published bubble ``(P - 1) / (V x M)`` of it for GPipe / 1F1B / interleaved schedules.
 """
 
 from __future__ import annotations
@@ -55,7 +55,9 @@ def memory_lower_bound_bytes(req: PlanRequest, layout: Layout) -> int:
     in_flight = min(layout.pp, layout.microbatches) if layout.pp > 1 else 1
     activations = in_flight * tokens * per_layer * (model.n_layers // layout.pp)
     logits = 0 if layout.pp > 1 else micro * req.seq / layout.cp * model.vocab_size / layout.tp * 2
-    return int(static + max(activations + logits, params * GRADIENT_BYTES_PER_PARAM / shards))
+    # FSDP without reshard-after-forward: every unit's gathered weights held to the backward (float8: 1 byte each)
+    held = 0 if layout.reshard_after_forward else params * (1 if layout.float8 != "none" else 2) / layout.tp
+    return int(static + max(activations + logits + held, params * GRADIENT_BYTES_PER_PARAM / shards))
 
 
 def step_lower_bound_s(req: PlanRequest, layout: Layout, peak_flops: float) -> float:

@@ -4,8 +4,10 @@ TOML (:mod:`commsched.plan.toml_out`) for a user whose trainer is not torchtitan
 The snippet follows torchtitan's ``parallelize_llama`` and ``pipeline_llm`` at 4a950ea, condensed: the device mesh
 in torchtitan's order (``pp``, ``dp_replicate``, ``dp_shard``, ``cp``, ``tp``; degrees of one left out), TP per
 block with torchtitan's plan names (``attention.wq`` ... ``feed_forward.w3``, SP around the norms), activation
-checkpointing with torch's ``checkpoint_wrapper``, torch.compile per block, ``fully_shard`` per block with
-``reshard_after_forward`` (torchtitan's default: True without PP, False under PP) and on the root, torch's pipeline
+checkpointing with torch's ``checkpoint_wrapper``, torch.compile per block, async TP as torchtitan's
+``maybe_enable_async_tp`` turns it on (Inductor's ``_micro_pipeline_tp``, symmetric memory on the TP group),
+``fully_shard`` per block with ``reshard_after_forward`` (the layout's without PP; False under PP, torchtitan's
+default) and on the root, torch's pipeline
 schedule class over the rank's stages. It names a torchtitan-style Llama (``model.layers`` and :data:`OUTER`); the
 tests compile it and run its ``build`` under the fake process group; EP is a comment (torchtitan's MoE calls).
 """
@@ -81,7 +83,9 @@ def _header(req: PlanRequest, layout: Layout) -> list[str]:
              f"EP = {layout.ep}  # expert parallel degree (borrows from dp_shard x cp)",
              f"LOCAL_BATCH = {local_batch(req, layout)}  # sequences per data-parallel replica per step",
              f"SEQ_LEN = {req.seq}", f"AC = {layout.ac!r}", f"FLOAT8 = {layout.float8!r}",
-             f"COMPILE = {req.compile}", f"OUTER = {OUTER!r}  # the modules outside the blocks",
+             f"COMPILE = {req.compile}", f"ASYNC_TP = {layout.async_tp}",
+             f"RESHARD_AFTER_FORWARD = {layout.reshard_after_forward}  # FSDP2's; False: gathered weights kept",
+             f"OUTER = {OUTER!r}  # the modules outside the blocks",
              ""]  # fmt: skip
     if layout.ep > 1:
         lines += [
@@ -116,6 +120,11 @@ def parallelize(model, mesh, reshard_after_forward):
     if DEGREES["tp"] > 1:
         for block in model.layers.values():
             parallelize_module(block, mesh["tp"], TP_PLAN)
+        if ASYNC_TP:  # torchtitan's maybe_enable_async_tp: Inductor micro-pipelines TP in the compiled blocks
+            from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+            torch._inductor.config._micro_pipeline_tp = True
+            enable_symm_mem_for_group(mesh["tp"].get_group().group_name)
     if FLOAT8 != "none":
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
@@ -152,7 +161,7 @@ def build(model, loss_fn, device_type="cuda"):
     mesh = init_device_mesh(device_type, tuple(DEGREES[n] for n in names), mesh_dim_names=names)
     # CP: each step runs inside torch.distributed.tensor.experimental.context_parallel(mesh["cp"], buffers=...)
 '''
-_FLAT = """    return mesh, parallelize(model, mesh, reshard_after_forward=True)
+_FLAT = """    return mesh, parallelize(model, mesh, reshard_after_forward=RESHARD_AFTER_FORWARD)
 """
 _PIPELINED = """    pp_rank = mesh["pp"].get_local_rank()
     stages = []

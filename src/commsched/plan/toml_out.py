@@ -1,8 +1,9 @@
 """A layout as the job config torchtitan takes (TOML, the keys of ``torchtitan/config/job_config.py`` at 4a950ea,
 the format :mod:`commsched.experiments.torchtitan` reads back): parallel degrees, the pipeline schedule and its
-micro-batch size, activation checkpointing, float8, torch.compile. What torchtitan cannot say is a comment in the
-file: TP without sequence parallelism (torchtitan's llama3 plan always shards the sequence), a model with no
-torchtitan flavor."""
+micro-batch size, FSDP's ``fsdp_reshard_after_forward`` (``"never"`` when the layout keeps the gathered weights; the
+default otherwise), ``enable_async_tensor_parallel``, activation checkpointing, float8, torch.compile. What
+torchtitan cannot say is a comment in the file: TP without sequence parallelism (torchtitan's llama3 plan always
+shards the sequence), a model with no torchtitan flavor."""
 
 from __future__ import annotations
 
@@ -67,6 +68,10 @@ def torchtitan_toml(req: PlanRequest, layout: Layout, note: str = "") -> str:
                    "context_parallel_degree": layout.cp, **_pipeline(req, layout)}  # fmt: skip
     if layout.ep > 1:
         parallelism["expert_parallel_degree"] = layout.ep
+    if not layout.reshard_after_forward:
+        parallelism["fsdp_reshard_after_forward"] = "never"
+    if layout.async_tp:
+        parallelism["enable_async_tensor_parallel"] = True
     lines = [*comments, ""]
     lines += _section("model", model)
     lines += _section("training", {"local_batch_size": local_batch(req, layout), "seq_len": req.seq,

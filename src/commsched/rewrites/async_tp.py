@@ -47,6 +47,7 @@ import torch.fx
 from commsched.cost.symm_mem import COPY_ENGINE_TARGET, JOIN_TARGET
 from commsched.ir import CollType, Graph, GraphError, OpKind
 from commsched.ir.graph import ProcessGroup
+from commsched.ir.transform import NODE_TAGS_META
 from commsched.rewrites.decompose_graph import T_MM, T_SLICE, FxFacts, IRBuilder, alias_users, operands, site_waits
 from commsched.rewrites.decompose_tp import AG, MM, RS, TPSite, extra_waits, find_tp_sites
 from commsched.rewrites.fxutil import is_op, wait_users
@@ -185,7 +186,8 @@ def async_tp_graph(g: Graph, sites: Sequence[TPSite]) -> AsyncTPResult:
     src = copy.copy(g)  # the same nodes; its groups with the copy engines' FIFO added
     src.groups = (*g.groups, *extra)
     b = IRBuilder(src, FxFacts({}, frozenset(), frozenset(g.names)))
-    records: tuple[set[int], dict[str, str], dict[int, str]] = (set(), {}, {})
+    parts: dict[str, str] = {}  # a partial matmul -> the matmul it computes rows of
+    records: tuple[set[int], dict[str, str], dict[int, str], dict[str, str]] = (set(), {}, {}, parts)
     for s in sites:
         coll = b.index[s.collective]
         ce_group = groups[s.group + SYMM_MEM_SUFFIX]
@@ -193,9 +195,12 @@ def async_tp_graph(g: Graph, sites: Sequence[TPSite]) -> AsyncTPResult:
             _all_gather_matmul(b, coll, s, ce_group, records)
         else:
             _matmul_reduce_scatter(b, coll, ce_group, records)
-    removed, rename, smap_late = records
+    removed, rename, smap_late, _ = records
     out = emit_graph(src, np.arange(len(g), dtype=np.float64), removed, rename, smap_late, b.added)
     out.meta["async_tp"] = {"sites": len(sites), "group": sites[0].group}
+    if NODE_TAGS_META in g.meta:  # a recompute's (or float8's) matmul is still one in parts: they keep its tags
+        out.meta[NODE_TAGS_META] = {tag: [*names, *(new for new, old in parts.items() if old in set(names))]
+                                    for tag, names in g.meta[NODE_TAGS_META].items()}  # fmt: skip
     return AsyncTPResult(out, tuple(sites))
 
 
@@ -210,13 +215,15 @@ def _join(b: IRBuilder, anchor: float, pieces: list[str], shape: tuple[int, ...]
     return b.new(anchor, JOIN_TARGET, OpKind.OTHER, pieces, shape, pieces[0])
 
 
-def _partial(b: IRBuilder, anchor: float, mm: int, a_rows: str, total_rows: int) -> str:
+def _partial(b: IRBuilder, anchor: float, mm: int, a_rows: str, total_rows: int, parts: dict[str, str]) -> str:
     """Matmul ``mm`` on ``a_rows``, a row block of its left operand (``total_rows`` rows): an ``mm``, or the same
     ``_scaled_mm`` with the same weight and scales, a per-row scale of the left operand cut to the block's rows (as
-    torch's fused ops chunk it)."""
+    torch's fused ops chunk it); recorded in ``parts``."""
     g = b.g
     if g.targets[mm] == T_MM:
-        return b.mm(anchor, a_rows, operands(g, mm)[1])
+        part = b.mm(anchor, a_rows, operands(g, mm)[1])
+        parts[part] = g.names[mm]
+        return part
     rows = b.shape(a_rows)[0]
     inputs = [a_rows]
     for name in (g.names[int(i)] for i in g.inputs(mm)[1:]):  # the first input is the left operand
@@ -224,7 +231,9 @@ def _partial(b: IRBuilder, anchor: float, mm: int, a_rows: str, total_rows: int)
         inputs.append(b.view(anchor, T_SLICE, name, (rows, 1)) if per_row else name)
     out = g.names[mm]
     flops = float(g.flops[mm]) * rows / total_rows
-    return b.new(anchor, g.targets[mm], OpKind.COMPUTE, inputs, (rows, b.shape(out)[1]), out, flops=flops)
+    part = b.new(anchor, g.targets[mm], OpKind.COMPUTE, inputs, (rows, b.shape(out)[1]), out, flops=flops)
+    parts[part] = out
+    return part
 
 
 def _gather_chain(g: Graph, mm: int, waits: set[int]) -> list[int]:
@@ -242,7 +251,7 @@ def _all_gather_matmul(b: IRBuilder, coll: int, site: TPSite, ce_group: int, rec
     """``fused_all_gather_matmul`` (``_scaled_matmul``): ``W - 1`` transfers, the local matmuls first, each peer's
     after its wait; a gather made on a float8 tensor's bytes has each shard viewed back as float8."""
     g, index = b.g, b.index
-    removed, rename, smap_late = records
+    removed, rename, smap_late, parts = records
     x = g.names[int(g.inputs(coll)[0])]
     wait, extra = site_waits(g, coll)
     world = int(g.groups[int(g.coll_group[coll])].size)
@@ -260,11 +269,11 @@ def _all_gather_matmul(b: IRBuilder, coll: int, site: TPSite, ce_group: int, rec
     name = g.names[coll]
     transfers = [_transfer(b, float(coll), x, ce_group, f"{name}_ce{j}") for j in range(1, world)]
     shards = [shard(first, x)]
-    pieces = {u: [_partial(b, first, u, shards[0], world * rows)] for u in mms}  # while peer 1's is copied
+    pieces = {u: [_partial(b, first, u, shards[0], world * rows, parts)] for u in mms}  # while peer 1's is copied
     for t in transfers:
         shards.append(shard(first, b.wait(first, t)))
         for u in mms:
-            pieces[u].append(_partial(b, first, u, shards[-1], world * rows))
+            pieces[u].append(_partial(b, first, u, shards[-1], world * rows, parts))
     for u in mms:
         joined = _join(b, float(u), pieces[u], (world * rows, b.shape(pieces[u][0])[1]))
         rename[g.names[u] + "\0data"] = joined
@@ -281,7 +290,7 @@ def _all_gather_matmul(b: IRBuilder, coll: int, site: TPSite, ce_group: int, rec
 def _matmul_reduce_scatter(b: IRBuilder, coll: int, ce_group: int, records: tuple) -> None:
     """``fused_matmul_reduce_scatter``: each peer's chunk computed and sent, the local chunk last, then the sum."""
     g = b.g
-    removed, rename, smap_late = records
+    removed, rename, smap_late, parts = records
     root = int(g.inputs(coll)[0])
     a = operands(g, root)[0]
     wait, extra = site_waits(g, coll)
@@ -291,9 +300,9 @@ def _matmul_reduce_scatter(b: IRBuilder, coll: int, ce_group: int, records: tupl
     pos, name = float(coll), g.names[coll]
     sent = []
     for step in range(1, world):  # peer (0 - step) % world keeps rows [peer * rows, (peer + 1) * rows)
-        chunk = _partial(b, pos, root, b.view(pos, T_SLICE, a, (rows, k)), m)
+        chunk = _partial(b, pos, root, b.view(pos, T_SLICE, a, (rows, k)), m, parts)
         sent.append(_transfer(b, pos, chunk, ce_group, f"{name}_ce{step}"))
-    local = _partial(b, pos, root, b.view(pos, T_SLICE, a, (rows, k)), m)
+    local = _partial(b, pos, root, b.view(pos, T_SLICE, a, (rows, k)), m, parts)
     received = [b.wait(float(wait), t) for t in sent]  # by symmetry, each peer's chunk arrives as ours leaves
     stacked = _join(b, float(wait), [local, *received], (world, rows, n))
     total = b.new(float(wait), T_SUM, OpKind.OTHER, [stacked], (rows, n), local)

@@ -1,11 +1,11 @@
 """What a real pipeline run measures for its prediction, and the prediction.
 
 Once per round of the run, between the timed steps: every rank times each of its stages' forward and backward of one
-micro-batch (one rank at a time), then its first split's stages again with all ranks computing at once
-(:func:`cpu_share_round`), and ranks 0 and 1 time a P2P transfer. The costs then see the same load as the steps do,
-which on a shared machine moves a lot within a run. The medians over the rounds are the :class:`StageCost` s, the
-:class:`P2PCalibration` and the cores the ranks share that the prediction is fed
-(``pipeline_run.predict``: the pipeline simulator, then :func:`shared_cpu_step_s`).
+micro-batch (one rank at a time), then its first split's stages over a fixed window alone and with all ranks
+computing at once (:func:`cpu_share_round`), and ranks 0 and 1 time a P2P transfer. The costs then see the same
+load as the steps do, which on a shared machine moves a lot within a run. The medians over the rounds are the
+:class:`StageCost` s, the :class:`P2PCalibration` and the cores the ranks share that the prediction is fed
+(``pipeline_run.predict``: the pipeline simulator with the ranks' compute sharing those cores).
 """
 
 from __future__ import annotations
@@ -16,17 +16,13 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from commsched.report.run_report import StepTimes
 from commsched.runtime.pipeline_stage import ZooStage, stage_loss
-
-if TYPE_CHECKING:
-    from commsched.pipeline import PipelineResult
 
 SMALL_BYTES = 4
 """the P2P probe's small message: its time is the link's fixed cost per transfer"""
@@ -72,8 +68,8 @@ class ScheduleRun:
     stages_per_rank: int
     measured: StepTimes
     predicted_s: float
-    """simulated with the measured stage costs and P2P link, the compute stretched where the ranks outnumber the
-    cores they shared (:func:`shared_cpu_step_s`)"""
+    """simulated with the measured stage costs and P2P link, the ranks' compute sharing the cores they had
+    (:func:`shared_cores`)"""
     predicted_dedicated_s: float
     """the same simulation with a processor per rank"""
     empty_step_s: float
@@ -187,13 +183,36 @@ def available_cores() -> int:
     return len(getaffinity(0)) if getaffinity is not None else (os.cpu_count() or 1)
 
 
-def cpu_share_round(timers: list[StageTimer], alone_s: list[tuple[float, float]]) -> float:
-    """How much slower this rank's stages run (forward and backward of each, summed) with every rank computing at
-    once than they did alone (``alone_s``: this round's :meth:`StageTimer.time_once` of ``timers`` one rank at a
-    time); every rank calls it. On a CPU harness the ranks share the cores the machine gives the run
-    (:func:`shared_cpu_step_s`)."""
-    together_s = [t.time_once(sync=True) for t in timers]
-    return sum(map(sum, together_s)) / max(sum(map(sum, alone_s)), 1e-9)
+def passes_s(timers: list[StageTimer], window_s: float) -> float:
+    """Seconds per pass over ``timers`` (each stage's forward and backward, this rank alone in its timing) when
+    passes repeat for ``window_s``: the passes that ended inside the window, whose time every rank computing at once
+    spends fully contended; one pass if it is longer than the window."""
+    t0 = time.perf_counter()
+    deadline, passes, last = t0 + window_s, 0, t0
+    while True:
+        for t in timers:
+            t.time_once(sync=False)
+        now = time.perf_counter()
+        if now > deadline:
+            return (last - t0) / passes if passes else now - t0
+        passes, last = passes + 1, now
+
+
+def cpu_share_round(timers: list[StageTimer], window_s: float) -> float:
+    """How much slower this rank's stages run with every rank computing at once than alone: each rank repeats its
+    stages for ``window_s`` alone (one rank at a time), then all together (:func:`passes_s`); every rank calls it.
+    Fixed windows keep every rank computing through the whole together-window, so the ratio is full contention:
+    the ranks' share of the cores, context switches and cache misses included (:func:`shared_cores`)."""
+    alone_s = one_rank_at_a_time(lambda: passes_s(timers, window_s))
+    dist.barrier()
+    return passes_s(timers, window_s) / max(alone_s, 1e-9)
+
+
+def shared_cores(pp_size: int, slowdown: float) -> float:
+    """The cores ``pp_size`` ranks computing at once effectively have (``pp_size`` over their median
+    :func:`cpu_share_round` slowdown), within [1, pp_size] and never more than this process may use
+    (:func:`available_cores`): the simulator's ``host_cores`` (the stream model's shared-cores rule)."""
+    return min(max(pp_size / max(slowdown, 1e-9), 1.0), float(pp_size), float(available_cores()))
 
 
 def p2p_round(send_bytes: int, reps: int) -> tuple[float, float]:
@@ -227,26 +246,6 @@ def p2p_hardware(profile: str, world: int, p2p: P2PCalibration):
     simple = Protocol(name="simple", bandwidth_fraction=1.0, max_bus_bandwidth_bytes_per_s=math.inf,
                       base_latency_s=p2p.latency_s, intra_hop_latency_s=0.0, inter_hop_latency_s=0.0)  # fmt: skip
     return dataclasses.replace(hw, name=f"{hw.name} + measured P2P", intra_node=link, protocols=(simple,))
-
-
-def shared_cpu_step_s(res: PipelineResult, cores: float) -> float:
-    """The simulated step with the ranks' compute sharing ``cores`` (a CPU harness whose ranks outnumber the cores
-    the machine gives the run): each stretch of the simulated timeline in which k ranks compute runs
-    max(1, k / cores) times longer, the order of events kept (a first-order time warp). ``cores`` >= the ranks:
-    the step as simulated."""
-    from commsched.pipeline.actions import COMPUTE_KINDS
-
-    kinds = [int(k) for k in COMPUTE_KINDS]
-    events = []
-    for r, acts in enumerate(res.program.actions):
-        on = np.isin(acts[:, 0], kinds)
-        events += [(int(t), 1) for t in res.start_ns[r][on]] + [(int(t), -1) for t in res.end_ns[r][on]]
-    events.sort()  # an end before a start at the same time: a handover is not an overlap
-    busy, last_ns, total_ns = 0, 0, 0.0
-    for t_ns, delta in events:
-        total_ns += (t_ns - last_ns) * max(1.0, busy / cores)
-        busy, last_ns = busy + delta, t_ns
-    return (total_ns + max(res.step_s * 1e9 - last_ns, 0.0)) * 1e-9
 
 
 def medians(samples: list[tuple[float, ...]]) -> tuple[float, ...]:

@@ -40,16 +40,18 @@ from commsched.runtime.pipeline_calibrate import (
     ScheduleRun,
     StageCost,
     StageTimer,
-    available_cores,
     cpu_share_round,
     medians,
     one_rank_at_a_time,
     p2p_hardware,
     p2p_round,
-    shared_cpu_step_s,
+    shared_cores,
 )
 from commsched.runtime.pipeline_stage import EmptyStage, ZooStage, empty_loss, stage_loss
 from commsched.workloads.program import WorkloadSpec
+
+SHARE_PASSES = 5
+"""the cores' probe window holds at least this many passes of a rank's stages (alone)"""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -74,6 +76,8 @@ class PipelineRunConfig:
     gloo's threads first); on a machine other jobs load, a niced compute thread also yields to them"""
     p2p_reps: int = 5
     """messages of each size per round of the P2P probe"""
+    share_window_s: float = 0.2
+    """the cores' probe repeats a rank's stages this long alone and all together (at least SHARE_PASSES passes)"""
     hardware: str = "cpu-local"
     """the profile of the roofline prediction (its link replaced by the measured P2P)"""
 
@@ -87,6 +91,8 @@ class PipelineRunConfig:
         if self.spec.batch % self.microbatches:
             raise ValueError(f"batch={self.spec.batch}: expected a multiple of microbatches={self.microbatches} "
                              "(torch splits the batch into equal micro-batches)")  # fmt: skip
+        if not self.share_window_s > 0:
+            raise ValueError(f"share_window_s={self.share_window_s}: expected seconds > 0")
         if self.iters < 1 or self.warmup < 1 or self.p2p_reps < 1 or self.threads < 1:
             raise ValueError(f"iters={self.iters}, warmup={self.warmup}, p2p_reps={self.p2p_reps}, threads="
                              f"{self.threads}: expected >= 1 each (the first step checks the numerics)")  # fmt: skip
@@ -203,7 +209,8 @@ def _run_rounds(cfg: PipelineRunConfig, built: dict[str, _Built], empty: dict[st
         rows = {split: one_rank_at_a_time(lambda ts=ts: [t.time_once(sync=False) for t in ts])
                 for split, ts in timers.items()}  # fmt: skip
         first_split = next(iter(timers))
-        share = cpu_share_round(timers[first_split], rows[first_split])
+        pass_s = sum(map(sum, rows[first_split]))
+        share = cpu_share_round(timers[first_split], max(cfg.share_window_s, SHARE_PASSES * pass_s))
         p2p = p2p_round(cfg.send_bytes, cfg.p2p_reps)
         if kept:
             for split, row in rows.items():
@@ -319,8 +326,7 @@ def _report(cfg: PipelineRunConfig, built: dict[str, _Built], every: list[_RankS
     costs = _stage_costs(cfg, built, every)
     p2p = P2PCalibration.fit(cfg.send_bytes, *every[1].p2p_medians_s)  # the receiver's clock
     slowdown = statistics.median(r.slowdown for r in every)
-    # never more cores than the machine lets this run use: the probe's stages, short, overlap only in part
-    cores = min(max(cfg.pp_size / max(slowdown, 1e-9), 1.0), float(cfg.pp_size), float(available_cores()))
+    cores = shared_cores(cfg.pp_size, slowdown)
     runs = {}
     for name, b in built.items():
         steps = [max(ts) for ts in zip(*(r.steps_s[name] for r in every), strict=True)]  # the slowest rank ends it
@@ -351,8 +357,10 @@ def predict(cfg: PipelineRunConfig, name: str, costs: list[StageCost], p2p: P2PC
     stage_costs = StageCosts(forward_s=[c.forward_s + overhead_s for c in costs],
                              backward_s=[c.backward_s + overhead_s for c in costs],
                              send_bytes=[c.send_bytes for c in costs])  # fmt: skip
-    res = simulate_program(cfg.program(name), stage_costs, p2p_hardware(cfg.hardware, cfg.pp_size, p2p))
-    return shared_cpu_step_s(res, cores), res.step_s, res.bubble_fraction
+    hw = p2p_hardware(cfg.hardware, cfg.pp_size, p2p)
+    shared = simulate_program(cfg.program(name), stage_costs, hw, host_cores=cores)
+    res = simulate_program(cfg.program(name), stage_costs, hw)
+    return shared.step_s, res.step_s, res.bubble_fraction
 
 
 def action_overhead_s(cfg: PipelineRunConfig, name: str, costs: list[StageCost], p2p: P2PCalibration, cores: float,

@@ -20,6 +20,10 @@ call these functions; change a rule here and all three see it.
   class share it (processor sharing), and while a kernel runs it is ``comm_slowdown`` times slower still (a CPU run:
   gloo's threads compete with compute). Planners that do not track running kernels plan collectives at their
   slowed speed (:meth:`StreamModel.planning_comm_ns`), which is what a good schedule makes them run at.
+* **Shared host cores** (a CPU harness whose ranks outnumber its cores; the pipeline engine only): while ``k``
+  ranks compute at once on ``host_cores`` cores, each kernel runs ``max(1, k / host_cores)`` times slower
+  (processor sharing, :func:`shared_cores_rule`), on top of the communication slowdown
+  (:meth:`StreamModel.kernel_factor`). ``host_cores`` is infinite on GPUs: every rank has its own.
 """
 
 from __future__ import annotations
@@ -128,6 +132,11 @@ def kernel_end_rule(t_ns: int, wall_ns: float) -> int:
     return t_ns + math.ceil(wall_ns - EPS_NS)
 
 
+def shared_cores_rule(computing: int, host_cores: float) -> float:
+    """See :meth:`StreamModel.kernel_factor`: the slowdown of ``computing`` ranks sharing ``host_cores``."""
+    return computing / host_cores if computing > host_cores else 1.0
+
+
 def comm_divisor_rule(sharing: int, kernel_running: bool, comm_slowdown: float) -> float:
     """See :meth:`StreamModel.comm_divisor`."""
     return sharing * comm_slowdown if kernel_running else float(sharing)
@@ -143,6 +152,8 @@ class StreamModel:
     """a collective's bandwidth-bound part runs this many times slower while a kernel runs"""
     sync_ns: int = 0
     """one cross-stream dependency (event record + wait)"""
+    host_cores: float = math.inf
+    """the processors every rank's compute shares (a CPU harness); infinite: a processor per rank"""
 
     @classmethod
     def from_costs(cls, costs: CostEstimate) -> StreamModel:
@@ -184,6 +195,11 @@ class StreamModel:
     def kernel_work_ns(self, wall_ns: float, comm_in_flight: bool) -> float:
         """Work a kernel does in ``wall_ns`` of wall time at the current rate."""
         return kernel_work_rule(wall_ns, comm_in_flight, self.compute_slowdown)
+
+    def kernel_factor(self, comm_in_flight: bool, computing: int = 1) -> float:
+        """Wall time per unit of a kernel's work while ``computing`` ranks compute at once (its own included)."""
+        comm = kernel_wall_rule(1.0, comm_in_flight, self.compute_slowdown)
+        return comm * shared_cores_rule(computing, self.host_cores)
 
     def kernel_end_ns(self, t_ns: int, work_ns: float, comm_in_flight: bool) -> int:
         """End of ``work_ns`` of kernel work started at ``t_ns`` if the rate stays as it is."""

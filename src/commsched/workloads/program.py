@@ -32,7 +32,7 @@ from commsched.workloads.optimizer import (
 )
 from commsched.workloads.params import ParamInfo, init_full_params, param_layout, shard_for_rank
 from commsched.workloads.presets import ModelConfig, get_preset
-from commsched.workloads.sources import FSDPSource, ParamSource
+from commsched.workloads.sources import FSDPSource, ParamSource, reshard_policy
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 DDP_BUCKET_CAP_BYTES = 25 * 1024 * 1024  # torch DDP bucket_cap_mb=25
@@ -76,6 +76,7 @@ class WorkloadSpec:
     cp_rotate: str = "allgather"  # context parallelism (plan.cp > 1): K/V rotation, allgather | alltoall
     optimizer: str = "none"  # the optimizer step ending a training step (commsched.workloads.optimizer): adamw, ...
     max_norm: float | None = None  # gradients clipped to this total norm before the update (None: not clipped)
+    reshard_after_forward: bool = True  # FSDP2's option: False holds each block's gathered parameters until backward
 
     @property
     def float8_params(self) -> frozenset[int]:
@@ -152,6 +153,7 @@ def resolve(
     dp_replicate: int = 1,
     optimizer: str = "none",
     max_norm: float | None = None,
+    reshard_after_forward: bool = True,
 ) -> WorkloadSpec:
     """Validate a request; every impossible dimension raises ValueError naming it. ``ac``: activation checkpointing of
     the transformer blocks (training only): ``"none"``, ``"full"``, ``"selective-op"`` or ``"selective-layer:N"``
@@ -162,7 +164,9 @@ def resolve(
     :mod:`commsched.workloads.context_parallel`). ``dp_replicate``: HSDP, the FSDP shards replicated over this many
     groups (fsdp, fsdp+tp, fsdp+tp+sp). ``optimizer``: the AdamW step ending a training step, ``"none"``, ``"adamw"``
     (foreach) or ``"adamw-fused"`` (:mod:`commsched.workloads.optimizer`). ``max_norm``: the gradients clipped to this
-    total norm first, as torchtitan's ``training.max_norm`` (None: not clipped)."""
+    total norm first, as torchtitan's ``training.max_norm`` (None: not clipped). ``reshard_after_forward``: FSDP2's
+    option (FSDP plans only); False keeps every unit's gathered parameters from its forward to its backward, which
+    then gathers nothing (torchtitan's ``fsdp_reshard_after_forward = "never"``)."""
     cfg = get_preset(preset) if isinstance(preset, str) else preset
     if layers is not None:
         if layers < 1:
@@ -206,6 +210,9 @@ def resolve(
         dp_replicate=dp_replicate,
     )
     plan = _with_cp(plan, cp_size, cp_rotate, mode, cfg.seq_len if seq_len is None else seq_len, kv_len)
+    if not isinstance(reshard_after_forward, bool) or not (reshard_after_forward or plan.fsdp > 1):
+        raise ValueError(f"reshard_after_forward={reshard_after_forward!r}: expected True, or False under FSDP "
+                         f"(parallel={parallel!r} shards no parameters)")  # fmt: skip
     seq_len = cfg.seq_len if seq_len is None else seq_len
     batch = (8 if mode == "decode" else 1) if batch is None else batch
     if seq_len < 1 or batch < 1:
@@ -243,6 +250,7 @@ def resolve(
         cp_rotate=cp_rotate,
         optimizer=optimizer,
         max_norm=max_norm,
+        reshard_after_forward=reshard_after_forward,
     )
 
 
@@ -421,6 +429,8 @@ class StepProgram:
                 group=self.groups[plan.fsdp_dim(False)],
                 replicate_group=self.groups.get("dp_replicate") if plan.replicate > 1 else None,
                 bucket=spec.fsdp_bucket,
+                reshard=reshard_policy(spec.reshard_after_forward),
+                hold_gathered=not spec.reshard_after_forward,
                 sp_group=sp_group,
                 float8_all_gather=spec.float8_all_gather,
                 tp_group=self.comm.tp,

@@ -14,7 +14,9 @@ all-reduced over the replicate group and divided by its size, as FSDP2's ``forea
 then ``all_reduce`` of ``reduce_output`` on the replicate group; FSDP2 averages with ``ReduceOp.AVG``, the zoo sums
 and divides, as for every reduction). The release is made real with saved-tensor hooks: autograd saves a token
 instead of the gathered weight, and the backward reads the re-gathered copy, so the traced graph's data dependencies
-are those of FSDP2.
+are those of FSDP2. With ``reshard_after_forward=False`` (:func:`reshard_policy`) no unit is re-gathered: each unit's
+gathered parameters are held until its backward ends (FSDP2's ``post_backward``), and a checkpointed block's
+recompute reads them.
 
 Float8 training (:mod:`commsched.workloads.float8`): the weights of the float8 linears reach the model as
 :class:`~commsched.workloads.float8.Float8Weight`; with FSDP's float8 all_gather (``float8_all_gather``) each such
@@ -157,10 +159,28 @@ class _GradTap(Function):
         return ctx.source.grad_ready(ctx.pid, g), None, None
 
 
+def _reshard_but_final(unit: str) -> bool:
+    return unit != "final"
+
+
+def _keep_gathered(unit: str) -> bool:
+    return False
+
+
+def reshard_policy(after_forward: bool) -> Callable[[str], bool]:
+    """Which units FSDP2 re-gathers in backward (``FSDPSource(reshard=...)``): with ``reshard_after_forward`` every
+    unit but the final norm + output (torchtitan's ``fully_shard(model, reshard_after_forward=False)`` on the root
+    keeps them); without it none (``fsdp_reshard_after_forward = "never"``: every gathered unit held until its
+    backward, which gathers nothing)."""
+    return _reshard_but_final if after_forward else _keep_gathered
+
+
 class FSDPSource(ParamSource):
     """FSDP2 over ``group`` (expert weights over ``expert_group`` when given; ``None`` there: experts not sharded):
     see the module docstring. ``reshard(unit)`` says whether a unit is re-gathered in backward (FSDP2 keeps the final
-    norm + output unsharded after forward, as torchtitan configures it)."""
+    norm + output unsharded after forward, as torchtitan configures it; :func:`reshard_policy`). ``hold_gathered``:
+    a unit not resharded keeps its gathered parameters until its backward ends, as FSDP2 does, even those its
+    backward does not read (off by default: the final unit's backward reads all of its weights anyway)."""
 
     def __init__(
         self,
@@ -171,7 +191,8 @@ class FSDPSource(ParamSource):
         compute_dtype: torch.dtype,
         reduce_dtype: torch.dtype,
         bucket: str = "param",
-        reshard: Callable[[str], bool] = lambda unit: unit != "final",
+        reshard: Callable[[str], bool] = _reshard_but_final,
+        hold_gathered: bool = False,
         sp_group: Group | None = None,
         expert_group: Group | _Same | None = _SAME,
         expert_grad_scale: float = 1.0,
@@ -194,11 +215,13 @@ class FSDPSource(ParamSource):
         )
         if bucket not in ("param", "block"):
             raise ValueError(f"fsdp_bucket={bucket!r}: expected 'param' or 'block'")
-        self.bucket, self.reshard = bucket, reshard
+        self.bucket, self.reshard, self.hold_gathered = bucket, reshard, hold_gathered
         self.replicate_group = replicate_group  # HSDP: the reduced shards are all-reduced over it
         expert = group if isinstance(expert_group, _Same) else expert_group
         self.group_of = [expert if p.expert else group for p in self.layout]
         self.regathered: dict[int, torch.Tensor] = {}
+        # units kept gathered: parameters their backward does not read, read by _FSDPUnshard's backward
+        self.held_to_backward: dict[tuple[int, ...], list[torch.Tensor]] = {}
         # FSDP's float8 all_gather (torchao enable_fsdp_float8_all_gather): these shards are gathered in float8
         # with the scales start_step computes
         self.float8_gathered = frozenset(
@@ -359,16 +382,40 @@ class FSDPSource(ParamSource):
         return g
 
     # -------------------------------------------------------------- units
-    def _run(self, unit: str, fn: Callable[..., Any], *args: Any, checkpointed: bool = False) -> Any:
+    def run(self, unit: str, fn: Callable[..., Any], *args: Any, checkpoint: Checkpoint | None = None) -> Any:
+        """As :meth:`ParamSource.run`; a unit kept gathered (not resharded) is gathered once, outside the
+        checkpoint, and its recompute reads the held parameters (FSDP2 re-gathers only resharded units)."""
+        if checkpoint is None or self.reshard(unit):
+            return super().run(unit, fn, *args, checkpoint=checkpoint)
+        params, held = self._gathered_unit(unit)
+        return checkpoint(functools.partial(self._kept, unit, fn, params, held), *args)
+
+    def _gathered_unit(self, unit: str) -> tuple[dict[str, Any], list[torch.Tensor]]:
+        """The unit's gathered parameters as the model takes them, and the tensors that hold their memory."""
         pids = self.units[unit]
         out = _FSDPUnshard.apply(self, pids, *[self.params[pid] for pid in pids])
         gathered = list(out[: len(pids)])
         data = dict(zip([pid for pid in pids if pid in self.float8_gathered], out[len(pids) :], strict=True))
         params = {self.layout[pid].key: self._weight(pid, t, data.get(pid)) for pid, t in zip(pids, gathered,
                                                                                              strict=True)}  # fmt: skip
-        if not self.reshard(unit) or checkpointed:  # checkpointed: the recompute re-gathers, nothing is saved
+        return params, [data.get(pid, t) for pid, t in zip(pids, gathered, strict=True)]
+
+    def _kept(self, unit: str, fn: Callable[..., Any], params: dict[str, Any], held: list[torch.Tensor],
+              *args: Any) -> Any:  # fmt: skip
+        """``fn`` on a unit that is not resharded. FSDP2 frees its gathered parameters after the unit's backward
+        (``post_backward``); with ``hold_gathered`` they are read there (:class:`_FSDPUnshard`'s backward), so
+        those the backward does not read anyway (the embedding's weight) live as long."""
+        if self.hold_gathered and torch.is_grad_enabled():
+            self.held_to_backward[tuple(self.units[unit])] = held
+        return fn(params, *args)
+
+    def _run(self, unit: str, fn: Callable[..., Any], *args: Any, checkpointed: bool = False) -> Any:
+        pids = self.units[unit]
+        params, held = self._gathered_unit(unit)
+        if checkpointed:  # the recompute re-gathers, nothing is saved
             return fn(params, *args)
-        held = [data.get(pid, t) for pid, t in zip(pids, gathered, strict=True)]  # what the backward re-gathers
+        if not self.reshard(unit):
+            return self._kept(unit, fn, params, held, *args)
         keys = {StorageWeakRef(t.untyped_storage()): (pid, t) for pid, t in zip(pids, held, strict=True)}
 
         def pack(t: torch.Tensor) -> Any:
@@ -458,6 +505,8 @@ class _FSDPUnshard(Function):
 
     @staticmethod
     def backward(ctx, *grads):
+        for t in ctx.source.held_to_backward.pop(tuple(ctx.pids), ()):
+            t.view_as(t)  # FSDP2's post_backward frees the unit's unsharded parameters: read here, they live as long
         return (None, None, *ctx.source._reduce(ctx.pids, list(grads[: len(ctx.pids)])))
 
 

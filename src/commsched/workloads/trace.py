@@ -19,6 +19,7 @@ from commsched.workloads.mesh import create_groups
 from commsched.workloads.params import ParamInfo
 from commsched.workloads.presets import PRESETS
 from commsched.workloads.program import StepProgram, WorkloadSpec, dtype_name, resolve
+from commsched.workloads.sources import reshard_policy
 
 TRACED_RANK = 0
 WORKLOAD_META = "commsched_workload"
@@ -52,7 +53,8 @@ def build(
     blocks' linears: "none" | "tensorwise" | "rowwise"), ``cp_size`` / ``cp_rotate`` (context parallelism: torch's
     ring attention, "allgather" | "alltoall"), ``dp_replicate`` (HSDP: FSDP's shards replicated over
     this many groups), ``optimizer`` (the step's AdamW: "none" | "adamw" | "adamw-fused"), ``max_norm`` (gradient
-    clipping as torchtitan's, None: off). Raises ValueError for an impossible configuration.
+    clipping as torchtitan's, None: off), ``reshard_after_forward`` (FSDP2's; False: no re-gather in backward).
+    Raises ValueError for an impossible configuration.
     """
     return trace_spec(resolve(preset, parallel=parallel, world_size=world_size, **options), progress)
 
@@ -216,7 +218,8 @@ def workload_meta(program: StepProgram, groups: dict[str, Any]) -> dict[str, Any
         )
     if plan.fsdp > 1:
         meta["fsdp_bucket"] = spec.fsdp_bucket
-        meta["fsdp_reshard_after_forward"] = sorted({p.unit for p in spec.layout if p.unit != "final"})
+        resharded = reshard_policy(spec.reshard_after_forward)
+        meta["fsdp_reshard_after_forward"] = sorted({p.unit for p in spec.layout if resharded(p.unit)})
     buckets = program.ddp_bucket_names()
     if buckets:
         meta["ddp_buckets"] = buckets
