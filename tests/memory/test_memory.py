@@ -230,3 +230,34 @@ def test_incremental_equals_recompute_after_1000_random_moves(hold):
 def test_incremental_on_random_graphs(g, seed, hold):
     rng = random.Random(seed)
     _check_tracker(g, random_topological_order(g, rng).tolist(), 30, rng, hold)
+
+
+def _copy_out_groups_by_loop(g) -> list[list[int]]:
+    """The copy-out groups as a loop over the nodes states the rule (the module's is numpy over the CSR)."""
+    gathers = [c for c in g.collectives.tolist() if g.coll_type[c] == CollType.ALL_GATHER]
+    gathered = {int(st) for c in gathers for st in g.buf_storage[g.buf_ptr[c] : g.buf_ptr[c + 1]]}
+    groups = []
+    for i in range(len(g)):
+        if g.buf_ptr[i + 1] - g.buf_ptr[i] < 2 or g.kinds[i] in (OpKind.COLLECTIVE, OpKind.WAIT):
+            continue
+        read = {int(st) for j in g.inputs(i).tolist() for st in g.buf_storage[g.buf_ptr[j] : g.buf_ptr[j + 1]]}
+        written = sorted(set(g.buf_storage[g.buf_ptr[i] : g.buf_ptr[i + 1]].tolist()))
+        if read & gathered and len(written) >= 2:
+            groups.append(written)
+    return groups
+
+
+def test_copy_out_groups_of_a_traced_fsdp_step_follow_the_rule():
+    from commsched.memory.liveness import _copy_out_groups
+    from commsched.workloads import build
+
+    g = build("llama-tiny", parallel="fsdp", world_size=2, layers=2, fsdp_bucket="block").graph  # as plan traces
+    want = _copy_out_groups_by_loop(g)
+    assert want and [grp.tolist() for grp in _copy_out_groups(g)] == want
+
+
+@given(graphs(max_nodes=40))
+def test_copy_out_groups_of_random_graphs_follow_the_rule(g):
+    from commsched.memory.liveness import _copy_out_groups
+
+    assert [grp.tolist() for grp in _copy_out_groups(g)] == _copy_out_groups_by_loop(g)

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from commsched.plan import Layout, PlanRequest, judge, plan
+from commsched.plan import Layout, PlanRequest, judge, plan, traced
 from commsched.plan.search import plan_hardware
 
 REQ = PlanRequest(preset="llama-tiny", gpus=2, ac_policies=("none",), float8_recipes=("none",), max_pp=1,
@@ -28,7 +28,8 @@ def _no_tracing(monkeypatch) -> None:
     def refuse(*args, **kwargs):
         raise AssertionError("a warm plan traced a program")
 
-    monkeypatch.setattr(judge, "_MEMORY", collections.OrderedDict())
+    monkeypatch.setattr(traced, "_MEMORY", collections.OrderedDict())
+    monkeypatch.setattr(judge, "_JOBS", collections.OrderedDict())
     monkeypatch.setattr(predict, "trace", refuse)
     monkeypatch.setattr(stage_cache, "trace_stage", refuse)
     monkeypatch.setattr(stage_cache, "_TRACED", {})
@@ -42,7 +43,7 @@ def uncached():
 
 def test_the_ranking_is_the_same_with_the_cache_cold_warm_and_off(uncached, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("COMMSCHED_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(judge, "_MEMORY", collections.OrderedDict())
+    monkeypatch.setattr(traced, "_MEMORY", collections.OrderedDict())
     cold = plan(REQ, jobs=1, resume=False)
     assert len(list((tmp_path / "traces").glob("*.npz"))) == cold.candidates_judged  # one trace per layout
     _no_tracing(monkeypatch)
@@ -61,6 +62,31 @@ def test_a_pipeline_layout_judged_again_takes_its_stages_from_the_disk_cache(tmp
     again = judge.judge_task(spec)[0]
     assert first["error"] is None and again["error"] is None
     assert {k: v for k, v in again.items() if k != "wall_s"} == {k: v for k, v in first.items() if k != "wall_s"}
+
+
+def test_pipeline_layouts_of_one_job_are_simulated_once_with_the_same_rows(tmp_path, monkeypatch) -> None:
+    """A task simulates each distinct PipelineJob once; each row equals the one judged alone in a fresh process."""
+    import commsched.pipeline.job as job_module
+    from commsched.plan.layout import pipeline_job
+
+    monkeypatch.setenv("COMMSCHED_CACHE_DIR", str(tmp_path))
+    req = dataclasses.replace(REQ, gpus=8, layers=4, global_batch=8, max_pp=None)
+    layouts = [Layout(dp_shard=4, pp=2, pp_schedule=s, microbatches=2, stages_per_rank=v) for s, v in
+               (("Interleaved1F1B", 2), ("ZBVZeroBubble", 2))]  # fmt: skip
+    layouts += [dataclasses.replace(lay, dp_shard=2, dp_replicate=2) for lay in layouts]
+    calls = []
+    real = job_module.simulate_job
+    monkeypatch.setattr(job_module, "simulate_job", lambda job, hw: calls.append(job) or real(job, hw))
+    hw = plan_hardware(req)
+    spec = {"request": dataclasses.asdict(req), "hardware": hw, "layouts": [lay.to_dict() for lay in layouts]}
+    together = judge.judge_task(spec)
+    assert len(calls) == len({pipeline_job(req, lay, None) for lay in layouts}) <= len(layouts)
+    for lay, row in zip(layouts, together, strict=True):
+        monkeypatch.setattr(judge, "_JOBS", collections.OrderedDict())
+        alone = judge.judge_task({**spec, "layouts": [lay.to_dict()]})[0]
+        assert row["error"] is None and {k: v for k, v in row.items() if k != "wall_s"} == {
+            k: v for k, v in alone.items() if k != "wall_s"
+        }
 
 
 @pytest.mark.ray

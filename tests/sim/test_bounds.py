@@ -7,7 +7,7 @@ import random
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from commsched.cost.model import CostEstimate
@@ -231,3 +231,19 @@ def test_bound_charges_ddp_gradients_that_cannot_start_before_the_backward():
     assert b.binding.startswith("comm heads and tails:")
     assert b.value_s > max(b.compute_s, *b.comm_s.values(), b.interference_s, b.heads_tails_s) * 1.05
     assert b.value_s <= sim.makespan_s <= b.value_s * 1.10
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(graphs(max_nodes=48, p_sync=0.3), st.randoms(use_true_random=False))
+def test_compiled_heads_and_tails_are_the_python_ones(g, rnd):
+    """The compiled head / tail loops (every simulation's lower bound) give the Python loops' integers."""
+    from commsched.sim import bounds
+
+    dur = np.array([rnd.randrange(0, 10**9) for _ in range(len(g))], np.int64)
+    compiled = bounds.heads_and_tails(g, dur)
+    was, bounds.JIT_ENABLED = bounds.JIT_ENABLED, False
+    try:
+        python = bounds.heads_and_tails(g, dur)
+    finally:
+        bounds.JIT_ENABLED = was
+    assert was and compiled == python

@@ -15,6 +15,7 @@ as its results: :mod:`commsched.frontends.fx`); each launch costs the profile's 
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Sequence
@@ -36,6 +37,7 @@ FUSED_OPTIMIZER_LISTS = 3
 """the lists a fused AdamW writes (params, exp_avgs, exp_avg_sqs; amsgrad, which torchtitan leaves off, a 4th)"""
 
 
+@functools.cache  # called per node of every graph costed; a step has a few hundred distinct targets
 def is_multi_tensor(target: str) -> bool:
     return MULTI_TENSOR.match(target) is not None
 

@@ -10,6 +10,7 @@ measured at the depths :func:`commsched.plan.scale.layer_counts` gives and extra
 
 from __future__ import annotations
 
+import collections
 import time
 import types
 from typing import Any
@@ -19,6 +20,8 @@ from commsched.plan.layout import Layout, PlanRequest, pipeline_job, step_config
 from commsched.plan.scale import extrapolate, layer_counts
 from commsched.plan.traced import GraphOnly, as_traced, traced
 
+_JOBS: collections.OrderedDict[tuple[Any, Any], dict[str, Any]] = collections.OrderedDict()  # (job, hw) -> point
+_JOBS_SIZE = 256
 SCALED = ("framework_step_s", "framework_peak_bytes", "framework_exposed_s", "optimized_step_s", "optimized_peak_bytes",
           "optimized_exposed_s", "recompute_s", "lower_bound_s")  # fmt: skip
 """the row fields extrapolated in the layer count (the framework's order and the optimised one apart: which one a
@@ -79,9 +82,23 @@ def _judge_at(req: PlanRequest, layout: Layout, hardware: Any, layers: int | Non
 
 
 def _pipelined(req: PlanRequest, layout: Layout, hardware: Any, layers: int | None) -> dict[str, Any]:
+    """Torch's schedule simulated over the traced stages; a job simulated already in this process (layouts that map
+    to one ``PipelineJob``: ``simulate_job`` is a pure function of the job and the hardware) is taken as it was."""
+    job = pipeline_job(req, layout, layers)
+    key = (job, hardware)
+    point = _JOBS.get(key)
+    if point is None:
+        point = _JOBS[key] = _simulated(job, hardware)
+    _JOBS.move_to_end(key)
+    while len(_JOBS) > _JOBS_SIZE:
+        _JOBS.popitem(last=False)
+    return dict(point)
+
+
+def _simulated(job: Any, hardware: Any) -> dict[str, Any]:
     from commsched.pipeline.job import simulate_job
 
-    step = simulate_job(pipeline_job(req, layout, layers), hardware)
+    step = simulate_job(job, hardware)
     res = step.result
     exposed = max(r.exposed_comm_s for r in res.per_rank)
     return {"framework_step_s": step.step_s, "framework_peak_bytes": res.peak_memory_bytes,

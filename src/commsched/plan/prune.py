@@ -16,6 +16,7 @@ dtype's peak, plus the published bubble ``(P - 1) / (V x M)`` of it for GPipe / 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from commsched.plan.layout import Layout, PlanRequest, local_batch
@@ -34,10 +35,16 @@ def _saved_elements_per_token(model: Any, ac: str) -> float:
     return 4 * model.dim + 3 * model.ffn_dim
 
 
+@functools.lru_cache(maxsize=16)
+def _model(req: PlanRequest) -> tuple[Any, int]:
+    """The request's model and its parameter count (a plan bounds tens of thousands of layouts of one request)."""
+    model = req.model()
+    return model, model.total_params()
+
+
 def memory_lower_bound_bytes(req: PlanRequest, layout: Layout) -> int:
     """Bytes the most loaded rank holds at least (see the module docstring)."""
-    model = req.model()
-    params = model.total_params()
+    model, params = _model(req)
     shards = layout.fsdp * layout.tp * layout.pp
     static = params * MASTER_BYTES_PER_PARAM / shards
     if layout.pp > 1 and layout.fsdp > 1:
@@ -55,7 +62,7 @@ def memory_lower_bound_bytes(req: PlanRequest, layout: Layout) -> int:
 
 def step_lower_bound_s(req: PlanRequest, layout: Layout, peak_flops: float) -> float:
     """Seconds the step takes at least on a device of ``peak_flops`` (the fastest dtype the layout uses)."""
-    model = req.model()
+    model = _model(req)[0]
     tokens_per_gpu = req.batch * req.seq / req.gpus
     compute_s = model.model_flops_per_token(req.seq) * tokens_per_gpu / peak_flops
     if layout.pp > 1 and layout.pp_schedule not in ZERO_BUBBLE:

@@ -8,8 +8,9 @@ from commsched.plan.layout import Layout, PlanRequest
 
 
 def extrapolate(y_k: float, y_2k: float, k: int, layers: int) -> float:
-    """``y`` at ``layers`` from ``y`` at ``k`` and ``2k`` layers, linear in the layer count."""
-    return y_k + (layers - k) / k * (y_2k - y_k)
+    """``y`` at ``layers`` from ``y`` at ``k`` and ``2k`` layers, linear in the layer count, never below 0 (every
+    quantity plan scales is a time or a size; a falling one, e.g. exposed communication, would cross 0)."""
+    return max(0.0, y_k + (layers - k) / k * (y_2k - y_k))
 
 
 def layer_counts(req: PlanRequest, layout: Layout) -> tuple[int | None, ...]:

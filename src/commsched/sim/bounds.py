@@ -41,10 +41,13 @@ collective is available to its successors when issued, its wait only after its s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from commsched.ir.graph import Graph, OpKind
+from commsched.sim.bounds_jit import heads_ns, tails_ns
+from commsched.sim.jit import ENABLED as JIT_ENABLED
 
 
 @dataclass(frozen=True)
@@ -84,35 +87,24 @@ class LowerBound:
         return max(terms, key=terms.__getitem__)
 
 
-def _node_rules(g: Graph) -> tuple[list[int], list[int], list[bool]]:
-    """Per node as Python lists (the loops below index them): kind, the collective a wait waits for, and whether
-    successors may use the node from its issue on (an asynchronous collective)."""
+def _node_arrays(g: Graph, dur_ns: np.ndarray) -> tuple[np.ndarray, ...]:
+    """What the head / tail loops read per node: durations, kind, the collective a wait waits for, whether successors
+    may use the node from its issue on (an asynchronous collective); then the wait kind."""
     issue_only = (g.kinds == OpKind.COLLECTIVE) & ~g.coll_sync
-    return g.kinds.tolist(), g.wait_of.tolist(), issue_only.tolist()
+    dur = np.asarray(dur_ns, np.int64)
+    return dur, g.kinds.astype(np.int64), g.wait_of.astype(np.int64), issue_only, int(OpKind.WAIT)
+
+
+def _loop(fn: Any) -> Any:
+    """``fn`` compiled, or its Python source when the compiled loops are off (:mod:`commsched.sim.jit`)."""
+    return fn if JIT_ENABLED else getattr(fn, "py_func", fn)
 
 
 def heads(g: Graph, dur_ns: np.ndarray) -> list[int]:
     """Per node: its earliest start under the simulator's availability rules (successors may use an async
     collective from its issue on, its wait only after its duration; everything else from its end). O(N + E)."""
     ptr, idx = g.predecessors_csr()
-    ptr_l, idx_l = ptr.tolist(), idx.tolist()
-    dur = dur_ns.tolist()
-    kinds, wait_of, issue_only = _node_rules(g)
-    wait = int(OpKind.WAIT)
-    head = [0] * len(g)
-    avail = [0] * len(g)
-    for i in range(len(g)):
-        m = 0
-        for e in range(ptr_l[i], ptr_l[i + 1]):
-            a = avail[idx_l[e]]
-            if a > m:
-                m = a
-        if kinds[i] == wait:
-            c = wait_of[i]
-            m = max(m, head[c] + dur[c])
-        head[i] = m
-        avail[i] = m if issue_only[i] else m + dur[i]
-    return head
+    return _loop(heads_ns)(ptr, idx, *_node_arrays(g, dur_ns)).tolist()
 
 
 def critical_path_ns(g: Graph, dur_ns: np.ndarray) -> int:
@@ -123,27 +115,10 @@ def critical_path_ns(g: Graph, dur_ns: np.ndarray) -> int:
 
 
 def heads_and_tails(g: Graph, dur_ns: np.ndarray) -> tuple[list[int], list[int]]:
-    """Per node: its head (:func:`heads`) and tail (least time from its end to the end of the step). O(N + E)."""
-    n = len(g)
-    head = heads(g, dur_ns)
+    """Per node: its head (:func:`heads`) and tail (least time from its end to the end of the step; for an async
+    collective, from its issue). O(N + E)."""
     sptr, sidx = g.successors_csr()
-    sptr_l, sidx_l = sptr.tolist(), sidx.tolist()
-    dur = dur_ns.tolist()
-    kinds, wait_of, issue_only = _node_rules(g)
-    wait = int(OpKind.WAIT)
-    tail = [0] * n  # from the end of the node (for an async collective: from its issue) to the end of the step
-    for i in range(n - 1, -1, -1):
-        best = 0
-        for e in range(sptr_l[i], sptr_l[i + 1]):
-            s = sidx_l[e]
-            # an async collective's tail counts from its issue, which takes no time; others run for dur[s]
-            via = tail[s] if issue_only[s] else dur[s] + tail[s]
-            if issue_only[i] and kinds[s] == wait and wait_of[s] == i:
-                via = dur[i] + tail[s]  # the wait of this collective: after the collective's own time
-            if via > best:
-                best = via
-        tail[i] = best
-    return head, tail
+    return heads(g, dur_ns), _loop(tails_ns)(sptr, sidx, *_node_arrays(g, dur_ns)).tolist()
 
 
 def preemptive_jackson_ns(release: list[int], work: list[int], delivery: list[int]) -> int:

@@ -45,7 +45,12 @@ def njit_inline(fn: Callable[..., Any]) -> Callable[..., Any]:
     return numba.njit(cache=True, nogil=True, inline="always")(fn)
 
 
-LOOP_MODULES = ("commsched.sim.engine_jit", "commsched.passes.overlap_jit", "commsched.sim.bounds_jit")
+LOOP_MODULES = (
+    "commsched.sim.engine_jit",
+    "commsched.passes.overlap_jit",
+    "commsched.sim.bounds_jit",
+    "commsched.passes.baselines.framework_jit",
+)
 """the modules that compile loops with :func:`njit` (tests/execute/test_jit_preload.py checks the list is whole)"""
 
 
