@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd import Function
 
+from commsched.workloads.chunk_item import chunk_item
 from commsched.workloads.collectives import Group
 
 c10d = torch.ops._c10d_functional
@@ -81,7 +82,7 @@ class _Rotater:
         if not self.waited:
             self.buffer, self.waited = c10d.wait_tensor(self.buffer), self.method == "allgather"
         if self.method == "allgather":
-            return self.buffer.chunk(self.group.size)[self.group.rank - self.steps]
+            return chunk_item(self.buffer, self.group.size, self.group.rank - self.steps)
         return self.buffer
 
 
@@ -107,10 +108,9 @@ def _unpack(buf: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.
     return buf[: k.numel()].reshape(k.shape), buf[k.numel() :].reshape(v.shape)
 
 
-def _halves(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The head and tail chunk of a rank's load-balanced sequence (dim 2)."""
-    a, b = x.chunk(2, dim=2)
-    return a, b
+def _half(x: torch.Tensor, which: int) -> torch.Tensor:
+    """The head (0) or tail (1) chunk of a rank's load-balanced sequence (dim 2)."""
+    return chunk_item(x, 2, which, dim=2)
 
 
 def _step_operands(i: int, rank: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
@@ -120,8 +120,8 @@ def _step_operands(i: int, rank: int, q: torch.Tensor, k: torch.Tensor, v: torch
     if i == 0:
         return q, k, v, True, False
     if i <= rank:
-        return q, _halves(k)[0], _halves(v)[0], False, False
-    return _halves(q)[1], k, v, False, True
+        return q, _half(k, 0), _half(v, 0), False, False
+    return _half(q, 1), k, v, False, True
 
 
 def _merge(acc: tuple | None, out: torch.Tensor, lse: torch.Tensor, partial: bool) -> tuple:
@@ -131,11 +131,11 @@ def _merge(acc: tuple | None, out: torch.Tensor, lse: torch.Tensor, partial: boo
     if acc is None:
         return out, lse
     acc_out, acc_lse = acc
-    old_out, old_lse = (_halves(acc_out)[1], _halves(acc_lse)[1]) if partial else (acc_out, acc_lse)
+    old_out, old_lse = (_half(acc_out, 1), _half(acc_lse, 1)) if partial else (acc_out, acc_lse)
     new_out = old_out - F.sigmoid(lse - old_lse) * (old_out - out)
     new_lse = old_lse - F.logsigmoid(old_lse - lse)
     if partial:
-        return torch.cat([_halves(acc_out)[0], new_out], dim=2), torch.cat([_halves(acc_lse)[0], new_lse], dim=2)
+        return torch.cat([_half(acc_out, 0), new_out], dim=2), torch.cat([_half(acc_lse, 0), new_lse], dim=2)
     return new_out, new_lse
 
 
@@ -180,7 +180,7 @@ class _RingAttention(Function):
                 kv_rotater.exchange(torch.cat([k.flatten(), v.flatten()]))
             q_, k_, v_, causal, partial = _step_operands(i, rank, query, k, v)
             if partial:
-                out_, dout, lse_ = _halves(out)[1], _halves(grad_out)[1], _halves(lse)[1].contiguous()
+                out_, dout, lse_ = _half(out, 1), _half(grad_out, 1), _half(lse, 1).contiguous()
             else:
                 out_, dout, lse_ = out, grad_out, lse
             dq, dk, dv = _block_backward(dout, q_, k_, v_, out_, lse_, causal, impl, ctx.rest[i])
@@ -189,8 +189,8 @@ class _RingAttention(Function):
             else:
                 grad_k, grad_v = _unpack(dkv_rotater.next(), key, value)
                 if i <= rank:  # the block used the head chunk of the travelling K/V
-                    grad_k = torch.cat([_halves(grad_k)[0] + dk, _halves(grad_k)[1]], dim=2)
-                    grad_v = torch.cat([_halves(grad_v)[0] + dv, _halves(grad_v)[1]], dim=2)
+                    grad_k = torch.cat([_half(grad_k, 0) + dk, _half(grad_k, 1)], dim=2)
+                    grad_v = torch.cat([_half(grad_v, 0) + dv, _half(grad_v, 1)], dim=2)
                 else:
                     grad_k, grad_v = grad_k + dk, grad_v + dv
             dkv_rotater.exchange(torch.cat([grad_k.flatten(), grad_v.flatten()]))
@@ -198,7 +198,7 @@ class _RingAttention(Function):
                 grad_q = dq.float() if grad_q is None else grad_q + dq
             else:
                 assert grad_q is not None
-                grad_q = torch.cat([_halves(grad_q)[0], _halves(grad_q)[1] + dq], dim=2)
+                grad_q = torch.cat([_half(grad_q, 0), _half(grad_q, 1) + dq], dim=2)
         assert grad_q is not None
         grad_k, grad_v = _unpack(dkv_rotater.next().to(key.dtype), key, value)
         return grad_q.to(query.dtype), grad_k, grad_v, None, None, None
