@@ -72,9 +72,10 @@ def main() -> None:
                     print(_row(text, load, name, run, ratios[name]), flush=True)
                     step_errs[name].append(run.prediction_error)
                     ratio_errs[name].append(ratios[name][0] / ratios[name][1] - 1.0)
+                pts = ", ".join(f"{k:.0f} ranks {c:.2f}" for k, c in report.core_points)
                 over = ", ".join(f"{n} {r.empty_step_s * 1e3:.0f} ms" for n, r in report.schedules.items())
                 print(f"| | | P2P {report.p2p.transfer_s * 1e3:.2f} ms per {report.p2p.send_bytes} B; the ranks shared "
-                      f"{report.cores:.2f} cores; over empty stages: {over} | | | | | | | | |")  # fmt: skip
+                      f"{report.cores:.2f} cores ({pts}); over empty stages: {over} | | | | | | | | |")  # fmt: skip
     print()
     for name in names:
         se, re_ = step_errs[name], ratio_errs[name]

@@ -158,3 +158,23 @@ def test_a_real_run_matches_the_unpipelined_model_and_its_prediction(two_rank_ru
     assert abs(predicted / measured - 1.0) <= 0.3, (predicted, measured, one.measured, gpipe.measured)
     assert report.p2p.send_bytes == 64 * 256 * 4 and report.p2p.transfer_s > 0
     json.dumps(report.to_dict(), allow_nan=False)  # what --json prints
+
+
+def test_the_cores_ranks_share_interpolate_between_the_measured_points(monkeypatch):
+    """The shared-cores rule through (1, 1) and the probe's points, flat past the last; the probe's points are
+    ranks over their median slowdown, each within [1, ranks] and the CPUs the run may use."""
+    from commsched.runtime import pipeline_calibrate
+    from commsched.sim.model import cores_points, shared_cores_rule
+
+    points = ((2.0, 2.0), (4.0, 1.6))
+    assert [shared_cores_rule(k, points) for k in (1, 2)] == [1.0, 1.0]
+    assert shared_cores_rule(3, points) == pytest.approx(3 / 1.8)
+    assert shared_cores_rule(4, points) == pytest.approx(2.5)
+    assert shared_cores_rule(6, points) == pytest.approx(6 / 1.6)
+    assert cores_points(float("inf")) == () and cores_points(1.5) == ((1.5, 1.5),)
+    monkeypatch.setattr(pipeline_calibrate, "available_cores", lambda: 2)
+    slowdowns = [(1.1, 2.5), (1.3, 2.4), (float("nan"), 2.6), (float("nan"), 2.5)]
+    got = pipeline_calibrate.shared_cores(4, 2, slowdowns)
+    assert got[0] == (2.0, pytest.approx(2 / 1.2)) and got[1] == (4.0, pytest.approx(4 / 2.5))
+    assert pipeline_calibrate.shared_cores(4, 2, [(1.0, 0.5)] * 4) == ((2.0, 2.0), (4.0, 2.0))  # capped
+    assert pipeline_calibrate.shared_cores(2, 2, [(float("nan"), 1.0)] * 2) == ((2.0, 2.0),)

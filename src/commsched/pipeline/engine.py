@@ -12,7 +12,6 @@ O(actions log actions).
 from __future__ import annotations
 
 import heapq
-import math
 from collections import deque
 
 import numpy as np
@@ -77,7 +76,7 @@ class Engine:
         self.act, self.peak, self.in_flight = [0] * p, [0] * p, [0] * p
         self.running: list[_Running | None] = [None] * p
         self.computing = 0  # ranks with a compute running (they share the host's cores, StreamModel.host_cores)
-        self.shared = math.isfinite(model.host_cores)
+        self.shared = bool(model.host_cores)
         self.blocker: list[object] = [None] * p  # what a blocked rank waits for: a transfer key or an item
         self.version = 0
         self.fwd_end: dict[tuple[int, int], int] = {}  # (stage, mb) -> end of its forward

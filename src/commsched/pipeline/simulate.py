@@ -43,7 +43,7 @@ from commsched.hardware import Hardware, for_graph
 from commsched.pipeline.actions import ActionKind, PipelineProgram, lower_schedule
 from commsched.pipeline.costs import StageCosts, StageTimes, p2p_times_ns, stage_times
 from commsched.pipeline.engine import DeadlockError, Engine
-from commsched.sim.model import StreamModel
+from commsched.sim.model import StreamModel, cores_points
 
 __all__ = ["DeadlockError", "PipelineResult", "RankResult", "simulate_pipeline", "simulate_program"]
 
@@ -97,21 +97,22 @@ def simulate_program(
     *,
     ranks_between_stages: int = 1,
     free_comm: bool = False,
-    host_cores: float = math.inf,
+    host_cores: float | tuple[tuple[float, float], ...] = math.inf,
 ) -> PipelineResult:
     """Simulate ``program`` with ``stage_costs``; P2P transfers timed on ``hardware`` (pipeline rank r is global
     rank ``r * ranks_between_stages``), or free with ``free_comm`` (no transfer time and no slowdown of compute by
-    communication); ``host_cores``: the processors the ranks' compute shares (a CPU harness, the stream model's
-    shared-cores rule; infinite: one per rank). Raises ValueError naming a malformed cost field,
-    :class:`DeadlockError` when the program cannot finish. O(actions log actions)."""
+    communication); ``host_cores``: the cores the ranks' compute shares on a CPU harness, a number or measured
+    (ranks, cores) points (:func:`commsched.sim.model.cores_points`; infinite: one per rank). Raises ValueError
+    naming a malformed cost field, :class:`DeadlockError` when the program cannot finish. O(actions log actions)."""
     times = stage_times(stage_costs, program)
     xfer = np.zeros(max(program.num_stages - 1, 0), np.int64)
-    model = StreamModel(host_cores=host_cores)
+    points = cores_points(host_cores)
+    model = StreamModel(host_cores=points)
     if not free_comm:
         xfer = p2p_times_ns(program, times.send_bytes, hardware, ranks_between_stages)
         if hardware is not None:
             hw = for_graph(hardware, world_size=program.pp_size * ranks_between_stages)
-            model = StreamModel(compute_slowdown=float(hw.compute_slowdown), host_cores=host_cores)
+            model = StreamModel(compute_slowdown=float(hw.compute_slowdown), host_cores=points)
     run = Engine(program, times, xfer, model)
     run.run()
     return _result(run, times)
@@ -149,7 +150,7 @@ def simulate_pipeline(
     ranks_between_stages: int = 1,
     free_comm: bool = False,
     defer_recv: bool = False,
-    host_cores: float = math.inf,
+    host_cores: float | tuple[tuple[float, float], ...] = math.inf,
 ) -> PipelineResult:
     """torch's ``schedule`` (:func:`commsched.pipeline.lower_schedule`) for ``pp_size`` ranks, ``microbatches``
     micro-batches and ``stages_per_rank`` stages per rank, simulated with ``stage_costs`` on ``hardware``

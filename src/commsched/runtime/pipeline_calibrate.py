@@ -114,6 +114,9 @@ class PipelineRunReport:
     p2p: P2PCalibration
     cores: float
     """the cores the ranks shared: ranks / (their stages' slowdown computing all at once over alone), in [1, P]"""
+    core_points: tuple[tuple[float, float], ...] = ()
+    """(ranks computing at once, the cores they had): as many ranks as the run may use cores, then all
+    (:func:`shared_cores`), the simulation's ``host_cores``"""
     schedules: dict[str, ScheduleRun]
     network: str | None = None
 
@@ -198,21 +201,37 @@ def passes_s(timers: list[StageTimer], window_s: float) -> float:
         passes, last = passes + 1, now
 
 
-def cpu_share_round(timers: list[StageTimer], window_s: float) -> float:
-    """How much slower this rank's stages run with every rank computing at once than alone: each rank repeats its
-    stages for ``window_s`` alone (one rank at a time), then all together (:func:`passes_s`); every rank calls it.
-    Fixed windows keep every rank computing through the whole together-window, so the ratio is full contention:
-    the ranks' share of the cores, context switches and cache misses included (:func:`shared_cores`)."""
-    alone_s = one_rank_at_a_time(lambda: passes_s(timers, window_s))
+def cpu_share_round(timers: list[StageTimer], window_s: float, subset: int) -> tuple[float, float]:
+    """How much slower this rank's stages run with other ranks computing at once than alone: each rank repeats its
+    stages for ``window_s`` alone (one rank at a time), then ranks below ``subset`` together, then all together
+    (:func:`passes_s`); every rank calls it. Returns (slowdown among the subset, or NaN on a rank outside it or when
+    the subset is every rank; slowdown with all). Fixed windows keep every rank computing through the whole window,
+    so each ratio is full contention: the ranks' share of the cores, context switches and cache misses included
+    (:func:`shared_cores`)."""
+    alone_s = max(one_rank_at_a_time(lambda: passes_s(timers, window_s)), 1e-9)
+    some = math.nan
+    if subset < dist.get_world_size():
+        dist.barrier()
+        if dist.get_rank() < subset:
+            some = passes_s(timers, window_s) / alone_s
     dist.barrier()
-    return passes_s(timers, window_s) / max(alone_s, 1e-9)
+    return some, passes_s(timers, window_s) / alone_s
 
 
-def shared_cores(pp_size: int, slowdown: float) -> float:
-    """The cores ``pp_size`` ranks computing at once effectively have (``pp_size`` over their median
-    :func:`cpu_share_round` slowdown), within [1, pp_size] and never more than this process may use
-    (:func:`available_cores`): the simulator's ``host_cores`` (the stream model's shared-cores rule)."""
-    return min(max(pp_size / max(slowdown, 1e-9), 1.0), float(pp_size), float(available_cores()))
+def shared_cores(pp_size: int, subset: int, slowdowns: list[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
+    """The cores the ranks effectively have, as the stream model's points (ranks computing at once, cores): ``subset``
+    ranks over their median slowdown among themselves (when fewer than ``pp_size``), ``pp_size`` over the median with
+    all (``slowdowns``: every rank's :func:`cpu_share_round`); each within [1, ranks] and never more than this
+    process may use (:func:`available_cores`)."""
+    cap = float(available_cores())
+
+    def point(ranks: int, slowdown: float) -> tuple[float, float]:
+        return float(ranks), min(max(ranks / max(slowdown, 1e-9), 1.0), float(ranks), cap)
+
+    everyone = point(pp_size, statistics.median(s[1] for s in slowdowns))
+    if subset >= pp_size:
+        return (everyone,)
+    return point(subset, statistics.median(s[0] for s in slowdowns[:subset])), everyone
 
 
 def p2p_round(send_bytes: int, reps: int) -> tuple[float, float]:

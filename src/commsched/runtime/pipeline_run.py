@@ -40,6 +40,7 @@ from commsched.runtime.pipeline_calibrate import (
     ScheduleRun,
     StageCost,
     StageTimer,
+    available_cores,
     cpu_share_round,
     medians,
     one_rank_at_a_time,
@@ -178,7 +179,7 @@ class _Samples:
     empty_s: dict[str, list[float]]  # per schedule, its twin of empty stages
     stages_s: dict[int, list[list[tuple[float, float]]]]  # per split (stages): per round, (F, B) of each own stage
     p2p_s: list[tuple[float, float]]  # per round: (small, hidden state) seconds per message
-    share: list[float]  # per round: its stages' time with every rank computing over alone (cpu_share_round)
+    share: list[tuple[float, float]]  # per round: its stages' slowdown among a subset, and with all (cpu_share_round)
     first: dict[str, tuple[list[float], dict[str, torch.Tensor]]]  # per schedule: first step's losses, gradients
 
 
@@ -191,7 +192,7 @@ class _RankSummary:
     stage_medians_s: dict[int, tuple[float, ...]]  # per split: F, B, F, B ... of its own stages (module order)
     p2p_medians_s: tuple[float, ...]  # (small, hidden state) seconds per message
     numerics: dict[str, tuple[float | None, float]]  # per schedule: (loss on the last stage's rank, grad error)
-    slowdown: float  # the median of its stages' slowdown with every rank computing (cpu_share_round)
+    slowdown: tuple[float, float]  # the medians of its stages' slowdowns among a subset and with all (cpu_share_round)
 
 
 def _run_rounds(cfg: PipelineRunConfig, built: dict[str, _Built], empty: dict[str, _Built], tokens, labels,
@@ -210,7 +211,8 @@ def _run_rounds(cfg: PipelineRunConfig, built: dict[str, _Built], empty: dict[st
                 for split, ts in timers.items()}  # fmt: skip
         first_split = next(iter(timers))
         pass_s = sum(map(sum, rows[first_split]))
-        share = cpu_share_round(timers[first_split], max(cfg.share_window_s, SHARE_PASSES * pass_s))
+        window_s = max(cfg.share_window_s, SHARE_PASSES * pass_s)
+        share = cpu_share_round(timers[first_split], window_s, min(cfg.pp_size, available_cores()))
         p2p = p2p_round(cfg.send_bytes, cfg.p2p_reps)
         if kept:
             for split, row in rows.items():
@@ -287,7 +289,7 @@ def run_pipeline_rank(
                          for n, rows in samples.stages_s.items()}  # fmt: skip
         mine = _RankSummary(samples.steps_s, samples.empty_s, stage_medians, medians(samples.p2p_s),
                             {n: _numerics(samples.first[n], reference) for n in built},
-                            statistics.median(samples.share))  # fmt: skip
+                            medians(samples.share))  # fmt: skip
         every: list[Any] = [None] * world
         dist.all_gather_object(every, mine)
         report = None
@@ -325,15 +327,14 @@ def _report(cfg: PipelineRunConfig, built: dict[str, _Built], every: list[_RankS
     """Rank 0's report from every rank's (step samples, stage medians, P2P medians, numerics)."""
     costs = _stage_costs(cfg, built, every)
     p2p = P2PCalibration.fit(cfg.send_bytes, *every[1].p2p_medians_s)  # the receiver's clock
-    slowdown = statistics.median(r.slowdown for r in every)
-    cores = shared_cores(cfg.pp_size, slowdown)
+    points = shared_cores(cfg.pp_size, min(cfg.pp_size, available_cores()), [r.slowdown for r in every])
     runs = {}
     for name, b in built.items():
         steps = [max(ts) for ts in zip(*(r.steps_s[name] for r in every), strict=True)]  # the slowest rank ends it
         loss = next(r.numerics[name][0] for r in every if r.numerics[name][0] is not None)
         empty_s = statistics.median(max(ts) for ts in zip(*(r.empty_s[name] for r in every), strict=True))
-        overhead_s = action_overhead_s(cfg, name, costs[b.program.num_stages], p2p, cores, empty_s)
-        step_s, dedicated_s, bubble = predict(cfg, name, costs[b.program.num_stages], p2p, cores, overhead_s)
+        overhead_s = action_overhead_s(cfg, name, costs[b.program.num_stages], p2p, points, empty_s)
+        step_s, dedicated_s, bubble = predict(cfg, name, costs[b.program.num_stages], p2p, points, overhead_s)
         runs[name] = ScheduleRun(schedule=name, stages_per_rank=b.program.stages_per_rank, measured=step_times(steps),
                                  predicted_s=step_s, predicted_dedicated_s=dedicated_s, empty_step_s=empty_s,
                                  action_overhead_s=overhead_s,
@@ -344,14 +345,16 @@ def _report(cfg: PipelineRunConfig, built: dict[str, _Built], every: list[_RankS
     return PipelineRunReport(preset=spec.model.name, layers=spec.model.n_layers, seq_len=spec.seq_len,
                              batch=spec.batch, dtype=str(spec.dtype).removeprefix("torch."), pp_size=cfg.pp_size,
                              microbatches=cfg.microbatches, iters=cfg.iters, warmup=cfg.warmup, threads=cfg.threads,
-                             hardware=cfg.hardware, p2p=p2p, cores=cores, schedules=runs)  # fmt: skip
+                             hardware=cfg.hardware, p2p=p2p, cores=points[-1][1], core_points=points,
+                             schedules=runs)  # fmt: skip
 
 
-def predict(cfg: PipelineRunConfig, name: str, costs: list[StageCost], p2p: P2PCalibration, cores: float,
+def predict(cfg: PipelineRunConfig, name: str, costs: list[StageCost], p2p: P2PCalibration, cores: tuple,
             overhead_s: float = 0.0) -> tuple[float, float, float]:  # fmt: skip
-    """(step seconds on ``cores`` shared cores, the simulated step with a processor per rank, its bubble fraction)
-    of torch's ``name`` simulated with the measured stage costs (each rank timed alone), each F and B
-    ``overhead_s`` longer (torch's runtime per action: :func:`action_overhead_s`), and the measured link."""
+    """(step seconds on the shared cores measured, ``cores``: :func:`shared_cores`'s points; the simulated step with
+    a processor per rank; its bubble fraction) of torch's ``name`` simulated with the measured stage costs (each rank
+    timed alone), each F and B ``overhead_s`` longer (torch's runtime per action: :func:`action_overhead_s`), and the
+    measured link."""
     from commsched.pipeline import StageCosts, simulate_program
 
     stage_costs = StageCosts(forward_s=[c.forward_s + overhead_s for c in costs],
@@ -363,7 +366,7 @@ def predict(cfg: PipelineRunConfig, name: str, costs: list[StageCost], p2p: P2PC
     return shared.step_s, res.step_s, res.bubble_fraction
 
 
-def action_overhead_s(cfg: PipelineRunConfig, name: str, costs: list[StageCost], p2p: P2PCalibration, cores: float,
+def action_overhead_s(cfg: PipelineRunConfig, name: str, costs: list[StageCost], p2p: P2PCalibration, cores: tuple,
                       empty_step_s: float) -> float:  # fmt: skip
     """The seconds torch's runtime adds to each F and B action: the overhead with which the twin schedule of empty
     stages (no compute, the same P2P) is predicted to take its measured step ``empty_step_s`` (bisection; 0 when

@@ -21,9 +21,11 @@ call these functions; change a rule here and all three see it.
   gloo's threads compete with compute). Planners that do not track running kernels plan collectives at their
   slowed speed (:meth:`StreamModel.planning_comm_ns`), which is what a good schedule makes them run at.
 * **Shared host cores** (a CPU harness whose ranks outnumber its cores; the pipeline engine only): while ``k``
-  ranks compute at once on ``host_cores`` cores, each kernel runs ``max(1, k / host_cores)`` times slower
-  (processor sharing, :func:`shared_cores_rule`), on top of the communication slowdown
-  (:meth:`StreamModel.kernel_factor`). ``host_cores`` is infinite on GPUs: every rank has its own.
+  ranks compute at once they have ``cores(k)`` cores between them, each kernel running ``max(1, k / cores(k))``
+  times slower (processor sharing, :func:`shared_cores_rule`) on top of the communication slowdown
+  (:meth:`StreamModel.kernel_factor`). ``cores(k)`` interpolates linearly through (1, 1) and the measured points
+  ``host_cores`` ((ranks, cores) pairs, ranks increasing), flat past the last; no points on GPUs: every rank has its
+  own.
 """
 
 from __future__ import annotations
@@ -132,9 +134,26 @@ def kernel_end_rule(t_ns: int, wall_ns: float) -> int:
     return t_ns + math.ceil(wall_ns - EPS_NS)
 
 
-def shared_cores_rule(computing: int, host_cores: float) -> float:
-    """See :meth:`StreamModel.kernel_factor`: the slowdown of ``computing`` ranks sharing ``host_cores``."""
-    return computing / host_cores if computing > host_cores else 1.0
+def shared_cores_rule(computing: int, host_cores: tuple[tuple[float, float], ...]) -> float:
+    """See :meth:`StreamModel.kernel_factor`: the slowdown of ``computing`` ranks sharing the cores that
+    ``host_cores`` measures (module docstring)."""
+    if not host_cores or computing <= 1:
+        return 1.0
+    k0, c0 = 1.0, 1.0
+    for k1, c1 in host_cores:
+        if computing <= k1:
+            cores = c0 + (c1 - c0) * (computing - k0) / (k1 - k0)
+            return max(1.0, computing / cores)
+        k0, c0 = k1, c1
+    return max(1.0, computing / c0)
+
+
+def cores_points(host_cores: float | tuple[tuple[float, float], ...]) -> tuple[tuple[float, float], ...]:
+    """``host_cores`` as :attr:`StreamModel.host_cores` points: a number ``c`` is ``((c, c),)`` (up to ``c`` ranks
+    each have a core, more share ``c``), infinity none."""
+    if isinstance(host_cores, tuple):
+        return host_cores
+    return () if math.isinf(host_cores) else ((float(host_cores), float(host_cores)),)
 
 
 def comm_divisor_rule(sharing: int, kernel_running: bool, comm_slowdown: float) -> float:
@@ -152,8 +171,9 @@ class StreamModel:
     """a collective's bandwidth-bound part runs this many times slower while a kernel runs"""
     sync_ns: int = 0
     """one cross-stream dependency (event record + wait)"""
-    host_cores: float = math.inf
-    """the processors every rank's compute shares (a CPU harness); infinite: a processor per rank"""
+    host_cores: tuple[tuple[float, float], ...] = ()
+    """(ranks computing at once, the cores they have between them) as measured on a CPU harness, ranks increasing
+    (:func:`shared_cores_rule`); empty: a processor per rank"""
 
     @classmethod
     def from_costs(cls, costs: CostEstimate) -> StreamModel:
