@@ -20,6 +20,16 @@ def _table(result) -> list[tuple]:
             for j in result.ranked]  # fmt: skip
 
 
+def _forget(monkeypatch) -> None:
+    """This process forgets its traces, stage records and simulated jobs (an earlier test's, under another cache)."""
+    import commsched.pipeline.cache as stage_cache
+
+    monkeypatch.setattr(traced, "_MEMORY", collections.OrderedDict())
+    monkeypatch.setattr(judge, "_JOBS", collections.OrderedDict())
+    monkeypatch.setattr(stage_cache, "_TRACED", {})
+    monkeypatch.setattr(stage_cache, "_RECORDS", {})
+
+
 def _no_tracing(monkeypatch) -> None:
     """This process forgets its traces, and tracing anew fails the test."""
     import commsched.experiments.predict as predict
@@ -28,12 +38,9 @@ def _no_tracing(monkeypatch) -> None:
     def refuse(*args, **kwargs):
         raise AssertionError("a warm plan traced a program")
 
-    monkeypatch.setattr(traced, "_MEMORY", collections.OrderedDict())
-    monkeypatch.setattr(judge, "_JOBS", collections.OrderedDict())
+    _forget(monkeypatch)
     monkeypatch.setattr(predict, "trace", refuse)
     monkeypatch.setattr(stage_cache, "trace_stage", refuse)
-    monkeypatch.setattr(stage_cache, "_TRACED", {})
-    monkeypatch.setattr(stage_cache, "_RECORDS", {})
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +64,7 @@ def test_a_pipeline_layout_judged_again_takes_its_stages_from_the_disk_cache(tmp
     req = dataclasses.replace(REQ, layers=4, global_batch=4, max_pp=None)
     layout = Layout(dp_shard=1, pp=2, pp_schedule="1F1B", microbatches=2, stages_per_rank=1)
     spec = {"request": dataclasses.asdict(req), "hardware": plan_hardware(req), "layouts": [layout.to_dict()]}
+    _forget(monkeypatch)  # what earlier tests left in this process must not spare the first judge its disk writes
     first = judge.judge_task(spec)[0]
     _no_tracing(monkeypatch)  # as another task in a fresh process: only the disk cache is left
     again = judge.judge_task(spec)[0]
