@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import math
 import pickle
 import statistics
 import tempfile
@@ -355,15 +356,20 @@ def predict(cfg: PipelineRunConfig, name: str, costs: list[StageCost], p2p: P2PC
     a processor per rank; its bubble fraction) of torch's ``name`` simulated with the measured stage costs (each rank
     timed alone), each F and B ``overhead_s`` longer (torch's runtime per action: :func:`action_overhead_s`), and the
     measured link."""
+    res = _simulated(cfg, name, costs, p2p, math.inf, overhead_s)
+    return _simulated(cfg, name, costs, p2p, cores, overhead_s).step_s, res.step_s, res.bubble_fraction
+
+
+def _simulated(cfg: PipelineRunConfig, name: str, costs: list[StageCost], p2p: P2PCalibration,
+               cores: tuple | float, overhead_s: float) -> Any:  # fmt: skip
+    """torch's ``name`` simulated as :func:`predict` describes, its ranks' compute on ``cores``."""
     from commsched.pipeline import StageCosts, simulate_program
 
     stage_costs = StageCosts(forward_s=[c.forward_s + overhead_s for c in costs],
                              backward_s=[c.backward_s + overhead_s for c in costs],
                              send_bytes=[c.send_bytes for c in costs])  # fmt: skip
     hw = p2p_hardware(cfg.hardware, cfg.pp_size, p2p)
-    shared = simulate_program(cfg.program(name), stage_costs, hw, host_cores=cores)
-    res = simulate_program(cfg.program(name), stage_costs, hw)
-    return shared.step_s, res.step_s, res.bubble_fraction
+    return simulate_program(cfg.program(name), stage_costs, hw, host_cores=cores)
 
 
 def action_overhead_s(cfg: PipelineRunConfig, name: str, costs: list[StageCost], p2p: P2PCalibration, cores: tuple,
@@ -373,11 +379,11 @@ def action_overhead_s(cfg: PipelineRunConfig, name: str, costs: list[StageCost],
     the link alone accounts for it)."""
     zero = [dataclasses.replace(c, forward_s=0.0, backward_s=0.0) for c in costs]
     low, high = 0.0, empty_step_s
-    if predict(cfg, name, zero, p2p, cores)[0] >= empty_step_s:
+    if _simulated(cfg, name, zero, p2p, cores, 0.0).step_s >= empty_step_s:
         return 0.0
     for _ in range(40):  # the predicted step grows with the overhead: 40 halvings reach ns
         mid = (low + high) / 2
-        low, high = (mid, high) if predict(cfg, name, zero, p2p, cores, mid)[0] < empty_step_s else (low, mid)
+        low, high = (mid, high) if _simulated(cfg, name, zero, p2p, cores, mid).step_s < empty_step_s else (low, mid)
     return (low + high) / 2
 
 
