@@ -47,7 +47,8 @@ def assert_valid_inference_layout(req: PlanRequest, layout: Layout, gpus_per_nod
 
 @settings(max_examples=30, deadline=None)
 @given(st.sampled_from(["llama3-8b", "llama-tiny", "mixtral-8x7b"]), st.sampled_from(["prefill", "decode"]),
-       st.integers(0, 6), st.sampled_from([4, 8]), st.sampled_from([1, 3, 8]), st.sampled_from([256, 1000, 4096]))  # fmt: skip
+       st.integers(0, 6), st.sampled_from([4, 8]), st.sampled_from([1, 3, 8]),
+       st.sampled_from([256, 1000, 4096]))  # fmt: skip
 def test_every_inference_layout_is_one_the_zoo_runs(preset, mode, log_gpus, gpus_per_node, per_gpu, seq) -> None:
     gpus = 1 << log_gpus
     if gpus > gpus_per_node and gpus % gpus_per_node:
@@ -169,10 +170,10 @@ def test_cli_prints_the_latency_and_writes_the_mesh_not_a_toml(tmp_path, monkeyp
 def test_inference_snippet_builds_its_mesh_under_a_fake_process_group(layout: Layout) -> None:
     """The snippet's calls run on CPU under the fake backend for a tiny torchtitan-shaped model: the mesh has the
     layout's dimensions, TP's weights (the root's too) are DTensors on the tp dimension, the model is in eval mode."""
+    from tests.plan.test_plan_explain import _tiny_torchtitan_llama
     from torch.distributed.tensor import DTensor
 
     from commsched import fake_process_group
-    from tests.plan.test_plan_explain import _tiny_torchtitan_llama
 
     req = PlanRequest(preset="llama-tiny", gpus=layout.world_size, global_batch=8, mode="prefill", compile=False)
     namespace: dict = {}
@@ -180,7 +181,8 @@ def test_inference_snippet_builds_its_mesh_under_a_fake_process_group(layout: La
     model = _tiny_torchtitan_llama()
     with fake_process_group(layout.world_size):
         mesh, out = namespace["build"](model, device_type="cpu")
-    assert mesh.mesh_dim_names == (tuple(n for n in INFERENCE_MESH_ORDER if getattr(layout, n) > 1) or ("dp_replicate",))
+    names = tuple(n for n in INFERENCE_MESH_ORDER if getattr(layout, n) > 1) or ("dp_replicate",)
+    assert mesh.mesh_dim_names == names
     assert out is model and not model.training
     for weight in (model.layers["0"].attention.wq.weight, model.lm_head.weight):
         assert isinstance(weight, DTensor) == (layout.tp > 1)
