@@ -124,7 +124,9 @@ def register(app: typer.Typer) -> None:
         layout without overlap optimisation, and what makes the winner win; --toml writes it for torchtitan,
         --python as FSDP2 / pipelining calls. With --explain --layout L: L judged, and each one-step change (HSDP,
         a larger micro-batch, a smaller TP, another AC, float8, reshard-after-forward, async TP) with its simulated
-        gain, best first.
+        gain, best first. With --mode prefill or decode: the inference layouts (TP with and without SP, CP in
+        prefill, EP, replicas), ranked by prompt or generated tokens/s per GPU, each step its latency; --python
+        writes the mesh and TP plan (no TOML).
 
         Example: commsched plan llama3-8b --gpus 8 -H h100-sxm --seq-len 8192 --max-pp 1 --toml best.toml
         """
