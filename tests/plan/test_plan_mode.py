@@ -119,6 +119,21 @@ def test_rows_fit_are_ranked_and_keep_the_json_keys(planned, mode: str) -> None:
     assert {r["layout"]["cp"] > 1 for r in rows} == ({True, False} if mode == "prefill" else {False})
 
 
+def test_a_mixture_of_experts_decodes_under_ep_within_its_bound(tmp_path, monkeypatch) -> None:
+    """mixtral-tiny: the EP layouts (every rank its own sequences, the experts split) are judged, and the weights +
+    KV-cache bound stays under each simulated peak, EP's and TP's."""
+    from commsched.plan import plan
+
+    monkeypatch.setenv("COMMSCHED_CACHE_DIR", str(tmp_path / "cache"))
+    req = PlanRequest(preset="mixtral-tiny", gpus=GPUS, global_batch=BATCH, mode="decode")
+    result = plan(req, jobs=1)
+    assert {j.layout.ep for j in result.ranked} == {1, 2, 4} and not result.failed
+    for j in result.ranked:
+        assert memory_lower_bound_bytes(req, j.layout) <= j.peak_memory_bytes
+    by_ep = {j.layout.ep: j.peak_memory_bytes for j in result.ranked if j.layout.tp == 1}
+    assert by_ep[4] < by_ep[2] < by_ep[1]  # EP splits the experts
+
+
 def _trace_args(req: PlanRequest, layout: Layout) -> list[str]:
     """``commsched trace`` options of the step plan judged ``layout`` on (one replica group's)."""
     config = step_config(req, layout, None)
