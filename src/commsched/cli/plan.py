@@ -3,6 +3,7 @@ torchtitan job config."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,34 @@ def _bools(text: str, what: str) -> tuple[bool, ...]:
     return tuple(dict.fromkeys(values[item.lower()] for item in items))
 
 
+def _train_choices(ac: str | None, float8: str | None, pp_schedules: str | None, reshard: str | None,
+                   async_tp: str | None) -> dict[str, Any]:  # fmt: skip
+    """The PlanRequest fields of the training choices given (the others keep PlanRequest's defaults)."""
+    given = {("ac_policies", "--ac", _choices): ac, ("float8_recipes", "--float8", _choices): float8,
+             ("pp_schedules", "--pp-schedules", _choices): pp_schedules,
+             ("reshard_after_forward", "--reshard-after-forward", _bools): reshard,
+             ("async_tp", "--async-tp", _bools): async_tp}  # fmt: skip
+    return {field: parse(text, option) for (field, option, parse), text in given.items() if text is not None}
+
+
+def _check_mode(req: Any, train_only: dict[str, Any]) -> None:
+    """One-line ValueErrors for ``--mode`` and the options it does not take (inference: the training choices,
+    ``--explain``'s changes, a TOML)."""
+    req.check()
+    if not req.inference:
+        return
+    for option, value in train_only.items():
+        if value is not None:
+            raise ValueError(f"{option} is for --mode train, not --mode {req.mode} ({_not_inference(option)})")
+
+
+def _not_inference(option: str) -> str:
+    from commsched.plan.toml_out import NO_INFERENCE_TOML
+
+    reasons = {"--toml": NO_INFERENCE_TOML, "--explain": "its one-step changes are training ones"}
+    return reasons.get(option, "a training choice: inference layouts have no AC, float8, PP or FSDP")
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def plan(
@@ -38,16 +67,35 @@ def register(app: typer.Typer) -> None:
         hbm: float = typer.Option(None, "--hbm", min=0.001, help="GiB of HBM per GPU (default: the profile's)"),
         seq_len: int = typer.Option(None, "--seq-len", min=1, help="sequence length (default: the preset's)"),
         global_batch: int = typer.Option(None, "--global-batch", min=1, help="sequences per step (default: --gpus)"),
-        ac: str = typer.Option("none,selective-op,full", "--ac", help="AC policies to try (comma-separated)"),
-        float8: str = typer.Option("none,tensorwise", "--float8", help="float8 recipes to try (comma-separated)"),
+        ac: str = typer.Option(
+            None, "--ac", help="AC policies to try (comma-separated; train; default: none,selective-op,full)"
+        ),
+        float8: str = typer.Option(
+            None, "--float8", help="float8 recipes to try (comma-separated; train; default: none,tensorwise)"
+        ),
         pp_schedules: str = typer.Option(
-            "1F1B,Interleaved1F1B,ZBVZeroBubble", "--pp-schedules", help="torch pipeline schedules to try"
+            None,
+            "--pp-schedules",
+            help="torch pipeline schedules to try (train; default: 1F1B,Interleaved1F1B,ZBVZeroBubble)",
         ),
         reshard: str = typer.Option(
-            "true,false", "--reshard-after-forward", help="FSDP reshard_after_forward values to try (FSDP / HSDP)"
+            None,
+            "--reshard-after-forward",
+            help="FSDP reshard_after_forward values to try (FSDP / HSDP; default: true,false)",
         ),
         async_tp: str = typer.Option(
-            "false,true", "--async-tp", help="async TP values to try (TP + SP, compiled, on NVLink profiles)"
+            None,
+            "--async-tp",
+            help="async TP values to try (TP + SP, compiled, on NVLink profiles; train; default: false,true)",
+        ),
+        mode: str = typer.Option(
+            "train",
+            "--mode",
+            "-m",
+            help="train, prefill or decode (inference: TP, CP, EP and replicas; --global-batch: concurrent sequences)",
+        ),
+        kv_len: int = typer.Option(
+            None, "--kv-len", min=1, help="KV-cache positions per sequence (prefill / decode; default: --seq-len)"
         ),
         max_pp: int = typer.Option(None, "--max-pp", min=1, help="largest pipeline degree tried (1: no PP)"),
         compile_: bool = typer.Option(True, "--compile/--no-compile", help="judge torch.compile'd blocks"),
@@ -76,24 +124,30 @@ def register(app: typer.Typer) -> None:
         layout without overlap optimisation, and what makes the winner win; --toml writes it for torchtitan,
         --python as FSDP2 / pipelining calls. With --explain --layout L: L judged, and each one-step change (HSDP,
         a larger micro-batch, a smaller TP, another AC, float8, reshard-after-forward, async TP) with its simulated
-        gain, best first.
+        gain, best first. With --mode prefill or decode: the inference layouts (TP with and without SP, CP in
+        prefill, EP, replicas), ranked by prompt or generated tokens/s per GPU, each step its latency; --python
+        writes the mesh and TP plan (no TOML).
 
         Example: commsched plan llama3-8b --gpus 8 -H h100-sxm --seq-len 8192 --max-pp 1 --toml best.toml
         """
         from commsched.plan import PlanRequest
         from commsched.plan import plan as run_plan
+        from commsched.plan.layout import INFERENCE_CHOICES
         from commsched.report.plan_text import plan_table, why_lines
 
         with user_errors():
             if (layout is None) == explain:
                 raise ValueError("--explain and --layout: expected both (judge one layout's changes) or neither")
+            train_only = {"--ac": ac, "--float8": float8, "--pp-schedules": pp_schedules,
+                          "--reshard-after-forward": reshard, "--async-tp": async_tp, "--max-pp": max_pp,
+                          "--toml": toml, "--explain": explain or None}  # fmt: skip
             req = PlanRequest(preset=preset, gpus=gpus, hardware=hardware, gpus_per_node=gpus_per_node, hbm_gib=hbm,
-                              seq_len=seq_len, global_batch=global_batch, ac_policies=_choices(ac, "--ac"),
-                              float8_recipes=_choices(float8, "--float8"),
-                              pp_schedules=_choices(pp_schedules, "--pp-schedules"), max_pp=max_pp,
-                              reshard_after_forward=_bools(reshard, "--reshard-after-forward"),
-                              async_tp=_bools(async_tp, "--async-tp"),
-                              compile=compile_, layers_scale=layers_scale)  # fmt: skip
+                              seq_len=seq_len, global_batch=global_batch, max_pp=max_pp, compile=compile_,
+                              layers_scale=layers_scale, mode=mode, kv_len=kv_len,
+                              **_train_choices(ac, float8, pp_schedules, reshard, async_tp))  # fmt: skip
+            _check_mode(req, train_only)
+            if req.inference:
+                req = dataclasses.replace(req, **INFERENCE_CHOICES)
             if explain:
                 _explain(req, layout, jobs, ray_address, not no_cache, json_out, toml, python)
                 return
@@ -117,15 +171,16 @@ def register(app: typer.Typer) -> None:
 
 
 def _write_answers(req: Any, layout: Any, toml: Path | None, python: Path | None) -> None:
-    """The layout as a torchtitan TOML (``--toml``) and as FSDP2 / pipelining calls (``--python``)."""
+    """The layout as a torchtitan TOML (``--toml``) and as FSDP2 / pipelining calls (``--python``; inference: the
+    mesh and TP plan)."""
     from commsched.io import atomic_write_text
-    from commsched.plan.python_out import fsdp2_python
+    from commsched.plan.python_out import fsdp2_python, inference_python
     from commsched.plan.toml_out import torchtitan_toml
 
     if toml:
         atomic_write_text(toml, torchtitan_toml(req, layout))
     if python:
-        atomic_write_text(python, fsdp2_python(req, layout))
+        atomic_write_text(python, (inference_python if req.inference else fsdp2_python)(req, layout))
 
 
 def _explain(

@@ -8,6 +8,11 @@ splits evenly over the data-parallel replicas and, under PP, into ``M`` equal mi
 torchtitan's default); async TP one of TP + SP layouts, compiled, on hardware that runs symmetric-memory copies
 (:func:`commsched.cost.symm_mem.copy_engine_refusal`). Options a pipeline job cannot take yet (``PipelineJob``'s
 fields decide: :func:`pipeline_options`) are not enumerated under PP.
+
+Inference (``mode`` prefill or decode, :func:`inference_layouts`): what the zoo traces for it
+(:data:`commsched.workloads.mesh.INFERENCE_PARALLELISMS`: TP with and without SP, EP, one rank), replicated over the
+GPUs left: TP degrees as above, CP (prefill only, with TP, whose zoo plan hosts it) on the same head-tail rule and
+dividing the KV cache, SP where the step's tokens split over TP, EP under no TP; no FSDP, AC, float8 or PP.
 """
 
 from __future__ import annotations
@@ -63,6 +68,9 @@ def async_tp_runs(req: PlanRequest, gpus_per_node: int, tp: int) -> bool:
 
 def enumerate_layouts(req: PlanRequest, gpus_per_node: int, float8_ok: bool) -> Iterator[Layout]:
     """Every layout of ``req`` (unpruned), in a fixed order. ``float8_ok``: the hardware has float8 tensor cores."""
+    if req.inference:
+        yield from inference_layouts(req, gpus_per_node)
+        return
     model = req.model()
     float8s = [f for f in req.float8_recipes if f == "none" or float8_ok]
     for tp in tp_degrees(req, gpus_per_node):
@@ -141,3 +149,22 @@ def _pipelined(req: PlanRequest, layout: Layout) -> Iterator[Layout]:
         kept = list(itertools.islice(counts, MAX_MICROBATCH_CHOICES))
         for m in reversed(kept):
             yield dataclasses.replace(layout, pp_schedule=schedule, microbatches=m, stages_per_rank=v)
+
+
+def inference_layouts(req: PlanRequest, gpus_per_node: int) -> Iterator[Layout]:
+    """Every inference layout of ``req`` (see the module docstring): ``dp_replicate`` replicas of ``tp x cp`` ranks
+    (TP, CP in prefill), or of ``ep`` ranks; the concurrent sequences split evenly over the replicas."""
+    for tp in tp_degrees(req, gpus_per_node):
+        for cp in divisors(req.gpus // tp) if tp > 1 and req.mode == "prefill" else [1]:
+            if cp > 1 and (req.seq % (2 * cp) or req.kv % cp):
+                continue
+            replicas = req.gpus // (tp * cp)
+            if req.batch % replicas:
+                continue
+            tokens = req.batch // replicas * (1 if req.mode == "decode" else req.seq // cp)
+            for sp in (True, False) if tp > 1 and tokens % tp == 0 else (False,):
+                yield Layout(dp_shard=1, dp_replicate=replicas, tp=tp, sp=sp, cp=cp)
+    experts = req.model().n_experts
+    if experts and req.batch % req.gpus == 0:
+        for ep in divisors(math.gcd(req.gpus, experts))[1:]:
+            yield Layout(dp_shard=1, dp_replicate=req.gpus, ep=ep)

@@ -1,9 +1,15 @@
-"""A parallel layout of a training job, and the request ``commsched plan`` answers (:class:`PlanRequest`).
+"""A parallel layout of a training or inference job, and the request ``commsched plan`` answers
+(:class:`PlanRequest`).
 
 A :class:`Layout` names torchtitan's degrees (``parallel_dims.py``: ``pp`` outermost, then ``dp_replicate``,
 ``dp_shard`` (FSDP shards over ``dp_shard x cp``), ``cp``, ``tp`` innermost) and the step's options. It maps to
 the zoo's step (:meth:`Layout.step_config`: the step as FSDP2 runs it, :mod:`commsched.experiments.predict`) or,
 with ``pp > 1``, to a :class:`commsched.pipeline.job.PipelineJob` (:meth:`Layout.pipeline_job`).
+
+An inference layout (``PlanRequest.mode`` prefill or decode) has no FSDP, AC, float8 or PP: ``dp_replicate``
+independent replicas of one group of ``tp x cp`` ranks (TP, CP in prefill) or, for a mixture of experts, of ``ep``
+ranks (EP; ``dp_replicate`` counts every rank then: each runs its own sequences). Replicas never communicate in
+inference (no gradients), so a layout is judged on one group's step (:func:`step_config`).
 """
 
 from __future__ import annotations
@@ -86,12 +92,20 @@ class Layout:
         return cls(**{k: v for k, v in data.items() if k in LAYOUT_FIELDS})
 
 
+INFERENCE_CHOICES = {"ac_policies": ("none",), "float8_recipes": ("none",), "max_pp": 1,
+                     "reshard_after_forward": (True,), "async_tp": (False,)}  # fmt: skip
+"""the training choices of an inference request, as ``plan --mode prefill|decode`` echoes them (none applies)"""
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PlanRequest:
     """What ``commsched plan`` is asked: a preset on ``gpus`` GPUs of ``hardware`` (None: the profile's HBM and
     GPUs per node), sequences of ``seq_len`` tokens, ``global_batch`` sequences per step (None: one per GPU), the AC
     policies, float8 recipes, pipeline schedules, FSDP reshard-after-forward and async TP values to try,
-    torch.compile on or off."""
+    torch.compile on or off. ``mode`` prefill or decode plans inference (the zoo's modes): ``global_batch`` is then
+    the concurrent sequences, ``seq_len`` the prompt (prefill) or the positions each new token attends (decode),
+    ``kv_len`` the KV cache's capacity (None: ``seq_len``); the training choices (AC, float8, PP, FSDP reshard,
+    async TP) do not apply and are not enumerated."""
 
     preset: str
     gpus: int
@@ -110,6 +124,8 @@ class PlanRequest:
     async_tp: tuple[bool, ...] = (False, True)  # async TP tried on TP + SP layouts where the hardware runs it
     layers_scale: int = 2  # trace K and 2K layers and extrapolate (0: every layer)
     dtype: str = "bfloat16"
+    mode: str = "train"  # "train", "prefill" or "decode" (commsched.workloads.mesh.MODES)
+    kv_len: int | None = None  # KV-cache positions per sequence (inference; None: seq_len)
 
     def check(self) -> None:
         """One-line ValueErrors naming the field for a request no layout can answer."""
@@ -121,7 +137,7 @@ class PlanRequest:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "gpus" else 0):
                 raise ValueError(f"{name}={value!r}: expected an integer >= {1 if name == 'gpus' else 0}")
-        for name in ("gpus_per_node", "seq_len", "global_batch", "max_pp", "layers"):
+        for name in ("gpus_per_node", "seq_len", "global_batch", "max_pp", "layers", "kv_len"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name}={value!r}: expected an integer >= 1 (or None)")
@@ -139,7 +155,18 @@ class PlanRequest:
             values = getattr(self, name)
             if not values or not all(isinstance(v, bool) for v in values):
                 raise ValueError(f"{name}={values!r}: expected at least one of true, false")
+        self._check_mode()
         self.model().validate()
+
+    def _check_mode(self) -> None:
+        from commsched.workloads.mesh import MODES
+
+        if self.mode not in MODES:
+            raise ValueError(f"mode={self.mode!r}: expected one of {', '.join(MODES)}")
+        if self.kv_len is not None and not self.inference:
+            raise ValueError(f"kv_len={self.kv_len}: a KV cache is for mode prefill or decode, not {self.mode!r}")
+        if self.kv_len is not None and self.kv_len < self.seq:
+            raise ValueError(f"kv_len={self.kv_len}: expected >= seq_len={self.seq} (the cache holds the sequence)")
 
     def model(self) -> Any:
         from commsched.workloads import get_preset
@@ -155,6 +182,28 @@ class PlanRequest:
     def batch(self) -> int:
         return self.global_batch or self.gpus
 
+    @property
+    def inference(self) -> bool:
+        return self.mode != "train"
+
+    @property
+    def kv(self) -> int:
+        """KV-cache positions per sequence (inference)."""
+        return self.kv_len or self.seq
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens a step yields over every GPU: the batch's (train, prefill: the prompts) or one new token per
+        sequence (decode)."""
+        return self.batch * (1 if self.mode == "decode" else self.seq)
+
+    def flops_per_token(self) -> float:
+        """Model FLOPs per token of :attr:`tokens_per_step` (MFU's numerator): torchtitan's training count, or its
+        forward third for inference (2 x the parameters a token uses + 4 x layers x heads x head_dim x seq_len:
+        decode attends ``seq_len`` positions; a prefill's causality not discounted, as torchtitan counts)."""
+        flops = self.model().model_flops_per_token(self.seq)
+        return flops / 3 if self.inference else flops
+
 
 def local_batch(req: PlanRequest, layout: Layout) -> int:
     """Sequences per data-parallel replica per step (torchtitan's ``local_batch_size``)."""
@@ -166,6 +215,8 @@ def step_config(req: PlanRequest, layout: Layout, layers: int | None) -> Any:
     request's depth). DDP's replicas are its world (the zoo's ``dp_replicate`` is HSDP's)."""
     from commsched.experiments.predict import StepConfig
 
+    if req.inference:
+        return _inference_step_config(req, layout, layers)
     if layout.pp > 1:
         raise ValueError(f"layout {layout.label()}: pp={layout.pp} is a pipeline job, not a StepConfig")
     fsdp = "fsdp" in layout.parallel().split("+")
@@ -182,6 +233,35 @@ def step_config(req: PlanRequest, layout: Layout, layers: int | None) -> Any:
                       dp_replicate=layout.dp_replicate if fsdp else 1, extra=tuple(extra),
                       reshard_after_forward=layout.reshard_after_forward, async_tp=layout.async_tp,
                       source="plan")  # fmt: skip
+
+
+def inference_parallel(layout: Layout) -> str:
+    """The zoo's inference parallelism of one replica group (one of
+    :data:`commsched.workloads.mesh.INFERENCE_PARALLELISMS`)."""
+    if layout.ep > 1:
+        return "ep"
+    if layout.tp > 1:
+        return "tp+sp" if layout.sp else "tp"
+    return "none"
+
+
+def _inference_step_config(req: PlanRequest, layout: Layout, layers: int | None) -> Any:
+    """The zoo's prefill / decode step of one replica group (``tp x cp`` ranks, or ``ep``) at ``layers``: the other
+    replicas run the same step on their own sequences and never communicate with it."""
+    from commsched.experiments.predict import StepConfig
+
+    if layout.dp_shard > 1 or layout.pp > 1 or layout.ac != "none" or layout.float8 != "none" or layout.async_tp:
+        raise ValueError(f"layout {layout.label()}: mode={req.mode!r} runs TP, CP (prefill), EP and replicas only")
+    extra: list[tuple[str, Any]] = [("mode", req.mode), ("kv_len", req.kv)]
+    if layout.cp > 1:
+        extra += [("cp_rotate", "allgather"), ("cp_size", layout.cp)]
+    if layout.ep > 1:
+        extra.append(("ep_size", layout.ep))
+    world = layout.tp * layout.cp * layout.ep  # EP: each of the group's ranks is a replica with its own sequences
+    return StepConfig(preset=req.preset, parallel=inference_parallel(layout), world_size=world,
+                      layers=layers or req.layers, seq_len=req.seq, batch=local_batch(req, layout), dtype=req.dtype,
+                      tp_size=layout.tp if layout.tp > 1 else None, compile=req.compile, optimizer="none",
+                      max_norm=None, extra=tuple(extra), source="plan")  # fmt: skip
 
 
 def pipeline_job(req: PlanRequest, layout: Layout, layers: int | None) -> Any:

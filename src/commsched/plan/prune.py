@@ -12,6 +12,12 @@ every micro-batch a pipeline rank holds at once (at least ``min(P, M)`` on the f
 the local batch (without PP), plus, under FSDP without reshard-after-forward, every gathered weight (split over
 TP). The step is at least the model FLOPs of the rank's tokens (recompute and non-model work left out) at the
 dtype's peak, plus the published bubble ``(P - 1) / (V x M)`` of it for GPipe / 1F1B / interleaved schedules.
+
+Inference (prefill, decode): a rank holds at least its weights in the compute dtype (split over TP; the experts over
+EP) and its KV cache (its sequences x layers x K and V x its KV heads x head_dim x the cache's positions over CP); no
+gradient, optimizer state or saved activation. Its step is at least the blocks' matmul FLOPs of its tokens (two per
+parameter a token uses; attention and the output projection, which a prefill runs for its last position only, left
+out) at the peak.
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ def _model(req: PlanRequest) -> tuple[Any, int]:
 
 def memory_lower_bound_bytes(req: PlanRequest, layout: Layout) -> int:
     """Bytes the most loaded rank holds at least (see the module docstring)."""
+    if req.inference:
+        return _inference_memory_bytes(req, layout)
     model, params = _model(req)
     shards = layout.fsdp * layout.tp * layout.pp
     static = params * MASTER_BYTES_PER_PARAM / shards
@@ -60,9 +68,25 @@ def memory_lower_bound_bytes(req: PlanRequest, layout: Layout) -> int:
     return int(static + max(activations + logits + held, params * GRADIENT_BYTES_PER_PARAM / shards))
 
 
+def _inference_memory_bytes(req: PlanRequest, layout: Layout) -> int:
+    """Weights and KV cache of an inference rank (see the module docstring)."""
+    from commsched.workloads.program import dtype_of
+
+    model, params = _model(req)
+    element_bytes = dtype_of(req.dtype).itemsize
+    experts = model.n_layers * 3 * model.dim * model.ffn_dim * model.n_experts
+    weights = ((params - experts) / layout.tp + experts / (layout.tp * layout.ep)) * element_bytes
+    sequences = local_batch(req, layout)  # per replica group; under EP every rank is one
+    heads = model.n_kv_heads // layout.tp
+    cache = sequences * model.n_layers * 2 * heads * model.head_dim * (req.kv // layout.cp) * element_bytes
+    return int(weights + cache)
+
+
 def step_lower_bound_s(req: PlanRequest, layout: Layout, peak_flops: float) -> float:
     """Seconds the step takes at least on a device of ``peak_flops`` (the fastest dtype the layout uses)."""
     model = _model(req)[0]
+    if req.inference:
+        return 2 * model.n_layers * model.block_active_params() * req.tokens_per_step / req.gpus / peak_flops
     tokens_per_gpu = req.batch * req.seq / req.gpus
     compute_s = model.model_flops_per_token(req.seq) * tokens_per_gpu / peak_flops
     if layout.pp > 1 and layout.pp_schedule not in ZERO_BUBBLE:

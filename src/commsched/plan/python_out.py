@@ -194,3 +194,58 @@ def fsdp2_python(req: PlanRequest, layout: Layout) -> str:
         schedule=layout.pp_schedule,
         stages=stages,
     )
+
+
+INFERENCE_MESH_ORDER = ("dp_replicate", "cp", "tp")
+"""an inference layout's mesh dimensions, outermost first (``ep``: the experts' ranks, a comment)"""
+_ROOT_TP_SP = f"""\
+    "{EMBED_FQN}": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+    "{NORM_FQN}": SequenceParallel(),
+    "{OUTPUT_FQN}": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),"""
+_ROOT_TP = f"""\
+    "{EMBED_FQN}": RowwiseParallel(input_layouts=Replicate()),
+    "{OUTPUT_FQN}": ColwiseParallel(output_layouts=Replicate()),"""
+_INFERENCE_BODY = '''
+
+def build(model, device_type="cuda"):
+    """The mesh and the model parallelised for inference: TP on the root and each block (torchtitan's plan names),
+    torch.compile per block, eval mode; each data-parallel replica serves its own sequences."""
+    names = tuple(n for n in DEGREES if DEGREES[n] > 1) or ("dp_replicate",)
+    mesh = init_device_mesh(device_type, tuple(DEGREES[n] for n in names), mesh_dim_names=names)
+    if DEGREES["tp"] > 1:
+        parallelize_module(model, mesh["tp"], ROOT_TP_PLAN)
+        for block in model.layers.values():
+            parallelize_module(block, mesh["tp"], TP_PLAN)
+    # CP (prefill): each step runs inside torch.distributed.tensor.experimental.context_parallel(mesh["cp"], ...)
+    for name, block in list(model.layers.named_children()):
+        if COMPILE:
+            model.layers.register_module(name, torch.compile(block, fullgraph=True))
+    return mesh, model.eval()
+'''
+
+
+def inference_python(req: PlanRequest, layout: Layout) -> str:
+    """An inference ``layout`` (``req.mode`` prefill / decode) as Python source: the device mesh and the tensor-parallel
+    plan (torchtitan's names; without SP the root plan of its ``scripts/generate/test_generate.py``,
+    ``apply_tp_minus_sp``; with SP its training plan's); ``compile()`` accepts it."""
+    degrees = ", ".join(f'"{name}": {getattr(layout, name)}' for name in INFERENCE_MESH_ORDER)
+    lines = [f'"""commsched plan --mode {req.mode}: {req.preset} on {req.gpus} x {req.hardware}: {layout.label()}.',
+             "",
+             "The device mesh and tensor-parallel plan of this inference layout (torchtitan's plan names); run",
+             f'under torchrun with a torchtitan-style Llama (model.layers, {", ".join(OUTER)})."""',
+             "import torch",
+             "from torch.distributed.device_mesh import init_device_mesh",
+             "from torch.distributed.tensor import Replicate, Shard",
+             "from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,",
+             "                                               SequenceParallel, parallelize_module)",
+             "", f"DEGREES = {{{degrees}}}  # outermost first; replicas never communicate",
+             f"EP = {layout.ep}  # expert-parallel ranks per replica",
+             f"LOCAL_BATCH = {local_batch(req, layout)}  # concurrent sequences per replica (per rank under EP)",
+             f"SEQ_LEN = {req.seq}  # {'the prompt' if req.mode == 'prefill' else 'positions each new token attends'}",
+             f"KV_LEN = {req.kv}  # KV-cache positions per sequence", f"COMPILE = {req.compile}", ""]  # fmt: skip
+    if layout.ep > 1:
+        lines += ["# EP: each block's experts over EP ranks, tokens dispatched and combined by all_to_all",
+                  "# (torchtitan's ExpertParallel on an 'ep' mesh): not written out here", ""]  # fmt: skip
+    lines += [f"ROOT_TP_PLAN = {{\n{_ROOT_TP_SP if layout.sp else _ROOT_TP}\n}}",
+              f"TP_PLAN = {{  # per block\n{_TP_SP if layout.sp else _TP}\n}}"]  # fmt: skip
+    return "\n".join(lines) + _INFERENCE_BODY

@@ -243,10 +243,10 @@ def _fits(row: dict[str, Any], hw: Any) -> bool:
 
 def _ranked(req: PlanRequest, hw: Any, rows: list[dict], enumerated: int, pruned_memory: int, pruned_bound: int,
             wall_s: float) -> PlanResult:  # fmt: skip
-    """Rows to :class:`Judged` (tokens/s per GPU and MFU as torchtitan logs them), the fitting ones ranked."""
-    model = req.model()
+    """Rows to :class:`Judged` (tokens/s per GPU and MFU as torchtitan logs them; decode: generated tokens), the
+    fitting ones ranked."""
     peak = dict(hw.compute.peak_flops).get(req.dtype)
-    tokens = req.batch * req.seq
+    tokens, flops_per_token = req.tokens_per_step, req.flops_per_token()
     ranked, failed, over = [], [], 0
     for r in rows:
         layout = Layout.from_dict(r["layout"])
@@ -257,7 +257,7 @@ def _ranked(req: PlanRequest, hw: Any, rows: list[dict], enumerated: int, pruned
             over += 1
             continue
         tps = tokens / r["step_s"] / req.gpus
-        mfu = model.model_flops_per_token(req.seq) * tps / peak if peak else None
+        mfu = flops_per_token * tps / peak if peak else None
         ranked.append(Judged(layout, r["step_s"], r["framework_step_s"], r["peak_memory_bytes"], r["exposed_comm_s"],
                              r["recompute_s"], r.get("bubble_fraction", 0.0), tps, mfu, r["how"], r["kept"],
                              r["wall_s"]))  # fmt: skip

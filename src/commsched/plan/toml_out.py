@@ -12,6 +12,10 @@ from typing import Any
 
 from commsched.plan.layout import Layout, PlanRequest, local_batch
 
+NO_INFERENCE_TOML = ("no torchtitan TOML for inference: its job config trains, and its inference script "
+                     "(scripts/generate/test_generate.py) takes TP from the world size and its options on the command "
+                     "line; --python writes the mesh and TP plan")  # fmt: skip
+"""why ``plan --mode prefill|decode`` writes no TOML (one line)"""
 _FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"), "llama3-405b": ("llama3", "405B")}
 
 

@@ -17,11 +17,20 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms"
 
 
+def workload_text(req: Any) -> str:
+    """What one step runs: the global batch (train), the prompts (prefill) or the sequences decoding."""
+    if req.mode == "prefill":
+        return f"prefill of {req.batch} prompts x {req.seq} tokens (KV cache {req.kv})"
+    if req.mode == "decode":
+        return f"decode of {req.batch} sequences attending {req.seq} positions (KV cache {req.kv})"
+    return f"global batch {req.batch} x seq {req.seq}"
+
+
 def plan_table(result: Any, top: int) -> Any:
     """The best ``top`` layouts, best first (a rich Table)."""
     req, hw = result.request, result.hardware
     title = (f"plan: {req.preset} on {req.gpus} x {hw.name} ({hw.compute.hbm_capacity_bytes / 2**30:.0f} GiB), "
-             f"global batch {req.batch} x seq {req.seq}")  # fmt: skip
+             f"{workload_text(req)}")  # fmt: skip
     table = new_table(title, COLUMNS, left=2)
     for rank, j in enumerate(result.ranked[:top], 1):
         table.add_row(str(rank), j.layout.label(), _ms(j.step_s), fmt_rate(j.tokens_per_s_per_gpu), fmt_mfu(j.mfu),
@@ -54,6 +63,8 @@ def why_lines(result: Any) -> list[str]:
                  f"{result.over_memory} over HBM when simulated, {len(result.failed)} failed; "
                  f"{result.not_optimised} not optimised: lower bound above the best step) in "
                  f"{result.wall_s:.1f} s")  # fmt: skip
+    if result.request.inference:
+        lines += _inference_lines(result)
     v = result.verified
     if v is not None and v.get("error") is None:
         lines.append(f"winner at every layer: step {_ms(v['full_step_s'])} (scaled estimate {_ms(v['scaled_step_s'])}, "
@@ -61,6 +72,19 @@ def why_lines(result: Any) -> list[str]:
     elif v is not None:
         lines.append(f"winner at every layer: failed: {v['error']}")
     return lines
+
+
+def _inference_lines(result: Any) -> list[str]:
+    """An inference plan's step is its latency: the winner's against the fastest row's; and why no TOML."""
+    from commsched.plan.toml_out import NO_INFERENCE_TOML
+
+    what = "a generated token per sequence" if result.request.mode == "decode" else "the prompts' first token"
+    w, fastest = result.winner, min(result.ranked, key=lambda j: j.step_s)
+    line = f"latency (the step: {what}): winner {_ms(w.step_s)}"
+    if fastest.layout != w.layout:
+        line += (f"; lowest {_ms(fastest.step_s)} ({fastest.layout.label()}, "
+                 f"{fmt_rate(fastest.tokens_per_s_per_gpu)} tokens/s/GPU)")  # fmt: skip
+    return [line, NO_INFERENCE_TOML]
 
 
 def explain_lines(explained: Any) -> list[str]:
@@ -99,7 +123,7 @@ def plan_html(result: Any, top: int) -> str:
              ("best without overlap optimisation", result.best_without_optimisation)]  # fmt: skip
     breakdown = [[name, j.layout.label(), _ms(j.step_s), *(_ms(v) for v in _spent(j).values()), j.kept, j.how]
                  for name, j in named if j is not None]  # fmt: skip
-    context = {"GPUs": req.gpus, "hardware": hw.name, "global batch": req.batch, "seq": req.seq,
+    context = {"GPUs": req.gpus, "hardware": hw.name, "step": workload_text(req),
                "judged": result.candidates_judged, "enumerated": result.enumerated}  # fmt: skip
     parts = page_head(f"commsched plan: {req.preset}", context)
     parts += ["<h2>Ranked layouts</h2>", html_table(list(COLUMNS), rows, numeric_from=2)]
