@@ -6,11 +6,11 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
-from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.plan.torchtitan_shapes import tiny_torchtitan_llama
 
 from commsched.plan import Judged, Layout, PlanRequest, PlanResult
 from commsched.plan.explain import candidate_changes, explain, parse_layout
@@ -188,30 +188,6 @@ def test_cli_explain_writes_json_and_the_python(explained, tmp_path, monkeypatch
     assert bad.exit_code == 2 and "--explain and --layout" in bad.output
 
 
-def _tiny_torchtitan_llama(dim: int = 16, layers: int = 4, vocab: int = 32) -> Any:
-    """A module tree with torchtitan's Llama names (what the snippet's TP plan and split address); never run."""
-    from torch import nn
-
-    def linears(*names: str, shape: tuple[int, int] = (dim, dim)) -> nn.Module:
-        module = nn.Module()
-        for name in names:
-            module.register_module(name, nn.Linear(*shape, bias=False))
-        return module
-
-    def block() -> nn.Module:
-        b = nn.Module()
-        b.attention_norm, b.ffn_norm = nn.RMSNorm(dim), nn.RMSNorm(dim)
-        b.attention = linears("wq", "wk", "wv", "wo")
-        b.feed_forward = linears("w1", "w2", "w3")
-        return b
-
-    model = nn.Module()
-    model.tok_embeddings, model.norm = nn.Embedding(vocab, dim), nn.RMSNorm(dim)
-    model.layers = nn.ModuleDict({str(i): block() for i in range(layers)})
-    model.lm_head = nn.Linear(dim, vocab, bias=False)
-    return model
-
-
 @pytest.mark.parametrize(("layout", "built"), [
     (Layout(dp_shard=2, dp_replicate=2, tp=2, sp=True, ac="full"), "FSDPModule"),
     (Layout(dp_shard=2, cp=2, tp=2, ac="selective-op"), "FSDPModule"),
@@ -229,7 +205,7 @@ def test_python_snippet_builds_its_mesh_under_a_fake_process_group(layout: Layou
     req = PlanRequest(preset="llama-tiny", gpus=layout.world_size, global_batch=8, compile=False)
     namespace: dict = {}
     exec(compile(fsdp2_python(req, layout), "layout.py", "exec"), namespace)
-    model = _tiny_torchtitan_llama()
+    model = tiny_torchtitan_llama()
     with fake_process_group(layout.world_size):
         mesh, out = namespace["build"](model, lambda out, target: out.sum(), device_type="cpu")
         assert mesh.mesh_dim_names == tuple(n for n in MESH_ORDER if getattr(layout, n) > 1)

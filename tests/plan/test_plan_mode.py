@@ -185,7 +185,7 @@ def test_cli_prints_the_latency_and_writes_the_mesh_not_a_toml(tmp_path, monkeyp
 def test_inference_snippet_builds_its_mesh_under_a_fake_process_group(layout: Layout) -> None:
     """The snippet's calls run on CPU under the fake backend for a tiny torchtitan-shaped model: the mesh has the
     layout's dimensions, TP's weights (the root's too) are DTensors on the tp dimension, the model is in eval mode."""
-    from tests.plan.test_plan_explain import _tiny_torchtitan_llama
+    from tests.plan.torchtitan_shapes import tiny_torchtitan_llama
     from torch.distributed.tensor import DTensor
 
     from commsched import fake_process_group
@@ -193,7 +193,7 @@ def test_inference_snippet_builds_its_mesh_under_a_fake_process_group(layout: La
     req = PlanRequest(preset="llama-tiny", gpus=layout.world_size, global_batch=8, mode="prefill", compile=False)
     namespace: dict = {}
     exec(compile(inference_python(req, layout), "serve.py", "exec"), namespace)
-    model = _tiny_torchtitan_llama()
+    model = tiny_torchtitan_llama()
     with fake_process_group(layout.world_size):
         mesh, out = namespace["build"](model, device_type="cpu")
     names = tuple(n for n in INFERENCE_MESH_ORDER if getattr(layout, n) > 1) or ("dp_replicate",)
