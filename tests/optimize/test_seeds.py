@@ -100,6 +100,12 @@ def test_bad_seeds_name_the_seed(fsdp_deep) -> None:
     streams = np.zeros(len(g), np.int32)
     with pytest.raises(ValueError, match=r"seeds\['two'\]: a multi-stream schedule"):
         commsched.optimize(g, hw, seeds={"two": Schedule(g, framework, streams=streams)})
+    with pytest.raises(ValueError, match=r"seeds\['typo'\]: unknown pass 'framewrk'"):
+        commsched.optimize(g, hw, seeds={"typo": "framewrk"})
+    by_pass = commsched.optimize(g, hw, seeds={"FSDP2 order": "framework"})
+    assert [str(t) for t in by_pass.tried] == [
+        str(t) for t in commsched.optimize(g, hw, seeds={"FSDP2 order": framework}).tried
+    ]
     o = commsched.optimize(g, hw, seeds={"as a Schedule": Schedule(g, framework)})
     assert any(t.label == "as a Schedule, scheduled" for t in o.tried)
     names = [g.names[i] for i in random_topo_order(g, random.Random(0)).tolist()]

@@ -40,7 +40,7 @@ from commsched.optimize.families import FAMILIES
 from commsched.optimize.families.bucketing import GRANULARITIES
 from commsched.optimize.judge import SerialJudge
 from commsched.optimize.protocol import State, Tried, Variant, schedule_variant
-from commsched.passes import MemoryBudget, Schedule, ScheduleError, check_schedule
+from commsched.passes import MemoryBudget, Schedule, check_schedule, schedule
 from commsched.sim import SimResult, simulate_costs
 
 
@@ -125,7 +125,8 @@ def optimize(
     search. ``executor`` (:mod:`commsched.execute`): judge the candidates that can travel (bucket plans) on its
     workers (:mod:`commsched.optimize.parallel`; the same result); ``granularities``: the bucket caps tried
     (default :data:`commsched.optimize.families.bucketing.GRANULARITIES`). ``seeds``: label -> an order of the
-    traced program (node ids or names, or a single-stream ``Schedule``) the user runs today: judged as variants,
+    traced program the user runs today (node ids or names, a single-stream ``Schedule``, or the name of a pass that
+    orders it, e.g. ``"framework"``: FSDP2's and DDP's order): judged as variants,
     the scheduler started from the fastest, never worse than any, a relative budget taken from their largest peak
     (module docstring); ValueError naming the seed when one is not a valid order."""
     t0 = time.perf_counter()
@@ -191,8 +192,9 @@ SEED_LABELS_TAKEN = ("traced order", "traced program, scheduled")
 
 
 def _seed_variants(g: Graph, costs: CostEstimate, seeds: Mapping[str, Any]) -> list[Variant]:
-    """Each seed (label -> order) checked (a topological order of ``g``; its own collective order, as every rank
-    runs it) and simulated as given. ValueError naming the seed otherwise."""
+    """Each seed (label -> order, or the name of a registered pass run on the program order, e.g. ``"framework"``)
+    checked (a topological order of ``g``; its own collective order, as every rank runs it) and simulated as given.
+    ValueError naming the seed otherwise."""
     out = []
     for label, seed in seeds.items():
         if not isinstance(label, str) or not label or label in SEED_LABELS_TAKEN:
@@ -200,8 +202,10 @@ def _seed_variants(g: Graph, costs: CostEstimate, seeds: Mapping[str, Any]) -> l
         if isinstance(seed, Schedule) and seed.streams is not None:
             raise ValueError(f"seeds[{label!r}]: a multi-stream schedule; expected one order (a single stream)")
         try:
+            if isinstance(seed, str):  # a pass's order: costed as every variant is
+                seed = schedule(g, costs, seed)
             order = check_schedule(g, seed.order if isinstance(seed, Schedule) else seed, allow_collective_reorder=True)
-        except ScheduleError as exc:
+        except ValueError as exc:  # not an order (a ScheduleError), or an unknown pass
             raise ValueError(f"seeds[{label!r}]: {exc}") from None
         out.append(Variant(label, g, costs, Schedule(g, order), simulate_costs(g, costs, order)))
     return out
