@@ -121,14 +121,15 @@ def optimize(
     ``MeasuredTable``, or a table / profiler trace path, e.g. from ``commsched calibrate --trace``) used for every
     variant before the model; bucketed collectives of other sizes are interpolated. ``transforms``: also try
     the families that transform the program (decomposed TP, split batch or sequence, gathers kept for the backward:
-    :mod:`commsched.optimize.families`). Never worse than the traced order; see the module docstring for the
-    search. ``executor`` (:mod:`commsched.execute`): judge the candidates that can travel (bucket plans) on its
-    workers (:mod:`commsched.optimize.parallel`; the same result); ``granularities``: the bucket caps tried
+    :mod:`commsched.optimize.families`). Never worse than the traced order (with seeds: than any seed); see the
+    module docstring for the search. ``executor`` (:mod:`commsched.execute`): judge the candidates that can travel
+    (bucket plans) on its workers (:mod:`commsched.optimize.parallel`; the same result); ``granularities``: the
+    bucket caps tried
     (default :data:`commsched.optimize.families.bucketing.GRANULARITIES`). ``seeds``: label -> an order of the
     traced program the user runs today (node ids or names, a single-stream ``Schedule``, or the name of a pass that
-    orders it, e.g. ``"framework"``: FSDP2's and DDP's order): judged as variants,
-    the scheduler started from the fastest, never worse than any, a relative budget taken from their largest peak
-    (module docstring); ValueError naming the seed when one is not a valid order."""
+    orders it, e.g. ``"framework"``: FSDP2's and DDP's order): judged as variants, the scheduler started from the
+    fastest, never worse than any, a relative budget taken from their largest peak (module docstring); ValueError
+    naming the seed when one is not a valid order."""
     t0 = time.perf_counter()
     with _collector_paused():
         out = _optimize(program, hardware, num_nodes, gpus_per_node, memory_budget, reorder_collectives, group_sizes,
