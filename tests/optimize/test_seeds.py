@@ -110,3 +110,28 @@ def test_bad_seeds_name_the_seed(fsdp_deep) -> None:
     assert any(t.label == "as a Schedule, scheduled" for t in o.tried)
     names = [g.names[i] for i in random_topo_order(g, random.Random(0)).tolist()]
     assert any(t.label == "by name" for t in commsched.optimize(g, hw, seeds={"by name": names}).tried)
+
+
+def test_a_traced_module_with_a_seed_keeps_its_families(fsdp_module) -> None:
+    """With the FX module the families run too, after the seeds (they read the traced program's variants first):
+    the kept module is never slower than the seed, and every family still proposes its variants."""
+    w = fsdp_module
+    sizes = w.graph.group_sizes()
+    o = commsched.optimize(w.graph_module, "h100-sxm", group_sizes=sizes, seeds={"FSDP2 order": "framework"})
+    plain = commsched.optimize(w.graph_module, "h100-sxm", group_sizes=sizes)
+    seed = next(t for t in o.tried if t.label == "FSDP2 order")
+    assert o.after.makespan_s <= seed.makespan_s * (1 + 1e-3)  # as returned: fusion follows the module's order
+    families = {t.label.split(" (")[0] for t in plain.tried[2:]}  # what each family built, e.g. "bucketed"
+    assert families and families <= {t.label.split(" (")[0] for t in o.tried}
+    assert [t.label for t in o.tried[:4]] == [
+        *(t.label for t in plain.tried[:2]),
+        "FSDP2 order",
+        "FSDP2 order, scheduled",
+    ]
+    assert o.after.peak_memory_bytes <= o.budget_bytes == int(seed.peak_memory_bytes * 1.05)
+
+
+@pytest.fixture(scope="module")
+def fsdp_module():
+    """llama-tiny FSDP on 4 ranks, 2 layers, with its GraphModule."""
+    return build("llama-tiny", parallel="fsdp", world_size=4, layers=2)
