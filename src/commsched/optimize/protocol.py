@@ -248,11 +248,13 @@ class Family(Protocol):
         """Its variants and verdicts (module docstring), in report order."""
 
 
-def schedule_variant(label: str, g: Graph, costs: CostEstimate, knobs: dict, plan: Any = None) -> Variant | Tried:
-    """``g`` scheduled by ``overlap`` with ``knobs`` and simulated; a failure (e.g. no order within the budget) is a
-    verdict, never a failed search."""
+def schedule_variant(label: str, g: Graph, costs: CostEstimate, knobs: dict, plan: Any = None,
+                     order: Any = None) -> Variant | Tried:  # fmt: skip
+    """``g`` scheduled by ``overlap`` with ``knobs``, started from ``order`` (default: the program order; it sets the
+    scheduler's priorities and each group's collective order unless ``knobs`` let it reorder them), and simulated;
+    a failure (e.g. no order within the budget) is a verdict, never a failed search."""
     try:
-        s = schedule(g, costs, "default", **knobs)
+        s = schedule(g, costs, "default", order=order, **knobs)
     except ScheduleError:  # its own program order is over the budget and no schedule brings it under
         return Tried(label, len(g.collectives), verdict="over the memory budget (no order fits)")
     except Exception as exc:  # one variant that cannot be scheduled must not sink the search
