@@ -17,7 +17,7 @@ from typing import Any
 
 from commsched.execute.base import error_text
 from commsched.plan.layout import Layout, PlanRequest, pipeline_job, step_config
-from commsched.plan.scale import extrapolate, layer_counts
+from commsched.plan.scale import extrapolate, extrapolate_peak, layer_counts
 from commsched.plan.traced import GraphOnly, as_traced, traced
 
 _JOBS: collections.OrderedDict[tuple[Any, Any], dict[str, Any]] = collections.OrderedDict()  # (job, hw) -> point
@@ -25,7 +25,8 @@ _JOBS_SIZE = 256
 SCALED = ("framework_step_s", "framework_peak_bytes", "framework_exposed_s", "optimized_step_s", "optimized_peak_bytes",
           "optimized_exposed_s", "recompute_s", "lower_bound_s")  # fmt: skip
 """the row fields extrapolated in the layer count (the framework's order and the optimised one apart: which one a
-row keeps is decided at full depth, :func:`_kept`)"""
+row keeps is decided at full depth, :func:`_kept`); a peak whose points have its order's parts
+(``framework_phases`` / ``optimized_phases``, :func:`commsched.sim.phases.phase_peaks`) is extrapolated by part"""
 
 
 def warm_imports() -> None:
@@ -63,7 +64,11 @@ def _scaled(points: list[dict[str, Any]], counts: Any, depth: int) -> dict[str, 
         return _kept(points[0])
     a, b = points
     k = int(counts[0])
-    return _kept({**b, **{name: extrapolate(a[name], b[name], k, depth) for name in SCALED if a[name] is not None}})
+    row = {**b, **{name: extrapolate(a[name], b[name], k, depth) for name in SCALED if a[name] is not None}}
+    for which in ("framework", "optimized"):  # the peak is a maximum of lines: each part along its own
+        if a.get(f"{which}_phases") and b.get(f"{which}_phases"):
+            row[f"{which}_peak_bytes"] = extrapolate_peak(a[f"{which}_phases"], b[f"{which}_phases"], k, depth)
+    return _kept(row)
 
 
 def _kept(row: dict[str, Any]) -> dict[str, Any]:
@@ -118,11 +123,13 @@ def _step(req: PlanRequest, layout: Layout, hardware: Any, layers: int | None, c
     if optimize_it:
         from commsched.hardware import for_graph
         from commsched.optimize import optimize
+        from commsched.sim.phases import phase_peaks
 
         hw = for_graph(hardware, graph, gpus_per_node=req.gpus_per_node)  # as predict_workload sizes it
         o = optimize(graph, hw, memory_budget=1.05)
         row.update(optimized_step_s=o.after.makespan_s, optimized_exposed_s=o.after.exposed_comm_s,
-                   optimized_peak_bytes=o.after.peak_memory_bytes, optimized_label=o.label)  # fmt: skip
+                   optimized_peak_bytes=o.after.peak_memory_bytes, optimized_label=o.label,
+                   optimized_phases=phase_peaks(o.after.graph, o.after.memory))  # fmt: skip
     return row
 
 
@@ -130,12 +137,14 @@ def _framework_point(req: PlanRequest, config: Any, graph: Any, hardware: Any) -
     """The step as the framework orders it (:func:`predict_workload`) at one depth, as a row's fields."""
     from commsched.experiments.predict import predict_workload
     from commsched.report.summary import compute_shares
+    from commsched.sim.phases import phase_peaks
 
     p = predict_workload(GraphOnly(graph), config, hardware, gpus_per_node=req.gpus_per_node)
     # the kernels' times as the simulation charged them (ns): costing the graph again took a quarter of a judge
     charged = types.SimpleNamespace(node_s=p.sim.standalone_ns * 1e-9)
     recompute_s = compute_shares(graph, charged)["recompute"]["time_s"] or 0.0
     return {"framework_step_s": p.step_s, "framework_peak_bytes": p.peak_memory_bytes,
+            "framework_phases": phase_peaks(graph, p.sim.memory),
             "framework_exposed_s": p.sim.exposed_comm_s, "framework_label": p.order, "optimized_step_s": None,
             "optimized_peak_bytes": None, "optimized_exposed_s": None, "optimized_label": "",
             "recompute_s": recompute_s, "lower_bound_s": p.sim.lower_bound_s, "bubble_fraction": 0.0}  # fmt: skip
