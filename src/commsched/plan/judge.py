@@ -25,8 +25,9 @@ _JOBS_SIZE = 256
 SCALED = ("framework_step_s", "framework_peak_bytes", "framework_exposed_s", "optimized_step_s", "optimized_peak_bytes",
           "optimized_exposed_s", "recompute_s", "lower_bound_s")  # fmt: skip
 """the row fields extrapolated in the layer count (the framework's order and the optimised one apart: which one a
-row keeps is decided at full depth, :func:`_kept`); a peak whose points have its order's parts
-(``framework_phases`` / ``optimized_phases``, :func:`commsched.sim.phases.phase_peaks`) is extrapolated by part"""
+row keeps is decided at full depth, :func:`_kept`); a peak whose points have its order's parts (``framework_peak_parts``
+/ ``optimized_peak_parts``: the step's phases, :func:`commsched.sim.phases.phase_peaks`, or each pipeline rank's peak)
+is extrapolated part by part (:func:`commsched.plan.scale.extrapolate_peak`)"""
 
 
 def warm_imports() -> None:
@@ -66,8 +67,8 @@ def _scaled(points: list[dict[str, Any]], counts: Any, depth: int) -> dict[str, 
     k = int(counts[0])
     row = {**b, **{name: extrapolate(a[name], b[name], k, depth) for name in SCALED if a[name] is not None}}
     for which in ("framework", "optimized"):  # the peak is a maximum of lines: each part along its own
-        if a.get(f"{which}_phases") and b.get(f"{which}_phases"):
-            row[f"{which}_peak_bytes"] = extrapolate_peak(a[f"{which}_phases"], b[f"{which}_phases"], k, depth)
+        if a.get(f"{which}_peak_parts") and b.get(f"{which}_peak_parts"):
+            row[f"{which}_peak_bytes"] = extrapolate_peak(a[f"{which}_peak_parts"], b[f"{which}_peak_parts"], k, depth)
     return _kept(row)
 
 
@@ -106,7 +107,11 @@ def _simulated(job: Any, hardware: Any) -> dict[str, Any]:
     step = simulate_job(job, hardware)
     res = step.result
     exposed = max(r.exposed_comm_s for r in res.per_rank)
+    # each rank's peak, a line in the depth apiece: which rank is the worst can change (llama-tiny PP 2, 1F1B: the
+    # last, with the logits, at 2 layers; the first, with the most micro-batches in flight, from 4)
+    ranks = {f"rank {r.rank}": (r.peak_memory_bytes, r.peak_memory_bytes) for r in res.per_rank}
     return {"framework_step_s": step.step_s, "framework_peak_bytes": res.peak_memory_bytes,
+            "framework_peak_parts": ranks,
             "framework_exposed_s": exposed, "framework_label": "torch's schedule", "optimized_step_s": None,
             "optimized_peak_bytes": None, "optimized_exposed_s": None, "optimized_label": "",
             "recompute_s": 0.0, "lower_bound_s": None, "bubble_fraction": res.bubble_fraction}  # fmt: skip
@@ -129,7 +134,7 @@ def _step(req: PlanRequest, layout: Layout, hardware: Any, layers: int | None, c
         o = optimize(graph, hw, memory_budget=1.05)
         row.update(optimized_step_s=o.after.makespan_s, optimized_exposed_s=o.after.exposed_comm_s,
                    optimized_peak_bytes=o.after.peak_memory_bytes, optimized_label=o.label,
-                   optimized_phases=phase_peaks(o.after.graph, o.after.memory))  # fmt: skip
+                   optimized_peak_parts=phase_peaks(o.after.graph, o.after.memory))  # fmt: skip
     return row
 
 
@@ -144,7 +149,7 @@ def _framework_point(req: PlanRequest, config: Any, graph: Any, hardware: Any) -
     charged = types.SimpleNamespace(node_s=p.sim.standalone_ns * 1e-9)
     recompute_s = compute_shares(graph, charged)["recompute"]["time_s"] or 0.0
     return {"framework_step_s": p.step_s, "framework_peak_bytes": p.peak_memory_bytes,
-            "framework_phases": phase_peaks(graph, p.sim.memory),
+            "framework_peak_parts": phase_peaks(graph, p.sim.memory),
             "framework_exposed_s": p.sim.exposed_comm_s, "framework_label": p.order, "optimized_step_s": None,
             "optimized_peak_bytes": None, "optimized_exposed_s": None, "optimized_label": "",
             "recompute_s": recompute_s, "lower_bound_s": p.sim.lower_bound_s, "bubble_fraction": 0.0}  # fmt: skip
