@@ -18,7 +18,7 @@ from typing import Any
 
 from commsched.execute.base import error_text
 from commsched.plan.layout import Layout, PlanRequest, pipeline_job, step_config
-from commsched.plan.scale import extrapolate, layer_counts
+from commsched.plan.scale import extrapolate, extrapolate_peak, layer_counts
 from commsched.plan.traced import GraphOnly, as_traced, traced
 
 _JOBS: collections.OrderedDict[tuple[Any, Any], dict[str, Any]] = collections.OrderedDict()  # (job, hw) -> point
@@ -29,7 +29,10 @@ scheduled"``)"""
 SCALED = ("framework_step_s", "framework_peak_bytes", "framework_exposed_s", "optimized_peak_bytes", "recompute_s",
           "lower_bound_s")  # fmt: skip
 """the row fields extrapolated in the layer count (the optimised step and its exposed communication are not: a
-search's result, :func:`optimised_at_depth`; which order a row keeps is decided at full depth, :func:`_kept`)"""
+search's result, :func:`optimised_at_depth`; which order a row keeps is decided at full depth, :func:`_kept`); a
+peak whose points have its order's parts (``framework_peak_parts`` / ``optimized_peak_parts``: the step's phases,
+:func:`commsched.sim.phases.phase_peaks`, or each pipeline rank's peak) is extrapolated part by part
+(:func:`commsched.plan.scale.extrapolate_peak`)"""
 BUDGET = 1.05
 """``optimize``'s memory budget: this multiple of the framework order's peak (its seed's)"""
 
@@ -70,6 +73,9 @@ def _scaled(points: list[dict[str, Any]], counts: Any, depth: int) -> dict[str, 
     a, b = points
     k = int(counts[0])
     row = {**b, **{name: extrapolate(a[name], b[name], k, depth) for name in SCALED if a[name] is not None}}
+    for which in ("framework", "optimized"):  # the peak is a maximum of lines: each part along its own
+        if a.get(f"{which}_peak_parts") and b.get(f"{which}_peak_parts"):
+            row[f"{which}_peak_bytes"] = extrapolate_peak(a[f"{which}_peak_parts"], b[f"{which}_peak_parts"], k, depth)
     return _kept({**row, **optimised_at_depth(b, row)} if b["optimized_step_s"] is not None else row)
 
 
@@ -124,7 +130,11 @@ def _simulated(job: Any, hardware: Any) -> dict[str, Any]:
     step = simulate_job(job, hardware)
     res = step.result
     exposed = max(r.exposed_comm_s for r in res.per_rank)
+    # each rank's peak, a line in the depth apiece: which rank is the worst can change (llama-tiny PP 2, 1F1B: the
+    # last, with the logits, at 2 layers; the first, with the most micro-batches in flight, from 4)
+    ranks = {f"rank {r.rank}": (r.peak_memory_bytes, r.peak_memory_bytes) for r in res.per_rank}
     return {"framework_step_s": step.step_s, "framework_peak_bytes": res.peak_memory_bytes,
+            "framework_peak_parts": ranks,
             "framework_exposed_s": exposed, "framework_label": "torch's schedule", "optimized_step_s": None,
             "optimized_peak_bytes": None, "optimized_exposed_s": None, "optimized_label": "",
             "recompute_s": 0.0, "lower_bound_s": None, "bubble_fraction": res.bubble_fraction}  # fmt: skip
@@ -141,13 +151,15 @@ def _step(req: PlanRequest, layout: Layout, hardware: Any, layers: int | None, c
     if optimize_it:
         from commsched.hardware import for_graph
         from commsched.optimize import optimize
+        from commsched.sim.phases import phase_peaks
 
         hw = for_graph(hardware, graph, gpus_per_node=req.gpus_per_node)  # as predict_workload sizes it
         # seeded with what the user runs today: started from the traced order alone, the search ends slower than
         # FSDP2's order where the budget binds at depth (llama3-70b at 80 layers: RESULTS.md, plan: full-depth check)
         o = optimize(graph, hw, memory_budget=BUDGET, seeds={FRAMEWORK_SEED: "framework"})
         row.update(optimized_step_s=o.after.makespan_s, optimized_exposed_s=o.after.exposed_comm_s,
-                   optimized_peak_bytes=o.after.peak_memory_bytes, optimized_label=o.label)  # fmt: skip
+                   optimized_peak_bytes=o.after.peak_memory_bytes, optimized_label=o.label,
+                   optimized_peak_parts=phase_peaks(o.after.graph, o.after.memory))  # fmt: skip
     return row
 
 
@@ -155,12 +167,14 @@ def _framework_point(req: PlanRequest, config: Any, graph: Any, hardware: Any) -
     """The step as the framework orders it (:func:`predict_workload`) at one depth, as a row's fields."""
     from commsched.experiments.predict import predict_workload
     from commsched.report.summary import compute_shares
+    from commsched.sim.phases import phase_peaks
 
     p = predict_workload(GraphOnly(graph), config, hardware, gpus_per_node=req.gpus_per_node)
     # the kernels' times as the simulation charged them (ns): costing the graph again took a quarter of a judge
     charged = types.SimpleNamespace(node_s=p.sim.standalone_ns * 1e-9)
     recompute_s = compute_shares(graph, charged)["recompute"]["time_s"] or 0.0
     return {"framework_step_s": p.step_s, "framework_peak_bytes": p.peak_memory_bytes,
+            "framework_peak_parts": phase_peaks(graph, p.sim.memory),
             "framework_exposed_s": p.sim.exposed_comm_s, "framework_label": p.order, "optimized_step_s": None,
             "optimized_peak_bytes": None, "optimized_exposed_s": None, "optimized_label": "",
             "recompute_s": recompute_s, "lower_bound_s": p.sim.lower_bound_s, "bubble_fraction": 0.0}  # fmt: skip

@@ -4,6 +4,8 @@ times a block, so a quantity measured at K and 2K blocks is extrapolated linearl
 
 from __future__ import annotations
 
+from typing import Any
+
 from commsched.plan.layout import Layout, PlanRequest
 
 
@@ -28,3 +30,14 @@ def layer_counts(req: PlanRequest, layout: Layout) -> tuple[int | None, ...]:
         stages = layout.pp * layout.stages_per_rank
         k = stages * max(1, -(-k // 2))
     return (None,) if 2 * k >= depth else (k, 2 * k)
+
+
+def extrapolate_peak(parts_k: dict[str, Any], parts_2k: dict[str, Any], k: int, layers: int) -> float:
+    """The peak memory at ``layers`` from the step's parts at ``k`` and ``2k`` layers (each part ``(level_bytes,
+    peak_bytes)``, :func:`commsched.sim.phases.phase_peaks`): each part's peak at 2K moved along its level's line,
+    the maximum over the parts. Exact where each part's transient is the same at 2K and at ``layers`` and its level is
+    linear in the depth (a maximum of lines, each extrapolated alone; one line through the step's peak is not)."""
+    if parts_k.keys() != parts_2k.keys():
+        raise ValueError(f"peak by phase: parts {sorted(parts_k)} at {k} layers, {sorted(parts_2k)} at {2 * k}")
+    moved = [peak + (layers - 2 * k) / k * (level - parts_k[part][0]) for part, (level, peak) in parts_2k.items()]
+    return max(0.0, *moved)
