@@ -60,7 +60,8 @@ def test_the_optimised_step_scales_within_2_percent(judged) -> None:
        peak=st.integers(1, 2**40), over=st.floats(0.5, 3))  # fmt: skip
 def test_the_optimised_step_at_depth_hides_the_same_share(step, exposed, hidden, depth, peak, over) -> None:
     """At 2K layers the search hid ``hidden`` of the framework's exposed communication; at the model's depth (the
-    framework's fields ``depth`` times larger) it hides the same share, within the budget, never below 0 exposed."""
+    framework's fields ``depth`` times larger) it hides the same share, never below 0 exposed; its peak between
+    the framework's and the budget."""
     exposed = min(exposed, step)
     deeper = {"framework_step_s": step, "framework_exposed_s": exposed, "framework_peak_bytes": peak,
               "optimized_step_s": step - hidden * exposed, "optimized_peak_bytes": peak}  # fmt: skip
@@ -70,7 +71,7 @@ def test_the_optimised_step_at_depth_hides_the_same_share(step, exposed, hidden,
     assert got["optimized_step_s"] == pytest.approx(depth * deeper["optimized_step_s"], rel=1e-9, abs=1e-12)
     assert got["optimized_exposed_s"] == pytest.approx(depth * exposed * (1 - hidden), rel=1e-9, abs=1e-12)
     assert got["optimized_exposed_s"] >= 0.0
-    assert got["optimized_peak_bytes"] == min(int(peak * over), BUDGET * peak)
+    assert got["optimized_peak_bytes"] == min(max(int(peak * over), peak), BUDGET * peak)
 
 
 @given(a=st.floats(0, 1e3), b=st.floats(0, 1e3), k=st.integers(1, 16), extra=st.integers(0, 200))
