@@ -12,9 +12,9 @@ prints wall and CPU seconds (this process and its finished workers), candidates 
 the warm ranking is checked equal to the cold one. ``--profile`` runs the warm judging in this process under
 cProfile instead (one worker's view of where a candidate's time goes). ``--kinds`` takes one layout of each named
 kind (``KINDS``: degree mixes, AC, float8, PP) instead of the even sample; ``--per-layout`` prints the plan's setup
-CPU and each layout's CPU-s judged alone (framework round, optimize round) and stops; ``--pin-fingerprint`` keys the
-trace cache without the source fingerprint, so one cold fill serves every later edit of the code (measurements only:
-a pinned cache may hold traces of older code).
+CPU and each layout's CPU-s judged alone (framework round, optimize round; the optimise round's bounds) and stops;
+``--pin-fingerprint`` keys the trace cache without the source fingerprint, so one cold fill serves every later edit
+of the code (measurements only: a pinned cache may hold traces of older code).
 """
 
 from __future__ import annotations
@@ -100,12 +100,16 @@ def timed_plan(req, chosen: set, jobs: int) -> tuple[object, float, float]:
     return result, time.perf_counter() - t0, _cpu_s() - cpu0
 
 
-def per_layout_cpu(req, kinds: dict) -> list[tuple[str, float, float]]:
-    """(kind, CPU-s of the framework round, CPU-s of the optimize round) of each layout judged alone in this
-    process, as a worker judges it (its traces read from the cache, nothing kept from the layout before)."""
+def per_layout_cpu(req, kinds: dict) -> list[tuple[str, float, float, str]]:
+    """(kind, CPU-s of the framework round, CPU-s of the optimize round, the round's bounds) of each layout judged
+    alone in this process, as a worker judges it (its traces read from the cache, nothing kept from the layout
+    before). The bounds: the simulated lower bound at depth (the optimise round's prune before h-planspeed3), the
+    bound on the optimised step from the first round (:func:`optimised_step_lower_bound_s`, its prune since), and
+    the optimised step the round then gives."""
     import dataclasses
 
     from commsched.plan import judge, traced
+    from commsched.plan.prune import optimised_step_lower_bound_s
     from commsched.plan.search import plan_hardware
 
     hw = plan_hardware(req)
@@ -119,9 +123,14 @@ def per_layout_cpu(req, kinds: dict) -> list[tuple[str, float, float]]:
         t0 = time.process_time()
         first = judge.judge_task(spec)[0]
         t1 = time.process_time()
-        if lay.pp == 1:
-            judge.judge_task({**spec, "optimize": True, "framework_points": [first["points"]]})
-        out.append((kind, t1 - t0, time.process_time() - t1))
+        bounds = ""
+        if lay.pp == 1 and first["error"] is None:
+            second = judge.judge_task({**spec, "optimize": True, "framework_points": [first["points"]]})[0]
+            bound_s = optimised_step_lower_bound_s(first, req.compile)
+            bounds = (f"; framework {first['framework_step_s']:.4f} s, simulated bound {first['lower_bound_s']:.4f} "
+                      f"s, optimised bound {bound_s:.4f} s, optimised {second['optimized_step_s']:.4f} s, peak "
+                      f"{first['peak_memory_bytes'] / 2**30:.1f} GiB")  # fmt: skip
+        out.append((kind, t1 - t0, time.process_time() - t1, bounds))
     return out
 
 
@@ -189,8 +198,9 @@ def main() -> None:
         chosen = set(sample_layouts(req, args.sample))
     if args.per_layout:
         print(f"setup CPU: {setup_cpu(req):.2f} s")
-        for kind, fw_s, opt_s in per_layout_cpu(req, kinds if args.kinds else {lay.label(): lay for lay in chosen}):
-            print(f"  {kind:16s} framework round {fw_s:.3f} CPU-s, optimize round {opt_s:.3f} CPU-s")
+        layouts = kinds if args.kinds else {lay.label(): lay for lay in chosen}
+        for kind, fw_s, opt_s, bounds in per_layout_cpu(req, layouts):
+            print(f"  {kind:16s} framework round {fw_s:.3f} CPU-s, optimize round {opt_s:.3f} CPU-s{bounds}")
         return
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}, "
           f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip

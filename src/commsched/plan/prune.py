@@ -92,3 +92,28 @@ def step_lower_bound_s(req: PlanRequest, layout: Layout, peak_flops: float) -> f
     if layout.pp > 1 and layout.pp_schedule not in ZERO_BUBBLE:
         compute_s *= 1 + (layout.pp - 1) / (layout.stages_per_rank * layout.microbatches)
     return compute_s
+
+
+def optimised_step_lower_bound_s(row: dict[str, Any], compiled: bool) -> float:
+    """The least step at full depth ``optimize`` can give a layout, from ``row``: its first round (the framework's
+    order, :func:`commsched.plan.judge.judge_task` without ``optimize``). 0 when nothing can be claimed.
+
+    Judged at ``K`` and ``2K`` layers, the optimised step at depth is :func:`commsched.plan.judge.optimised_at_depth`'s
+    ``F - h x E``: ``F`` and ``E`` the framework's step and exposed communication scaled to the depth, ``h = (F_2K -
+    O_2K) / E_2K`` the share of ``E_2K`` the search hid at 2K layers (``h = 0`` when ``E_2K = 0``). The search only
+    orders the same graph on one stream with the same costs, so its step ``O_2K`` is at least the simulated lower
+    bound ``B_2K`` of any order of that graph (:mod:`commsched.sim.bounds`), hence ``h <= (F_2K - B_2K) / E_2K`` and,
+    ``E >= 0``, ``F - h x E >= F - max(0, (F_2K - B_2K) / E_2K) x E``: this bound. Each step of it is monotone in
+    floating point too (a rounded difference, quotient or product keeps the order of exact ones), so it is never
+    above the estimate as computed. Judged at every layer (one point), the search's own step is the estimate, at
+    least ``B``. The same costs need a compiled request: ``optimize`` costs with Inductor's fusion, the framework
+    round only when ``compiled`` (uncompiled, ``O`` may be below ``B``; then 0)."""
+    if not compiled:
+        return 0.0
+    points = row["points"]
+    if len(points) == 1:
+        return row["lower_bound_s"]
+    deeper = points[-1]
+    exposed_s = deeper["framework_exposed_s"]
+    share = max(0.0, (deeper["framework_step_s"] - deeper["lower_bound_s"]) / exposed_s) if exposed_s > 0 else 0.0
+    return row["framework_step_s"] - share * row["framework_exposed_s"]

@@ -18,7 +18,7 @@ from typing import Any
 
 from commsched.plan.enumerate import enumerate_layouts
 from commsched.plan.layout import Layout, PlanRequest
-from commsched.plan.prune import memory_lower_bound_bytes, step_lower_bound_s
+from commsched.plan.prune import memory_lower_bound_bytes, optimised_step_lower_bound_s, step_lower_bound_s
 
 TASK_FN = "commsched.plan.judge:judge_task"
 GIB = 1 << 30
@@ -61,7 +61,7 @@ class PlanResult:
     failed: list[tuple[Layout, str]]
     wall_s: float
     verified: dict[str, Any] | None = None  # the winner judged at every layer: its step against the scaled one
-    not_optimised: int = 0  # layouts whose simulated lower bound was above the best step: optimize not run
+    not_optimised: int = 0  # fitting layouts without PP that optimize could not make the best: not run
 
     @property
     def winner(self) -> Judged:
@@ -177,22 +177,27 @@ def _tasks(req: PlanRequest, hw: Any, layouts: list[Layout], cache: bool, optimi
 def _judge_rounds(req: PlanRequest, hw: Any, layouts: list[Layout], executor: Any, cache: bool, resume: bool,
                   peak: float, progress: Callable[[str], None] | None) -> tuple[list[dict], int, int]:  # fmt: skip
     """Rows of every layout not pruned: first the framework's step of each (pruned by the step bound), then the
-    optimised step of each layout without PP whose simulated lower bound is under the best step so far (the
-    framework's step is never beaten by less than that bound, and ``optimize`` never does worse than it)."""
+    optimised step of each fitting layout without PP that ``optimize`` could still make the best: its optimised
+    step's lower bound (:func:`commsched.plan.prune.optimised_step_lower_bound_s`, from its first round) is below
+    both the best step so far and its own framework step (at or above it, the row keeps the framework's order
+    whatever the search finds: nothing to hide). That round runs in the bound's order, so the best is met early.
+    Returns the rows, the layouts pruned by the step bound and those not optimised."""
     first = _rounds(req, hw, _tasks(req, hw, layouts, cache, False), executor, resume, progress,
                     lambda spec, best: min(step_lower_bound_s(req, Layout.from_dict(d), peak)
                                            for d in spec["layouts"]) > best)  # fmt: skip
     rows = [r for r in first[0] if r.get("error") is None]
-    ordered = sorted((r for r in rows if r["layout"]["pp"] == 1 and _fits(r, hw)), key=lambda r: r["step_s"])
-    again = _tasks(req, hw, [Layout.from_dict(r["layout"]) for r in ordered], cache, True)
-    for spec, r in zip(again, ordered, strict=True):  # one layout a task: its framework step is judged already
-        spec["framework_points"] = [r["points"]]
-    bound = {Layout.from_dict(r["layout"]): r["lower_bound_s"] for r in ordered}
-    second = _rounds(req, hw, again, executor, resume, progress,
-                     lambda spec, best: bound[Layout.from_dict(spec["layouts"][0])] >= best,
+    fitting = [r for r in rows if r["layout"]["pp"] == 1 and _fits(r, hw)]
+    bounds = [optimised_step_lower_bound_s(r, req.compile) for r in fitting]
+    ordered = sorted((b, i) for i, b in enumerate(bounds) if b < fitting[i]["framework_step_s"])
+    again = _tasks(req, hw, [Layout.from_dict(fitting[i]["layout"]) for _, i in ordered], cache, True)
+    for spec, (b, i) in zip(again, ordered, strict=True):  # one layout a task: its framework step is judged already
+        spec["framework_points"] = [fitting[i]["points"]]
+        spec["bound_s"] = b
+    second = _rounds(req, hw, again, executor, resume, progress, lambda spec, best: spec["bound_s"] > best,
                      best_s=min([r["step_s"] for r in rows if _fits(r, hw)], default=float("inf")))  # fmt: skip
     better = {Layout.from_dict(r["layout"]): r for r in second[0] if r.get("error") is None}
-    return [better.get(Layout.from_dict(r["layout"]), r) for r in first[0]], first[1], second[1]
+    rows_out = [better.get(Layout.from_dict(r["layout"]), r) for r in first[0]]
+    return rows_out, first[1], second[1] + len(fitting) - len(ordered)
 
 
 def _rounds(req: PlanRequest, hw: Any, tasks: list[dict], executor: Any, resume: bool,
