@@ -126,7 +126,7 @@ def per_layout_cpu(req, kinds: dict) -> list[tuple[str, float, float, str]]:
         bounds = ""
         if lay.pp == 1 and first["error"] is None:
             second = judge.judge_task({**spec, "optimize": True, "framework_points": [first["points"]]})[0]
-            bound_s = optimised_step_lower_bound_s(first, req.compile)
+            bound_s = optimised_step_lower_bound_s(first)
             bounds = (f"; framework {first['framework_step_s']:.4f} s, simulated bound {first['lower_bound_s']:.4f} "
                       f"s, optimised bound {bound_s:.4f} s, optimised {second['optimized_step_s']:.4f} s, peak "
                       f"{first['peak_memory_bytes'] / 2**30:.1f} GiB")  # fmt: skip

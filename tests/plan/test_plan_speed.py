@@ -140,13 +140,13 @@ def test_the_optimised_bound_is_never_above_the_estimate(k, k2, searched, k_laye
     depth = max(depth, 2 * k_layers + 1)
     row = {name: extrapolate(points[0][name], deeper[name], k_layers, depth) for name in judge.SCALED
            if name != "optimized_peak_bytes"}  # fmt: skip
-    bound = optimised_step_lower_bound_s({**row, "points": points}, compiled=True)
+    bound = optimised_step_lower_bound_s({**row, "points": points})
     estimate = judge.optimised_at_depth({**deeper, "optimized_step_s": optimised_s},
                                         {**row, "optimized_peak_bytes": 1.0})["optimized_step_s"]  # fmt: skip
     assert bound <= estimate
     assert bound <= row["framework_step_s"]  # the row's step is the smaller of the two
     full = _point(deeper["framework_step_s"], deeper["framework_exposed_s"], deeper["lower_bound_s"], optimised_s, 1.0)
-    assert optimised_step_lower_bound_s({**full, "points": [full]}, compiled=True) <= optimised_s  # every layer
+    assert optimised_step_lower_bound_s({**full, "points": [full]}) <= optimised_s  # every layer
 
 
 PRUNED_REQ = PlanRequest(preset="llama-tiny", gpus=2, ac_policies=("none",), float8_recipes=("none",),
@@ -164,7 +164,7 @@ def test_the_optimise_rounds_prune_keeps_the_winner_and_every_row_it_optimised(t
     step, and optimised it would not have beaten the winner."""
     monkeypatch.setenv("COMMSCHED_CACHE_DIR", str(tmp_path))
     pruned = plan(PRUNED_REQ, jobs=1, resume=False, only=_plain)
-    monkeypatch.setattr(search, "optimised_step_lower_bound_s", lambda row, compiled: float("-inf"))
+    monkeypatch.setattr(search, "optimised_step_lower_bound_s", lambda row: float("-inf"))
     every = plan(PRUNED_REQ, jobs=1, resume=False, only=_plain)
     assert every.not_optimised == 0 < pruned.not_optimised
     assert _table(pruned)[0] == _table(every)[0]

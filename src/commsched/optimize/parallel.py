@@ -13,7 +13,6 @@ and schedule are ever built twice. Candidates without a recipe are judged here, 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from types import SimpleNamespace
 from typing import Any
 
@@ -51,7 +50,7 @@ def _build(spec: dict[str, Any]) -> tuple[Any, Any]:
     fn, payload = spec["recipe"]
     g2 = resolve_fn(fn)(payload)
     ctx = spec["ctx"]
-    return g2, functools.partial(estimate_costs, hardware=ctx["hw"], table=ctx["table"])(g2)
+    return g2, estimate_costs(g2, ctx["hw"], table=ctx["table"], fusion=ctx["fusion"])
 
 
 def judge_candidate(spec: dict[str, Any]) -> dict[str, Any]:
@@ -82,10 +81,10 @@ def _failed(spec: dict[str, Any], text: str) -> dict[str, Any]:
 class ExecutorJudge(SerialJudge):
     """:class:`SerialJudge` with the recipes' probes and full searches on ``executor``'s workers."""
 
-    def __init__(self, state: State, executor: Any, table: Any = None) -> None:
+    def __init__(self, state: State, executor: Any, table: Any = None, fusion: bool = True) -> None:
         super().__init__(state)
         self.executor = executor
-        self.ctx = {"hw": state.hw, "table": table, "knobs": state.knobs}
+        self.ctx = {"hw": state.hw, "table": table, "knobs": state.knobs, "fusion": fusion}
         self._rows: dict[int, dict] = {}  # a remote finalist's full-search row, by candidate index
 
     def probe(self, candidates: list[Candidate]) -> list[Probed | Tried]:

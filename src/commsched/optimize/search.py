@@ -110,6 +110,7 @@ def optimize(
     executor: Any = None,
     granularities: tuple = GRANULARITIES,
     seeds: Mapping[str, Any] | None = None,
+    fusion: bool = True,
 ) -> Optimized:
     """Optimize one step: a ``torch.fx.GraphModule`` (traced with ``_c10d_functional`` collectives; import it inside
     its (fake) process group or give ``group_sizes``) or a commsched ``Graph`` (reordering only: rewrites need the
@@ -129,11 +130,12 @@ def optimize(
     traced program the user runs today (node ids or names, a single-stream ``Schedule``, or the name of a pass that
     orders it, e.g. ``"framework"``: FSDP2's and DDP's order): judged as variants, the scheduler started from the
     fastest, never worse than any, a relative budget taken from their largest peak (module docstring); ValueError
-    naming the seed when one is not a valid order."""
+    naming the seed when one is not a valid order. ``fusion``: kernels costed as Inductor fuses them (a compiled
+    step, the default); False: every op its own kernel (an eager step, as ``predict`` costs it)."""
     t0 = time.perf_counter()
     with _collector_paused():
         out = _optimize(program, hardware, num_nodes, gpus_per_node, memory_budget, reorder_collectives, group_sizes,
-                        finalists, table, transforms, executor, granularities, seeds)  # fmt: skip
+                        finalists, table, transforms, executor, granularities, seeds, fusion)  # fmt: skip
     out.wall_s = time.perf_counter() - t0
     return out
 
@@ -155,12 +157,12 @@ def _collector_paused():
 
 def _optimize(program, hardware, num_nodes, gpus_per_node, memory_budget, reorder_collectives, group_sizes,
               finalists, table, transforms, executor=None, granularities=GRANULARITIES,
-              seeds=None) -> Optimized:  # fmt: skip
+              seeds=None, fusion=True) -> Optimized:  # fmt: skip
     gm, g = _import(program, group_sizes)
     hw = for_graph(hardware, g, num_nodes=num_nodes, gpus_per_node=gpus_per_node)
     if isinstance(table, (str, os.PathLike)):
         table = load_measured(table)
-    cost = functools.partial(estimate_costs, hardware=hw, table=table)  # every variant is costed alike
+    cost = functools.partial(estimate_costs, hardware=hw, table=table, fusion=fusion)  # every variant alike
     costs = cost(g)
     before = simulate_costs(g, costs)
     seeded = _seed_variants(g, costs, seeds or {})
@@ -173,7 +175,7 @@ def _optimize(program, hardware, num_nodes, gpus_per_node, memory_budget, reorde
     state = State(gm, g, costs, cost, hw, knobs, finalists, granularities,
                   [traced, scheduled, *seeded, *_seed_scheduled(seeded, knobs, limit)])  # fmt: skip
     if gm is not None:  # rewrites need the FX module
-        judge = SerialJudge(state) if executor is None else _executor_judge(state, executor, table)
+        judge = SerialJudge(state) if executor is None else _executor_judge(state, executor, table, fusion)
         for family in FAMILIES.values():
             if transforms or not family.transform:
                 state.variants += _stamped(family.name, family.variants(state, judge))
@@ -221,10 +223,10 @@ def _seed_scheduled(seeded: list[Variant], knobs: dict, limit: int) -> list:
     return [schedule_variant(f"{start.label}, scheduled", start.graph, start.costs, knobs, order=start.schedule.order)]
 
 
-def _executor_judge(state: State, executor: Any, table: Any) -> SerialJudge:
+def _executor_judge(state: State, executor: Any, table: Any, fusion: bool = True) -> SerialJudge:
     from commsched.optimize.parallel import ExecutorJudge
 
-    return ExecutorJudge(state, executor, table)
+    return ExecutorJudge(state, executor, table, fusion)
 
 
 def _stamped(family: str, variants: list) -> list:

@@ -160,7 +160,8 @@ def _step(req: PlanRequest, layout: Layout, hardware: Any, layers: int | None, c
         hw = for_graph(hardware, graph, gpus_per_node=req.gpus_per_node)  # as predict_workload sizes it
         # seeded with what the user runs today: started from the traced order alone, the search ends slower than
         # FSDP2's order where the budget binds at depth (llama3-70b at 80 layers: RESULTS.md, plan: full-depth check)
-        o = optimize(graph, hw, memory_budget=BUDGET, seeds={FRAMEWORK_SEED: "framework"})
+        # costed as the framework's step is (fused when compiled, eager otherwise): one cost model for both orders
+        o = optimize(graph, hw, memory_budget=BUDGET, seeds={FRAMEWORK_SEED: "framework"}, fusion=config.compile)
         row.update(optimized_step_s=o.after.makespan_s, optimized_exposed_s=o.after.exposed_comm_s,
                    optimized_peak_bytes=o.after.peak_memory_bytes, optimized_label=o.label,
                    optimized_peak_parts=phase_peaks(o.after.graph, o.after.memory))  # fmt: skip

@@ -94,7 +94,7 @@ def step_lower_bound_s(req: PlanRequest, layout: Layout, peak_flops: float) -> f
     return compute_s
 
 
-def optimised_step_lower_bound_s(row: dict[str, Any], compiled: bool) -> float:
+def optimised_step_lower_bound_s(row: dict[str, Any]) -> float:
     """The least step at full depth ``optimize`` can give a layout, from ``row``: its first round (the framework's
     order, :func:`commsched.plan.judge.judge_task` without ``optimize``). 0 when nothing can be claimed.
 
@@ -106,10 +106,8 @@ def optimised_step_lower_bound_s(row: dict[str, Any], compiled: bool) -> float:
     ``E >= 0``, ``F - h x E >= F - max(0, (F_2K - B_2K) / E_2K) x E``: this bound. Each step of it is monotone in
     floating point too (a rounded difference, quotient or product keeps the order of exact ones), so it is never
     above the estimate as computed. Judged at every layer (one point), the search's own step is the estimate, at
-    least ``B``. The same costs need a compiled request: ``optimize`` costs with Inductor's fusion, the framework
-    round only when ``compiled`` (uncompiled, ``O`` may be below ``B``; then 0)."""
-    if not compiled:
-        return 0.0
+    least ``B``. The same costs: plan's judge has ``optimize`` cost the graph as the framework round does (fused
+    when the request compiles, eager otherwise)."""
     points = row["points"]
     if len(points) == 1:
         return row["lower_bound_s"]

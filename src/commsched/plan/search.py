@@ -187,7 +187,7 @@ def _judge_rounds(req: PlanRequest, hw: Any, layouts: list[Layout], executor: An
                                            for d in spec["layouts"]) > best)  # fmt: skip
     rows = [r for r in first[0] if r.get("error") is None]
     fitting = [r for r in rows if r["layout"]["pp"] == 1 and _fits(r, hw)]
-    bounds = [optimised_step_lower_bound_s(r, req.compile) for r in fitting]
+    bounds = [optimised_step_lower_bound_s(r) for r in fitting]
     ordered = sorted((b, i) for i, b in enumerate(bounds) if b < fitting[i]["framework_step_s"])
     again = _tasks(req, hw, [Layout.from_dict(fitting[i]["layout"]) for _, i in ordered], cache, True)
     for spec, (b, i) in zip(again, ordered, strict=True):  # one layout a task: its framework step is judged already

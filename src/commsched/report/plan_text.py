@@ -61,7 +61,7 @@ def why_lines(result: Any) -> list[str]:
     lines.append(f"{result.candidates_judged} layouts judged of {result.enumerated} enumerated "
                  f"({result.pruned_memory} pruned by the memory bound, {result.pruned_bound} by the step bound, "
                  f"{result.over_memory} over HBM when simulated, {len(result.failed)} failed; "
-                 f"{result.not_optimised} not optimised: lower bound above the best step) in "
+                 f"{result.not_optimised} not optimised: could not beat the best step, or nothing to hide) in "
                  f"{result.wall_s:.1f} s")  # fmt: skip
     if result.request.inference:
         lines += _inference_lines(result)
