@@ -11,6 +11,8 @@ from commsched.ir import CollType, Graph, GraphBuilder, OpKind
 
 DTYPES = ("float32", "bfloat16", "float16")
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+MAX_GATHERED_BYTES = 1 << 44
+"""the largest buffer an all_gather of :func:`graphs` makes (its inputs may be gathers already)"""
 
 
 @st.composite
@@ -66,6 +68,8 @@ def graphs(
             sync = p_sync > 0 and draw(st.floats(0, 1)) < p_sync
             shape, dtype, nbytes, _ = b.node_buffer(src, 0)
             size = b.groups[grp].size
+            if ctype == CollType.ALL_GATHER and nbytes * size > MAX_GATHERED_BYTES:
+                ctype = CollType.ALL_REDUCE  # a chain of gathers over 1024 ranks would pass the IR's 2**53 bytes
             out_bytes = (
                 nbytes * size
                 if ctype == CollType.ALL_GATHER
