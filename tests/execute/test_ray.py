@@ -201,6 +201,11 @@ def test_a_sigkilled_actor_gives_error_rows_and_the_sweep_completes(head):
     assert len({(r.parallel, r.world_size) for r in bad}) == 1
 
 
+RAY_EXIT_S = 30.0
+"""a Ctrl-C's exit through Ray's teardown: under 5 s on an idle machine, but in the full suite on 2 cores (the other
+worker's plan tests running process pools beside Ray's own processes) twice more than 10 s"""
+
+
 def test_ctrl_c_on_a_head_kills_the_actors_and_leaves_the_head(head, tmp_path):
     # the head itself: its control store and raylet (idle workers of earlier tests may come and go)
     before = {p.pid for p in head.descendants() if p.name() in ("gcs_server", "raylet")}
@@ -209,7 +214,7 @@ def test_ctrl_c_on_a_head_kills_the_actors_and_leaves_the_head(head, tmp_path):
     rc, exit_s, _ = interrupt_cli(
         args, tmp_path, ready=lambda _: bool(ray_workers(head.descendants())), env={"HOME": str(tmp_path)}
     )
-    assert rc == 130 and exit_s < 5.0
+    assert rc == 130 and exit_s < RAY_EXIT_S, exit_s
     deadline = time.monotonic() + 5
     while ray_workers(alive(head.descendants())) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -227,7 +232,7 @@ def test_ctrl_c_on_a_private_instance_leaves_nothing(tmp_path):
 
     rc, exit_s, procs = interrupt_cli(args, tmp_path, ready=ready, env={"HOME": str(tmp_path)})
     assert actors, "no actor started"
-    assert rc == 130 and exit_s < 5.0
+    assert rc == 130 and exit_s < RAY_EXIT_S, exit_s
     deadline = time.monotonic() + 5
     while alive(procs) and time.monotonic() < deadline:
         time.sleep(0.2)
