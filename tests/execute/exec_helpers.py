@@ -42,12 +42,19 @@ def fail(spec: dict, text: str) -> dict:
     return {"x": spec["x"], "error": text}
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupt_cli(args: list[str], tmp_path: Path, ready, env: dict | None = None) -> tuple[int, float, list]:
     """Start ``commsched ARGS`` in its own process group, wait until ``ready(descendants)`` holds, then 2 s more,
     and send SIGINT to the group as a terminal's Ctrl-C does; (exit code, seconds to exit, the descendants seen)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "COMMSCHED_CACHE_DIR": str(tmp_path / "cache"), **(env or {})}
+    # SIGINT as a terminal's shell leaves it: a test run earlier in this process may have left it ignored, and an
+    # ignored signal stays ignored in a child (the Ctrl-C would then be lost and the run end normally)
     proc = subprocess.Popen([sys.executable, "-m", "commsched", *args], env=env, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=_default_sigint)  # fmt: skip
     seen: dict[int, psutil.Process] = {}
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
