@@ -71,6 +71,25 @@ class GraphFeatures:
 
 
 _features: weakref.WeakKeyDictionary[Graph, GraphFeatures] = weakref.WeakKeyDictionary()
+_boundaries: weakref.WeakKeyDictionary[Graph, tuple[np.ndarray, np.ndarray]] = weakref.WeakKeyDictionary()
+
+
+def remember_features(g: Graph, features: GraphFeatures, boundary: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+    """Take ``features`` (and ``boundary``, :func:`fusion_boundary_bytes`'s) as ``g``'s, as if computed here: the
+    trace cache keeps them beside a graph (:mod:`commsched.cost.features_io`), so a warm process skips the analysis."""
+    _features[g] = features
+    if boundary is not None:
+        _boundaries[g] = boundary
+
+
+def fusion_boundary_bytes(g: Graph) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes read, bytes written) per fusion region of ``g``'s own regions (:func:`graph_features`), computed once
+    per graph object (:func:`commsched.cost.fusion.region_boundary_bytes`)."""
+    cached = _boundaries.get(g)
+    if cached is None:
+        f = graph_features(g)
+        cached = _boundaries[g] = region_boundary_bytes(g, f.region, f.src, f.read_cap, f.cls == OpClass.ELEMENTWISE)
+    return cached
 
 
 def _first_numel(g: Graph) -> tuple[np.ndarray, np.ndarray]:
@@ -226,7 +245,10 @@ def _fused_times(
         return unfused
     c = hw.compute
     members = (region >= 0) & (g.kinds != OpKind.VIEW)
-    read, written = region_boundary_bytes(g, region, f.src, f.read_cap, f.cls == OpClass.ELEMENTWISE)
+    if region is f.region:  # the graph's own regions (no node overridden): their bytes once per graph
+        read, written = fusion_boundary_bytes(g)
+    else:
+        read, written = region_boundary_bytes(g, region, f.src, f.read_cap, f.cls == OpClass.ELEMENTWISE)
     moved = read + written
     flops = np.bincount(region[members], weights=f.flops[members], minlength=num)
     is_red = np.bincount(region[members], weights=(f.cls[members] == OpClass.REDUCTION), minlength=num) > 0

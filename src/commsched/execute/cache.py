@@ -8,7 +8,9 @@ buckets), plus the commsched version with its source fingerprint and the torch v
 (:func:`commsched.execute.base.versions`), so an entry of another version is never found. The graph's ``meta``
 holds the workload meta. A file that cannot be read back is a miss (and is rewritten). The cache folder is
 ``$COMMSCHED_CACHE_DIR``, else ``$XDG_CACHE_HOME/commsched`` (``~/.cache/commsched``): on each machine of a cluster
-its own.
+its own. Beside a trace, ``features/`` keeps its cost analysis (:func:`store_features`: what costing a graph
+computes whatever the hardware, :mod:`commsched.cost.features_io`), keyed by the trace and the cost package's files,
+so a warm process costs a cached trace without analysing it again.
 
 The **row store** keeps a sweep's finished rows under a hash of the sweep's configuration (its task specs, the
 profiles by content, and the versions): every finished task rewrites one JSON file atomically, so an interrupted
@@ -19,6 +21,7 @@ takes its rows (rows are pure functions of that configuration; their wall times 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -26,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from commsched.execute.base import versions
-from commsched.io import atomic_write_text, parse_json, read_input_text
+from commsched.io import atomic_write_bytes, atomic_write_text, parse_json, read_input_text
 
 TRACE_KEY_VERSION = 2  # 2: the .npz format (1: JSON)
 ROWS_FORMAT = "commsched.sweep-progress"
@@ -80,6 +83,48 @@ def store_trace(key: str, graph: Any, root: Path | None = None) -> None:
     try:
         save_graph_npz(graph, trace_path(key, root))
     except (GraphError, OSError):
+        return
+
+
+@functools.cache
+def cost_digest() -> str:
+    """A hash of the cost package's files (its code and data): a trace's cost analysis is kept under it
+    (:func:`features_path`), so no analysis of another cost model is read back, even where the source fingerprint
+    is pinned (the benchmarks' ``--pin-fingerprint``)."""
+    root = Path(__file__).resolve().parents[1] / "cost"
+    h = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix != ".pyc"):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def features_path(key: str, root: Path | None = None) -> Path:
+    """Where the cost analysis of ``key``'s trace is kept (:func:`store_features`), under the cost model's digest."""
+    return (root or cache_dir()) / "features" / f"{key}-{cost_digest()}.npz"
+
+
+def load_features(key: str, graph: Any, root: Path | None = None) -> bool:
+    """Take the stored cost analysis of ``key``'s trace as ``graph``'s (:mod:`commsched.cost.features_io`); False
+    when there is none (absent, unreadable or not this graph's: the analysis is then computed as usual)."""
+    from commsched.cost.features_io import remember_npz
+
+    try:
+        data = features_path(key, root).read_bytes()
+    except OSError:
+        return False
+    return remember_npz(graph, data)
+
+
+def store_features(key: str, graph: Any, root: Path | None = None) -> None:
+    """Analyse ``graph`` for costing (unless this process has) and keep the analysis beside its trace (atomically;
+    a full disk or a read-only folder only costs the next run the analysis)."""
+    from commsched.cost.features_io import features_npz_bytes
+
+    data = features_npz_bytes(graph)
+    try:
+        atomic_write_bytes(features_path(key, root), data)
+    except OSError:
         return
 
 

@@ -1,5 +1,7 @@
 """The traced step a layout without PP is judged on: from this process's memory, the trace cache
-(:mod:`commsched.execute.cache`) or traced afresh (and cached).
+(:mod:`commsched.execute.cache`) or traced afresh (and cached). With the trace, the cache keeps its cost analysis
+(:func:`commsched.execute.cache.store_features`): a process that reads a trace back takes it instead of analysing the
+graph again (most of a warm layout's costing).
 
 A step with async TP (``StepConfig.async_tp``, torchtitan's ``enable_async_tensor_parallel``) is rewritten right after
 its trace, while the ``GraphModule`` the rewrite needs is at hand (:func:`commsched.experiments.predict.async_tp_step`),
@@ -48,10 +50,13 @@ def traced(config: Any, cache: bool, hardware: Any = None, gpus_per_node: int | 
     graph = _MEMORY.get(key)
     if graph is None and cache:
         graph = trace_cache.load_trace(key)
+        if graph is not None and not trace_cache.load_features(key, graph):
+            trace_cache.store_features(key, graph)  # its cost analysis, kept for the next process that reads it
     if graph is None:
         graph = _trace(config, hardware, gpus_per_node)
         if cache:
             trace_cache.store_trace(key, graph)
+            trace_cache.store_features(key, graph)
     _MEMORY[key] = graph
     _MEMORY.move_to_end(key)
     while len(_MEMORY) > _MEMORY_SIZE:
