@@ -135,3 +135,27 @@ def test_a_traced_module_with_a_seed_keeps_its_families(fsdp_module) -> None:
 def fsdp_module():
     """llama-tiny FSDP on 4 ranks, 2 layers, with its GraphModule."""
     return build("llama-tiny", parallel="fsdp", world_size=4, layers=2)
+
+
+def test_the_cli_seed_keeps_the_answer_no_slower_than_the_framework_order(tmp_path) -> None:
+    """``commsched optimize --seed framework``: the framework's order is a variant, the answer is never slower than
+    it (nor than its scheduled form); an unknown name exits 2 in one line before anything is traced."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from commsched.cli import app
+
+    runner = CliRunner()
+    out = tmp_path / "o.json"
+    res = runner.invoke(app, ["optimize", "llama-tiny", "-w", "4", "-l", "2", "--no-references", "--seed", "framework",
+                              "--json", str(out)])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    answer = json.loads(out.read_text())
+    tried = {t["label"]: t for t in answer["tried"]}
+    assert {"framework order", "framework order, scheduled"} <= set(tried)
+    seeded = [t["makespan_s"] for label, t in tried.items() if label.startswith("framework order")]
+    assert answer["step_s"] <= min(s for s in seeded if s is not None) * (1 + 1e-12)
+    res = runner.invoke(app, ["optimize", "llama-tiny", "-w", "4", "-l", "2", "--seed", "nosuch"])
+    assert res.exit_code == 2 and "--seed: unknown pass 'nosuch'" in res.output
+    assert len(res.output.strip().splitlines()) == 1 and "trace" not in res.output.lower().split("--seed")[0]

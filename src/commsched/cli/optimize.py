@@ -58,6 +58,12 @@ def register(app: typer.Typer) -> None:
             None, "--jobs", "-j", min=1, help="judge bucket plans on N processes (default: this one only)"
         ),
         ray_address: str = typer.Option(None, "--ray-address", help="judge bucket plans on Ray ('local' or HOST:PORT)"),
+        seed: list[str] = typer.Option(
+            None,
+            "--seed",
+            help="an order the answer must not be slower than, by scheduler name (framework: FSDP2 / DDP's; torch; "
+            "repeatable): judged as a variant, the search also started from it, the budget relative to its peak",
+        ),
     ) -> None:
         """Try program variants (the traced program, its schedule, its collectives bucketed at several
         granularities, its TP collectives split into chunks that overlap their matmuls, a zoo step of several
@@ -72,6 +78,8 @@ def register(app: typer.Typer) -> None:
 
         Example: commsched optimize llama3-8b --parallel tp+sp --mode prefill --layers 1 --seq-len 2048 --batch 2
 
+        Example: commsched optimize llama3-8b --parallel fsdp --world-size 8 --layers 2 --seq-len 1024 --seed framework
+
         With --jobs N (N > 1) or --ray-address, the bucket plans' probes and full searches run as tasks on an
         executor (README "Scaling out"): the same kept program, order and verdicts as in one process.
         """
@@ -79,6 +87,7 @@ def register(app: typer.Typer) -> None:
         from commsched.report.terminal_optimize import print_optimized
 
         with user_errors():
+            seeds = _seeds(seed)  # an unknown name is refused before anything is traced
             is_file = Path(target).exists()
             if is_file:
                 from commsched.frontends.json_io import load_graph
@@ -92,7 +101,7 @@ def register(app: typer.Typer) -> None:
                     program, groups, gm, source_meta = w.graph_module, w.graph.group_sizes(), w.graph_module, w.meta
                 stages.stage("optimize", "scheduling and simulating every program variant")
                 kw = dict(num_nodes=num_nodes, gpus_per_node=gpus_per_node, memory_budget=memory_budget,
-                          group_sizes=groups, table=table, transforms=transforms)  # fmt: skip
+                          group_sizes=groups, table=table, transforms=transforms, seeds=seeds)  # fmt: skip
                 o = _run(run_optimize, program, hardware, kw, jobs, ray_address)
                 from commsched.hardware import for_graph
 
@@ -135,6 +144,21 @@ def register(app: typer.Typer) -> None:
         for path in (out_dir, html_out, written):
             if path is not None:
                 console.print(f"wrote [bold]{path}[/]")
+
+
+def _seeds(names: list[str] | None) -> dict[str, str] | None:
+    """``--seed NAME``s as ``optimize``'s seeds: ``"NAME order"`` -> the scheduler ``NAME``; a name that is no
+    scheduler is refused in one line (ValueError, before anything is traced)."""
+    if not names:
+        return None
+    from commsched.passes import resolve_passes
+
+    for name in names:
+        try:
+            resolve_passes(name)
+        except ValueError as exc:
+            raise ValueError(f"--seed: {exc}") from None
+    return {f"{name} order": name for name in dict.fromkeys(names)}
 
 
 def _references(o, hw, gm, zoo_step, stages):
