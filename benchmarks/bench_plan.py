@@ -61,6 +61,19 @@ def first_layouts(req, n: int) -> list:
     return fits[:n]
 
 
+def is_warm(req, lay) -> bool:
+    """Whether a layout without PP has its traces (at plan's depths) in the cache; PP layouts count as warm (their
+    stages live in the pipeline cache: fill it first)."""
+    from commsched.execute.cache import trace_path
+    from commsched.plan.layout import step_config
+    from commsched.plan.scale import layer_counts
+    from commsched.plan.traced import trace_key_of
+
+    if lay.pp > 1:
+        return True
+    return all(trace_path(trace_key_of(step_config(req, lay, n))).is_file() for n in layer_counts(req, lay))
+
+
 def sample_layouts(req, n: int) -> list:
     """``n`` layouts without PP, evenly spaced over the step bound's order of those the memory bound keeps."""
     from commsched.plan.enumerate import enumerate_layouts
@@ -195,6 +208,7 @@ def main() -> None:
         "--per-layout", action="store_true", help="CPU-s of each layout judged alone (warm cache), then stop"
     )
     ap.add_argument("--first", type=int, default=None, help="the first N layouts in plan's order (PP included)")
+    ap.add_argument("--skip-cold", action="store_true", help="leave out the chosen layouts whose traces are not cached")
     ap.add_argument("--warm-runs", type=int, default=1, help="warm runs (the first writes the cost analyses)")
     ap.add_argument("--kinds", default=None, help=f"comma-separated, instead of --sample: {', '.join(KINDS)}")
     ap.add_argument(
@@ -219,6 +233,13 @@ def main() -> None:
         chosen = set(first_layouts(req, args.first))
     else:
         chosen = set(sample_layouts(req, args.sample))
+    if args.skip_cold:
+        cold_ones = [lay for lay in chosen if not is_warm(req, lay)]
+        chosen -= set(cold_ones)
+        by_cp: dict = {}
+        for lay in cold_ones:
+            by_cp[lay.cp] = by_cp.get(lay.cp, 0) + 1
+        print(f"--skip-cold: {len(cold_ones)} layouts left out (not cached; by CP: {dict(sorted(by_cp.items()))})")
     if args.per_layout:
         print(f"setup CPU: {setup_cpu(req):.2f} s")
         layouts = kinds if args.kinds else {lay.label(): lay for lay in chosen}
