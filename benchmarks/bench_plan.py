@@ -61,17 +61,36 @@ def first_layouts(req, n: int) -> list:
     return fits[:n]
 
 
-def is_warm(req, lay) -> bool:
-    """Whether a layout without PP has its traces (at plan's depths) in the cache; PP layouts count as warm (their
-    stages live in the pipeline cache: fill it first)."""
+def is_warm(req, lay, hw) -> bool:
+    """Whether a layout's traces are in the cache: without PP, its traces at plan's depths; with PP, its job judged
+    here with tracing refused (then this process forgets every stage and job it read, so the timed plan starts as
+    cold in memory as a fresh worker)."""
+    import dataclasses
+
+    import commsched.pipeline.cache as stage_cache
     from commsched.execute.cache import trace_path
+    from commsched.plan import judge
     from commsched.plan.layout import step_config
     from commsched.plan.scale import layer_counts
     from commsched.plan.traced import trace_key_of
 
-    if lay.pp > 1:
-        return True
-    return all(trace_path(trace_key_of(step_config(req, lay, n))).is_file() for n in layer_counts(req, lay))
+    if lay.pp == 1:
+        return all(trace_path(trace_key_of(step_config(req, lay, n))).is_file() for n in layer_counts(req, lay))
+
+    def refuse(*args, **kwargs):
+        raise LookupError("not cached")
+
+    tracer = stage_cache.trace_stage
+    stage_cache.trace_stage = refuse
+    try:
+        spec = {"request": dataclasses.asdict(req), "hardware": hw, "cache": True, "optimize": False,
+                "layouts": [lay.to_dict()]}  # fmt: skip
+        return judge.judge_task(spec)[0]["error"] is None
+    finally:
+        stage_cache.trace_stage = tracer
+        stage_cache._TRACED.clear()
+        stage_cache._RECORDS.clear()
+        judge._JOBS.clear()
 
 
 def sample_layouts(req, n: int) -> list:
@@ -209,6 +228,11 @@ def main() -> None:
     )
     ap.add_argument("--first", type=int, default=None, help="the first N layouts in plan's order (PP included)")
     ap.add_argument("--skip-cold", action="store_true", help="leave out the chosen layouts whose traces are not cached")
+    ap.add_argument(
+        "--no-features",
+        action="store_true",
+        help="the cost analyses neither read nor kept (the code before they were cached, to compare)",
+    )
     ap.add_argument("--warm-runs", type=int, default=1, help="warm runs (the first writes the cost analyses)")
     ap.add_argument("--kinds", default=None, help=f"comma-separated, instead of --sample: {', '.join(KINDS)}")
     ap.add_argument(
@@ -221,6 +245,11 @@ def main() -> None:
         from commsched.execute import base
 
         base.source_fingerprint = lambda: "dev"  # before versions() is first called (it is cached)
+    if args.no_features:  # this process and the workers it forks: every trace analysed again
+        from commsched.execute import cache as trace_cache
+
+        trace_cache.load_features = lambda key, graph, root=None: False
+        trace_cache.store_features = lambda key, graph, root=None: None
     cache = args.cache_dir or tempfile.mkdtemp(prefix="bench_plan_")
     os.environ["COMMSCHED_CACHE_DIR"] = cache
     req = PlanRequest(**REQUEST)
@@ -234,12 +263,16 @@ def main() -> None:
     else:
         chosen = set(sample_layouts(req, args.sample))
     if args.skip_cold:
-        cold_ones = [lay for lay in chosen if not is_warm(req, lay)]
+        from commsched.plan.search import plan_hardware
+
+        hw = plan_hardware(req)
+        cold_ones = [lay for lay in chosen if not is_warm(req, lay, hw)]
         chosen -= set(cold_ones)
-        by_cp: dict = {}
+        kinds: dict = {}
         for lay in cold_ones:
-            by_cp[lay.cp] = by_cp.get(lay.cp, 0) + 1
-        print(f"--skip-cold: {len(cold_ones)} layouts left out (not cached; by CP: {dict(sorted(by_cp.items()))})")
+            kind = "pp" if lay.pp > 1 else f"cp {lay.cp}"
+            kinds[kind] = kinds.get(kind, 0) + 1
+        print(f"--skip-cold: {len(cold_ones)} layouts left out (not cached: {kinds})")
     if args.per_layout:
         print(f"setup CPU: {setup_cpu(req):.2f} s")
         layouts = kinds if args.kinds else {lay.label(): lay for lay in chosen}
