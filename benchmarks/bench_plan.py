@@ -45,9 +45,9 @@ def _cpu_s() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def first_layouts(req, n: int) -> list:
-    """The first ``n`` layouts plan judges: those the memory bound keeps, in the step bound's order (ties in
-    enumeration order, as ``plan`` sorts them), PP included."""
+def first_layouts(req, n: int | None = None) -> list:
+    """The first ``n`` (default: all) layouts plan judges: those the memory bound keeps, in the step bound's order
+    (ties in enumeration order, as ``plan`` sorts them), PP included."""
     from commsched.plan.enumerate import enumerate_layouts
     from commsched.plan.prune import memory_lower_bound_bytes, step_lower_bound_s
     from commsched.plan.search import plan_hardware
@@ -95,16 +95,7 @@ def is_warm(req, lay, hw) -> bool:
 
 def sample_layouts(req, n: int) -> list:
     """``n`` layouts without PP, evenly spaced over the step bound's order of those the memory bound keeps."""
-    from commsched.plan.enumerate import enumerate_layouts
-    from commsched.plan.prune import memory_lower_bound_bytes, step_lower_bound_s
-    from commsched.plan.search import plan_hardware
-
-    hw = plan_hardware(req)
-    peaks = dict(hw.compute.peak_flops)
-    peak = max(peaks.get("float8_e4m3fn", 0.0), peaks.get(req.dtype, 0.0))
-    fits = [lay for lay in enumerate_layouts(req, hw.gpus_per_node, "float8_e4m3fn" in peaks)
-            if lay.pp == 1 and memory_lower_bound_bytes(req, lay) <= hw.compute.hbm_capacity_bytes]  # fmt: skip
-    fits.sort(key=lambda lay: step_lower_bound_s(req, lay, peak))
+    fits = [lay for lay in first_layouts(req) if lay.pp == 1]
     step = max(1, len(fits) // n)
     return fits[::step][:n]
 
@@ -126,16 +117,7 @@ KINDS = {  # one layout of each kind (the first in the step bound's order): degr
 
 def kind_layouts(req, kinds: list[str]) -> dict:
     """The first layout of each of ``kinds`` (``KINDS``) in the step bound's order of those the memory bound keeps."""
-    from commsched.plan.enumerate import enumerate_layouts
-    from commsched.plan.prune import memory_lower_bound_bytes, step_lower_bound_s
-    from commsched.plan.search import plan_hardware
-
-    hw = plan_hardware(req)
-    peaks = dict(hw.compute.peak_flops)
-    peak = max(peaks.get("float8_e4m3fn", 0.0), peaks.get(req.dtype, 0.0))
-    fits = [lay for lay in enumerate_layouts(req, hw.gpus_per_node, "float8_e4m3fn" in peaks)
-            if memory_lower_bound_bytes(req, lay) <= hw.compute.hbm_capacity_bytes]  # fmt: skip
-    fits.sort(key=lambda lay: step_lower_bound_s(req, lay, peak))
+    fits = first_layouts(req)
     chosen: dict = {}
     for kind in kinds:
         chosen[kind] = next(lay for lay in fits if KINDS[kind](lay) and lay not in chosen.values())
