@@ -12,6 +12,10 @@ Usage:
   PYTHONPATH=<old>/src python benchmarks/bench_overlap_monotone.py run --graphs /tmp/monotone-graphs --out old.json
   PYTHONPATH=src python benchmarks/bench_overlap_monotone.py run --graphs /tmp/monotone-graphs --out new.json
   python benchmarks/bench_overlap_monotone.py diff old.json new.json
+  python benchmarks/bench_overlap_monotone.py random --examples 3000 --seed 1
+
+``random`` runs ``tests/passes/test_overlap_monotone.py``'s random-DAG property long (the suite runs a fixed 60) and
+counts the examples where cheaper compute gives a step more than 2 % slower, without stopping at the first.
 
 ``--full`` also traces the issue's step in full (llama3-70b, 80 layers, 28,697 nodes: about 3 minutes).
 """
@@ -99,6 +103,42 @@ def diff(old_path: Path, new_path: Path) -> None:
         print(f"{name}: fused (cheaper) costs > 2 % slower than unfused in {len(bad)} case(s) {bad}")
 
 
+def count_random(examples: int, seed: int) -> None:
+    """The random-DAG property over ``examples`` examples drawn from ``seed``: how many break the 2 % tolerance."""
+    import dataclasses
+    import sys
+
+    import numpy as np
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as hypothesis_seed
+    from hypothesis import strategies as st
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path[:0] = [str(root / "src"), str(root / "tests"), str(root / "tests" / "passes")]
+    import test_overlap_monotone as t
+
+    seen, slower = [0], []
+
+    @hypothesis_seed(seed)
+    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(t.graphs(max_nodes=40), st.floats(0.05, 1.0), st.sampled_from([1.0, 1.05, 1.5]),
+           st.sampled_from([1e9, 10e9, 100e9]), st.randoms(use_true_random=False))  # fmt: skip
+    def case(g, factor, ratio, comm_bytes_per_s, rnd):
+        costs = t.simple_costs(g, comm_bytes_per_s=comm_bytes_per_s)
+        costs = dataclasses.replace(costs, coll_link=np.where(g.coll_type >= 0, g.coll_group, -1).astype(np.int8))
+        start = t.random_topo_order(g, rnd)
+        slow = t._overlap_ns(g, costs, order=start, memory_budget=ratio)
+        fast = t._overlap_ns(g, t._cheaper(g, costs, factor), order=start, memory_budget=ratio)
+        seen[0] += 1
+        if fast > slow * (1 + t.TOLERANCE) + 1:
+            slower.append((len(g), round(factor, 3), ratio, comm_bytes_per_s, fast / slow))
+
+    case()
+    print(f"{seen[0]} examples, {len(slower)} more than {t.TOLERANCE:.0%} slower with cheaper compute")
+    for nodes, factor, ratio, bw, r in sorted(slower, key=lambda x: -x[-1]):
+        print(f"  {nodes} nodes, compute x {factor}, budget {ratio} x, {bw / 1e9:.0f} GB/s: {r - 1:+.1%}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -112,8 +152,13 @@ def main() -> None:
     d = sub.add_parser("diff")
     d.add_argument("old", type=Path)
     d.add_argument("new", type=Path)
+    m = sub.add_parser("random")
+    m.add_argument("--examples", type=int, default=3000)
+    m.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
-    if args.cmd == "trace":
+    if args.cmd == "random":
+        count_random(args.examples, args.seed)
+    elif args.cmd == "trace":
         trace(args.graphs, args.full)
     elif args.cmd == "run":
         run(args.graphs, args.out, args.repeat)

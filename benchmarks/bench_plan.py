@@ -57,7 +57,7 @@ def first_layouts(req, n: int | None = None) -> list:
     peak = max(peaks.get("float8_e4m3fn", 0.0), peaks.get(req.dtype, 0.0))
     fits = [lay for lay in enumerate_layouts(req, hw.gpus_per_node, "float8_e4m3fn" in peaks)
             if memory_lower_bound_bytes(req, lay) <= hw.compute.hbm_capacity_bytes]  # fmt: skip
-    fits.sort(key=lambda lay: step_lower_bound_s(req, lay, peak))
+    fits.sort(key=lambda lay: step_lower_bound_s(req, lay, peak, hw))
     return fits[:n]
 
 

@@ -3,9 +3,10 @@
 A list scheduler (:mod:`commsched.passes.overlap_list`) that runs the stream model (:mod:`commsched.sim.model`: one
 compute stream, one FIFO comm stream per process group, sync, interference while collectives are in flight) while it
 schedules. At every step it
-  1. issues each collective that is next in its group's order and whose inputs are done (so communication starts
+  1. runs every wait whose collective is already over (free), unlocking its users (a collective among them then
+     competes for the budget with those issuable already, by input position);
+  2. issues each collective that is next in its group's order and whose inputs are done (so communication starts
      as early as the data and the FIFO allow), if it fits the memory guard;
-  2. runs every wait whose collective is already over (free), unlocking its users;
   3. runs the best ready kernel that fits the budget, by the variant's priority (what feeds the earliest collective
      and the longest path to the end, the input order, or what feeds the busiest group's next collective);
   4. otherwise waits for the collective released first.

@@ -267,7 +267,12 @@ def schedule_once_jit(ar, key1, key2, budget, not_before, guard):
     while st[_COUNT] < n:
         if deferred:
             _release_deferred(st, ready, deferred, issuable, waits)
-        issued = False
+        progressed = False
+        while waits and waits[0][0] <= st[_T]:  # run_free_waits (first: see ListScheduler.run)
+            w = heapq.heappop(waits)[2]
+            _commit(ar, st, w, done, at, order, indeg, users_left, key1, key2, not_before, comm_end, ready,
+                    deferred, issuable, waits)  # fmt: skip
+            progressed = True
         while issuable:  # issue_what_fits
             c = issuable[0][1]
             if (not_before[c] > st[_T] or not _fits(ar, st, done, c, budget, guard)) and (ready or waits):
@@ -275,14 +280,8 @@ def schedule_once_jit(ar, key1, key2, budget, not_before, guard):
             heapq.heappop(issuable)
             _issue(ar, st, c, group_free, comm_start, comm_end, done, at, order, indeg, users_left, key1, key2,
                    not_before, ready, deferred, issuable, waits)  # fmt: skip
-            issued = True
-        if waits and waits[0][0] <= st[_T]:  # run_free_waits
-            while waits and waits[0][0] <= st[_T]:
-                w = heapq.heappop(waits)[2]
-                _commit(ar, st, w, done, at, order, indeg, users_left, key1, key2, not_before, comm_end, ready,
-                        deferred, issuable, waits)  # fmt: skip
-            continue
-        if issued:
+            progressed = True
+        if progressed:
             continue
         if ready:  # run_compute
             picked = _pick_compute(ar, st, done, budget, guard, ready, waits, skipped)

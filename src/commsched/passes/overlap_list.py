@@ -1,5 +1,5 @@
 """One list-scheduling attempt of the ``overlap`` pass: a short loop that, at the compute stream's current time,
-issues what it can, runs the waits that cost nothing, then runs the best ready kernel, else waits for the collective
+runs the waits that cost nothing, issues what it can, then runs the best ready kernel, else waits for the collective
 that ends first. The timing rules are the stream model's (:class:`commsched.sim.model.StreamModel`): FIFO comm stream
 per group, waits released when their collective ends, kernels slowed while communication is in flight.
 
@@ -91,8 +91,9 @@ class ListScheduler:
         while len(order) < n:
             if self.deferred:
                 self.release_deferred()
-            issued = self.issue_what_fits() if self.issuable else False
-            if (self.waits and self.waits[0][0] <= self.t and self.run_free_waits()) or issued:
+            # free waits first: a collective they unlock competes for the budget with those issuable already
+            freed = self.run_free_waits() if self.waits and self.waits[0][0] <= self.t else False
+            if (self.issue_what_fits() if self.issuable else False) or freed:
                 continue
             if self.ready and self.run_compute():
                 continue

@@ -132,8 +132,10 @@ def stage_record(
     scale = scale and scalable(policies)
     mem_key = (spec, tuple(shape), _hardware_key(hardware), scale, policies, fusion)
     hit = _RECORDS.get(mem_key)
+    if hit is not None:  # a plan's worker looks up the same few stage shapes for every layout it judges
+        return hit
     path = _record_path(spec, shape, hardware, scale, policies, fusion) if disk else None
-    if hit is None and path is not None:
+    if path is not None:
         hit = _record_from_json(_read_json(path))
     if hit is None:
         hit = _record(spec, first, layers, last, hardware, scale, disk, policies, fusion)

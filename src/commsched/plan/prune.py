@@ -11,7 +11,9 @@ attention output under selective AC (every matmul output is saved), and the inpu
 every micro-batch a pipeline rank holds at once (at least ``min(P, M)`` on the first rank), plus the bf16 logits of
 the local batch (without PP), plus, under FSDP without reshard-after-forward, every gathered weight (split over
 TP). The step is at least the model FLOPs of the rank's tokens (recompute and non-model work left out) at the
-dtype's peak, plus the published bubble ``(P - 1) / (V x M)`` of it for GPipe / 1F1B / interleaved schedules.
+dtype's peak, plus the published bubble ``(P - 1) / (V x M)`` of it for GPipe / 1F1B / interleaved schedules, or,
+where it is longer, the CP ring's communication (:func:`cp_ring_lower_bound_s`: at CP 256 it is tens of seconds,
+against a best step of a few, so such a layout is pruned before it is traced).
 
 Inference (prefill, decode): a rank holds at least its weights in the compute dtype (split over TP; the experts over
 EP) and its KV cache (its sequences x layers x K and V x its KV heads x head_dim x the cache's positions over CP); no
@@ -82,8 +84,10 @@ def _inference_memory_bytes(req: PlanRequest, layout: Layout) -> int:
     return int(weights + cache)
 
 
-def step_lower_bound_s(req: PlanRequest, layout: Layout, peak_flops: float) -> float:
-    """Seconds the step takes at least on a device of ``peak_flops`` (the fastest dtype the layout uses)."""
+def step_lower_bound_s(req: PlanRequest, layout: Layout, peak_flops: float, hardware: Any = None) -> float:
+    """Seconds the step takes at least on a device of ``peak_flops`` (the fastest dtype the layout uses): its
+    compute, or with ``hardware`` (plan's, :func:`commsched.plan.search.plan_hardware`) the CP ring's communication
+    (:func:`cp_ring_lower_bound_s`) where that is longer (a step overlaps the two at best)."""
     model = _model(req)[0]
     if req.inference:
         return 2 * model.n_layers * model.block_active_params() * req.tokens_per_step / req.gpus / peak_flops
@@ -91,7 +95,32 @@ def step_lower_bound_s(req: PlanRequest, layout: Layout, peak_flops: float) -> f
     compute_s = model.model_flops_per_token(req.seq) * tokens_per_gpu / peak_flops
     if layout.pp > 1 and layout.pp_schedule not in ZERO_BUBBLE:
         compute_s *= 1 + (layout.pp - 1) / (layout.stages_per_rank * layout.microbatches)
-    return compute_s
+    return max(compute_s, cp_ring_lower_bound_s(req, layout, hardware)) if hardware is not None else compute_s
+
+
+def cp_ring_lower_bound_s(req: PlanRequest, layout: Layout, hardware: Any) -> float:
+    """Seconds a training rank's CP group spends communicating at least: per layer the rank holds and micro-batch,
+    the ring's K/V all_gather in the forward and again in the backward (the whole sequence's K and V of the rank's
+    KV heads, in the compute dtype) and the ``cp`` permutes of the float32 dK/dV that travel with them
+    (:mod:`commsched.workloads.context_parallel`, torchtitan's "allgather" rotation, plan's only one), each at its
+    own time on the CP group (:func:`commsched.cost.collectives.plan_collective`, stride TP, as the cost model
+    times the traced ones). The group's collectives run one at a time (its FIFO stream), none faster than alone
+    (sharing a link only slows them), so the step is at least their sum; a recomputed forward's all_gather is left
+    out. 0 without CP, for inference, or on a profile with a measured table (which may time them otherwise)."""
+    from commsched.cost.collectives import plan_collective
+    from commsched.workloads.program import dtype_of
+
+    model = _model(req)[0]
+    heads = model.n_kv_heads // layout.tp
+    if layout.cp == 1 or req.inference or hardware.table_path or heads == 0:
+        return 0.0
+    micro = local_batch(req, layout) // max(layout.microbatches, 1)
+    kv_elements = micro * heads * req.seq * model.head_dim * 2  # K and V of the whole sequence
+    gather = plan_collective("all_gather", kv_elements * dtype_of(req.dtype).itemsize, layout.cp, hardware,
+                             stride=layout.tp)  # fmt: skip
+    permute = plan_collective("sendrecv", kv_elements // layout.cp * 4, layout.cp, hardware, stride=layout.tp)
+    per_layer_s = 2 * gather.time_s + layout.cp * permute.time_s
+    return per_layer_s * (model.n_layers // layout.pp) * (layout.microbatches if layout.pp > 1 else 1)
 
 
 def optimised_step_lower_bound_s(row: dict[str, Any]) -> float:

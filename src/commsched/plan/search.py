@@ -130,7 +130,7 @@ def plan(req: PlanRequest, *, executor: Any = None, jobs: int | None = None, ray
         raise ValueError(f"{req.preset} on {req.gpus} x {hw.name}: no layout fits {hbm / GIB:.0f} GiB of HBM; the "
                          f"smallest any layout needs is {bounds[least] / GIB:.1f} GiB ({least.label()})")  # fmt: skip
     peak = max(peaks.get("float8_e4m3fn", 0.0), peaks.get(req.dtype, 0.0)) or max(peaks.values())
-    fits.sort(key=lambda lay: step_lower_bound_s(req, lay, peak))
+    fits.sort(key=lambda lay: step_lower_bound_s(req, lay, peak, hw))
     own = executor is None
     executor = executor or make_executor(jobs=jobs, ray_address=ray_address)
     try:
@@ -183,7 +183,7 @@ def _judge_rounds(req: PlanRequest, hw: Any, layouts: list[Layout], executor: An
     whatever the search finds: nothing to hide). That round runs in the bound's order, so the best is met early.
     Returns the rows, the layouts pruned by the step bound and those not optimised."""
     first = _rounds(req, hw, _tasks(req, hw, layouts, cache, False), executor, resume, progress,
-                    lambda spec, best: min(step_lower_bound_s(req, Layout.from_dict(d), peak)
+                    lambda spec, best: min(step_lower_bound_s(req, Layout.from_dict(d), peak, hw)
                                            for d in spec["layouts"]) > best)  # fmt: skip
     rows = [r for r in first[0] if r.get("error") is None]
     fitting = [r for r in rows if r["layout"]["pp"] == 1 and _fits(r, hw)]
