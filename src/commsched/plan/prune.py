@@ -107,20 +107,26 @@ def cp_ring_lower_bound_s(req: PlanRequest, layout: Layout, hardware: Any) -> fl
     times the traced ones). The group's collectives run one at a time (its FIFO stream), none faster than alone
     (sharing a link only slows them), so the step is at least their sum; a recomputed forward's all_gather is left
     out. 0 without CP, for inference, or on a profile with a measured table (which may time them otherwise)."""
+    if layout.cp == 1 or req.inference or hardware.table_path:
+        return 0.0
+    micro = local_batch(req, layout) // max(layout.microbatches, 1)
+    repeats = (_model(req)[0].n_layers // layout.pp) * (layout.microbatches if layout.pp > 1 else 1)
+    return _ring_per_layer_s(req, hardware, layout.cp, layout.tp, micro) * repeats
+
+
+@functools.lru_cache(maxsize=4096)
+def _ring_per_layer_s(req: PlanRequest, hardware: Any, cp: int, tp: int, micro: int) -> float:
+    """One layer's ring for one micro-batch of ``micro`` sequences (see :func:`cp_ring_lower_bound_s`; a plan bounds
+    tens of thousands of layouts with a few dozen of these)."""
     from commsched.cost.collectives import plan_collective
     from commsched.workloads.program import dtype_of
 
     model = _model(req)[0]
-    heads = model.n_kv_heads // layout.tp
-    if layout.cp == 1 or req.inference or hardware.table_path or heads == 0:
-        return 0.0
-    micro = local_batch(req, layout) // max(layout.microbatches, 1)
+    heads = model.n_kv_heads // tp
     kv_elements = micro * heads * req.seq * model.head_dim * 2  # K and V of the whole sequence
-    gather = plan_collective("all_gather", kv_elements * dtype_of(req.dtype).itemsize, layout.cp, hardware,
-                             stride=layout.tp)  # fmt: skip
-    permute = plan_collective("sendrecv", kv_elements // layout.cp * 4, layout.cp, hardware, stride=layout.tp)
-    per_layer_s = 2 * gather.time_s + layout.cp * permute.time_s
-    return per_layer_s * (model.n_layers // layout.pp) * (layout.microbatches if layout.pp > 1 else 1)
+    gather = plan_collective("all_gather", kv_elements * dtype_of(req.dtype).itemsize, cp, hardware, stride=tp)
+    permute = plan_collective("sendrecv", kv_elements // cp * 4, cp, hardware, stride=tp)
+    return 2 * gather.time_s + cp * permute.time_s
 
 
 def optimised_step_lower_bound_s(row: dict[str, Any]) -> float:
