@@ -24,8 +24,17 @@ _COMPUTE = frozenset(int(k) for k in COMPUTE_KINDS)
 _P2P = frozenset(int(k) for k in P2P_KINDS)
 _FSDP = frozenset((int(ActionKind.UNSHARD), int(ActionKind.REDUCE_GRAD)))
 FWD, BWD = 0, 1  # a transfer's direction: a forward activation to stage s, an output gradient to stage s
+TRANSFER = {int(ActionKind.SEND_F): (FWD, 1, 1, 0), int(ActionKind.SEND_B): (BWD, -1, -1, 0),
+            int(ActionKind.RECV_F): (FWD, 0, -1, 1), int(ActionKind.RECV_B): (BWD, 0, 1, 1)}  # fmt: skip
+"""a SEND / RECV row's transfer: kind -> (direction, its key's stage minus the row's stage, the peer's stage minus
+the row's stage, side: 0 send / 1 receive); the key is (direction, stage, microbatch)"""
 _COMM_DONE, _COMPUTE_DONE = 0, 1  # event kinds, in their order at equal times
 _GROUP = -1  # the stream key of coalesced batches (the pipeline group's own communicator); else the peer rank
+
+
+def boundary(direction: int, stage: int) -> int:
+    """The stage boundary (stage b to b + 1: the index of its P2P time) that transfer (direction, stage, mb) crosses."""
+    return stage - 1 if direction == FWD else stage
 
 
 class DeadlockError(ValueError):
@@ -157,14 +166,8 @@ class Engine:
 
     def transfer(self, row: list[int]) -> tuple[tuple, int, int]:
         """(transfer key, peer rank, side: 0 send / 1 receive) of a SEND / RECV row."""
-        kind, stage, mb = row[0], row[1], row[2]
-        if kind == ActionKind.SEND_F:
-            return (FWD, stage + 1, mb), self.s2r[stage + 1], 0
-        if kind == ActionKind.SEND_B:
-            return (BWD, stage - 1, mb), self.s2r[stage - 1], 0
-        if kind == ActionKind.RECV_F:
-            return (FWD, stage, mb), self.s2r[stage - 1], 1
-        return (BWD, stage, mb), self.s2r[stage + 1], 1
+        direction, key_step, peer_step, side = TRANSFER[row[0]]
+        return (direction, row[1] + key_step, row[2]), self.s2r[row[1] + peer_step], side
 
     def add_side(self, rank: int, item: _Item, key: tuple, row: int, side: int) -> None:
         sides = self.sides.get(key)
@@ -209,7 +212,7 @@ class Engine:
                 self.start_transfer(key)
 
     def start_transfer(self, key: tuple) -> None:
-        duration = self.xfer_ns[key[1] - 1 if key[0] == FWD else key[1]]
+        duration = self.xfer_ns[boundary(key[0], key[1])]
         self.x_start[key] = self.now
         for rank, i in self.where[key]:
             self.start[rank][i] = self.now

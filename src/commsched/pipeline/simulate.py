@@ -43,6 +43,8 @@ from commsched.hardware import Hardware, for_graph
 from commsched.pipeline.actions import ActionKind, PipelineProgram, lower_schedule
 from commsched.pipeline.costs import StageCosts, StageTimes, p2p_times_ns, stage_times
 from commsched.pipeline.engine import DeadlockError, Engine
+from commsched.pipeline.engine_jit import CompiledRun, run_compiled
+from commsched.sim import jit
 from commsched.sim.model import StreamModel, cores_points
 
 __all__ = ["DeadlockError", "PipelineResult", "RankResult", "simulate_pipeline", "simulate_program"]
@@ -113,13 +115,14 @@ def simulate_program(
         if hardware is not None:
             hw = for_graph(hardware, world_size=program.pp_size * ranks_between_stages)
             model = StreamModel(compute_slowdown=float(hw.compute_slowdown), host_cores=points)
-    run = Engine(program, times, xfer, model)
-    run.run()
-    return _result(run, times)
+    run = run_compiled(program, times, xfer, model) if jit.ENABLED else None
+    if run is None:  # the Python loop: COMMSCHED_JIT=0, or the program cannot finish (Engine raises the error)
+        run = Engine(program, times, xfer, model)
+        run.run()
+    return _result(program, run, times)
 
 
-def _result(run: Engine, times: StageTimes) -> PipelineResult:
-    program = run.p
+def _result(program: PipelineProgram, run: Engine | CompiledRun, times: StageTimes) -> PipelineResult:
     # a rank's step ends with its last compute and its last transfer (torch waits for its sends at the end)
     step_ns = max(max(run.cursor[r], int(run.end[r].max(initial=-1))) for r in range(program.pp_size))
     static = np.zeros(program.pp_size, np.int64)
