@@ -1,20 +1,23 @@
 """The pipeline simulator's event loop, compiled (:mod:`commsched.sim.jit`).
 
-:func:`run_compiled` is :class:`commsched.pipeline.engine.Engine`'s loop, handler for handler, on arrays: the rows
-of every rank one after another, transfers, P2P batches and stream items as integer ids, each stream's FIFO and
-each batch's items as linked lists of items, the heap as an array whose key is the Engine's whole ordering (time,
-event kind, issue number). The rates follow the same float operations in the same order (the work left is booked
-at each change of rate; :func:`commsched.sim.model.kernel_end_rule` compiled rounds each end), so every time is the
-same integer; the rate of each (collective in flight, ranks computing) is
+:func:`run_compiled` is :class:`commsched.pipeline.engine.Engine`'s loop, handler for handler, on integer ids: the
+rows of every rank one after another, transfers (direction, stage, mb), P2P batches and stream items; each stream's
+FIFO and each batch's items a linked list of items; the heap an array whose key is the Engine's whole ordering
+(time, event kind, issue number). The rates follow the same float operations in the same order (the work left is
+booked at each change of rate; :func:`commsched.sim.model.kernel_end_rule`, compiled, rounds each end), so every
+time is the same integer; the rate for each (collective in flight, ranks computing) is
 :meth:`commsched.sim.model.StreamModel.kernel_factor` itself, tabulated before the loop.
 
-Errors are not raised here: the loop stops with a status and :func:`run_compiled` returns None, so the caller runs
-the Python Engine, which raises its own :class:`~commsched.pipeline.engine.DeadlockError` (and the same goes for
-a program whose fields do not index the stage tables: the Python loop decides what those mean).
-``tests/pipeline/test_pipeline_engine_jit.py`` checks both loops give identical results and errors.
+Errors are not raised here: the loop stops with a status and :func:`run_compiled` returns None, so that the caller
+runs the Python Engine, which raises its own :class:`~commsched.pipeline.engine.DeadlockError` (the same for a
+program whose fields do not index the stage tables: the Python loop decides what those mean).
+``tests/pipeline/test_pipeline_engine_jit.py`` checks that both loops give identical results and errors.
 
-The handlers are compiled functions of their own, called, not inlined (see :mod:`commsched.sim.engine_jit` on
-compile times). O(actions log actions).
+Layout: the whole state and the inputs are one int64 array (``m``: a header of scalars and block offsets, then
+blocks ``[field, id]``), the rates one float64 array (``f``) and the heap one (capacity, 4) array, so a handler call
+passes three arrays (numba counts references of every array passed at each call: a tuple of 20 arrays made every
+call cost as much as the work, and the first compile 60 s). The handlers are compiled functions of their own,
+called, not inlined (:mod:`commsched.sim.engine_jit`). O(actions log actions).
 """
 
 from __future__ import annotations
@@ -39,50 +42,30 @@ _UNSHARD, _REDUCE, _WAIT = int(ActionKind.UNSHARD), int(ActionKind.REDUCE_GRAD),
 _COMM_DONE, _COMPUTE_DONE = 0, 1  # event kinds, in their order at equal times (the Engine's)
 _KIND_SHIFT = 48  # a heap entry's second key: kind << _KIND_SHIFT | issue number
 _OK, _ERROR, _FULL = 0, 1, 2  # statuses: done; the Python Engine raises; the heap needs more room
+_NONE, _KEY, _ITEM = 0, 1, 2  # what a blocked rank waits for: nothing, a transfer (key id), a stream item (item id)
 
-# what a blocked rank waits for: nothing, a transfer (key id) or a stream item (item id)
-_NONE, _KEY, _ITEM = 0, 1, 2
-# per-row facts (info rows): its transfer key, peer rank, side (0 send / 1 receive), batch id (-1: none), the end of
-# the P2P rows posted with it (its run), whether that run is one coalesced NCCL group
+# the header of m: scalars, sizes, then each block's offset (_BLOCKS order)
+_NOW, _SEQ, _VERSION, _COMPUTING, _HEAPN, _NITEMS, _ERR, _FULLED, _P, _S, _M, _N, _ICAP, _SHARED, _PAIRED = range(15)
+_BLOCKS = ("rows", "info", "s2r", "compute", "fsdp", "pair", "mem", "xfer", "ranks", "items", "keys", "streams",
+           "batches", "done", "unshard", "times", "deps")  # fmt: skip
+(_ROWS, _INFO, _S2R, _COMPUTE, _FSDP, _PAIR, _MEM, _XFER, _RANKS, _ITEMS, _KEYS, _STREAMS, _BATCHES, _DONE, _GATHERED,
+ _TIMES, _DEPS) = range(15, 15 + len(_BLOCKS))  # fmt: skip
+_HEADER = 15 + len(_BLOCKS)
+# per-row facts (info): its transfer key, peer rank, side (0 send / 1 receive), batch id (-1 none), the end of the
+# P2P rows posted with it (its run), whether that run is one coalesced NCCL group
 _RKEY, _RPEER, _RSIDE, _RBATCH, _RRUN_END, _RCOALESCED = range(6)
-# per-rank state (ranks rows); RUN: the local row of the running compute, -1 none
+# per rank (ranks); RUN: the local row of the running compute, -1 none
 (_POS, _CURSOR, _BUSY, _EXPOSED, _ACT, _PEAK, _FLIGHT, _RUN, _RUN_START, _RUN_VERSION, _RUN_LAST, _BLOCK_TYPE,
  _BLOCK_ID, _ROW0, _NROWS) = range(15)  # fmt: skip
-_WORK, _FACTOR = 0, 1  # per-rank floats of the running compute: work left (ns at full rate), wall time per unit
-# per-item state (items rows); STREAM: the slot on its rank (a peer rank, then group, unshard, reduce)
+_RANK_FIELDS = 15
+# per item (items); STREAM: its slot on its rank (a peer rank, then group, unshard, reduce); ROW: its first row
 _IRANK, _ISTREAM, _IROW, _INROWS, _IFSDP, _IDUR, _ISTART, _IEND, _IPENDING, _INEXT, _IBNEXT = range(11)
-# per-transfer state (keys rows): its send / receive item, their ranks and rows, its start and end
-_SIDE, _WRANK, _WROW, _XSTART, _XEND = 0, 2, 4, 6, 7  # SIDE, WRANK, WROW: two rows each (send, receive)
-_HEAD, _TAIL = 0, 1  # rows of the stream and batch lists
-# scalars
-_NOW, _SEQ, _VERSION, _COMPUTING, _HEAPN, _NITEMS, _ERR, _FULLED = range(8)
-
-
-class _Loop(NamedTuple):
-    """The loop's inputs (read-only) and state (written), all arrays."""
-
-    rows: np.ndarray  # (N, 6) every rank's action rows, rank after rank
-    info: np.ndarray  # (6, N) per-row facts (_R* rows)
-    s2r: np.ndarray  # (S,) stage -> rank
-    compute_ns: np.ndarray  # (4, S, M) F, B, I, W
-    fsdp_ns: np.ndarray  # (2, S) UNSHARD, REDUCE_GRAD
-    pair_ns: np.ndarray  # (S, S) OVERLAP_F_B [forward stage, backward stage], or (0, 0): F + B
-    mem_bytes: np.ndarray  # (2, S) activations held, backward transient
-    xfer_ns: np.ndarray  # (S - 1,) per boundary
-    factor: np.ndarray  # (2, P + 1) StreamModel.kernel_factor(comm in flight, ranks computing)
-    shared: bool  # ranks share the host's cores: a change of ranks computing re-rates them all
-    ranks: np.ndarray  # (15, P) int64
-    rates: np.ndarray  # (2, P) float64
-    items: np.ndarray  # (11, capacity)
-    keys: np.ndarray  # (8, 2 S M) transfers (direction, stage, mb)
-    streams: np.ndarray  # (2, P (P + 3)) head, tail item
-    batches: np.ndarray  # (2, batches) head, tail item
-    done: np.ndarray  # (2, S, M) end of each forward; of the B or I that made each input gradient
-    unshard: np.ndarray  # (S,) the UNSHARD item of each stage, -1 none
-    heap: np.ndarray  # (capacity, 4) time, kind << _KIND_SHIFT | issue number, payload a, payload b
-    sc: np.ndarray  # scalars
-    times: np.ndarray  # (2, N) start, end of each row
-    deps: np.ndarray  # (8, 4) scratch: a compute's inputs (ready, wire, blocker type, blocker id)
+_ITEM_FIELDS = 11
+# per transfer (keys): its send / receive item, their ranks and rows (two fields each), its start and end
+_SIDE, _WRANK, _WROW, _XSTART, _XEND = 0, 2, 4, 6, 7
+_HEAD, _TAIL = 0, 1  # stream and batch lists
+# f: the running computes' work left (ns at full rate), wall time per unit of work, then the factor table
+_WORK, _FACTOR = 0, 1
 
 
 class CompiledRun(NamedTuple):
@@ -96,503 +79,533 @@ class CompiledRun(NamedTuple):
     end: list[np.ndarray]
 
 
+# ---------------------------------------------------------------------- where things are in m
+@njit
+def _rk(m, field, rank):
+    return m[_RANKS] + field * m[_P] + rank
+
+
+@njit
+def _it(m, field, it):
+    return m[_ITEMS] + field * m[_ICAP] + it
+
+
+@njit
+def _ky(m, field, key):
+    return m[_KEYS] + field * (2 * m[_S] * m[_M]) + key
+
+
+@njit
+def _info(m, field, g):
+    return m[_INFO] + field * m[_N] + g
+
+
+@njit
+def _row(m, g, column):
+    return m[_ROWS] + 6 * g + column
+
+
+@njit
+def _sm(m, block, table, stage, mb):
+    """A (tables, S, M) block's entry: compute times (F, B, I, W), ends (forwards, input gradients)."""
+    return m[block] + (table * m[_S] + stage) * m[_M] + mb
+
+
+@njit
+def _time(m, which, g):
+    return m[_TIMES] + which * m[_N] + g
+
+
+@njit
+def _rate(m, field, rank):
+    return field * m[_P] + rank
+
+
 # ---------------------------------------------------------------------- the heap
 @njit
-def _push(e, t, kind, a, b):
-    heap, sc = e.heap, e.sc
-    n = sc[_HEAPN]
+def _before(heap, i, t, key):
+    """Whether entry i comes before (t, key)."""
+    return heap[i, 0] < t or (heap[i, 0] == t and heap[i, 1] < key)
+
+
+@njit
+def _push(m, heap, t, kind, a, b):
+    n = m[_HEAPN]
     if n == heap.shape[0]:
-        sc[_FULLED] = 1
+        m[_FULLED] = 1
         return
-    key = (kind << _KIND_SHIFT) | sc[_SEQ]
-    sc[_SEQ] += 1
+    key = (kind << _KIND_SHIFT) | m[_SEQ]
+    m[_SEQ] += 1
     i = n
     while i > 0:
         up = (i - 1) >> 1
-        if heap[up, 0] < t or (heap[up, 0] == t and heap[up, 1] < key):
+        if _before(heap, up, t, key):
             break
-        heap[i] = heap[up]
+        for c in range(4):
+            heap[i, c] = heap[up, c]
         i = up
     heap[i, 0], heap[i, 1], heap[i, 2], heap[i, 3] = t, key, a, b
-    sc[_HEAPN] = n + 1
+    m[_HEAPN] = n + 1
 
 
 @njit
-def _pop(e):
-    heap, sc = e.heap, e.sc
+def _pop(m, heap):
     t, key, a, b = heap[0, 0], heap[0, 1], heap[0, 2], heap[0, 3]
-    n = sc[_HEAPN] - 1
-    sc[_HEAPN] = n
-    lt, lk = heap[n, 0], heap[n, 1]
+    n = m[_HEAPN] - 1
+    m[_HEAPN] = n
+    last_t, last_key = heap[n, 0], heap[n, 1]
     i = 0
-    while True:
+    while 2 * i + 1 < n:
         c = 2 * i + 1
-        if c >= n:
-            break
-        if c + 1 < n and (heap[c + 1, 0] < heap[c, 0] or (heap[c + 1, 0] == heap[c, 0] and heap[c + 1, 1] < heap[c, 1])):
+        if c + 1 < n and _before(heap, c + 1, heap[c, 0], heap[c, 1]):
             c += 1
-        if lt < heap[c, 0] or (lt == heap[c, 0] and lk < heap[c, 1]):
+        if not _before(heap, c, last_t, last_key):
             break
-        heap[i] = heap[c]
+        for k in range(4):
+            heap[i, k] = heap[c, k]
         i = c
-    heap[i] = heap[n]
+    for k in range(4):
+        heap[i, k] = heap[n, k]
     return t, key >> _KIND_SHIFT, a, b
 
 
 # ---------------------------------------------------------------------- rates
 @njit
-def _factor(e, rank):
-    return e.factor[1 if e.ranks[_FLIGHT, rank] > 0 else 0, e.sc[_COMPUTING]]
+def _factor(m, f, rank):
+    comm = 1 if m[_rk(m, _FLIGHT, rank)] > 0 else 0
+    return f[2 * m[_P] + comm * (m[_P] + 1) + m[_COMPUTING]]
 
 
 @njit
-def _rerate(e, rank):
+def _rerate(m, f, heap, rank):
     """Engine.rerate."""
-    ranks, rates, now = e.ranks, e.rates, e.sc[_NOW]
-    factor = _factor(e, rank)
-    if factor == rates[_FACTOR, rank]:
+    now = m[_NOW]
+    factor = _factor(m, f, rank)
+    if factor == f[_rate(m, _FACTOR, rank)]:
         return
-    rates[_WORK, rank] -= (now - ranks[_RUN_LAST, rank]) / rates[_FACTOR, rank]
-    ranks[_RUN_LAST, rank] = now
-    rates[_FACTOR, rank] = factor
-    e.sc[_VERSION] += 1
-    ranks[_RUN_VERSION, rank] = e.sc[_VERSION]
-    _push(e, _kernel_end_ns(now, max(rates[_WORK, rank], 0.0) * factor), _COMPUTE_DONE, rank, e.sc[_VERSION])
+    f[_rate(m, _WORK, rank)] -= (now - m[_rk(m, _RUN_LAST, rank)]) / f[_rate(m, _FACTOR, rank)]
+    m[_rk(m, _RUN_LAST, rank)] = now
+    f[_rate(m, _FACTOR, rank)] = factor
+    m[_VERSION] += 1
+    m[_rk(m, _RUN_VERSION, rank)] = m[_VERSION]
+    wall = max(f[_rate(m, _WORK, rank)], 0.0) * factor
+    _push(m, heap, _kernel_end_ns(now, wall), _COMPUTE_DONE, rank, m[_VERSION])
 
 
 @njit
-def _rerate_all(e):
-    for rank in range(e.ranks.shape[1]):
-        if e.ranks[_RUN, rank] >= 0:
-            _rerate(e, rank)
+def _rerate_all(m, f, heap):
+    for rank in range(m[_P]):
+        if m[_rk(m, _RUN, rank)] >= 0:
+            _rerate(m, f, heap, rank)
 
 
 @njit
-def _flight(e, rank, delta):
+def _flight(m, f, heap, rank, delta):
     if delta:
-        e.ranks[_FLIGHT, rank] += delta
-        if e.ranks[_RUN, rank] >= 0:
-            _rerate(e, rank)
+        m[_rk(m, _FLIGHT, rank)] += delta
+        if m[_rk(m, _RUN, rank)] >= 0:
+            _rerate(m, f, heap, rank)
 
 
 # ---------------------------------------------------------------------- streams
 @njit
-def _new_item(e, rank, slot, row, nrows, fsdp, duration_ns):
-    items, sc = e.items, e.sc
-    it = sc[_NITEMS]
-    sc[_NITEMS] += 1
-    items[_IRANK, it], items[_ISTREAM, it], items[_IROW, it], items[_INROWS, it] = rank, slot, row, nrows
-    items[_IFSDP, it], items[_IDUR, it], items[_ISTART, it], items[_IEND, it] = fsdp, duration_ns, -1, -1
-    items[_IPENDING, it], items[_INEXT, it], items[_IBNEXT, it] = nrows, -1, -1
+def _new_item(m, rank, slot, row, nrows, fsdp, duration_ns):
+    it = m[_NITEMS]
+    m[_NITEMS] += 1
+    m[_it(m, _IRANK, it)], m[_it(m, _ISTREAM, it)], m[_it(m, _IROW, it)] = rank, slot, row
+    m[_it(m, _INROWS, it)], m[_it(m, _IFSDP, it)], m[_it(m, _IDUR, it)] = nrows, fsdp, duration_ns
+    m[_it(m, _IPENDING, it)] = nrows
+    for field in (_ISTART, _IEND, _INEXT, _IBNEXT):
+        m[_it(m, field, it)] = -1
     return it
 
 
 @njit
-def _add_side(e, rank, it, key, row, side):
+def _add_side(m, rank, it, key, row, side):
     """Engine.add_side; an error (posted twice, one end coalesced and the other not) flags the run."""
-    keys, items, group = e.keys, e.items, e.ranks.shape[1]
-    if keys[_SIDE + side, key] >= 0:
-        e.sc[_ERR] = 1
+    group = m[_P]
+    if m[_ky(m, _SIDE + side, key)] >= 0:
+        m[_ERR] = 1
         return
-    keys[_SIDE + side, key], keys[_WRANK + side, key], keys[_WROW + side, key] = it, rank, row
-    other = keys[_SIDE + 1 - side, key]
-    if other >= 0 and (items[_ISTREAM, other] == group) != (items[_ISTREAM, it] == group):
-        e.sc[_ERR] = 1
+    m[_ky(m, _SIDE + side, key)], m[_ky(m, _WRANK + side, key)], m[_ky(m, _WROW + side, key)] = it, rank, row
+    other = m[_ky(m, _SIDE + 1 - side, key)]
+    if other >= 0 and (m[_it(m, _ISTREAM, other)] == group) != (m[_it(m, _ISTREAM, it)] == group):
+        m[_ERR] = 1
 
 
 @njit
-def _post_batch(e, rank, g):
+def _post_batch(m, f, heap, rank, g):
     """Engine.post_batch at global row ``g``; returns the global row after the batch."""
-    info, batches, items = e.info, e.batches, e.items
-    end = info[_RRUN_END, g]
-    first = e.sc[_NITEMS]
-    if end - g > 1 and info[_RCOALESCED, g]:  # one NCCL group on the pipeline group's communicator
-        it = _new_item(e, rank, e.ranks.shape[1], g, end - g, 0, 0)
+    end = m[_info(m, _RRUN_END, g)]
+    first = m[_NITEMS]
+    if end - g > 1 and m[_info(m, _RCOALESCED, g)]:  # one NCCL group on the pipeline group's communicator
+        it = _new_item(m, rank, m[_P], g, end - g, 0, 0)
         for k in range(g, end):
-            _add_side(e, rank, it, info[_RKEY, k], k, info[_RSIDE, k])
+            _add_side(m, rank, it, m[_info(m, _RKEY, k)], k, m[_info(m, _RSIDE, k)])
     else:  # single ops, each on the two-rank communicator of its peer pair
         for k in range(g, end):
-            _new_item(e, rank, info[_RPEER, k], k, 1, 0, 0)
+            _new_item(m, rank, m[_info(m, _RPEER, k)], k, 1, 0, 0)
         for k in range(g, end):
-            _add_side(e, rank, first + k - g, info[_RKEY, k], k, info[_RSIDE, k])
-    if e.sc[_ERR]:
+            _add_side(m, rank, first + k - g, m[_info(m, _RKEY, k)], k, m[_info(m, _RSIDE, k)])
+    if m[_ERR]:
         return end
-    last = e.sc[_NITEMS]
-    batch = info[_RBATCH, g]
-    if batch >= 0:
-        for it in range(first, last):
-            if batches[_TAIL, batch] < 0:
-                batches[_HEAD, batch] = it
+    batch = m[_info(m, _RBATCH, g)]
+    for it in range(first, m[_NITEMS]):
+        if batch >= 0:
+            tail = m[_BATCHES] + 2 * batch + _TAIL
+            if m[tail] < 0:
+                m[tail - _TAIL + _HEAD] = it
             else:
-                items[_IBNEXT, batches[_TAIL, batch]] = it
-            batches[_TAIL, batch] = it
-    for it in range(first, last):
-        _enqueue(e, it)
+                m[_it(m, _IBNEXT, m[tail])] = it
+            m[tail] = it
+    for it in range(first, m[_NITEMS]):
+        _enqueue(m, f, heap, it)
     return end
 
 
 @njit
-def _post_fsdp(e, rank, g, kind, stage):
+def _post_fsdp(m, f, heap, rank, g, kind, stage):
     """Engine.post_fsdp."""
-    p = e.ranks.shape[1]
-    fsdp = 0 if kind == _UNSHARD else 1
-    it = _new_item(e, rank, p + 1 + fsdp, g, 1, 1, e.fsdp_ns[fsdp, stage])
+    which = 0 if kind == _UNSHARD else 1
+    it = _new_item(m, rank, m[_P] + 1 + which, g, 1, 1, m[m[_FSDP] + which * m[_S] + stage])
     if kind == _UNSHARD:
-        e.unshard[stage] = it
-    _enqueue(e, it)
+        m[m[_GATHERED] + stage] = it
+    _enqueue(m, f, heap, it)
 
 
 @njit
-def _stream_of(e, it):
-    return e.items[_IRANK, it] * (e.ranks.shape[1] + 3) + e.items[_ISTREAM, it]
+def _stream(m, it):
+    """The (head, tail) slot of ``it``'s stream."""
+    return m[_STREAMS] + 2 * (m[_it(m, _IRANK, it)] * (m[_P] + 3) + m[_it(m, _ISTREAM, it)])
 
 
 @njit
-def _enqueue(e, it):
-    streams, s = e.streams, _stream_of(e, it)
-    if streams[_TAIL, s] < 0:
-        streams[_HEAD, s] = streams[_TAIL, s] = it
-        _start_item(e, it)
+def _enqueue(m, f, heap, it):
+    s = _stream(m, it)
+    if m[s + _TAIL] < 0:
+        m[s + _HEAD] = m[s + _TAIL] = it
+        _start_item(m, f, heap, it)
     else:
-        e.items[_INEXT, streams[_TAIL, s]] = it
-        streams[_TAIL, s] = it
+        m[_it(m, _INEXT, m[s + _TAIL])] = it
+        m[s + _TAIL] = it
 
 
 @njit
-def _start_item(e, it):
+def _start_item(m, f, heap, it):
     """Engine.start_item."""
-    items, keys, info, now = e.items, e.keys, e.info, e.sc[_NOW]
-    items[_ISTART, it] = now
-    if items[_IFSDP, it]:
-        duration = items[_IDUR, it]
-        e.times[0, items[_IROW, it]] = now
-        _push(e, now + duration, _COMM_DONE, -1 - it, 0)
-        _flight(e, items[_IRANK, it], 1 if duration else 0)
+    now = m[_NOW]
+    m[_it(m, _ISTART, it)] = now
+    row = m[_it(m, _IROW, it)]
+    if m[_it(m, _IFSDP, it)]:
+        duration = m[_it(m, _IDUR, it)]
+        m[_time(m, 0, row)] = now
+        _push(m, heap, now + duration, _COMM_DONE, -1 - it, 0)
+        _flight(m, f, heap, m[_it(m, _IRANK, it)], 1 if duration else 0)
         return
-    for k in range(items[_IROW, it], items[_IROW, it] + items[_INROWS, it]):
-        key = info[_RKEY, k]
-        send, recv = keys[_SIDE, key], keys[_SIDE + 1, key]
-        if send >= 0 and recv >= 0 and items[_ISTART, send] >= 0 and items[_ISTART, recv] >= 0:
-            _start_transfer(e, key)
+    for k in range(row, row + m[_it(m, _INROWS, it)]):
+        key = m[_info(m, _RKEY, k)]
+        send, recv = m[_ky(m, _SIDE, key)], m[_ky(m, _SIDE + 1, key)]
+        if send >= 0 and recv >= 0 and m[_it(m, _ISTART, send)] >= 0 and m[_it(m, _ISTART, recv)] >= 0:
+            _start_transfer(m, f, heap, key)
 
 
 @njit
-def _start_transfer(e, key):
-    keys, now = e.keys, e.sc[_NOW]
-    stages, mbs = e.done.shape[1], e.done.shape[2]
-    duration = e.xfer_ns[_boundary(key // (stages * mbs), (key // mbs) % stages)]
-    keys[_XSTART, key] = now
+def _start_transfer(m, f, heap, key):
+    now = m[_NOW]
+    duration = m[m[_XFER] + _boundary(key // (m[_S] * m[_M]), (key // m[_M]) % m[_S])]
+    m[_ky(m, _XSTART, key)] = now
     for side in range(2):
-        e.times[0, keys[_WROW + side, key]] = now
-        _flight(e, keys[_WRANK + side, key], 1 if duration else 0)
-    _push(e, now + duration, _COMM_DONE, key, 0)
+        m[_time(m, 0, m[_ky(m, _WROW + side, key)])] = now
+        _flight(m, f, heap, m[_ky(m, _WRANK + side, key)], 1 if duration else 0)
+    _push(m, heap, now + duration, _COMM_DONE, key, 0)
 
 
 @njit
-def _finish_item(e, it):
-    streams, items = e.streams, e.items
-    items[_IEND, it] = e.sc[_NOW]
-    s = _stream_of(e, it)
-    head = items[_INEXT, streams[_HEAD, s]]  # only a stream's head runs, so the item that ends is its head
-    streams[_HEAD, s] = head
+def _finish_item(m, f, heap, it):
+    m[_it(m, _IEND, it)] = m[_NOW]
+    s = _stream(m, it)
+    head = m[_it(m, _INEXT, m[s + _HEAD])]  # only a stream's head runs, so the item that ends is its head
+    m[s + _HEAD] = head
     if head < 0:
-        streams[_TAIL, s] = -1
+        m[s + _TAIL] = -1
     else:
-        _start_item(e, head)
+        _start_item(m, f, heap, head)
 
 
 @njit
-def _comm_done(e, payload):
+def _comm_done(m, f, heap, payload):
     """Engine.comm_done: ``payload`` a transfer key, or -1 - an FSDP item."""
-    items, keys, now = e.items, e.keys, e.sc[_NOW]
+    now = m[_NOW]
     if payload < 0:
         it = -1 - payload
-        rank = items[_IRANK, it]
-        _flight(e, rank, -1 if items[_IDUR, it] else 0)
-        e.times[1, items[_IROW, it]] = now
-        _finish_item(e, it)
-        _wake(e, rank, _ITEM, it, _NONE, 0)
+        rank = m[_it(m, _IRANK, it)]
+        _flight(m, f, heap, rank, -1 if m[_it(m, _IDUR, it)] else 0)
+        m[_time(m, 1, m[_it(m, _IROW, it)])] = now
+        _finish_item(m, f, heap, it)
+        _wake(m, f, heap, rank, _ITEM, it, _NONE, 0)
         return
     key = payload
-    keys[_XEND, key] = now
-    moved = now > keys[_XSTART, key]
+    m[_ky(m, _XEND, key)] = now
+    moved = now > m[_ky(m, _XSTART, key)]
     for side in range(2):
-        e.times[1, keys[_WROW + side, key]] = now
-        _flight(e, keys[_WRANK + side, key], -1 if moved else 0)
+        m[_time(m, 1, m[_ky(m, _WROW + side, key)])] = now
+        _flight(m, f, heap, m[_ky(m, _WRANK + side, key)], -1 if moved else 0)
     for side in range(2):
-        it = keys[_SIDE + side, key]
-        items[_IPENDING, it] -= 1
-        if items[_IPENDING, it] == 0:
-            _finish_item(e, it)
+        it = m[_ky(m, _SIDE + side, key)]
+        m[_it(m, _IPENDING, it)] -= 1
+        if m[_it(m, _IPENDING, it)] == 0:
+            _finish_item(m, f, heap, it)
     for side in range(2):
-        it = keys[_SIDE + side, key]
-        _wake(e, keys[_WRANK + side, key], _KEY, key, _ITEM if items[_IEND, it] >= 0 else _NONE, it)
+        it = m[_ky(m, _SIDE + side, key)]
+        ended = _ITEM if m[_it(m, _IEND, it)] >= 0 else _NONE
+        _wake(m, f, heap, m[_ky(m, _WRANK + side, key)], _KEY, key, ended, it)
 
 
 @njit
-def _wake(e, rank, type1, id1, type2, id2):
+def _wake(m, f, heap, rank, type1, id1, type2, id2):
     """Advance ``rank`` if what it waits for is (type1, id1) or (type2, id2)."""
-    ranks = e.ranks
-    blocker, which = ranks[_BLOCK_TYPE, rank], ranks[_BLOCK_ID, rank]
+    blocker, which = m[_rk(m, _BLOCK_TYPE, rank)], m[_rk(m, _BLOCK_ID, rank)]
     if blocker != _NONE and ((blocker == type1 and which == id1) or (blocker == type2 and which == id2)):
-        ranks[_BLOCK_TYPE, rank] = _NONE
-        _advance(e, rank)
+        m[_rk(m, _BLOCK_TYPE, rank)] = _NONE
+        _advance(m, f, heap, rank)
 
 
 @njit
-def _wait(e, rank, g):
+def _wait(m, rank, g):
     """Engine.wait at global row ``g``."""
-    ranks, items, keys, info = e.ranks, e.items, e.keys, e.info
-    batch = info[_RBATCH, g]
-    if batch < 0 or e.batches[_HEAD, batch] < 0:
-        e.sc[_ERR] = 1  # no batch posted before it
+    batch = m[_info(m, _RBATCH, g)]
+    if batch < 0 or m[m[_BATCHES] + 2 * batch + _HEAD] < 0:
+        m[_ERR] = 1  # no batch posted before it
         return False
-    it = e.batches[_HEAD, batch]
-    done = cursor = ranks[_CURSOR, rank]
+    head = m[m[_BATCHES] + 2 * batch + _HEAD]
+    done = cursor = m[_rk(m, _CURSOR, rank)]
+    it = head
     while it >= 0:
-        if items[_IEND, it] < 0:
-            ranks[_BLOCK_TYPE, rank], ranks[_BLOCK_ID, rank] = _ITEM, it
+        if m[_it(m, _IEND, it)] < 0:
+            m[_rk(m, _BLOCK_TYPE, rank)], m[_rk(m, _BLOCK_ID, rank)] = _ITEM, it
             return False
-        done = max(done, items[_IEND, it])
-        it = items[_IBNEXT, it]
+        done = max(done, m[_it(m, _IEND, it)])
+        it = m[_it(m, _IBNEXT, it)]
     exposed = 0  # the rank idles while a transfer of the batch is on the wire
-    it = e.batches[_HEAD, batch]
+    it = head
     while it >= 0:
-        row = items[_IROW, it]
-        wire = keys[_XSTART, info[_RKEY, row]]
-        for k in range(row + 1, row + items[_INROWS, it]):
-            wire = min(wire, keys[_XSTART, info[_RKEY, k]])
-        exposed = max(exposed, min(items[_IEND, it], done) - max(cursor, wire))
-        it = items[_IBNEXT, it]
-    ranks[_EXPOSED, rank] += exposed
-    ranks[_CURSOR, rank] = done
+        row = m[_it(m, _IROW, it)]
+        wire = m[_ky(m, _XSTART, m[_info(m, _RKEY, row)])]
+        for k in range(row + 1, row + m[_it(m, _INROWS, it)]):
+            wire = min(wire, m[_ky(m, _XSTART, m[_info(m, _RKEY, k)])])
+        exposed = max(exposed, min(m[_it(m, _IEND, it)], done) - max(cursor, wire))
+        it = m[_it(m, _IBNEXT, it)]
+    m[_rk(m, _EXPOSED, rank)] += exposed
+    m[_rk(m, _CURSOR, rank)] = done
     return True
 
 
 # ---------------------------------------------------------------------- compute
 @njit
-def _dep(e, n, ready, wire, blocker, which):
-    e.deps[n, 0], e.deps[n, 1], e.deps[n, 2], e.deps[n, 3] = ready, wire, blocker, which
+def _dep(m, n, ready, wire, blocker, which):
+    d = m[_DEPS] + 4 * n
+    m[d], m[d + 1], m[d + 2], m[d + 3] = ready, wire, blocker, which
     return n + 1
 
 
 @njit
-def _inputs(e, rank, kind, stage, mb, n):
-    """Engine.inputs, written to ``e.deps`` from row ``n``; returns the next row."""
-    keys, done, s2r = e.keys, e.done, e.s2r
-    stages, mbs = done.shape[1], done.shape[2]
-    gathered = e.unshard[stage]
+def _inputs(m, rank, kind, stage, mb, n):
+    """Engine.inputs, written to the deps block from entry ``n``; returns the next entry."""
+    gathered = m[m[_GATHERED] + stage]
     if gathered >= 0:
-        n = _dep(e, n, e.items[_IEND, gathered], e.items[_ISTART, gathered], _ITEM, gathered)
+        n = _dep(m, n, m[_it(m, _IEND, gathered)], m[_it(m, _ISTART, gathered)], _ITEM, gathered)
     if kind == _F:
         if stage == 0:
             return n
-        if s2r[stage - 1] == rank:
-            return _dep(e, n, done[0, stage - 1, mb], -1, _NONE, 0)
-        key = (FWD * stages + stage) * mbs + mb
-        return _dep(e, n, keys[_XEND, key], keys[_XSTART, key], _KEY, key)
+        if m[m[_S2R] + stage - 1] == rank:
+            return _dep(m, n, m[_sm(m, _DONE, 0, stage - 1, mb)], -1, _NONE, 0)
+        key = (FWD * m[_S] + stage) * m[_M] + mb
+        return _dep(m, n, m[_ky(m, _XEND, key)], m[_ky(m, _XSTART, key)], _KEY, key)
     if kind == _W:
-        return _dep(e, n, done[1, stage, mb], -1, _NONE, 0)
-    n = _dep(e, n, done[0, stage, mb], -1, _NONE, 0)
-    if stage == stages - 1:
+        return _dep(m, n, m[_sm(m, _DONE, 1, stage, mb)], -1, _NONE, 0)
+    n = _dep(m, n, m[_sm(m, _DONE, 0, stage, mb)], -1, _NONE, 0)
+    if stage == m[_S] - 1:
         return n
-    if s2r[stage + 1] == rank:
-        return _dep(e, n, done[1, stage + 1, mb], -1, _NONE, 0)
-    key = (BWD * stages + stage) * mbs + mb
-    return _dep(e, n, keys[_XEND, key], keys[_XSTART, key], _KEY, key)
+    if m[m[_S2R] + stage + 1] == rank:
+        return _dep(m, n, m[_sm(m, _DONE, 1, stage + 1, mb)], -1, _NONE, 0)
+    key = (BWD * m[_S] + stage) * m[_M] + mb
+    return _dep(m, n, m[_ky(m, _XEND, key)], m[_ky(m, _XSTART, key)], _KEY, key)
 
 
 @njit
-def _duration(e, row):
-    kind, stage, mb, kind2, stage2, mb2 = row[0], row[1], row[2], row[3], row[4], row[5]
+def _duration(m, g):
+    kind, stage, mb = m[_row(m, g, 0)], m[_row(m, g, 1)], m[_row(m, g, 2)]
     if kind != _FB:
-        return e.compute_ns[kind, stage, mb]
-    if e.pair_ns.shape[0]:
-        return e.pair_ns[stage, stage2]
-    return e.compute_ns[_F, stage, mb] + e.compute_ns[kind2, stage2, mb2]
+        return m[_sm(m, _COMPUTE, kind, stage, mb)]
+    kind2, stage2, mb2 = m[_row(m, g, 3)], m[_row(m, g, 4)], m[_row(m, g, 5)]
+    if m[_PAIRED]:
+        return m[m[_PAIR] + stage * m[_S] + stage2]
+    return m[_sm(m, _COMPUTE, _F, stage, mb)] + m[_sm(m, _COMPUTE, kind2, stage2, mb2)]
 
 
 @njit
-def _take_memory(e, rank, kind, stage):
+def _take_memory(m, rank, kind, stage):
     """A forward takes its activations, a backward its transient."""
-    ranks = e.ranks
     if kind == _F:
-        ranks[_ACT, rank] += e.mem_bytes[0, stage]
-    transient = e.mem_bytes[1, stage] if kind == _B or kind == _I else 0
-    ranks[_PEAK, rank] = max(ranks[_PEAK, rank], ranks[_ACT, rank] + transient)
+        m[_rk(m, _ACT, rank)] += m[m[_MEM] + stage]
+    transient = m[m[_MEM] + m[_S] + stage] if kind == _B or kind == _I else 0
+    m[_rk(m, _PEAK, rank)] = max(m[_rk(m, _PEAK, rank)], m[_rk(m, _ACT, rank)] + transient)
 
 
 @njit
-def _start_compute(e, rank, g):
+def _start_compute(m, f, heap, rank, g):
     """Engine.start_compute at global row ``g``."""
-    ranks, rates, row, deps, sc = e.ranks, e.rates, e.rows[g], e.deps, e.sc
-    kind = row[0]
+    kind, stage = m[_row(m, g, 0)], m[_row(m, g, 1)]
     if kind == _FB:
-        n = _inputs(e, rank, _F, row[1], row[2], 0)
-        n = _inputs(e, rank, row[3], row[4], row[5], n)
+        n = _inputs(m, rank, _F, stage, m[_row(m, g, 2)], 0)
+        n = _inputs(m, rank, m[_row(m, g, 3)], m[_row(m, g, 4)], m[_row(m, g, 5)], n)
     else:
-        n = _inputs(e, rank, kind, row[1], row[2], 0)
-    cursor = start = ranks[_CURSOR, rank]
+        n = _inputs(m, rank, kind, stage, m[_row(m, g, 2)], 0)
+    cursor = start = m[_rk(m, _CURSOR, rank)]
     exposed = 0
-    for d in range(n):
-        ready, wire, blocker = deps[d, 0], deps[d, 1], deps[d, 2]
+    for d in range(m[_DEPS], m[_DEPS] + 4 * n, 4):
+        ready, wire, blocker = m[d], m[d + 1], m[d + 2]
         if ready < 0:
             if blocker == _NONE:
-                sc[_ERR] = 1  # an input it needs from its own rank runs later in its order
-            ranks[_BLOCK_TYPE, rank], ranks[_BLOCK_ID, rank] = blocker, deps[d, 3]
+                m[_ERR] = 1  # an input it needs from its own rank runs later in its order
+            m[_rk(m, _BLOCK_TYPE, rank)], m[_rk(m, _BLOCK_ID, rank)] = blocker, m[d + 3]
             return False
         start = max(start, ready)
         if blocker != _NONE:  # the rank idled while this input was on the wire
             exposed = max(exposed, ready - max(cursor, wire))
-    ranks[_EXPOSED, rank] += exposed
-    work = _duration(e, row)
-    sc[_VERSION] += 1
-    sc[_COMPUTING] += 1
-    factor = _factor(e, rank)
-    ranks[_RUN, rank], ranks[_RUN_START, rank], ranks[_RUN_LAST, rank] = g - ranks[_ROW0, rank], start, start
-    ranks[_RUN_VERSION, rank] = sc[_VERSION]
-    rates[_WORK, rank], rates[_FACTOR, rank] = float(work), factor
-    _push(e, _kernel_end_ns(start, work * factor), _COMPUTE_DONE, rank, sc[_VERSION])
-    if e.shared:
-        _rerate_all(e)
+    m[_rk(m, _EXPOSED, rank)] += exposed
+    work = _duration(m, g)
+    m[_VERSION] += 1
+    m[_COMPUTING] += 1
+    factor = _factor(m, f, rank)
+    m[_rk(m, _RUN, rank)], m[_rk(m, _RUN_START, rank)] = g - m[_rk(m, _ROW0, rank)], start
+    m[_rk(m, _RUN_LAST, rank)], m[_rk(m, _RUN_VERSION, rank)] = start, m[_VERSION]
+    f[_rate(m, _WORK, rank)], f[_rate(m, _FACTOR, rank)] = float(work), factor
+    _push(m, heap, _kernel_end_ns(start, work * factor), _COMPUTE_DONE, rank, m[_VERSION])
+    if m[_SHARED]:
+        _rerate_all(m, f, heap)
     if kind == _FB:
-        _take_memory(e, rank, _F, row[1])
-        _take_memory(e, rank, row[3], row[4])
+        _take_memory(m, rank, _F, stage)
+        _take_memory(m, rank, m[_row(m, g, 3)], m[_row(m, g, 4)])
     else:
-        _take_memory(e, rank, kind, row[1])
+        _take_memory(m, rank, kind, stage)
     return True
 
 
 @njit
-def _compute_ended(e, rank, kind, stage, mb, end):
+def _compute_ended(m, rank, kind, stage, mb, end):
     if kind == _F:
-        e.done[0, stage, mb] = end
+        m[_sm(m, _DONE, 0, stage, mb)] = end
     elif kind == _B or kind == _I:
-        e.done[1, stage, mb] = end
+        m[_sm(m, _DONE, 1, stage, mb)] = end
     if kind == _B or kind == _W:
-        e.ranks[_ACT, rank] -= e.mem_bytes[0, stage]
+        m[_rk(m, _ACT, rank)] -= m[m[_MEM] + stage]
 
 
 @njit
-def _compute_done(e, rank, version):
+def _compute_done(m, f, heap, rank, version):
     """Engine.compute_done."""
-    ranks = e.ranks
-    if ranks[_RUN, rank] < 0 or ranks[_RUN_VERSION, rank] != version:
+    i = m[_rk(m, _RUN, rank)]
+    if i < 0 or m[_rk(m, _RUN_VERSION, rank)] != version:
         return  # superseded: its rate changed since this end was computed
-    i, end = ranks[_RUN, rank], e.sc[_NOW]
-    g = ranks[_ROW0, rank] + i
-    e.times[0, g], e.times[1, g] = ranks[_RUN_START, rank], end
-    ranks[_BUSY, rank] += end - ranks[_RUN_START, rank]
-    ranks[_CURSOR, rank] = end
-    row = e.rows[g]
-    if row[0] == _FB:
-        _compute_ended(e, rank, _F, row[1], row[2], end)
-        _compute_ended(e, rank, row[3], row[4], row[5], end)
+    end, start = m[_NOW], m[_rk(m, _RUN_START, rank)]
+    g = m[_rk(m, _ROW0, rank)] + i
+    m[_time(m, 0, g)], m[_time(m, 1, g)] = start, end
+    m[_rk(m, _BUSY, rank)] += end - start
+    m[_rk(m, _CURSOR, rank)] = end
+    if m[_row(m, g, 0)] == _FB:
+        _compute_ended(m, rank, _F, m[_row(m, g, 1)], m[_row(m, g, 2)], end)
+        _compute_ended(m, rank, m[_row(m, g, 3)], m[_row(m, g, 4)], m[_row(m, g, 5)], end)
     else:
-        _compute_ended(e, rank, row[0], row[1], row[2], end)
-    ranks[_RUN, rank] = -1
-    e.sc[_COMPUTING] -= 1
-    ranks[_POS, rank] = i + 1
-    _advance(e, rank)
-    if e.shared:
-        _rerate_all(e)
+        _compute_ended(m, rank, m[_row(m, g, 0)], m[_row(m, g, 1)], m[_row(m, g, 2)], end)
+    m[_rk(m, _RUN, rank)] = -1
+    m[_COMPUTING] -= 1
+    m[_rk(m, _POS, rank)] = i + 1
+    _advance(m, f, heap, rank)
+    if m[_SHARED]:
+        _rerate_all(m, f, heap)
 
 
 # ---------------------------------------------------------------------- the loop
 @njit
-def _advance(e, rank):
+def _advance(m, f, heap, rank):
     """Engine.advance: run rank's program until a row must wait, a compute is running or an error is flagged."""
-    ranks, rows = e.ranks, e.rows
-    first, n = ranks[_ROW0, rank], ranks[_NROWS, rank]
-    while ranks[_RUN, rank] < 0 and ranks[_POS, rank] < n:
-        i = ranks[_POS, rank]
+    first, n = m[_rk(m, _ROW0, rank)], m[_rk(m, _NROWS, rank)]
+    pos = _rk(m, _POS, rank)
+    while m[_rk(m, _RUN, rank)] < 0 and m[pos] < n:
+        i = m[pos]
         g = first + i
-        kind = rows[g, 0]
+        kind = m[_row(m, g, 0)]
         if _SEND_F <= kind <= _RECV_B:
-            ranks[_POS, rank] = _post_batch(e, rank, g) - first
-            if e.sc[_ERR]:
+            m[pos] = _post_batch(m, f, heap, rank, g) - first
+            if m[_ERR]:
                 return
             continue
         if kind == _UNSHARD or kind == _REDUCE:
-            _post_fsdp(e, rank, g, kind, rows[g, 1])
+            _post_fsdp(m, f, heap, rank, g, kind, m[_row(m, g, 1)])
         if kind == _WAIT:
-            if not _wait(e, rank, g):
+            if not _wait(m, rank, g):
                 return
-        elif _F <= kind <= _FB and not _start_compute(e, rank, g):
+        elif _F <= kind <= _FB and not _start_compute(m, f, heap, rank, g):
             return
-        if ranks[_RUN, rank] < 0:
-            ranks[_POS, rank] = i + 1
+        if m[_rk(m, _RUN, rank)] < 0:
+            m[pos] = i + 1
 
 
 @njit
-def _run(e):
-    """Engine.run; returns a status."""
-    sc, ranks = e.sc, e.ranks
-    for rank in range(ranks.shape[1]):
-        _advance(e, rank)
-    while sc[_HEAPN] and not sc[_ERR] and not sc[_FULLED]:
-        t, kind, a, b = _pop(e)
-        sc[_NOW] = t
+def run_pipeline_jit(m, f, heap):
+    """Engine.run on ``m`` (:func:`_arena`), ``f`` and an empty ``heap``; returns a status (``_OK``: ``m``'s
+    blocks hold the result)."""
+    for rank in range(m[_P]):
+        _advance(m, f, heap, rank)
+    while m[_HEAPN] and not m[_ERR] and not m[_FULLED]:
+        t, kind, a, b = _pop(m, heap)
+        m[_NOW] = t
         if kind == _COMM_DONE:
-            _comm_done(e, a)
+            _comm_done(m, f, heap, a)
         else:
-            _compute_done(e, a, b)
-    if sc[_FULLED]:
+            _compute_done(m, f, heap, a, b)
+    if m[_FULLED]:
         return _FULL
-    if sc[_ERR]:
+    if m[_ERR]:
         return _ERROR
-    for rank in range(ranks.shape[1]):
-        if ranks[_POS, rank] < ranks[_NROWS, rank]:
+    for rank in range(m[_P]):
+        if m[_rk(m, _POS, rank)] < m[_rk(m, _NROWS, rank)]:
             return _ERROR  # a deadlock
     return _OK
-
-
-@njit
-def run_pipeline_jit(rows, info, s2r, compute_ns, fsdp_ns, pair_ns, mem_bytes, xfer_ns, factor, shared, row0,
-                     num_items, num_batches, heap_capacity):  # fmt: skip
-    """Play one pipeline step (the arguments: :class:`_Loop`'s inputs; ``row0``: each rank's first row and after it
-    the number of rows). Returns (status, (2, N) start / end of each row, the (15, P) per-rank state)."""
-    p = len(row0) - 1
-    stages, mbs = compute_ns.shape[1], compute_ns.shape[2]
-    ranks = np.zeros((15, p), np.int64)
-    ranks[_RUN] = -1
-    ranks[_ROW0] = row0[:-1]
-    ranks[_NROWS] = row0[1:] - row0[:-1]
-    e = _Loop(rows, info, s2r, compute_ns, fsdp_ns, pair_ns, mem_bytes, xfer_ns, factor, shared, ranks,
-              np.zeros((2, p), np.float64), np.zeros((11, max(num_items, 1)), np.int64),
-              np.full((8, 2 * stages * mbs), -1, np.int64), np.full((2, p * (p + 3)), -1, np.int64),
-              np.full((2, max(num_batches, 1)), -1, np.int64), np.full((2, stages, mbs), -1, np.int64),
-              np.full(stages, -1, np.int64), np.zeros((heap_capacity, 4), np.int64), np.zeros(8, np.int64),
-              np.full((2, len(rows)), -1, np.int64), np.zeros((8, 4), np.int64))  # fmt: skip
-    status = _run(e)
-    return status, e.times, ranks
 
 
 # ---------------------------------------------------------------------- from Python
 def run_compiled(program: PipelineProgram, times: StageTimes, xfer_ns: np.ndarray,
                  model: StreamModel) -> CompiledRun | None:  # fmt: skip
     """The step :class:`commsched.pipeline.engine.Engine` plays, compiled; None when the Python loop must run
-    instead: the program cannot finish (it raises the error) or has fields outside the stage tables."""
-    args = _arguments(program, times, xfer_ns, model)
-    if args is None:
+    instead: the program cannot finish (the Engine raises its error) or has fields outside the stage tables."""
+    arena = _arena(program, times, xfer_ns, bool(model.host_cores))
+    if arena is None:
         return None
-    capacity = 2 * len(args[0]) + 64
+    p = program.pp_size
+    factor = [model.kernel_factor(bool(comm) and model.kernels_see_comm, k) for comm in (0, 1) for k in range(p + 1)]
+    capacity = 2 * int(arena[_N]) + 64
     while True:
-        status, row_times, ranks = run_pipeline_jit(*args, capacity)
+        m, f = arena.copy(), np.array([0.0] * (2 * p) + factor, np.float64)
+        status = run_pipeline_jit(m, f, np.zeros((capacity, 4), np.int64))
         if status != _FULL:
             break
         capacity *= 4  # superseded compute ends filled the heap: again with more room
     if status != _OK:
         return None
-    row0 = args[10]
-    starts = [row_times[0, a:b] for a, b in zip(row0[:-1], row0[1:], strict=True)]
-    ends = [row_times[1, a:b] for a, b in zip(row0[:-1], row0[1:], strict=True)]
+    ranks = m[m[_RANKS] : m[_RANKS] + _RANK_FIELDS * p].reshape(_RANK_FIELDS, p)
+    row_times = m[m[_TIMES] : m[_TIMES] + 2 * m[_N]].reshape(2, -1)
+    bounds = np.concatenate([ranks[_ROW0], [m[_N]]]).tolist()
+    starts = [row_times[0, a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    ends = [row_times[1, a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
     return CompiledRun(ranks[_CURSOR].tolist(), ranks[_BUSY].tolist(), ranks[_EXPOSED].tolist(),
                        ranks[_PEAK].tolist(), starts, ends)  # fmt: skip
 
 
-def _arguments(program: PipelineProgram, times: StageTimes, xfer_ns: np.ndarray, model: StreamModel) -> tuple | None:
-    """:func:`run_pipeline_jit`'s arguments but the heap's capacity; None when a row's fields do not index the
+def _arena(program: PipelineProgram, times: StageTimes, xfer_ns: np.ndarray, shared: bool) -> np.ndarray | None:
+    """The loop's ``m``: header, inputs and the state at its start (``shared``: ranks share the host's cores);
+    None when a row's fields do not index the
     stage tables (the Python loop then decides what they mean)."""
     p, stages, mbs = program.pp_size, program.num_stages, program.microbatches
     s2r = np.asarray(program.stage_to_rank, np.int64)
@@ -604,18 +617,26 @@ def _arguments(program: PipelineProgram, times: StageTimes, xfer_ns: np.ndarray,
     info = _row_facts(rows, row0, s2r, stages, mbs)
     if info is None:
         return None
-    pair = np.zeros((0, 0), np.int64) if times.overlap_f_b_ns is None else np.asarray(times.overlap_f_b_ns, np.int64)
-    factor = np.array([[model.kernel_factor(bool(c) and model.kernels_see_comm, k) for k in range(p + 1)]
-                       for c in (0, 1)], np.float64)  # fmt: skip
-    compute = np.stack([times.forward_ns, times.backward_ns, times.backward_input_ns, times.backward_weight_ns])
-    kinds = rows[:, 0]
-    num_items = int(((kinds >= _SEND_F) & (kinds <= _RECV_B)).sum() + ((kinds == _UNSHARD) | (kinds == _REDUCE)).sum())
-    return (rows, info, s2r, compute.astype(np.int64), np.stack([times.unshard_ns, times.reduce_grad_ns]),
-            pair, np.stack([times.activation_bytes, times.backward_peak_bytes]).astype(np.int64),
-            np.asarray(xfer_ns, np.int64), factor, bool(model.host_cores), row0, num_items,
-            int(info[_RBATCH].max(initial=-1)) + 1)  # fmt: skip
-
-
+    n, kinds = len(rows), rows[:, 0]
+    capacity = int(((kinds >= _SEND_F) & (kinds <= _RECV_B)).sum() + ((kinds == _UNSHARD) | (kinds == _REDUCE)).sum())
+    ranks = np.zeros((_RANK_FIELDS, p), np.int64)
+    ranks[_RUN], ranks[_ROW0], ranks[_NROWS] = -1, row0[:-1], np.diff(row0)
+    pair = times.overlap_f_b_ns
+    blocks = {"rows": rows, "info": info, "s2r": s2r,
+              "compute": np.stack([times.forward_ns, times.backward_ns, times.backward_input_ns,
+                                   times.backward_weight_ns]),
+              "fsdp": np.stack([times.unshard_ns, times.reduce_grad_ns]), "pair": () if pair is None else pair,
+              "mem": np.stack([times.activation_bytes, times.backward_peak_bytes]), "xfer": xfer_ns, "ranks": ranks,
+              "items": np.full((_ITEM_FIELDS, capacity), -1), "keys": np.full((8, 2 * stages * mbs), -1),
+              "streams": np.full(2 * p * (p + 3), -1), "batches": np.full(2 * (int(info[_RBATCH].max(initial=-1)) + 1), -1),
+              "done": np.full(2 * stages * mbs, -1), "unshard": np.full(stages, -1), "times": np.full(2 * n, -1),
+              "deps": np.zeros(8 * 4)}  # fmt: skip
+    parts = [np.asarray(blocks[name], np.int64).ravel() for name in _BLOCKS]
+    header = np.zeros(_HEADER, np.int64)
+    header[_P], header[_S], header[_M], header[_N], header[_ICAP] = p, stages, mbs, n, capacity
+    header[_SHARED], header[_PAIRED] = shared, pair is not None
+    header[_ROWS:] = _HEADER + np.cumsum([0] + [len(part) for part in parts[:-1]])
+    return np.concatenate([header, *parts])
 def _row_facts(rows: np.ndarray, row0: np.ndarray, s2r: np.ndarray, stages: int, mbs: int) -> np.ndarray | None:
     """The (6, N) per-row facts (``_R*``), or None when a row's stage or micro-batch is out of range."""
     n = len(rows)
