@@ -28,7 +28,8 @@ The rules (torch's ``_PipelineScheduleRuntime`` and single-stage runtimes on GPU
 * a stage holds ``activation_bytes`` per micro-batch from its forward's start to the end of its backward (B, or the
   W after an I), and ``backward_peak_bytes`` more while a B or I of it runs, plus ``static_bytes`` all step.
 
-An event loop over every action (:mod:`commsched.pipeline.engine`): O(actions log actions). Times are int64 ns
+An event loop over every action (:mod:`commsched.pipeline.engine`; compiled, with identical results, in
+:mod:`commsched.pipeline.engine_jit` unless ``COMMSCHED_JIT=0``): O(actions log actions). Times are int64 ns
 (``sim/model.py``), so equal costs give exact ties.
 """
 
