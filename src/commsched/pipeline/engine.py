@@ -37,6 +37,49 @@ def boundary(direction: int, stage: int) -> int:
     return stage - 1 if direction == FWD else stage
 
 
+def row_facts(
+    rows: np.ndarray, rank: np.ndarray, s2r: np.ndarray, stages: int, mbs: int
+) -> tuple[np.ndarray, ...] | None:
+    """What :meth:`Engine.transfer` and :meth:`Engine.post_batch` make of each of ``rows`` (every rank's action
+    rows, rank after rank; ``rank``: each row's rank), as int64 arrays, -1 where they do not apply: the transfer's id
+    ``(direction * stages + stage) * mbs + mb``, the peer rank, the side, the batch (an id of (rank, batch), also
+    for a WAIT), and at the first P2P row of each post (a batch, or a row posted alone) the row after the post and
+    whether it is one coalesced group (for the compiled loop, :mod:`commsched.pipeline.engine_jit`). None when a
+    row's stage or micro-batch does not index the stage tables, or a SEND / RECV's transfer is outside them (the
+    Engine's lists then decide what they mean)."""
+    kind, stage, mb, kind2, stage2, mb2 = rows.T
+    fits, fits2 = (stage >= 0) & (stage < stages), (stage2 >= 0) & (stage2 < stages)
+    bad = np.isin(kind, tuple(_COMPUTE)) & ~(fits & (mb >= 0) & (mb < mbs))
+    bad |= (kind == ActionKind.OVERLAP_F_B) & ~((kind2 >= 0) & (kind2 <= ActionKind.BACKWARD_WEIGHT) & fits2
+                                               & (mb2 >= 0) & (mb2 < mbs))  # fmt: skip
+    bad |= np.isin(kind, tuple(_FSDP)) & ~fits
+    n, batch = len(rows), stage2
+    p2p = np.isin(kind, tuple(_P2P))
+    table = np.array([TRANSFER.get(k, (0, 0, 0, 0)) for k in range(max(_P2P) + 1)], np.int64)
+    direction, key_step, peer_step, side = table[np.where(p2p, kind, 0)].T
+    key_stage = stage + key_step
+    lowest = np.where(direction == FWD, 1, 0)  # a forward goes to stage >= 1, a gradient to stage <= S - 2
+    bad |= p2p & ~((key_stage >= lowest) & (key_stage <= lowest + stages - 2) & (mb >= 0) & (mb < mbs))
+    if bad.any():
+        return None
+    key = np.where(p2p, (direction * stages + key_stage) * mbs + mb, -1)
+    peer = np.where(p2p, s2r[np.clip(stage + peer_step, 0, stages - 1)], -1)
+    batched = (p2p | (kind == ActionKind.WAIT)) & (batch >= 0)
+    batch_id = np.full(n, -1, np.int64)
+    batch_id[batched] = np.unique(rank[batched] << 32 | batch[batched], return_inverse=True)[1].ravel()
+    # a P2P row joins the post of the row before it when that is a P2P row of the same rank and batch >= 0
+    joins = np.zeros(n, np.bool_)
+    joins[1:] = p2p[1:] & p2p[:-1] & (rank[1:] == rank[:-1]) & (batch[:-1] >= 0) & (batch[1:] == batch[:-1])
+    breaks, starts = np.flatnonzero(~joins), np.flatnonzero(p2p & ~joins)
+    after = np.searchsorted(breaks, starts, side="right")
+    ends = np.where(after < len(breaks), breaks[np.minimum(after, len(breaks) - 1)], n)
+    run_end, group = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
+    run_end[starts], group[starts] = ends, 0
+    for start, end in zip(starts[ends - starts > 1].tolist(), ends[ends - starts > 1].tolist(), strict=True):
+        group[start] = coalesced(kind[start:end].tolist())
+    return key, peer, np.where(p2p, side, -1), batch_id, run_end, group
+
+
 class DeadlockError(ValueError):
     """No rank can move: each waits for a transfer whose send or receive is never posted, or is queued behind one
     that cannot start."""

@@ -13,11 +13,9 @@ runs the Python Engine, which raises its own :class:`~commsched.pipeline.engine.
 program whose fields do not index the stage tables: the Python loop decides what those mean).
 ``tests/pipeline/test_pipeline_engine_jit.py`` checks that both loops give identical results and errors.
 
-Layout: the whole state and the inputs are one int64 array (``m``: a header of scalars and block offsets, then
-blocks ``[field, id]``), the rates one float64 array (``f``) and the heap one (capacity, 4) array, so a handler call
-passes three arrays (numba counts references of every array passed at each call: a tuple of 20 arrays made every
-call cost as much as the work, and the first compile 60 s). The handlers are compiled functions of their own,
-called, not inlined (:mod:`commsched.sim.engine_jit`). O(actions log actions).
+The inputs and state are one int64 array ``m`` (a header, then columns), the rates one float64 array ``f``, the
+heap a third: numba counts references of each array at each call, and a tuple of 20 arrays made calls cost more
+than the work (and the first compile 60 s). Handlers are called, not inlined (:mod:`commsched.sim.engine_jit`).
 """
 
 from __future__ import annotations
@@ -28,9 +26,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from commsched.pipeline.actions import COMPUTE_KINDS, P2P_KINDS, ActionKind, PipelineProgram, coalesced
+from commsched.pipeline.actions import COMPUTE_KINDS, P2P_KINDS, ActionKind, PipelineProgram
 from commsched.pipeline.costs import StageTimes
-from commsched.pipeline.engine import BWD, FWD, TRANSFER, boundary
+from commsched.pipeline.engine import BWD, FWD, boundary, row_facts
 from commsched.sim import model as _model
 from commsched.sim.jit import njit, njit_inline
 from commsched.sim.model import StreamModel
@@ -45,8 +43,7 @@ _UNSHARD, _REDUCE, _WAIT = int(ActionKind.UNSHARD), int(ActionKind.REDUCE_GRAD),
 _COMM_DONE, _COMPUTE_DONE = np.int64(0), np.int64(1)  # event kinds, in their order at equal times (the Engine's)
 _KIND_SHIFT = 48  # a heap entry's second key: kind << _KIND_SHIFT | issue number
 _OK, _ERROR, _FULL = 0, 1, 2  # statuses: done; the Python Engine raises; the heap needs more room
-# what a blocked rank waits for: nothing, a transfer (key id), a stream item (item id)
-_NONE, _KEY, _ITEM = np.int64(0), np.int64(1), np.int64(2)
+_NONE, _KEY, _ITEM = np.int64(0), np.int64(1), np.int64(2)  # a blocked rank waits for: nothing, a transfer, an item
 _ZERO, _NO_ID = np.int64(0), np.int64(-1)
 
 # m's header: scalars, then the offset in m of each column (column X of id i is m[m[X] + i])
@@ -72,9 +69,7 @@ _SCALARS = 14
     _DREADY, _DWIRE, _DTYPE, _DID,  # scratch: a compute's inputs
 ) = range(_SCALARS, _SCALARS + 66)  # fmt: skip
 _HEADER = _SCALARS + 66
-_RANK_COLUMNS = (_POS, _NROWS)  # first, last
-_WORK, _FACTOR = 0, 1  # f: per rank the running compute's work left (ns at full rate), wall time per unit of work;
-# then the factor table [comm in flight, ranks computing]
+_WORK, _FACTOR = 0, 1  # f: per rank work left (ns at full rate), wall time per unit; then kernel_factor's table
 
 
 class CompiledRun(NamedTuple):
@@ -108,8 +103,7 @@ def _push(m, heap, t, kind, a, b):
         up = (i - 1) >> 1
         if _before(heap, up, t, key):
             break
-        for c in range(4):
-            heap[i, c] = heap[up, c]
+        heap[i] = heap[up]
         i = up
     heap[i, 0], heap[i, 1], heap[i, 2], heap[i, 3] = t, key, a, b
     m[_HEAPN] = n + 1
@@ -128,11 +122,9 @@ def _pop(m, heap):
             c += 1
         if not _before(heap, c, last_t, last_key):
             break
-        for k in range(4):
-            heap[i, k] = heap[c, k]
+        heap[i] = heap[c]
         i = c
-    for k in range(4):
-        heap[i, k] = heap[n, k]
+    heap[i] = heap[n]
     return t, key >> _KIND_SHIFT, a, b
 
 
@@ -240,13 +232,8 @@ def _post_fsdp(m, f, heap, rank, g):
 
 
 @njit
-def _stream(m, it):
-    return m[m[_IRANK] + it] * (m[_P] + 3) + m[m[_ISLOT] + it]
-
-
-@njit
 def _enqueue(m, f, heap, it):
-    s = _stream(m, it)
+    s = m[m[_IRANK] + it] * (m[_P] + 3) + m[m[_ISLOT] + it]  # its stream
     tail = m[m[_QTAIL] + s]
     m[m[_QTAIL] + s] = it
     if tail < 0:
@@ -289,7 +276,7 @@ def _start_transfer(m, f, heap, key):
 @njit
 def _finish_item(m, f, heap, it):
     m[m[_IEND] + it] = m[_NOW]
-    s = _stream(m, it)
+    s = m[m[_IRANK] + it] * (m[_P] + 3) + m[m[_ISLOT] + it]  # its stream
     head = m[m[_INEXT] + m[m[_QHEAD] + s]]  # only a stream's head runs, so the item that ends is its head
     m[m[_QHEAD] + s] = head
     if head < 0:
@@ -568,7 +555,7 @@ def _arena(program: PipelineProgram, times: StageTimes, xfer_ns: np.ndarray, sha
         return None
     program_columns, row0, items, batches = of_program
     p, stages, mbs, n = program.pp_size, program.num_stages, program.microbatches, int(row0[-1])
-    ranks = np.zeros((_RANK_COLUMNS[1] - _RANK_COLUMNS[0] + 1, p), np.int64)
+    ranks = np.zeros((_NROWS - _POS + 1, p), np.int64)
     ranks[_RUN - _POS], ranks[_ROW0 - _POS], ranks[_NROWS - _POS] = -1, row0[:-1], np.diff(row0)
     pair = times.overlap_f_b_ns
     compute = np.stack([times.forward_ns, times.backward_ns, times.backward_input_ns, times.backward_weight_ns])
@@ -603,55 +590,11 @@ def _program_columns(program: PipelineProgram) -> tuple[list[np.ndarray], np.nda
         row0 = np.zeros(p + 1, np.int64)
         row0[1:] = np.cumsum([len(a) for a in program.actions])
         rows = np.concatenate([np.asarray(a, np.int64).reshape(-1, 6) for a in program.actions])
-        facts = _row_facts(rows, row0, s2r, stages, mbs)
+        facts = row_facts(rows, np.repeat(np.arange(p), np.diff(row0)), s2r, stages, mbs)
         if facts is not None:
             kinds = rows[:, 0]
             items = ((kinds >= _SEND_F) & (kinds <= _RECV_B)).sum() + ((kinds == _UNSHARD) | (kinds == _REDUCE)).sum()
-            batches = int(facts[_BATCH_OF].max(initial=-1)) + 1
-            out = [*np.ascontiguousarray(rows.T), *facts.values(), s2r], row0, int(items), batches
+            batches = int(facts[_BATCH_OF - _KEY_OF].max(initial=-1)) + 1
+            out = [*np.ascontiguousarray(rows.T), *facts, s2r], row0, int(items), batches
     _PROGRAM_COLUMNS[program] = out
     return out
-
-
-def _row_facts(
-    rows: np.ndarray, row0: np.ndarray, s2r: np.ndarray, stages: int, mbs: int
-) -> dict[int, np.ndarray] | None:
-    """The per-row facts (column -> values: ``_KEY_OF`` .. ``_COALESCED``), or None when a row's stage or
-    micro-batch is out of range."""
-    n = len(rows)
-    kind, stage, mb, kind2, stage2, mb2 = rows.T
-    p2p = (kind >= _SEND_F) & (kind <= _RECV_B)
-    compute = (kind >= _F) & (kind <= _FB)
-    fb = kind == _FB
-    in_range = (stage >= 0) & (stage < stages) & (mb >= 0) & (mb < mbs)
-    bad = compute & ~in_range
-    bad |= fb & ~((kind2 >= _F) & (kind2 <= _W) & (stage2 >= 0) & (stage2 < stages) & (mb2 >= 0) & (mb2 < mbs))
-    bad |= ((kind == _UNSHARD) | (kind == _REDUCE)) & ~((stage >= 0) & (stage < stages))
-    facts = {column: np.full(n, -1, np.int64) for column in range(_KEY_OF, _COALESCED + 1)}
-    table = np.array([TRANSFER.get(k, (0, 0, 0, 0)) for k in range(_RECV_B + 1)], np.int64)
-    direction, key_step, peer_step, side = table[np.where(p2p, kind, 0)].T
-    key_stage = stage + key_step
-    lowest = np.where(direction == FWD, 1, 0)  # a forward goes to stage >= 1, a gradient to stage <= S - 2
-    bad |= p2p & ~((key_stage >= lowest) & (key_stage <= lowest + stages - 2) & (mb >= 0) & (mb < mbs))
-    if bad.any():
-        return None
-    facts[_KEY_OF] = np.where(p2p, (direction * stages + key_stage) * mbs + mb, -1)
-    facts[_PEER_OF] = np.where(p2p, s2r[np.clip(stage + peer_step, 0, stages - 1)], -1)
-    facts[_SIDE_OF] = np.where(p2p, side, -1)
-    rank = np.repeat(np.arange(len(row0) - 1), np.diff(row0))
-    batched = (p2p | (kind == _WAIT)) & (stage2 >= 0)
-    _, batch_ids = np.unique(rank[batched] << 32 | stage2[batched], return_inverse=True)
-    facts[_BATCH_OF][batched] = batch_ids.ravel()
-    # a P2P row continues the batch of the row before it (Engine.post_batch) when that one is a P2P row of the same
-    # rank and batch >= 0
-    more = np.zeros(n, np.bool_)
-    more[1:] = p2p[1:] & p2p[:-1] & (rank[1:] == rank[:-1]) & (stage2[:-1] >= 0) & (stage2[1:] == stage2[:-1])
-    breaks = np.flatnonzero(~more)
-    starts = np.flatnonzero(p2p & ~more)
-    nxt = np.searchsorted(breaks, starts, side="right")
-    ends = np.where(nxt < len(breaks), breaks[np.minimum(nxt, len(breaks) - 1)], n)
-    facts[_RUN_END][starts] = ends
-    facts[_COALESCED][starts] = 0
-    for start, end in zip(starts[ends - starts > 1].tolist(), ends[ends - starts > 1].tolist(), strict=True):
-        facts[_COALESCED][start] = coalesced(kind[start:end].tolist())
-    return facts
