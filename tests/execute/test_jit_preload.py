@@ -15,6 +15,7 @@ import pytest
 
 from commsched.experiments.sweep import SweepRow
 from commsched.experiments.sweep_task import run_task
+from commsched.pipeline import StageCosts, simulate_pipeline
 from commsched.sim import jit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,6 +64,8 @@ def test_forked_worker_inherits_the_loaded_loops_and_rows_are_unchanged():
     from jit_helpers import specs
 
     want = [SweepRow.from_dict(r).result_dict() for s in specs() for r in run_task(s)]  # also fills numba's cache
+    simulate_pipeline("1F1B", 2, 2, None, StageCosts(forward_s=1e-3, backward_s=2e-3), free_comm=True)  # a sweep
+    # task runs no pipeline: this fills the pipeline loop's cache (commsched.pipeline.engine_jit)
     for mode in ("preload", "plain"):
         got = _pool(mode)
         out = got["out"]

@@ -24,8 +24,60 @@ _COMPUTE = frozenset(int(k) for k in COMPUTE_KINDS)
 _P2P = frozenset(int(k) for k in P2P_KINDS)
 _FSDP = frozenset((int(ActionKind.UNSHARD), int(ActionKind.REDUCE_GRAD)))
 FWD, BWD = 0, 1  # a transfer's direction: a forward activation to stage s, an output gradient to stage s
+TRANSFER = {int(ActionKind.SEND_F): (FWD, 1, 1, 0), int(ActionKind.SEND_B): (BWD, -1, -1, 0),
+            int(ActionKind.RECV_F): (FWD, 0, -1, 1), int(ActionKind.RECV_B): (BWD, 0, 1, 1)}  # fmt: skip
+"""a SEND / RECV row's transfer: kind -> (direction, its key's stage minus the row's stage, the peer's stage minus
+the row's stage, side: 0 send / 1 receive); the key is (direction, stage, microbatch)"""
 _COMM_DONE, _COMPUTE_DONE = 0, 1  # event kinds, in their order at equal times
 _GROUP = -1  # the stream key of coalesced batches (the pipeline group's own communicator); else the peer rank
+
+
+def boundary(direction: int, stage: int) -> int:
+    """The stage boundary (stage b to b + 1: the index of its P2P time) that transfer (direction, stage, mb) crosses."""
+    return stage - 1 if direction == FWD else stage
+
+
+def row_facts(
+    rows: np.ndarray, rank: np.ndarray, s2r: np.ndarray, stages: int, mbs: int
+) -> tuple[np.ndarray, ...] | None:
+    """What :meth:`Engine.transfer` and :meth:`Engine.post_batch` make of each of ``rows`` (every rank's action
+    rows, rank after rank; ``rank``: each row's rank), as int64 arrays, -1 where they do not apply: the transfer's id
+    ``(direction * stages + stage) * mbs + mb``, the peer rank, the side, the batch (an id of (rank, batch), also
+    for a WAIT), and at the first P2P row of each post (a batch, or a row posted alone) the row after the post and
+    whether it is one coalesced group (for the compiled loop, :mod:`commsched.pipeline.engine_jit`). None when a
+    row's stage or micro-batch does not index the stage tables, or a SEND / RECV's transfer is outside them (the
+    Engine's lists then decide what they mean)."""
+    kind, stage, mb, kind2, stage2, mb2 = rows.T
+    fits, fits2 = (stage >= 0) & (stage < stages), (stage2 >= 0) & (stage2 < stages)
+    bad = np.isin(kind, tuple(_COMPUTE)) & ~(fits & (mb >= 0) & (mb < mbs))
+    bad |= (kind == ActionKind.OVERLAP_F_B) & ~((kind2 >= 0) & (kind2 <= ActionKind.BACKWARD_WEIGHT) & fits2
+                                               & (mb2 >= 0) & (mb2 < mbs))  # fmt: skip
+    bad |= np.isin(kind, tuple(_FSDP)) & ~fits
+    n, batch = len(rows), stage2
+    p2p = np.isin(kind, tuple(_P2P))
+    table = np.array([TRANSFER.get(k, (0, 0, 0, 0)) for k in range(max(_P2P) + 1)], np.int64)
+    direction, key_step, peer_step, side = table[np.where(p2p, kind, 0)].T
+    key_stage = stage + key_step
+    lowest = np.where(direction == FWD, 1, 0)  # a forward goes to stage >= 1, a gradient to stage <= S - 2
+    bad |= p2p & ~((key_stage >= lowest) & (key_stage <= lowest + stages - 2) & (mb >= 0) & (mb < mbs))
+    if bad.any():
+        return None
+    key = np.where(p2p, (direction * stages + key_stage) * mbs + mb, -1)
+    peer = np.where(p2p, s2r[np.clip(stage + peer_step, 0, stages - 1)], -1)
+    batched = (p2p | (kind == ActionKind.WAIT)) & (batch >= 0)
+    batch_id = np.full(n, -1, np.int64)
+    batch_id[batched] = np.unique(rank[batched] << 32 | batch[batched], return_inverse=True)[1].ravel()
+    # a P2P row joins the post of the row before it when that is a P2P row of the same rank and batch >= 0
+    joins = np.zeros(n, np.bool_)
+    joins[1:] = p2p[1:] & p2p[:-1] & (rank[1:] == rank[:-1]) & (batch[:-1] >= 0) & (batch[1:] == batch[:-1])
+    breaks, starts = np.flatnonzero(~joins), np.flatnonzero(p2p & ~joins)
+    after = np.searchsorted(breaks, starts, side="right")
+    ends = np.where(after < len(breaks), breaks[np.minimum(after, len(breaks) - 1)], n)
+    run_end, group = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
+    run_end[starts], group[starts] = ends, 0
+    for start, end in zip(starts[ends - starts > 1].tolist(), ends[ends - starts > 1].tolist(), strict=True):
+        group[start] = coalesced(kind[start:end].tolist())
+    return key, peer, np.where(p2p, side, -1), batch_id, run_end, group
 
 
 class DeadlockError(ValueError):
@@ -157,14 +209,8 @@ class Engine:
 
     def transfer(self, row: list[int]) -> tuple[tuple, int, int]:
         """(transfer key, peer rank, side: 0 send / 1 receive) of a SEND / RECV row."""
-        kind, stage, mb = row[0], row[1], row[2]
-        if kind == ActionKind.SEND_F:
-            return (FWD, stage + 1, mb), self.s2r[stage + 1], 0
-        if kind == ActionKind.SEND_B:
-            return (BWD, stage - 1, mb), self.s2r[stage - 1], 0
-        if kind == ActionKind.RECV_F:
-            return (FWD, stage, mb), self.s2r[stage - 1], 1
-        return (BWD, stage, mb), self.s2r[stage + 1], 1
+        direction, key_step, peer_step, side = TRANSFER[row[0]]
+        return (direction, row[1] + key_step, row[2]), self.s2r[row[1] + peer_step], side
 
     def add_side(self, rank: int, item: _Item, key: tuple, row: int, side: int) -> None:
         sides = self.sides.get(key)
@@ -209,7 +255,7 @@ class Engine:
                 self.start_transfer(key)
 
     def start_transfer(self, key: tuple) -> None:
-        duration = self.xfer_ns[key[1] - 1 if key[0] == FWD else key[1]]
+        duration = self.xfer_ns[boundary(key[0], key[1])]
         self.x_start[key] = self.now
         for rank, i in self.where[key]:
             self.start[rank][i] = self.now

@@ -28,7 +28,8 @@ The rules (torch's ``_PipelineScheduleRuntime`` and single-stage runtimes on GPU
 * a stage holds ``activation_bytes`` per micro-batch from its forward's start to the end of its backward (B, or the
   W after an I), and ``backward_peak_bytes`` more while a B or I of it runs, plus ``static_bytes`` all step.
 
-An event loop over every action (:mod:`commsched.pipeline.engine`): O(actions log actions). Times are int64 ns
+An event loop over every action (:mod:`commsched.pipeline.engine`; compiled, with identical results, in
+:mod:`commsched.pipeline.engine_jit` unless ``COMMSCHED_JIT=0``): O(actions log actions). Times are int64 ns
 (``sim/model.py``), so equal costs give exact ties.
 """
 
@@ -43,6 +44,8 @@ from commsched.hardware import Hardware, for_graph
 from commsched.pipeline.actions import ActionKind, PipelineProgram, lower_schedule
 from commsched.pipeline.costs import StageCosts, StageTimes, p2p_times_ns, stage_times
 from commsched.pipeline.engine import DeadlockError, Engine
+from commsched.pipeline.engine_jit import CompiledRun, run_compiled
+from commsched.sim import jit
 from commsched.sim.model import StreamModel, cores_points
 
 __all__ = ["DeadlockError", "PipelineResult", "RankResult", "simulate_pipeline", "simulate_program"]
@@ -113,13 +116,14 @@ def simulate_program(
         if hardware is not None:
             hw = for_graph(hardware, world_size=program.pp_size * ranks_between_stages)
             model = StreamModel(compute_slowdown=float(hw.compute_slowdown), host_cores=points)
-    run = Engine(program, times, xfer, model)
-    run.run()
-    return _result(run, times)
+    run = run_compiled(program, times, xfer, model) if jit.ENABLED else None
+    if run is None:  # the Python loop: COMMSCHED_JIT=0, or the program cannot finish (Engine raises the error)
+        run = Engine(program, times, xfer, model)
+        run.run()
+    return _result(program, run, times)
 
 
-def _result(run: Engine, times: StageTimes) -> PipelineResult:
-    program = run.p
+def _result(program: PipelineProgram, run: Engine | CompiledRun, times: StageTimes) -> PipelineResult:
     # a rank's step ends with its last compute and its last transfer (torch waits for its sends at the end)
     step_ns = max(max(run.cursor[r], int(run.end[r].max(initial=-1))) for r in range(program.pp_size))
     static = np.zeros(program.pp_size, np.int64)

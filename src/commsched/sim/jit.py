@@ -50,6 +50,7 @@ LOOP_MODULES = (
     "commsched.passes.overlap_jit",
     "commsched.sim.bounds_jit",
     "commsched.passes.baselines.framework_jit",
+    "commsched.pipeline.engine_jit",
 )
 """the modules that compile loops with :func:`njit` (tests/execute/test_jit_preload.py checks the list is whole)"""
 
