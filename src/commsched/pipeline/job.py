@@ -240,8 +240,13 @@ def stage_costs(job: ResolvedJob, hardware: Any) -> StageCosts:
 
     fields: dict[str, list] = {name: [] for name in _STAGE_FIELDS}
     whole = for_graph(hardware, world_size=job.job.world_size)
+    records: dict[tuple, StageRecord] = {}  # the stages of one job share a few shapes (first, layers, last)
     for stage in job.stages:
-        traced = _stage_record(job, stage, hardware)
+        # (async TP traces each stage itself: not shared)
+        shape = (stage.shape, job.policies(stage)) if not job.job.async_tp else stage
+        traced = records.get(shape)
+        if traced is None:
+            traced = records[shape] = _stage_record(job, stage, hardware)
         secs = traced.times
         for name, value in dataclasses.asdict(secs).items():
             fields[name].append(value)
