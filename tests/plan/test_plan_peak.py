@@ -117,12 +117,15 @@ def test_inference_is_all_forward() -> None:
 
 def test_pipeline_peak_by_rank(tmp_path, monkeypatch) -> None:
     """Under PP the worst rank changes with the depth (the last, with the logits, at 2 layers; the first, with the
-    most micro-batches in flight, from 4): each rank's peak is extrapolated alone."""
+    most micro-batches in flight, from 4): asked to scale a pipeline (``judge_task``'s ``layers``; plan itself
+    judges one at the model's depth, :func:`commsched.plan.scale.layer_counts`), each rank's peak is extrapolated
+    alone."""
     monkeypatch.setenv("COMMSCHED_CACHE_DIR", str(tmp_path))
     req = dataclasses.replace(REQ, gpus=2, seq_len=256, global_batch=8)
     layout = Layout(dp_shard=1, pp=2, pp_schedule="1F1B", microbatches=4)
     spec = {"request": dataclasses.asdict(req), "hardware": plan_hardware(req), "layouts": [layout.to_dict()]}
-    scaled, full = judge_task(spec)[0], judge_task({**spec, "layers": [None]})[0]
+    scaled, full = judge_task({**spec, "layers": [2, 4]})[0], judge_task(spec)[0]
+    assert full["how"] == "all layers"
     a, b = scaled["points"]
     assert set(a["framework_peak_parts"]) == {"rank 0", "rank 1"}
     worst = [max(p["framework_peak_parts"], key=lambda r: p["framework_peak_parts"][r][1]) for p in (a, full)]

@@ -5,8 +5,9 @@ framework's order, "without overlap optimisation") and the same program after :f
 (our order and collective reordering, seeded with the framework's order: never slower than it, within 1.05 x its
 peak; the FX rewrites need a fresh trace and are left to ``commsched optimize`` on the winner). Its traces come from
 the trace cache (:mod:`commsched.execute.cache`) when warm. A layout with PP is torch's schedule simulated over the
-traced stages (:func:`commsched.pipeline.job.simulate_job`). Each quantity is
-measured at the depths :func:`commsched.plan.scale.layer_counts` gives and extrapolated to the model's depth.
+traced stages (:func:`commsched.pipeline.job.simulate_job`), at the model's depth (its stages' costs
+scaled per stage). Without PP each quantity is measured at the depths :func:`commsched.plan.scale.layer_counts` gives
+and extrapolated to the model's depth.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Judging a deep model from shallow traces: a step of L blocks is, to first order, its embedding and head plus L
 times a block, so a quantity measured at K and 2K blocks is extrapolated linearly to the model's depth
-(``benchmarks/bench_published.py`` checks it against full traces, and ``tests/plan`` against a full pipeline)."""
+(``benchmarks/bench_published.py`` and ``tests/plan`` check it against full traces). A pipeline is not scaled so: see
+:func:`layer_counts`."""
 
 from __future__ import annotations
 
@@ -16,19 +17,20 @@ def extrapolate(y_k: float, y_2k: float, k: int, layers: int) -> float:
 
 
 def layer_counts(req: PlanRequest, layout: Layout) -> tuple[int | None, ...]:
-    """The depths a layout is traced at: ``(K, 2K)`` with K = ``req.layers_scale`` (a multiple of a
-    selective-layer:N policy's N; under PP one layer per stage per K/2 at least, so every stage has a block), or
-    ``(None,)`` (every layer) when 2K reaches the model's depth or scaling is off."""
+    """The depths a layout is judged at: ``(K, 2K)`` with K = ``req.layers_scale`` (a multiple of a
+    selective-layer:N policy's N), or ``(None,)`` (every layer) when 2K reaches the model's depth, scaling is off,
+    or the layout has PP. A pipeline is judged at the model's depth: its stages' costs are scaled per stage already
+    (:mod:`commsched.pipeline.cache`: a long stage from traces of 2 and 3 layers), and its step is not linear in the
+    depth (the slowest stage sets it, and the layers need not split evenly: llama3-70b on 512 GPUs, PP 16 x V 2,
+    80 layers over 32 stages of 2 or 3, was 3-8 % under its full-depth step and its peak 16 % under or 13 % over
+    when scaled from 32 and 64 layers, benchmarks/RESULTS.md)."""
     depth = req.model().n_layers
     k = req.layers_scale
-    if k <= 0:
+    if k <= 0 or layout.pp > 1:
         return (None,)
     if layout.ac.startswith("selective-layer:"):
         n = int(layout.ac.partition(":")[2])
         k = -(-k // n) * n
-    if layout.pp > 1:
-        stages = layout.pp * layout.stages_per_rank
-        k = stages * max(1, -(-k // 2))
     return (None,) if 2 * k >= depth else (k, 2 * k)
 
 
