@@ -130,10 +130,11 @@ def test_bad_cli_options_exit_2_before_any_rank_starts(args, message):
 
 @pytest.fixture(scope="module")
 def two_rank_run():
-    """One real 2-rank run of three torch schedules (the only test here that starts processes: 30-60 s)."""
+    """One real 2-rank run of three torch schedules (the only test here that starts processes: 30-60 s). 9 rounds:
+    on 2 shared cores one round's ratio of two schedules' steps varies by +-30 %."""
     schedules = ("1F1B", "GPipe", "Interleaved1F1B")
     spec = _spec(layers=2, batch=4, seq_len=64)
-    cfg = PipelineRunConfig(spec=spec, pp_size=2, schedules=schedules, microbatches=4, iters=5, warmup=1)
+    cfg = PipelineRunConfig(spec=spec, pp_size=2, schedules=schedules, microbatches=4, iters=9, warmup=1)
     return run_pipeline_local(cfg, profile=False)
 
 
@@ -178,3 +179,36 @@ def test_the_cores_ranks_share_interpolate_between_the_measured_points(monkeypat
     assert got[0] == (2.0, pytest.approx(2 / 1.2)) and got[1] == (4.0, pytest.approx(4 / 2.5))
     assert pipeline_calibrate.shared_cores(4, 2, [(1.0, 0.5)] * 4) == ((2.0, 2.0), (4.0, 2.0))  # capped
     assert pipeline_calibrate.shared_cores(2, 2, [(float("nan"), 1.0)] * 2) == ((2.0, 2.0),)
+
+
+def test_the_measured_ratio_pairs_the_steps_of_a_round():
+    """Load that comes and goes between rounds slows both schedules of a round: their per-round ratio holds
+    where the ratio of their medians would not (CI's stop 48: 1.56 measured for a true 1.0)."""
+    from dataclasses import replace
+
+    from commsched.runtime.executor import step_times
+    from commsched.runtime.pipeline_calibrate import paired_ratio
+
+    def run(rounds):
+        return replace(_A_RUN, measured=step_times(list(rounds)), round_steps_s=tuple(rounds))
+
+    one = run([0.16, 0.16, 0.24, 0.24, 0.16])  # another job ran through rounds 3 and 4 ...
+    gpipe = run([0.165, 0.165, 0.25, 0.25, 0.25])  # ... and came back for GPipe's step of round 5
+    assert gpipe.measured.median_s / one.measured.median_s == pytest.approx(1.5625)
+    # paired by round: 1.03, 1.03, 1.04, 1.04, 1.56 -> median 1.04
+    assert paired_ratio(gpipe, one) == pytest.approx(0.25 / 0.24)
+    unpaired = replace(gpipe, round_steps_s=())  # a report without rounds: the ratio of medians
+    assert paired_ratio(unpaired, one) == pytest.approx(1.5625)
+
+
+def _schedule_run():
+    from commsched.runtime.executor import step_times
+    from commsched.runtime.pipeline_calibrate import ScheduleRun
+
+    return ScheduleRun(schedule="1F1B", stages_per_rank=1, measured=step_times([1.0]), predicted_s=1.0,
+                       predicted_dedicated_s=1.0, empty_step_s=0.1, action_overhead_s=0.0,
+                       predicted_bubble_fraction=0.2, predicted_profile_s=None, stages=(), loss=1.0,
+                       reference_loss=1.0, max_grad_error=0.0)  # fmt: skip
+
+
+_A_RUN = _schedule_run()

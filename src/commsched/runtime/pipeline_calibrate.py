@@ -86,6 +86,8 @@ class ScheduleRun:
     """the unpipelined model's loss on the same batch"""
     max_grad_error: float
     """the largest |pipelined - unpipelined| gradient entry over the largest reference entry, per parameter"""
+    round_steps_s: tuple[float, ...] = ()
+    """``measured``'s steps in the order of their rounds (every schedule runs one step per round)"""
 
     @property
     def prediction_error(self) -> float:
@@ -94,6 +96,14 @@ class ScheduleRun:
     @property
     def loss_error(self) -> float:
         return abs(self.loss - self.reference_loss) / max(abs(self.reference_loss), 1e-30)
+
+
+def paired_ratio(run: ScheduleRun, ref: ScheduleRun) -> float:
+    """``run``'s measured step over ``ref``'s: the median of their per-round ratios (the ratio of medians when
+    the rounds are not known)."""
+    if run.round_steps_s and len(run.round_steps_s) == len(ref.round_steps_s):
+        return statistics.median(a / b for a, b in zip(run.round_steps_s, ref.round_steps_s, strict=True))
+    return run.measured.median_s / ref.measured.median_s
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -121,10 +131,11 @@ class PipelineRunReport:
     network: str | None = None
 
     def ratios(self, base: str | None = None) -> dict[str, tuple[float, float]]:
-        """Per schedule: (predicted, measured) step over ``base``'s (default: the first schedule)."""
+        """Per schedule: (predicted, measured) step over ``base``'s (default: the first schedule). The measured
+        ratio is the median over rounds of the two steps' ratio in the same round: load from other processes that
+        comes and goes between rounds slows both steps of a round, where it would skew a ratio of medians."""
         ref = self.schedules[base or next(iter(self.schedules))]
-        return {name: (r.predicted_s / ref.predicted_s, r.measured.median_s / ref.measured.median_s)
-                for name, r in self.schedules.items()}  # fmt: skip
+        return {name: (r.predicted_s / ref.predicted_s, paired_ratio(r, ref)) for name, r in self.schedules.items()}
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

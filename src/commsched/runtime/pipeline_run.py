@@ -341,7 +341,8 @@ def _report(cfg: PipelineRunConfig, built: dict[str, _Built], every: list[_RankS
                                  action_overhead_s=overhead_s,
                                  predicted_bubble_fraction=bubble, predicted_profile_s=None,
                                  stages=tuple(costs[b.program.num_stages]), loss=loss, reference_loss=reference_loss,
-                                 max_grad_error=max(r.numerics[name][1] for r in every))  # fmt: skip
+                                 max_grad_error=max(r.numerics[name][1] for r in every),
+                                 round_steps_s=tuple(steps))  # fmt: skip
     spec = cfg.spec
     return PipelineRunReport(preset=spec.model.name, layers=spec.model.n_layers, seq_len=spec.seq_len,
                              batch=spec.batch, dtype=str(spec.dtype).removeprefix("torch."), pp_size=cfg.pp_size,
