@@ -10,10 +10,12 @@ attention output under selective AC (every matmul output is saved), and the inpu
 (``4 x dim + 3 x ffn`` elements; halved for float8, whose linears may save float8 casts), split over TP and CP, for
 every micro-batch a pipeline rank holds at once (at least ``min(P, M)`` on the first rank), plus the bf16 logits of
 the local batch (without PP), plus, under FSDP without reshard-after-forward, every gathered weight (split over
-TP). The step is at least the model FLOPs of the rank's tokens (recompute and non-model work left out) at the
-dtype's peak, plus the published bubble ``(P - 1) / (V x M)`` of it for GPipe / 1F1B / interleaved schedules, or,
-where it is longer, the CP ring's communication (:func:`cp_ring_lower_bound_s`: at CP 256 it is tens of seconds,
-against a best step of a few, so such a layout is pruned before it is traced).
+TP). The step is at least the rank's compute: the model FLOPs of its tokens at the fastest dtype's peak or, with
+the hardware, its share of the GEMMs and flash attention passes (recompute included) at the fastest rate the cost
+model gives each (:func:`kernel_lower_bound_s`: 1.7-3.8x the former on llama3-70b), plus the published bubble ``(P - 1) / (V x M)``
+of it for GPipe / 1F1B / interleaved schedules, or, where it is longer, the CP ring's communication
+(:func:`cp_ring_lower_bound_s`: at CP 256 it is tens of seconds, against a best step of a few, so such a layout is
+pruned before it is traced).
 
 Inference (prefill, decode): a rank holds at least its weights in the compute dtype (split over TP; the experts over
 EP) and its KV cache (its sequences x layers x K and V x its KV heads x head_dim x the cache's positions over CP); no
@@ -86,16 +88,60 @@ def _inference_memory_bytes(req: PlanRequest, layout: Layout) -> int:
 
 def step_lower_bound_s(req: PlanRequest, layout: Layout, peak_flops: float, hardware: Any = None) -> float:
     """Seconds the step takes at least on a device of ``peak_flops`` (the fastest dtype the layout uses): its
-    compute, or with ``hardware`` (plan's, :func:`commsched.plan.search.plan_hardware`) the CP ring's communication
-    (:func:`cp_ring_lower_bound_s`) where that is longer (a step overlaps the two at best)."""
+    compute (with ``hardware``, plan's :func:`commsched.plan.search.plan_hardware`, its kernels as the cost model
+    times them at best, :func:`kernel_lower_bound_s`, where that is longer) and a pipeline's bubble, or the CP ring's
+    communication (:func:`cp_ring_lower_bound_s`) where that is longer (a step overlaps the two at best)."""
     model = _model(req)[0]
     if req.inference:
         return 2 * model.n_layers * model.block_active_params() * req.tokens_per_step / req.gpus / peak_flops
     tokens_per_gpu = req.batch * req.seq / req.gpus
     compute_s = model.model_flops_per_token(req.seq) * tokens_per_gpu / peak_flops
+    if hardware is not None:
+        compute_s = max(compute_s, kernel_lower_bound_s(req, layout, hardware))
     if layout.pp > 1 and layout.pp_schedule not in ZERO_BUBBLE:
         compute_s *= 1 + (layout.pp - 1) / (layout.stages_per_rank * layout.microbatches)
     return max(compute_s, cp_ring_lower_bound_s(req, layout, hardware)) if hardware is not None else compute_s
+
+
+def kernel_lower_bound_s(req: PlanRequest, layout: Layout, hardware: Any) -> float:
+    """Seconds a training rank's compute stream works at least, as the cost model times its kernels
+    (:func:`commsched.cost.compute.kernel_times`): its share (1 / GPUs: TP, CP, PP and the batch split them evenly) of
+    the model's GEMMs and flash attention passes, each at the fastest rate the model gives its class.
+
+    - A GEMM (``2 x M x N x K`` FLOPs: forward, grad-input and grad-weight of each linear, the output head's too) runs
+      at most at its dtype's peak x ``matmul`` x ``sustained_matmul`` (a training step runs power-saturated; the
+      shape term is at most 1). Under float8 the blocks' seven linears at the float8 peak (the head stays in the
+      compute dtype, torchtitan's ``filter_fqns``).
+    - A flash attention forward (``4 x heads x head_dim x seq`` FLOPs per token and layer, the masked blocks counted)
+      at most at peak x ``attention`` x 2: causality at most halves its time; its backward (twice the FLOPs) at
+      most x 3 (the masked share of its waves at most two thirds). Neither faster than a GEMM.
+    - Recompute: full AC runs every block's forward again; selective-op AC at least the three smallest of a block's
+      seven forward GEMMs (it recomputes every second matmul: wk, wo, w3 in torchtitan's order).
+
+    Everything else (norms, elementwise, the optimizer, FSDP's copies) is left out. 0 where nothing is claimed: a
+    mixture of experts (its grouped GEMMs), a profile with a measured table, inference."""
+    model = _model(req)[0]
+    if req.inference or model.is_moe or hardware.table_path:
+        return 0.0
+    c = hardware.compute
+    peaks = dict(c.peak_flops)
+    matmul = c.efficiency.matmul * c.efficiency.sustained_matmul
+    dense_rate = peaks[req.dtype] * matmul
+    block_rate = peaks.get("float8_e4m3fn", peaks[req.dtype]) * matmul if layout.float8 != "none" else dense_rate
+    hd = model.head_dim
+    linears = [model.dim * model.n_heads * hd, model.dim * model.n_kv_heads * hd, model.dim * model.n_kv_heads * hd,
+               model.n_heads * hd * model.dim] + [model.dim * model.ffn_dim] * 3  # fmt: skip
+    attention = 4.0 * model.n_heads * hd * req.seq  # forward FLOPs per token and layer
+    fwd_rate = min(peaks[req.dtype] * c.efficiency.attention * 2, dense_rate)
+    bwd_rate = min(peaks[req.dtype] * c.efficiency.attention * 3, dense_rate)
+    per_layer_s = 6.0 * sum(linears) / block_rate + attention / fwd_rate + 2 * attention / bwd_rate
+    if layout.ac == "full":
+        per_layer_s += 2.0 * sum(linears) / block_rate + attention / fwd_rate
+    elif layout.ac == "selective-op":
+        per_layer_s += 2.0 * sum(sorted(linears)[:3]) / block_rate
+    head_s = 6.0 * model.vocab_size * model.dim / dense_rate
+    tokens_per_gpu = req.batch * req.seq / req.gpus
+    return tokens_per_gpu * (model.n_layers * per_layer_s + head_s)
 
 
 def cp_ring_lower_bound_s(req: PlanRequest, layout: Layout, hardware: Any) -> float:
