@@ -362,8 +362,10 @@ def chunk_table(measured_path: str, hardware: str, heads: int = 4) -> str:
         lines.append(f"| {chunks} | {shapes} | {m:.0f} | {m / whole_m:.2f} | {p:.0f} | {p / whole_p:.2f} |")
     for r in rows:
         if r["what"].endswith("mask"):
-            lines.append(f"\nFlash attention's causal output ({r['q_len']} queries, {r['kv_len']} keys) against the "
-                         f"math attention with a {r['what']}: max abs error {float(r['max_abs_err']):.4f}.")
+            lines.append(
+                f"\nFlash attention's causal output ({r['q_len']} queries, {r['kv_len']} keys) against the "
+                f"math attention with a {r['what']}: max abs error {float(r['max_abs_err']):.4f}."
+            )
     return "\n".join(lines)
 
 

@@ -109,8 +109,11 @@ def test_knob_values_are_converted_to_the_field_types():
         ("default", {"overlap": {"waits": 1}}, r"knob overlap.waits=1: expected one of 'early', 'late'"),
         ("default", {"reorder_collectives": 2}, r"knob reorder_collectives=2: expected bool \(true or false\)"),
         ("default", {"jackson_rounds": 2.5}, r"knob jackson_rounds=2.5: expected int"),
-        ("default", {"variants": [["fast", True]]},
-         r"expected a tuple of \(one of 'feeds', 'feeders', 'input', 'nearest'; bool"),
+        (
+            "default",
+            {"variants": [["fast", True]]},
+            r"expected a tuple of \(one of 'feeds', 'feeders', 'input', 'nearest'; bool",
+        ),
         ("default", {"memory_budget": 0.5}, r"knob memory_budget=0.5: memory budget ratio=0.5 must be >= 1"),
         ("default", {"memory_budget": "lots"}, r"knob memory_budget='lots': expected a memory budget"),
         (["multi_stream"], {"stream_sync_s": "x"}, r"knob stream_sync_s='x': expected float or None"),
@@ -149,7 +152,6 @@ def test_cli_knobs_flat_and_per_pass(tmp_path, graph16):
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, [*args, "-k", "overlap.waits=middle"])
     assert res.exit_code == 2 and "knob overlap.waits='middle': expected one of 'early', 'late'" in res.output
-
 
 
 def test_commsched_optimize_is_the_call_however_the_package_was_imported():

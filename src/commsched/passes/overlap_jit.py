@@ -28,6 +28,7 @@ _latest_issue = njit(_model.latest_issue_rule)
 _kernel_wall = njit(_model.kernel_wall_rule)
 _kernel_work = njit(_model.kernel_work_rule)
 
+
 class PrepArrays(NamedTuple):
     """A :class:`~commsched.passes.overlap_prep.Prep` as arrays (int64 unless noted) for the compiled loops."""
 

@@ -12,10 +12,10 @@ every micro-batch a pipeline rank holds at once (at least ``min(P, M)`` on the f
 the local batch (without PP), plus, under FSDP without reshard-after-forward, every gathered weight (split over
 TP). The step is at least the rank's compute: the model FLOPs of its tokens at the fastest dtype's peak or, with
 the hardware, its share of the GEMMs and flash attention passes (recompute included) at the fastest rate the cost
-model gives each (:func:`kernel_lower_bound_s`: 1.7-3.8x the former on llama3-70b), plus the published bubble ``(P - 1) / (V x M)``
-of it for GPipe / 1F1B / interleaved schedules, or, where it is longer, the CP ring's communication
-(:func:`cp_ring_lower_bound_s`: at CP 256 it is tens of seconds, against a best step of a few, so such a layout is
-pruned before it is traced).
+model gives each (:func:`kernel_lower_bound_s`: 1.7-3.8x the former on llama3-70b), plus the published bubble
+``(P - 1) / (V x M)`` of it for GPipe / 1F1B / interleaved schedules, or, where it is longer, the CP ring's
+communication (:func:`cp_ring_lower_bound_s`: at CP 256 it is tens of seconds, against a best step of a few, so such
+a layout is pruned before it is traced).
 
 Inference (prefill, decode): a rank holds at least its weights in the compute dtype (split over TP; the experts over
 EP) and its KV cache (its sequences x layers x K and V x its KV heads x head_dim x the cache's positions over CP); no
