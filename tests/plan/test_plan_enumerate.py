@@ -83,6 +83,40 @@ def test_memory_bound_orders_as_memory_must() -> None:
     assert memory_lower_bound_bytes(req, full) > static
 
 
+@settings(max_examples=30, deadline=None)
+@given(schedule=st.sampled_from(["GPipe", "1F1B", "Interleaved1F1B", "ZBVZeroBubble", "InterleavedZeroBubble",
+                                 "DualPipeV"]),
+       pp=st.integers(2, 4), times=st.integers(1, 3), extra_layers=st.integers(0, 9))  # fmt: skip
+def test_a_pipeline_rank_holds_the_blocks_the_engine_counts(schedule, pp, times, extra_layers) -> None:
+    """The memory bound's blocks in flight per rank (from torch's action lists alone) are exactly the pipeline
+    engine's peak with each stage's activations its block count (any costs: a rank's order fixes what it holds)."""
+    import numpy as np
+
+    from commsched.pipeline import StageCosts, simulate_pipeline
+    from commsched.pipeline.split import stages_of
+    from commsched.plan.prune import pipeline_live_layers
+
+    v = 1 if schedule in ("GPipe", "1F1B") else 2
+    microbatches = pp * times * (2 if schedule == "DualPipeV" else 1)
+    layers = 2 * pp * v + extra_layers
+    blocks = np.array([len(s.layers) for s in stages_of(pp * v, layers)])
+    costs = StageCosts(forward_s=1e-3, backward_input_s=1.5e-3, backward_weight_s=0.5e-3, activation_bytes=blocks)
+    result = simulate_pipeline(schedule, pp, microbatches, v, costs, free_comm=True)
+    assert pipeline_live_layers(schedule, pp, microbatches, v, layers) == result.peak_memory_bytes
+
+
+def test_the_memory_bound_holds_a_pipelines_blocks_in_flight() -> None:
+    """GPipe holds every micro-batch's activations on each rank, 1F1B at most P on the first: at M = 2P the GPipe
+    layout's bound is the higher."""
+    req = PlanRequest(preset="llama3-8b", gpus=8, seq_len=8192, global_batch=32)
+    one_f1b = Layout(dp_shard=2, pp=4, pp_schedule="1F1B", microbatches=8)
+    gpipe = dataclasses.replace(one_f1b, pp_schedule="GPipe")
+    from commsched.plan.prune import pipeline_live_layers
+
+    assert pipeline_live_layers("1F1B", 4, 8, 1, 32) < pipeline_live_layers("GPipe", 4, 8, 1, 32)
+    assert memory_lower_bound_bytes(req, one_f1b) < memory_lower_bound_bytes(req, gpipe)
+
+
 def test_step_bound_counts_the_bubble_of_non_zero_bubble_schedules() -> None:
     req = PlanRequest(preset="llama3-8b", gpus=8, seq_len=8192)
     flat = step_lower_bound_s(req, Layout(dp_shard=8), 1e15)

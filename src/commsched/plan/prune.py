@@ -8,7 +8,7 @@ optimizer step) and what the end of the forward holds (the backward frees activa
 activations a rank keeps: per layer and token at least the block input under full AC, the block input and its
 attention output under selective AC (every matmul output is saved), and the inputs of the seven linears without AC
 (``4 x dim + 3 x ffn`` elements; halved for float8, whose linears may save float8 casts), split over TP and CP, for
-every micro-batch a pipeline rank holds at once (at least ``min(P, M)`` on the first rank), plus the bf16 logits of
+every block and micro-batch a pipeline rank holds at once (:func:`pipeline_live_layers`), plus the bf16 logits of
 the local batch (without PP), plus, under FSDP without reshard-after-forward, every gathered weight (split over
 TP). The step is at least the rank's compute: the model FLOPs of its tokens at the fastest dtype's peak or, with
 the hardware, its share of the GEMMs and flash attention passes (recompute included) at the fastest rate the cost
@@ -64,12 +64,41 @@ def memory_lower_bound_bytes(req: PlanRequest, layout: Layout) -> int:
     micro = local_batch(req, layout) // max(layout.microbatches, 1)
     tokens = micro * req.seq / (layout.cp * layout.tp)
     per_layer = _saved_elements_per_token(model, layout.ac) * 2 * (0.5 if layout.float8 != "none" else 1.0)
-    in_flight = min(layout.pp, layout.microbatches) if layout.pp > 1 else 1
-    activations = in_flight * tokens * per_layer * (model.n_layers // layout.pp)
+    if layout.pp > 1:
+        live = pipeline_live_layers(layout.pp_schedule, layout.pp, layout.microbatches, layout.stages_per_rank,
+                                    model.n_layers)  # fmt: skip
+    else:
+        live = model.n_layers
+    activations = live * tokens * per_layer
     logits = 0 if layout.pp > 1 else micro * req.seq / layout.cp * model.vocab_size / layout.tp * 2
     # FSDP without reshard-after-forward: every unit's gathered weights held to the backward (float8: 1 byte each)
     held = 0 if layout.reshard_after_forward else params * (1 if layout.float8 != "none" else 2) / layout.tp
     return int(static + max(activations + logits + held, params * GRADIENT_BYTES_PER_PARAM / shards))
+
+
+@functools.lru_cache(maxsize=1024)
+def pipeline_live_layers(schedule: str, pp: int, microbatches: int, stages_per_rank: int, layers: int) -> int:
+    """The most blocks' activations a pipeline rank holds at once: over each rank's actions in torch's order
+    (:func:`commsched.pipeline.lower_schedule`), a forward of stage s takes its blocks' (torchtitan's split,
+    :func:`commsched.pipeline.split.stages_of`) and the end of its whole or weight backward gives them back, as the
+    pipeline engine counts them (a rank runs one action at a time, so what it holds at each action's start follows
+    from its order alone, whatever the actions' times)."""
+    from commsched.pipeline.actions import ActionKind, lower_schedule
+    from commsched.pipeline.split import stages_of
+
+    program = lower_schedule(schedule, pp, microbatches, stages_per_rank)
+    blocks = [len(stage.layers) for stage in stages_of(program.num_stages, layers)]
+    frees = (ActionKind.FULL_BACKWARD, ActionKind.BACKWARD_WEIGHT)
+    most = 0
+    for rows in program.actions:
+        held = 0
+        for kind, stage, _, kind2, stage2, _ in rows.tolist():
+            overlap = kind == ActionKind.OVERLAP_F_B
+            parts = [(ActionKind.FORWARD, stage), (kind2, stage2)] if overlap else [(kind, stage)]
+            held += sum(blocks[s] for k, s in parts if k == ActionKind.FORWARD)
+            most = max(most, held)
+            held -= sum(blocks[s] for k, s in parts if k in frees)
+    return most
 
 
 def _inference_memory_bytes(req: PlanRequest, layout: Layout) -> int:
