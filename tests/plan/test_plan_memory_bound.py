@@ -43,3 +43,41 @@ def test_schedules_that_hold_more_micro_batches_have_higher_bounds(rows) -> None
     bound = {name: memory_lower_bound_bytes(REQ, Layout.from_dict(r["layout"])) for name, r in rows.items()}
     assert bound["GPipe"] > bound["1F1B"]
     assert rows["GPipe"]["peak_memory_bytes"] > rows["1F1B"]["peak_memory_bytes"]
+
+
+DEPTH_REQ = PlanRequest(preset="llama-tiny", gpus=8, seq_len=256, layers=8)
+PER_BLOCK = {  # name: layout (global batch 8: local batch 1 under FSDP 8, 2 under TP 2 or CP 2)
+    "none": Layout(dp_shard=8),
+    "none, float8": Layout(dp_shard=8, float8="tensorwise"),
+    "selective-op": Layout(dp_shard=8, ac="selective-op"),
+    "selective-op, float8": Layout(dp_shard=8, ac="selective-op", float8="tensorwise"),
+    "full": Layout(dp_shard=8, ac="full"),
+    "full, float8": Layout(dp_shard=8, ac="full", float8="tensorwise"),
+    "tp 2 (sp)": Layout(dp_shard=4, tp=2, sp=True),
+    "tp 2 (sp), float8": Layout(dp_shard=4, tp=2, sp=True, float8="tensorwise"),
+    "tp 2": Layout(dp_shard=4, tp=2),
+    "cp 2": Layout(dp_shard=4, cp=2),
+    "tp 2 (sp), selective-op": Layout(dp_shard=4, tp=2, sp=True, ac="selective-op"),
+}
+
+
+@pytest.mark.parametrize("name", list(PER_BLOCK))
+def test_a_block_saves_at_least_the_bytes_the_bound_counts(tmp_path_factory, name) -> None:
+    """The judged peak grows from 2 to 4 blocks by at least the bound's saved bytes per token of the rank's tokens
+    (after each block's optimizer state): no AC policy or float8 recipe saves less than the bound says. On
+    llama3-8b (benchmarks/RESULTS.md) the same holds with 1.00-1.01x for full AC and selective-op under float8."""
+    from commsched.plan.layout import local_batch
+    from commsched.plan.prune import saved_bytes_per_token
+
+    layout = PER_BLOCK[name]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COMMSCHED_CACHE_DIR", str(tmp_path_factory.mktemp("per_block")))
+        spec = {"request": dataclasses.asdict(DEPTH_REQ), "hardware": plan_hardware(DEPTH_REQ), "optimize": False,
+                "layouts": [layout.to_dict()]}  # fmt: skip
+        row = judge_task(spec)[0]
+    two, four = row["points"]  # 2 and 4 layers
+    model = DEPTH_REQ.model()
+    per_block = (four["framework_peak_bytes"] - two["framework_peak_bytes"]) / 2
+    optimizer_state = model.block_params() * 12 / (layout.fsdp * layout.tp)
+    tokens = local_batch(DEPTH_REQ, layout) * DEPTH_REQ.seq / (layout.tp * layout.cp)
+    assert saved_bytes_per_token(model, layout.ac, layout.float8) * tokens <= per_block - optimizer_state

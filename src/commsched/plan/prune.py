@@ -5,9 +5,9 @@ Memory per rank is at least the fp32 master shard and AdamW's two states (12 byt
 over ``dp_shard x cp``, TP and PP divide the model), under FSDP with PP the unsharded compute-dtype parameters and
 reduce-dtype gradients torch's pipelining holds all step, plus the larger of the fp32 gradient shard (live at the
 optimizer step) and what the end of the forward holds (the backward frees activations as gradients appear): the
-activations a rank keeps: per layer and token at least the block input under full AC, the block input and its
-attention output under selective AC (every matmul output is saved), and the inputs of the seven linears without AC
-(``4 x dim + 3 x ffn`` elements; halved for float8, whose linears may save float8 casts), split over TP and CP, for
+activations a rank keeps: per layer and token at least :func:`saved_bytes_per_token` (the block input under full AC,
+with its attention output under selective AC; without AC what flash attention's, the norms' and SwiGLU's backwards
+read, and the linears' inputs, float8 casts under float8), split over TP and CP, for
 every block and micro-batch a pipeline rank holds at once (:func:`pipeline_live_layers`), plus the bf16 logits of
 the local batch (without PP), plus, under FSDP without reshard-after-forward, every gathered weight (split over
 TP). The step is at least the rank's compute: the model FLOPs of its tokens at the fastest dtype's peak or, with
@@ -36,13 +36,23 @@ GRADIENT_BYTES_PER_PARAM = 4  # fp32 gradient
 ZERO_BUBBLE = ("ZBVZeroBubble", "InterleavedZeroBubble", "DualPipeV")
 
 
-def _saved_elements_per_token(model: Any, ac: str) -> float:
-    """Elements per token one block saves for its backward, at least (see the module docstring)."""
-    if ac == "full" or ac.startswith("selective-layer"):
-        return model.dim if ac == "full" else 2 * model.dim  # selective-layer:N saves a whole block of N
-    if ac == "selective-op":
-        return 2 * model.dim
-    return 4 * model.dim + 3 * model.ffn_dim
+def saved_bytes_per_token(model: Any, ac: str, float8: str) -> float:
+    """Bytes one block saves per token for its backward, at least (compute dtype 2 bytes, a float8 cast 1): under
+    full AC its input; under selective AC its input and attention output (selective-op's saved matmul outputs are
+    float8 GEMMs' under float8, which it recomputes); without AC the two norms' inputs, q, k, v and the attention's
+    output (flash attention's backward reads them), SwiGLU's two inputs (compute dtype in every recipe), and the
+    linears' inputs: the two normed activations and w2's (float8 casts under float8). A mixture of experts keeps
+    the coarser count of the seven linears' inputs (halved under float8)."""
+    if ac == "full":
+        return 2.0 * model.dim
+    if ac.startswith("selective"):  # selective-op, or selective-layer:N (a whole block of N saves its input)
+        return 2.0 * 2 * model.dim
+    if model.is_moe:
+        return (4 * model.dim + 3 * model.ffn_dim) * 2 * (0.5 if float8 != "none" else 1.0)
+    attention, kv = model.n_heads * model.head_dim, model.n_kv_heads * model.head_dim
+    kept = 2 * model.dim + 2 * attention + 2 * kv + 2 * model.ffn_dim
+    linear_inputs = 2 * model.dim + model.ffn_dim
+    return 2.0 * kept + (1.0 if float8 != "none" else 2.0) * linear_inputs
 
 
 @functools.lru_cache(maxsize=16)
@@ -63,7 +73,7 @@ def memory_lower_bound_bytes(req: PlanRequest, layout: Layout) -> int:
         static += params * (2 + 4) / (layout.tp * layout.pp)
     micro = local_batch(req, layout) // max(layout.microbatches, 1)
     tokens = micro * req.seq / (layout.cp * layout.tp)
-    per_layer = _saved_elements_per_token(model, layout.ac) * 2 * (0.5 if layout.float8 != "none" else 1.0)
+    per_layer = saved_bytes_per_token(model, layout.ac, layout.float8)
     if layout.pp > 1:
         live = pipeline_live_layers(layout.pp_schedule, layout.pp, layout.microbatches, layout.stages_per_rank,
                                     model.n_layers)  # fmt: skip
@@ -153,16 +163,16 @@ def kernel_lower_bound_s(req: PlanRequest, layout: Layout, hardware: Any) -> flo
     if req.inference or model.is_moe or hardware.table_path:
         return 0.0
     c = hardware.compute
-    peaks = dict(c.peak_flops)
+    peak = c.peak_flops_for(req.dtype)  # float32's where the profile has no entry, as the cost model takes it
     matmul = c.efficiency.matmul * c.efficiency.sustained_matmul
-    dense_rate = peaks[req.dtype] * matmul
-    block_rate = peaks.get("float8_e4m3fn", peaks[req.dtype]) * matmul if layout.float8 != "none" else dense_rate
+    dense_rate = peak * matmul
+    block_rate = dict(c.peak_flops).get("float8_e4m3fn", peak) * matmul if layout.float8 != "none" else dense_rate
     hd = model.head_dim
     linears = [model.dim * model.n_heads * hd, model.dim * model.n_kv_heads * hd, model.dim * model.n_kv_heads * hd,
                model.n_heads * hd * model.dim] + [model.dim * model.ffn_dim] * 3  # fmt: skip
     attention = 4.0 * model.n_heads * hd * req.seq  # forward FLOPs per token and layer
-    fwd_rate = min(peaks[req.dtype] * c.efficiency.attention * 2, dense_rate)
-    bwd_rate = min(peaks[req.dtype] * c.efficiency.attention * 3, dense_rate)
+    fwd_rate = min(peak * c.efficiency.attention * 2, dense_rate)
+    bwd_rate = min(peak * c.efficiency.attention * 3, dense_rate)
     per_layer_s = 6.0 * sum(linears) / block_rate + attention / fwd_rate + 2 * attention / bwd_rate
     if layout.ac == "full":
         per_layer_s += 2.0 * sum(linears) / block_rate + attention / fwd_rate
