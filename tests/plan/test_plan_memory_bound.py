@@ -58,6 +58,7 @@ PER_BLOCK = {  # name: layout (global batch 8: local batch 1 under FSDP 8, 2 und
     "tp 2": Layout(dp_shard=4, tp=2),
     "cp 2": Layout(dp_shard=4, cp=2),
     "tp 2 (sp), selective-op": Layout(dp_shard=4, tp=2, sp=True, ac="selective-op"),
+    "selective-layer:1 (every block checkpointed)": Layout(dp_shard=8, ac="selective-layer:1"),
 }
 
 

@@ -42,10 +42,16 @@ def saved_bytes_per_token(model: Any, ac: str, float8: str) -> float:
     float8 GEMMs' under float8, which it recomputes); without AC the two norms' inputs, q, k, v and the attention's
     output (flash attention's backward reads them), SwiGLU's two inputs (compute dtype in every recipe), and the
     linears' inputs: the two normed activations and w2's (float8 casts under float8). A mixture of experts keeps
-    the coarser count of the seven linears' inputs (halved under float8)."""
+    the coarser count of the seven linears' inputs (halved under float8). A policy per block (``selective-layer:N``,
+    ``per-layer:...``): the least of its blocks'."""
+    if ac not in ("none", "selective-op", "full"):  # selective-layer:N, per-layer: each block its own policy
+        from commsched.workloads.ac import layer_policies
+
+        policies = set(layer_policies(ac, model.n_layers))
+        return min(saved_bytes_per_token(model, policy, float8) for policy in policies)
     if ac == "full":
         return 2.0 * model.dim
-    if ac.startswith("selective"):  # selective-op, or selective-layer:N (a whole block of N saves its input)
+    if ac == "selective-op":
         return 2.0 * 2 * model.dim
     if model.is_moe:
         return (4 * model.dim + 3 * model.ffn_dim) * 2 * (0.5 if float8 != "none" else 1.0)
