@@ -1,6 +1,8 @@
-"""plan's memory bound on pipelines (:func:`commsched.plan.prune.memory_lower_bound_bytes` with
-:func:`commsched.plan.prune.pipeline_live_layers`): below the peak plan judges for every schedule it enumerates and
-the two others torch has, where each holds a different number of micro-batches."""
+"""plan's bounds on pipelines: memory (:func:`commsched.plan.prune.memory_lower_bound_bytes` with
+:func:`commsched.plan.prune.pipeline_live_layers`) below the peak plan judges for every schedule it enumerates and
+the two others torch has, where each holds a different number of micro-batches, and the step
+(:func:`commsched.plan.prune.pipeline_kernel_bound_s`: the schedule run on the stages' kernels at their best rates)
+below the judged step; and what a block saves per token, under what traced blocks save."""
 
 from __future__ import annotations
 
@@ -10,7 +12,13 @@ import pytest
 
 from commsched.plan import Layout, PlanRequest
 from commsched.plan.judge import judge_task
-from commsched.plan.prune import memory_lower_bound_bytes, pipeline_live_layers
+from commsched.plan.prune import (
+    kernel_lower_bound_s,
+    memory_lower_bound_bytes,
+    pipeline_kernel_bound_s,
+    pipeline_live_layers,
+    step_lower_bound_s,
+)
 from commsched.plan.search import plan_hardware
 
 REQ = PlanRequest(preset="llama-tiny", gpus=4, layers=8, seq_len=256, global_batch=16, layers_scale=0)
@@ -34,6 +42,18 @@ def test_the_bound_is_below_the_judged_pipeline_peak(rows, schedule) -> None:
     assert row["error"] is None
     layout = Layout.from_dict(row["layout"])
     assert 0 < memory_lower_bound_bytes(REQ, layout) <= row["peak_memory_bytes"]
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_the_schedule_on_the_best_kernels_is_below_the_judged_step(rows, schedule) -> None:
+    """The schedule run on each stage's kernels at their best rates, communication free: at least the rank's share
+    of the kernels (the busiest rank works at least the average), at most the judged step (each rank's actions run
+    in a fixed order, so longer actions and transfers only delay the end)."""
+    row, hw = rows[schedule], plan_hardware(REQ)
+    layout = Layout.from_dict(row["layout"])
+    bound_s = pipeline_kernel_bound_s(REQ, layout, hw)
+    assert kernel_lower_bound_s(REQ, layout, hw) * (1 - 1e-9) <= bound_s <= step_lower_bound_s(REQ, layout, 1e30, hw)
+    assert step_lower_bound_s(REQ, layout, 1e30, hw) <= row["step_s"]
 
 
 def test_schedules_that_hold_more_micro_batches_have_higher_bounds(rows) -> None:

@@ -27,7 +27,7 @@ out) at the peak.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 from commsched.plan.layout import Layout, PlanRequest, local_batch
 
@@ -134,8 +134,10 @@ def _inference_memory_bytes(req: PlanRequest, layout: Layout) -> int:
 def step_lower_bound_s(req: PlanRequest, layout: Layout, peak_flops: float, hardware: Any = None) -> float:
     """Seconds the step takes at least on a device of ``peak_flops`` (the fastest dtype the layout uses): its
     compute (with ``hardware``, plan's :func:`commsched.plan.search.plan_hardware`, its kernels as the cost model
-    times them at best, :func:`kernel_lower_bound_s`, where that is longer) and a pipeline's bubble, or the CP ring's
-    communication (:func:`cp_ring_lower_bound_s`) where that is longer (a step overlaps the two at best)."""
+    times them at best, :func:`kernel_lower_bound_s`, where that is longer) and a pipeline's bubble (the published
+    one, or with ``hardware`` the schedule run on those kernels, :func:`pipeline_kernel_bound_s`, where longer), or
+    the CP ring's communication (:func:`cp_ring_lower_bound_s`) where that is longer (a step overlaps the two at
+    best)."""
     model = _model(req)[0]
     if req.inference:
         return 2 * model.n_layers * model.block_active_params() * req.tokens_per_step / req.gpus / peak_flops
@@ -145,7 +147,46 @@ def step_lower_bound_s(req: PlanRequest, layout: Layout, peak_flops: float, hard
         compute_s = max(compute_s, kernel_lower_bound_s(req, layout, hardware))
     if layout.pp > 1 and layout.pp_schedule not in ZERO_BUBBLE:
         compute_s *= 1 + (layout.pp - 1) / (layout.stages_per_rank * layout.microbatches)
-    return max(compute_s, cp_ring_lower_bound_s(req, layout, hardware)) if hardware is not None else compute_s
+    if hardware is None:
+        return compute_s
+    compute_s = max(compute_s, pipeline_kernel_bound_s(req, layout, hardware))
+    return max(compute_s, cp_ring_lower_bound_s(req, layout, hardware))
+
+
+class KernelSeconds(NamedTuple):
+    """Seconds per token (of the whole model width, before TP or CP split it) of one block's and of the output head's
+    kernels at the fastest rates the cost model gives them: forward, input gradient (with the recompute), weight
+    gradient."""
+
+    block: tuple[float, float, float]
+    head: tuple[float, float, float]
+
+
+def kernel_seconds(req: PlanRequest, layout: Layout, hardware: Any) -> KernelSeconds | None:
+    """The parts :func:`kernel_lower_bound_s` adds up (None where it claims nothing)."""
+    model = _model(req)[0]
+    if req.inference or model.is_moe or hardware.table_path:
+        return None
+    c = hardware.compute
+    peak = c.peak_flops_for(req.dtype)  # float32's where the profile has no entry, as the cost model takes it
+    matmul = c.efficiency.matmul * c.efficiency.sustained_matmul
+    dense_rate = peak * matmul
+    block_rate = dict(c.peak_flops).get("float8_e4m3fn", peak) * matmul if layout.float8 != "none" else dense_rate
+    hd = model.head_dim
+    linears = [model.dim * model.n_heads * hd, model.dim * model.n_kv_heads * hd, model.dim * model.n_kv_heads * hd,
+               model.n_heads * hd * model.dim] + [model.dim * model.ffn_dim] * 3  # fmt: skip
+    attention = 4.0 * model.n_heads * hd * req.seq  # forward FLOPs per token and layer
+    fwd_rate = min(peak * c.efficiency.attention * 2, dense_rate)
+    bwd_rate = min(peak * c.efficiency.attention * 3, dense_rate)
+    gemms_s = 2.0 * sum(linears) / block_rate  # one pass (forward, grad-input or grad-weight) of the seven
+    recompute_s = 0.0
+    if layout.ac == "full":
+        recompute_s = gemms_s + attention / fwd_rate
+    elif layout.ac == "selective-op":
+        recompute_s = 2.0 * sum(sorted(linears)[:3]) / block_rate
+    head_s = 2.0 * model.vocab_size * model.dim / dense_rate
+    block = (gemms_s + attention / fwd_rate, gemms_s + 2 * attention / bwd_rate + recompute_s, gemms_s)
+    return KernelSeconds(block=block, head=(head_s, head_s, head_s))
 
 
 def kernel_lower_bound_s(req: PlanRequest, layout: Layout, hardware: Any) -> float:
@@ -165,28 +206,42 @@ def kernel_lower_bound_s(req: PlanRequest, layout: Layout, hardware: Any) -> flo
 
     Everything else (norms, elementwise, the optimizer, FSDP's copies) is left out. 0 where nothing is claimed: a
     mixture of experts (its grouped GEMMs), a profile with a measured table, inference."""
-    model = _model(req)[0]
-    if req.inference or model.is_moe or hardware.table_path:
+    parts = kernel_seconds(req, layout, hardware)
+    if parts is None:
         return 0.0
-    c = hardware.compute
-    peak = c.peak_flops_for(req.dtype)  # float32's where the profile has no entry, as the cost model takes it
-    matmul = c.efficiency.matmul * c.efficiency.sustained_matmul
-    dense_rate = peak * matmul
-    block_rate = dict(c.peak_flops).get("float8_e4m3fn", peak) * matmul if layout.float8 != "none" else dense_rate
-    hd = model.head_dim
-    linears = [model.dim * model.n_heads * hd, model.dim * model.n_kv_heads * hd, model.dim * model.n_kv_heads * hd,
-               model.n_heads * hd * model.dim] + [model.dim * model.ffn_dim] * 3  # fmt: skip
-    attention = 4.0 * model.n_heads * hd * req.seq  # forward FLOPs per token and layer
-    fwd_rate = min(peak * c.efficiency.attention * 2, dense_rate)
-    bwd_rate = min(peak * c.efficiency.attention * 3, dense_rate)
-    per_layer_s = 6.0 * sum(linears) / block_rate + attention / fwd_rate + 2 * attention / bwd_rate
-    if layout.ac == "full":
-        per_layer_s += 2.0 * sum(linears) / block_rate + attention / fwd_rate
-    elif layout.ac == "selective-op":
-        per_layer_s += 2.0 * sum(sorted(linears)[:3]) / block_rate
-    head_s = 6.0 * model.vocab_size * model.dim / dense_rate
     tokens_per_gpu = req.batch * req.seq / req.gpus
-    return tokens_per_gpu * (model.n_layers * per_layer_s + head_s)
+    return tokens_per_gpu * (_model(req)[0].n_layers * sum(parts.block) + sum(parts.head))
+
+
+def pipeline_kernel_bound_s(req: PlanRequest, layout: Layout, hardware: Any) -> float:
+    """Seconds a pipeline's step takes at least: torch's schedule (its action lists, as the judge simulates them,
+    :func:`commsched.pipeline.simulate_pipeline`) run with each stage's forward, input-gradient and weight-gradient
+    kernels at their best rates (:func:`kernel_seconds` of its blocks, torchtitan's split, and of the head on the
+    last stage) and free communication. Each rank runs its actions in a fixed order, each once its inputs are
+    there, so the step is the longest path through them and no shorter with the judge's longer actions and
+    transfers. 0 without PP or where :func:`kernel_seconds` claims nothing."""
+    parts = kernel_seconds(req, layout, hardware) if layout.pp > 1 else None
+    if parts is None:
+        return 0.0
+    tokens = local_batch(req, layout) // layout.microbatches * req.seq / (layout.tp * layout.cp)
+    return _pipeline_step_s(layout.pp_schedule, layout.pp, layout.microbatches, layout.stages_per_rank,
+                            _model(req)[0].n_layers, tuple(tokens * x for x in parts.block),
+                            tuple(tokens * x for x in parts.head))  # fmt: skip
+
+
+@functools.lru_cache(maxsize=4096)
+def _pipeline_step_s(schedule: str, pp: int, microbatches: int, stages_per_rank: int, layers: int,
+                     block: tuple[float, float, float], head: tuple[float, float, float]) -> float:  # fmt: skip
+    import numpy as np
+
+    from commsched.pipeline import StageCosts, simulate_pipeline
+    from commsched.pipeline.split import stages_of
+
+    stages = stages_of(pp * stages_per_rank, layers)
+    costs = np.array([[len(st.layers) * b + (h if st.last else 0.0) for b, h in zip(block, head, strict=True)]
+                      for st in stages])  # fmt: skip
+    stage_costs = StageCosts(forward_s=costs[:, 0], backward_input_s=costs[:, 1], backward_weight_s=costs[:, 2])
+    return simulate_pipeline(schedule, pp, microbatches, stages_per_rank, stage_costs, free_comm=True).step_s
 
 
 def cp_ring_lower_bound_s(req: PlanRequest, layout: Layout, hardware: Any) -> float:
