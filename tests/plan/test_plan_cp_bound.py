@@ -37,13 +37,6 @@ def _cp_group_s(g, costs, cp: int, tp: int) -> float:
     return float(np.sum(costs.node_s[ids]))
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("COMMSCHED_CACHE_DIR", str(tmp_path_factory.mktemp("cp_bound_cache")))
-        yield
-
-
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_bound_is_below_the_traced_cp_communication(cache_dir, name) -> None:
     (layout, alone), hw = LAYOUTS[name], plan_hardware(REQ)

@@ -80,13 +80,6 @@ def _ideal(hw):
     return dataclasses.replace(hw, compute=compute)
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("COMMSCHED_CACHE_DIR", str(tmp_path_factory.mktemp("kernel_bound_cache")))
-        yield
-
-
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_bound_is_below_the_traced_steps_compute_at_the_best_rates(cache_dir, name) -> None:
     """On the ideal device the traced step's compute work (every kernel but the collectives, as plan costs it) is
