@@ -38,8 +38,9 @@ ZERO_BUBBLE = ("ZBVZeroBubble", "InterleavedZeroBubble", "DualPipeV")
 
 def saved_bytes_per_token(model: Any, ac: str, float8: str) -> float:
     """Bytes one block saves per token for its backward, at least (compute dtype 2 bytes, a float8 cast 1): under
-    full AC its input; under selective AC its input and attention output (selective-op's saved matmul outputs are
-    float8 GEMMs' under float8, which it recomputes); without AC the two norms' inputs, q, k, v and the attention's
+    full AC its input; under selective-op its input, attention output and (a dense block in the compute dtype) the
+    outputs of every second of its seven matmuls, at least the four smallest (under float8 its linears are no
+    ``mm``, so it recomputes them); without AC the two norms' inputs, q, k, v and the attention's
     output (flash attention's backward reads them), SwiGLU's two inputs (compute dtype in every recipe), and the
     linears' inputs: the two normed activations and w2's (float8 casts under float8). A mixture of experts keeps
     the coarser count of the seven linears' inputs (halved under float8). A policy per block (``selective-layer:N``,
@@ -52,13 +53,21 @@ def saved_bytes_per_token(model: Any, ac: str, float8: str) -> float:
     if ac == "full":
         return 2.0 * model.dim
     if ac == "selective-op":
-        return 2.0 * 2 * model.dim
+        if model.is_moe or float8 != "none":  # a float8 linear is no ``mm``: recomputed, not saved
+            return 2.0 * 2 * model.dim
+        return 2.0 * (2 * model.dim + sum(sorted(_linear_outputs(model))[:4]))  # every second of its seven matmuls
     if model.is_moe:
         return (4 * model.dim + 3 * model.ffn_dim) * 2 * (0.5 if float8 != "none" else 1.0)
     attention, kv = model.n_heads * model.head_dim, model.n_kv_heads * model.head_dim
     kept = 2 * model.dim + 2 * attention + 2 * kv + 2 * model.ffn_dim
     linear_inputs = 2 * model.dim + model.ffn_dim
     return 2.0 * kept + (1.0 if float8 != "none" else 2.0) * linear_inputs
+
+
+def _linear_outputs(model: Any) -> list[int]:
+    """Output features of a dense block's seven linears (wq wk wv wo w1 w3 w2)."""
+    attention, kv = model.n_heads * model.head_dim, model.n_kv_heads * model.head_dim
+    return [attention, kv, kv, model.dim, model.ffn_dim, model.ffn_dim, model.dim]
 
 
 @functools.lru_cache(maxsize=16)
