@@ -79,6 +79,11 @@ PER_BLOCK = {  # name: layout (global batch 8: local batch 1 under FSDP 8, 2 und
     "cp 2": Layout(dp_shard=4, cp=2),
     "tp 2 (sp), selective-op": Layout(dp_shard=4, tp=2, sp=True, ac="selective-op"),
     "selective-layer:1 (every block checkpointed)": Layout(dp_shard=8, ac="selective-layer:1"),
+    "cp 2, selective-op": Layout(dp_shard=4, cp=2, ac="selective-op"),
+    "tp 2 (sp), async TP, selective-op": Layout(dp_shard=4, tp=2, sp=True, async_tp=True, ac="selective-op"),
+    "hsdp 2 x 4, no reshard, selective-op": Layout(
+        dp_shard=4, dp_replicate=2, ac="selective-op", reshard_after_forward=False
+    ),
 }
 
 
