@@ -84,7 +84,7 @@ def _ideal(hw):
 def test_bound_is_below_the_traced_steps_compute_at_the_best_rates(cache_dir, name) -> None:
     """On the ideal device the traced step's compute work (every kernel but the collectives, as plan costs it) is
     what the bound counts plus what it leaves out (the causal attention's saving, norms and elementwise work there
-    cost nothing): at least the bound, at most 1.3x it (measured 1.04-1.20). With the profile's own costs, the
+    cost nothing): at least the bound, at most 1.2x it (measured 1.04-1.08). With the profile's own costs, the
     judged step is above it."""
     layout, hw = LAYOUTS[name], plan_hardware(REQ)
     config = step_config(REQ, layout, None)
@@ -94,7 +94,7 @@ def test_bound_is_below_the_traced_steps_compute_at_the_best_rates(cache_dir, na
     work_s = float(costs.node_s[np.isin(g.kinds, (OpKind.COMPUTE, OpKind.OTHER))].sum())
     bound_s = kernel_lower_bound_s(REQ, layout, ideal)
     assert bound_s <= work_s * (1 + 1e-9)
-    assert work_s <= 1.3 * bound_s, (work_s, bound_s)
+    assert work_s <= 1.2 * bound_s, (work_s, bound_s)
     row = judge_task({"request": dataclasses.asdict(REQ), "hardware": hw, "optimize": True,
                       "layouts": [layout.to_dict()]})[0]  # fmt: skip
     assert row["error"] is None
@@ -125,7 +125,7 @@ def test_no_claim_for_a_mixture_of_experts_a_table_or_inference() -> None:
 
 def test_70b_on_512_the_bound_prunes_about_half_the_layouts() -> None:
     """llama3-70b on 512 H100 at seq 8192 (plan's speed benchmark; docs/plan.md "Prune"): of the 22,086 layouts
-    that pass the memory bound, 12,554 have a step bound above plan's best step there (5.995 s), the peak-FLOPs
+    that pass the memory bound, 13,282 have a step bound above plan's best step there (5.995 s), the peak-FLOPs
     bound alone none; the winner's own bound is 4.30 s. Every bf16 layout with full AC is bound above it."""
     req = PlanRequest(preset="llama3-70b", gpus=512, hardware="h100-sxm", seq_len=8192)
     hw = plan_hardware(req)
@@ -137,7 +137,7 @@ def test_70b_on_512_the_bound_prunes_about_half_the_layouts() -> None:
     best_s = 5.995
     assert sum(step_lower_bound_s(req, lay, peak) > best_s for lay in fits) == 0
     above = [lay for lay in fits if step_lower_bound_s(req, lay, peak, hw) > best_s]
-    assert len(above) == 12_554
+    assert len(above) == 13_282
     assert all(lay in above for lay in fits if lay.ac == "full" and lay.float8 == "none")
     winner = Layout(dp_shard=64, dp_replicate=4, tp=2, sp=True, ac="full", float8="tensorwise",
                     reshard_after_forward=False, async_tp=True)  # fmt: skip

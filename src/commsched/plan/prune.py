@@ -12,7 +12,7 @@ every block and micro-batch a pipeline rank holds at once (:func:`pipeline_live_
 the local batch (without PP), plus, under FSDP without reshard-after-forward, every gathered weight (split over
 TP). The step is at least the rank's compute: the model FLOPs of its tokens at the fastest dtype's peak or, with
 the hardware, its share of the GEMMs and flash attention passes (recompute included) at the fastest rate the cost
-model gives each (:func:`kernel_lower_bound_s`: 1.7-3.8x the former on llama3-70b), plus the published bubble
+model gives each (:func:`kernel_lower_bound_s`: 2.0-3.8x the former on llama3-70b), plus the published bubble
 ``(P - 1) / (V x M)`` of it for GPipe / 1F1B / interleaved schedules, or, where it is longer, the CP ring's
 communication (:func:`cp_ring_lower_bound_s`: at CP 256 it is tens of seconds, against a best step of a few, so such
 a layout is pruned before it is traced).
@@ -55,7 +55,7 @@ def saved_bytes_per_token(model: Any, ac: str, float8: str) -> float:
     if ac == "selective-op":
         if model.is_moe or float8 != "none":  # a float8 linear is no ``mm``: recomputed, not saved
             return 2.0 * 2 * model.dim
-        return 2.0 * (2 * model.dim + sum(sorted(_linear_outputs(model))[:4]))  # every second of its seven matmuls
+        return 2.0 * (2 * model.dim + sum(sorted(out for _, out in _linears(model))[:4]))  # every 2nd of 7 matmuls
     if model.is_moe:
         return (4 * model.dim + 3 * model.ffn_dim) * 2 * (0.5 if float8 != "none" else 1.0)
     attention, kv = model.n_heads * model.head_dim, model.n_kv_heads * model.head_dim
@@ -64,10 +64,11 @@ def saved_bytes_per_token(model: Any, ac: str, float8: str) -> float:
     return 2.0 * kept + (1.0 if float8 != "none" else 2.0) * linear_inputs
 
 
-def _linear_outputs(model: Any) -> list[int]:
-    """Output features of a dense block's seven linears (wq wk wv wo w1 w3 w2)."""
+def _linears(model: Any) -> list[tuple[int, int]]:
+    """(in, out) features of a dense block's seven linears: wq wk wv wo w1 w3 w2."""
     attention, kv = model.n_heads * model.head_dim, model.n_kv_heads * model.head_dim
-    return [attention, kv, kv, model.dim, model.ffn_dim, model.ffn_dim, model.dim]
+    dim, ffn = model.dim, model.ffn_dim
+    return [(dim, attention), (dim, kv), (dim, kv), (attention, dim), (dim, ffn), (dim, ffn), (ffn, dim)]
 
 
 @functools.lru_cache(maxsize=16)
@@ -181,18 +182,16 @@ def kernel_seconds(req: PlanRequest, layout: Layout, hardware: Any) -> KernelSec
     matmul = c.efficiency.matmul * c.efficiency.sustained_matmul
     dense_rate = peak * matmul
     block_rate = dict(c.peak_flops).get("float8_e4m3fn", peak) * matmul if layout.float8 != "none" else dense_rate
-    hd = model.head_dim
-    linears = [model.dim * model.n_heads * hd, model.dim * model.n_kv_heads * hd, model.dim * model.n_kv_heads * hd,
-               model.n_heads * hd * model.dim] + [model.dim * model.ffn_dim] * 3  # fmt: skip
-    attention = 4.0 * model.n_heads * hd * req.seq  # forward FLOPs per token and layer
+    linears = [n_in * n_out for n_in, n_out in _linears(model)]  # parameters: 2 FLOPs each per token and pass
+    attention = 4.0 * model.n_heads * model.head_dim * req.seq  # forward FLOPs per token and layer
     fwd_rate = min(peak * c.efficiency.attention * 2, dense_rate)
     bwd_rate = min(peak * c.efficiency.attention * 3, dense_rate)
     gemms_s = 2.0 * sum(linears) / block_rate  # one pass (forward, grad-input or grad-weight) of the seven
     recompute_s = 0.0
     if layout.ac == "full":
         recompute_s = gemms_s + attention / fwd_rate
-    elif layout.ac == "selective-op":
-        recompute_s = 2.0 * sum(sorted(linears)[:3]) / block_rate
+    elif layout.ac == "selective-op":  # every second matmul; under float8 every linear (a float8 GEMM is no ``mm``)
+        recompute_s = gemms_s if layout.float8 != "none" else 2.0 * sum(sorted(linears)[:3]) / block_rate
     head_s = 2.0 * model.vocab_size * model.dim / dense_rate
     block = (gemms_s + attention / fwd_rate, gemms_s + 2 * attention / bwd_rate + recompute_s, gemms_s)
     return KernelSeconds(block=block, head=(head_s, head_s, head_s))
@@ -211,7 +210,8 @@ def kernel_lower_bound_s(req: PlanRequest, layout: Layout, hardware: Any) -> flo
       at most at peak x ``attention`` x 2: causality at most halves its time; its backward (twice the FLOPs) at
       most x 3 (the masked share of its waves at most two thirds). Neither faster than a GEMM.
     - Recompute: full AC runs every block's forward again; selective-op AC at least the three smallest of a block's
-      seven forward GEMMs (it recomputes every second matmul: wk, wo, w3 in torchtitan's order).
+      seven forward GEMMs (it recomputes every second matmul: wk, wo, w3 in torchtitan's order), all seven under
+      float8 (its save list names ``mm``, and a float8 linear's GEMM is ``_scaled_mm``).
 
     Everything else (norms, elementwise, the optimizer, FSDP's copies) is left out. 0 where nothing is claimed: a
     mixture of experts (its grouped GEMMs), a profile with a measured table, inference."""
