@@ -41,7 +41,8 @@ def saved_bytes_per_token(model: Any, ac: str, float8: str) -> float:
     full AC its input; under selective-op its input, attention output and (a dense block in the compute dtype) the
     outputs of every second of its seven matmuls, at least the four smallest (under float8 its linears are no
     ``mm``, so it recomputes them); without AC the two norms' inputs, q, k, v and the attention's
-    output (flash attention's backward reads them), SwiGLU's two inputs (compute dtype in every recipe), and the
+    output (flash attention's backward reads them), SwiGLU's w1 and w3 outputs and silu's (what silu and the product
+    read back; compute dtype in every recipe), and the
     linears' inputs: the two normed activations and w2's (float8 casts under float8). A mixture of experts keeps
     the coarser count of the seven linears' inputs (halved under float8). A policy per block (``selective-layer:N``,
     ``per-layer:...``): the least of its blocks'."""
@@ -59,7 +60,7 @@ def saved_bytes_per_token(model: Any, ac: str, float8: str) -> float:
     if model.is_moe:
         return (4 * model.dim + 3 * model.ffn_dim) * 2 * (0.5 if float8 != "none" else 1.0)
     attention, kv = model.n_heads * model.head_dim, model.n_kv_heads * model.head_dim
-    kept = 2 * model.dim + 2 * attention + 2 * kv + 2 * model.ffn_dim
+    kept = 2 * model.dim + 2 * attention + 2 * kv + 3 * model.ffn_dim  # SwiGLU: w1's and w3's outputs, silu's
     linear_inputs = 2 * model.dim + model.ffn_dim
     return 2.0 * kept + (1.0 if float8 != "none" else 2.0) * linear_inputs
 
