@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from commsched.pipeline.stage_memory import backward_peak_bytes
-from commsched.pipeline.stages import StageTimesS, TracedStage, stage_seconds, trace_stage
+from commsched.pipeline.stages import StageTimesS, TracedStage, async_tp_stage, stage_seconds, trace_stage
 
 SCALE_LAYERS = 2
 """K: a stage of more than K + 1 layers is costed from traces of K and K + 1 layers (:func:`stage_record`)"""
@@ -121,24 +121,26 @@ def _from_graph(graph: Any) -> TracedStage | None:
 
 def stage_record(
     spec: Any, shape: tuple[bool, int, bool], hardware: Any, *, scale: bool = True, disk: bool = True,
-    policies: tuple[str, ...] | None = None, fusion: bool = True,
+    policies: tuple[str, ...] | None = None, fusion: bool = True, async_tp: bool = False,
 ) -> StageRecord:  # fmt: skip
     """The costs of the stage ``shape`` = (first, layers, last) of ``spec`` on ``hardware``, from memory, else the
     disk cache (``disk``: under a key of the stage's trace key, the hardware's content and the cost data), else
     traced and simulated; with ``scale`` a stage of more than K + 1 layers (:data:`SCALE_LAYERS`) from traces of K
     and K + 1 layers (its blocks under one AC policy: ``policies`` None or all equal). ``fusion``: the kernels
-    fused as a compiled block's (:func:`commsched.pipeline.stages.stage_seconds`)."""
+    fused as a compiled block's (:func:`commsched.pipeline.stages.stage_seconds`). ``async_tp``: each trace rewritten
+    by :func:`commsched.pipeline.stages.async_tp_stage` (traced afresh: the rewrite needs the GraphModule), the
+    record kept as any other."""
     first, layers, last = shape
     scale = scale and scalable(policies)
-    mem_key = (spec, tuple(shape), _hardware_key(hardware), scale, policies, fusion)
+    mem_key = (spec, tuple(shape), _hardware_key(hardware), scale, policies, fusion, async_tp)
     hit = _RECORDS.get(mem_key)
     if hit is not None:  # a plan's worker looks up the same few stage shapes for every layout it judges
         return hit
-    path = _record_path(spec, shape, hardware, scale, policies, fusion) if disk else None
+    path = _record_path(spec, shape, hardware, scale, policies, fusion, async_tp) if disk else None
     if path is not None:
         hit = _record_from_json(_read_json(path))
     if hit is None:
-        hit = _record(spec, first, layers, last, hardware, scale, disk, policies, fusion)
+        hit = _record(spec, first, layers, last, hardware, scale, disk, policies, fusion, async_tp)
         if path is not None:
             _write_json(path, {**dataclasses.asdict(hit.times), "activation_bytes": hit.activation_bytes,
                                "send_bytes": hit.send_bytes, "traced_layers": list(hit.traced_layers),
@@ -161,12 +163,16 @@ def policies_at(policies: tuple[str, ...] | None, count: int, layers: int) -> tu
 
 
 def _record(spec: Any, first: bool, layers: int, last: bool, hardware: Any, scale: bool, disk: bool,
-            policies: tuple[str, ...] | None, fusion: bool) -> StageRecord:  # fmt: skip
+            policies: tuple[str, ...] | None, fusion: bool, async_tp: bool = False) -> StageRecord:  # fmt: skip
     k = SCALE_LAYERS
     counts = (k, k + 1) if scale and layers > k + 1 else (layers,)
     parts = []
     for count in counts:
-        traced = cached_trace(spec, first, count, last, disk=disk, policies=policies_at(policies, count, layers))
+        at = policies_at(policies, count, layers)
+        if async_tp:
+            traced = async_tp_stage(trace_stage(spec, first, count, last, at), spec, hardware)
+        else:
+            traced = cached_trace(spec, first, count, last, disk=disk, policies=at)
         secs = stage_seconds(traced, hardware, fusion=fusion)
         parts.append((*_ns(secs), traced.activation_bytes, traced.send_bytes, backward_peak_bytes(traced)))
     values = parts[0] if len(parts) == 1 else extrapolate(parts[0], parts[1], k, layers)
@@ -184,14 +190,15 @@ def _record_from_json(data: Any) -> StageRecord | None:
 
 
 def _record_path(spec: Any, shape: tuple[bool, int, bool], hardware: Any, scale: bool,
-                 policies: tuple[str, ...] | None = None, fusion: bool = True) -> Path:  # fmt: skip
+                 policies: tuple[str, ...] | None = None, fusion: bool = True,
+                 async_tp: bool = False) -> Path:  # fmt: skip
     from commsched.hardware import for_graph
 
     hw = for_graph(hardware, world_size=spec.plan.world_size)
     table = _file_digest(Path(hw.table_path)) if hw.table_path else ""
     key = _digest({"stage": stage_key(spec, *shape, policies), "hardware": repr(hw), "table": table, "scale": scale,
                    "scale_layers": SCALE_LAYERS, "cost_data": _cost_data_digest(),
-                   **({} if fusion else {"fusion": False})})  # fmt: skip
+                   **({} if fusion else {"fusion": False}), **({"async_tp": True} if async_tp else {})})  # fmt: skip
     return _root() / "records" / f"{key}.json"
 
 

@@ -24,8 +24,7 @@ from commsched.pipeline.costs import StageCosts
 from commsched.pipeline.per_step import NORM_BYTES, TailSeconds, float8_gathered, sync_seconds, tail_seconds
 from commsched.pipeline.simulate import PipelineResult, simulate_program
 from commsched.pipeline.split import Stage, stages_of
-from commsched.pipeline.stage_memory import backward_peak_bytes
-from commsched.pipeline.stages import async_tp_stage, param_bytes, stage_seconds, trace_stage
+from commsched.pipeline.stages import async_tp_stage, param_bytes, trace_stage
 from commsched.sim.model import seconds_to_ns
 from commsched.workloads.ac import block_policy
 from commsched.workloads.program import WorkloadSpec
@@ -242,8 +241,7 @@ def stage_costs(job: ResolvedJob, hardware: Any) -> StageCosts:
     whole = for_graph(hardware, world_size=job.job.world_size)
     records: dict[tuple, StageRecord] = {}  # the stages of one job share a few shapes (first, layers, last)
     for stage in job.stages:
-        # (async TP traces each stage itself: not shared)
-        shape = (stage.shape, job.policies(stage)) if not job.job.async_tp else stage
+        shape = (stage.shape, job.policies(stage))
         traced = records.get(shape)
         if traced is None:
             traced = records[shape] = _stage_record(job, stage, hardware)
@@ -261,14 +259,10 @@ def stage_costs(job: ResolvedJob, hardware: Any) -> StageCosts:
 
 
 def _stage_record(job: ResolvedJob, stage: Stage, hardware: Any) -> StageRecord:
-    """The stage's costs per micro-batch: from the stage cache (``pipeline/cache.py``: traced once per machine, a long
-    stage scaled from two short traces), or, with async TP (a rewrite of the traced graph), traced and timed here."""
-    if not job.job.async_tp:
-        return stage_record(job.compute, stage.shape, hardware, policies=job.policies(stage), fusion=job.job.compile)
-    traced = job.trace(stage, hardware)
-    times = stage_seconds(traced, hardware, fusion=job.job.compile)
-    return StageRecord(times, traced.activation_bytes, traced.send_bytes, (len(stage.layers),),
-                       backward_peak_bytes(traced))  # fmt: skip
+    """The stage's costs per micro-batch, from the stage cache (``pipeline/cache.py``: traced once per machine, a long
+    stage scaled from two short traces; with async TP each trace rewritten)."""
+    return stage_record(job.compute, stage.shape, hardware, policies=job.policies(stage), fusion=job.job.compile,
+                        async_tp=job.job.async_tp)  # fmt: skip
 
 
 def _static_bytes(job: ResolvedJob, stage: Stage) -> int:
